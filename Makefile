@@ -1,0 +1,30 @@
+# `make demo` and `make test` set everything up from a fresh clone (Python 3.11, make, pip).
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+# A local wheel folder (where the CPU build of torch lies on these machines) is used when present.
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+PIP := $(PY) -m pip install --disable-pip-version-check -q $(FIND_LINKS) -c constraints.txt
+
+.PHONY: venv demo test bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or PYTHON=...)"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(PY) -m lmkit demo
+
+test: venv
+	$(PY) -m pytest -n 2 --dist loadgroup tests
+
+bench: venv
+	$(PY) -m bench.run_all
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

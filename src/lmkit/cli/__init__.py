@@ -1,0 +1,44 @@
+"""The `lmkit` command: one subcommand per job, each a thin module over the library.
+
+Each module in `SUBCOMMANDS` exposes `register(subparsers)`, which adds its parser and sets
+`func` to a callable taking the parsed arguments and returning an exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from lmkit.errors import LmkitError
+
+SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lmkit", description="Build, train, evaluate and run transformer language models.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"lmkit.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"lmkit.cli.{name}":
+                continue  # a subcommand not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except LmkitError as exc:
+        print(f"lmkit: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lmkit: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,33 @@
+"""User-facing errors: each message says what went wrong and what to do about it.
+
+The CLI prints the message of an `LmkitError` as one line and exits with status 2;
+anything else is a bug and raises normally.
+"""
+
+
+class LmkitError(Exception):
+    """Base class of every error a user can cause and fix."""
+
+
+class ConfigError(LmkitError):
+    """A model config (preset, config.json, flags) that lmkit cannot build."""
+
+
+class CorpusError(LmkitError):
+    """A corpus that is missing, empty, unreadable or not UTF-8."""
+
+
+class TokenizerError(LmkitError):
+    """A tokenizer file or component that lmkit cannot read, or misuse of a tokenizer."""
+
+
+class CheckpointError(LmkitError):
+    """A model folder or checkpoint that is missing, truncated, damaged or mismatched."""
+
+
+class GenerationError(LmkitError):
+    """Generation arguments that cannot work (prompt longer than the context, bad sampling values)."""
+
+
+class TrainingError(LmkitError):
+    """A training run that cannot go on (NaN loss, nothing to resume from)."""
