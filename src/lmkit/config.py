@@ -1,0 +1,184 @@
+"""`ModelConfig`: one dataclass that describes every model family, and the named presets.
+
+A family differs from another only by these fields (norm placement, position kind, activation,
+tying, grouped-query attention), never by a copied class.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmkit.errors import ConfigError
+
+ARCHITECTURES = ("decoder", "encoder", "encoder-decoder")
+POSITIONS = ("learned", "sinusoidal", "rope", "relative", "none")
+NORMS = ("layernorm", "rmsnorm")
+NORM_PLACEMENTS = ("pre", "post", "sandwich")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "reglu")
+
+
+@dataclass
+class ModelConfig:
+    """Hyper-parameters of a transformer; the defaults describe a small GPT-2-like decoder."""
+
+    architecture: str = "decoder"          # decoder | encoder | encoder-decoder
+    vocab_size: int = 512
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None          # None: = n_heads (MHA); 1: MQA; else GQA
+    head_dim: int | None = None            # None: d_model // n_heads
+    d_ff: int | None = None                # None: 4 d, or 2/3 * 4 d rounded up to 8 for gated FFNs
+    max_seq_len: int = 256
+    # positions
+    position: str = "learned"              # learned | sinusoidal | rope | relative | none
+    position_offset: int = 0               # BART: 2; RoBERTa: padding_idx + 1
+    sinusoidal_base: float = 10000.0
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None       # {"type": "linear"|"ntk"|"llama3", "factor": f, ...}
+    rope_interleaved: bool = False         # False: rotate halves (HF LLaMA); True: adjacent pairs
+    relative_buckets: int = 32             # T5 relative attention bias
+    relative_max_distance: int = 128
+    # normalization
+    norm: str = "layernorm"                # layernorm | rmsnorm
+    norm_placement: str = "pre"            # pre: x + F(LN(x)); post: LN(x + F(x)); sandwich: x + LN(F(LN(x)))
+    norm_eps: float = 1e-5
+    norm_bias: bool = True
+    final_norm: bool = True                # a norm after the last block (pre-norm stacks)
+    embedding_norm: bool = False           # LN right after the embeddings (BERT, BART)
+    # feed-forward
+    activation: str = "gelu"               # relu | gelu | gelu_tanh | silu | swiglu | geglu | reglu
+    bias: bool = True                      # biases of the linear layers
+    attention_bias: bool | None = None     # None: = bias
+    mlp_bias: bool | None = None           # None: = bias
+    # mixture of experts
+    n_experts: int = 0                     # 0: dense FFN
+    n_experts_per_token: int = 2
+    expert_capacity_factor: float | None = None
+    router_aux_loss_coef: float = 0.01
+    # embeddings and output
+    tie_embeddings: bool = True
+    embedding_scale: float = 1.0           # multiply token embeddings (e.g. sqrt(d) for transformer-2017)
+    output_scale: float = 1.0              # multiply hidden states before a tied LM head (T5: d^-0.5)
+    attention_scale: float | None = None   # None: 1/sqrt(head_dim); T5: 1.0
+    type_vocab_size: int = 0               # segment embeddings (BERT: 2)
+    # regularization and init
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    init_std: float = 0.02
+    # encoder-decoder
+    n_decoder_layers: int | None = None    # None: = n_layers
+    decoder_start_token_id: int | None = None
+    # special tokens
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    # free-form: family name and HF settings that do not change the math
+    family: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # derived sizes ---------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def gated(self) -> bool:
+        return self.activation in ("swiglu", "geglu", "reglu")
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        if self.gated:
+            return 8 * -(-int(2 * 4 * self.d_model / 3) // 8)
+        return 4 * self.d_model
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+
+    @property
+    def use_attention_bias(self) -> bool:
+        return self.bias if self.attention_bias is None else self.attention_bias
+
+    @property
+    def use_mlp_bias(self) -> bool:
+        return self.bias if self.mlp_bias is None else self.mlp_bias
+
+    # checks and (de)serialization -----------------------------------------
+    def validate(self) -> None:
+        def choose(name: str, options: tuple) -> None:
+            if getattr(self, name) not in options:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not supported; choose one of {', '.join(options)}")
+
+        choose("architecture", ARCHITECTURES)
+        choose("position", POSITIONS)
+        choose("norm", NORMS)
+        choose("norm_placement", NORM_PLACEMENTS)
+        choose("activation", ACTIVATIONS)
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
+            if int(getattr(self, name)) <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set head_dim or change one of them")
+        if self.n_heads % self.kv_heads:
+            raise ConfigError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.kv_heads}")
+        if self.position == "rope" and self.dim_head % 2:
+            raise ConfigError(f"RoPE needs an even head dimension, got {self.dim_head}")
+        if self.n_experts and not 1 <= self.n_experts_per_token <= self.n_experts:
+            raise ConfigError(f"n_experts_per_token={self.n_experts_per_token} must lie in 1..n_experts={self.n_experts}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown ModelConfig fields: {', '.join(unknown)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+_GPT2 = dict(position="learned", norm="layernorm", norm_placement="pre", activation="gelu_tanh",
+             tie_embeddings=True, bias=True, family="gpt2")
+_LLAMA = dict(position="rope", norm="rmsnorm", norm_placement="pre", activation="swiglu", bias=False,
+              norm_bias=False, tie_embeddings=False, norm_eps=1e-6, family="llama")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # decoder-only
+    "tiny": dict(_GPT2, vocab_size=512, d_model=64, n_layers=2, n_heads=4, max_seq_len=128),
+    "default": dict(_LLAMA, vocab_size=4096, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, max_seq_len=256,
+                    tie_embeddings=True, family=None),
+    "gpt2": dict(_GPT2, vocab_size=50257, d_model=768, n_layers=12, n_heads=12, max_seq_len=1024),
+    "llama": dict(_LLAMA, vocab_size=32000, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, max_seq_len=2048,
+                  rope_theta=500000.0),
+    "transformer-2017": dict(position="sinusoidal", norm="layernorm", norm_placement="post", activation="relu",
+                             vocab_size=37000, d_model=512, n_layers=6, n_heads=8, d_ff=2048, max_seq_len=512,
+                             dropout=0.1, final_norm=False, embedding_scale=512 ** 0.5, family="transformer-2017"),
+    "moe": dict(_LLAMA, vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2, max_seq_len=1024,
+                n_experts=8, n_experts_per_token=2, family="mixtral"),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> ModelConfig:
+    """The named preset, with `overrides` applied on top."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
+    return ModelConfig(**{**PRESETS[name], **overrides})

@@ -1,0 +1,4 @@
+"""Decoding: greedy, sampling filters, beam search, stopping and streaming, for every family."""
+from lmkit.generation.mixin import DecodingState, GenerationMixin
+
+__all__ = ["DecodingState", "GenerationMixin"]

@@ -1,0 +1,150 @@
+"""`model.generate`: greedy decoding, sampling and beam search over a KV cache.
+
+Arguments mean what transformers' `generate` makes them mean: top_k defaults to 50 when sampling
+(top_k=0 turns it off), pad_token_id defaults to eos_token_id, finished rows are padded, and a
+decoder-only model returns prompt + continuation with left-padded prompts positioned as if alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lmkit.errors import GenerationError
+from lmkit.generation.logits import process
+
+
+@dataclass
+class DecodingState:
+    """What a model carries from one decoding step to the next."""
+
+    cache: Any
+    attention_mask: torch.Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+class GenerationMixin:
+    """Decoding loops shared by every family; the model supplies start, step and reorder."""
+
+    # --- what a decoder-only model does (encoder-decoder models override these three) ----------
+    def _generation_start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                          **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
+        """(sequences the output starts from, state); the first step consumes all of `sequences`."""
+        from lmkit.nn import KVCache
+
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        return input_ids, DecodingState(cache=KVCache(), attention_mask=attention_mask)
+
+    def _generation_logits(self, state: DecodingState, tokens: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (B, V) after feeding `tokens` (B, t), updating the cache and mask."""
+        past = state.cache.get_seq_length()
+        mask = state.attention_mask
+        if past:
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], tokens.shape[1])], dim=1)
+            state.attention_mask = mask
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, past:past + tokens.shape[1]]
+        out = self(tokens, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
+                   use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def _generation_reorder(self, state: DecodingState, index: torch.Tensor) -> None:
+        state.cache.reorder(index)
+        if state.attention_mask is not None:
+            state.attention_mask = state.attention_mask.index_select(0, index)
+
+    # --- the public entry point ----------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 32,
+                 do_sample: bool = False, num_beams: int = 1, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, length_penalty: float = 1.0, eos_token_id: int | list[int] | None = None,
+                 pad_token_id: int | None = None, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
+                 early_stopping: bool | str = False, min_new_tokens: int = 0, stop_strings: str | list[str] | None = None,
+                 tokenizer=None, streamer=None, **model_kwargs) -> torch.Tensor:
+        """Continue each row of `input_ids`; see transformers' `generate` for every argument."""
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if do_sample and temperature <= 0:
+            raise GenerationError(f"temperature must be > 0 when sampling, got {temperature}; use do_sample=False for greedy")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise GenerationError(f"top_p must lie in (0, 1], got {top_p}")
+        if max_new_tokens < 0:
+            raise GenerationError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        self._check_context(input_ids, max_new_tokens)
+        eos = _as_list(eos_token_id if eos_token_id is not None else self.config.eos_token_id)
+        if pad_token_id is None:
+            pad_token_id = self.config.pad_token_id if self.config.pad_token_id is not None else (eos[0] if eos else 0)
+        options = dict(do_sample=do_sample, temperature=temperature, top_k=50 if top_k is None else top_k,
+                       top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+        stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
+        if stops and tokenizer is None:
+            raise GenerationError("stop_strings needs the tokenizer: pass tokenizer=... to generate")
+        was_training = self.training
+        self.eval()
+        try:
+            if num_beams > 1:
+                from lmkit.generation.beam import beam_search
+
+                return beam_search(self, input_ids, attention_mask, max_new_tokens=max_new_tokens, num_beams=num_beams,
+                                   length_penalty=length_penalty, early_stopping=early_stopping, eos=eos,
+                                   pad_token_id=pad_token_id, min_new_tokens=min_new_tokens, options=options,
+                                   **model_kwargs)
+            return self._sample(input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options,
+                                stops, tokenizer, streamer, **model_kwargs)
+        finally:
+            self.train(was_training)
+
+    def _check_context(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
+        limit = self.config.max_seq_len
+        if self.config.architecture != "decoder":
+            return
+        if input_ids.shape[1] > limit:
+            raise GenerationError(f"the prompt has {input_ids.shape[1]} tokens but the model's context is {limit}; "
+                                  f"shorten the prompt")
+        if self.config.position in ("learned", "sinusoidal") and input_ids.shape[1] + max_new_tokens > limit:
+            raise GenerationError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                                  f"model's {limit} positions; lower max_new_tokens to {limit - input_ids.shape[1]}")
+
+    def _sample(self, input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options, stops,
+                tokenizer, streamer, **model_kwargs) -> torch.Tensor:
+        """Greedy decoding, or sampling from the processed distribution when options['do_sample']."""
+        sequences, state = self._generation_start(input_ids, attention_mask, **model_kwargs)
+        start = sequences.shape[1]
+        if streamer is not None:
+            streamer.put(sequences.cpu())
+        unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+        eos_tensor = torch.tensor(eos, device=sequences.device) if eos else None
+        tokens = sequences
+        for step in range(max_new_tokens):
+            scores = self._generation_logits(state, tokens).float()
+            if step < min_new_tokens and eos:
+                scores[:, eos] = -float("inf")
+            scores = process(sequences, scores, **options)
+            if options["do_sample"]:
+                next_tokens = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
+            else:
+                next_tokens = scores.argmax(-1)
+            next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad_token_id))
+            sequences = torch.cat([sequences, next_tokens[:, None]], dim=1)
+            tokens = next_tokens[:, None]
+            if streamer is not None:
+                streamer.put(next_tokens.cpu())
+            if eos_tensor is not None:
+                unfinished &= ~torch.isin(next_tokens, eos_tensor)
+            if stops:
+                for row in range(sequences.shape[0]):
+                    text = tokenizer.decode(sequences[row, start:].tolist())
+                    if any(s in text for s in stops):
+                        unfinished[row] = False
+            if not bool(unfinished.any()):
+                break
+        if streamer is not None:
+            streamer.end()
+        return sequences

@@ -1,0 +1,129 @@
+"""Hugging Face format import/export: config mapping and weight-name tables per family.
+
+`load_model(path)` reads a folder (config.json + model.safetensors or a sharded index) of any
+supported family; `save_pretrained(model, path)` writes one that transformers loads.
+A folder whose config.json has no `model_type` but an `lmkit` config is read as lmkit's own.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from lmkit.config import ModelConfig
+from lmkit.errors import CheckpointError, ConfigError
+from lmkit.hub.convert import from_hf, to_hf
+from lmkit.hub.files import atomic_write_json, read_json, read_weights, write_weights
+
+# model_type -> module holding MODEL_TYPES, config_from_hf, config_to_hf, rules, ALIASES, IGNORED_SUFFIXES
+FAMILY_MODULES = ("gpt2", "llama", "mixtral", "bert", "roberta", "t5", "bart")
+
+
+def _families() -> dict[str, ModuleType]:
+    out = {}
+    for name in FAMILY_MODULES:
+        try:
+            module = importlib.import_module(f"lmkit.hub.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"lmkit.hub.{name}":
+                continue
+            raise
+        for model_type in module.MODEL_TYPES:
+            out[model_type] = module
+    return out
+
+
+def family_of(model_type: str | None) -> ModuleType:
+    families = _families()
+    if model_type not in families:
+        raise ConfigError(f"config.json has model_type {model_type!r}, which lmkit does not load; supported: "
+                          f"{', '.join(sorted(families))}")
+    return families[model_type]
+
+
+def load_config(path: str | Path) -> tuple[ModelConfig, dict]:
+    """(lmkit config, the raw config.json) of a model folder."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a folder; pass a model folder holding config.json and model.safetensors")
+    raw = read_json(folder / "config.json")
+    if "lmkit" in raw and "model_type" not in raw:
+        return ModelConfig.from_dict(raw["lmkit"]), raw
+    family = family_of(raw.get("model_type"))
+    try:
+        return family.config_from_hf(raw), raw
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{folder / 'config.json'} has a malformed field ({exc}); fix or regenerate it") from exc
+
+
+def load_model(path: str | Path, dtype: torch.dtype | None = None):
+    """A model in eval mode from a Hugging Face format folder (float32 unless dtype is given)."""
+    from lmkit.models import build_model
+
+    folder = Path(path)
+    config, raw = load_config(folder)
+    family = None if "lmkit" in raw and "model_type" not in raw else family_of(raw.get("model_type"))
+    model = build_model(config) if family is None or not hasattr(family, "build") else family.build(config, raw)
+    hf = read_weights(folder)
+    expected = model.state_dict()
+    if family is None:
+        state = {k: hf[k] for k in expected if k in hf}
+        missing = sorted(set(expected) - set(state))
+        if missing:
+            raise CheckpointError(f"{folder} lacks tensors {', '.join(missing[:5])}; the folder is incomplete")
+    else:
+        rules = family.rules(model.config) if not hasattr(family, "model_rules") else family.model_rules(model)
+        state = from_hf(hf, rules, expected, getattr(family, "ALIASES", ()), source=str(folder))
+    tied = {k for k in expected if k not in state}
+    result = model.load_state_dict(state, strict=False)
+    really_missing = [k for k in result.missing_keys if k in tied and not _is_tied(model, k)]
+    if really_missing:
+        raise CheckpointError(f"{folder} lacks tensors {', '.join(really_missing[:5])}")
+    model = model.to(dtype) if dtype is not None else model.float()
+    return model.eval()
+
+
+def _is_tied(model, key: str) -> bool:
+    """True when the parameter behind `key` is the same tensor as another one that was loaded."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    if key not in params:
+        return True  # a buffer that is rebuilt at construction (rotary tables, sinusoids)
+    target = params[key]
+    return any(p is target and k != key for k, p in params.items())
+
+
+def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None) -> None:
+    """config.json + model.safetensors in the format of the model's family (lmkit's own if it has none)."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    families = _families()
+    family = families.get(config.family) if config.family else None
+    state = {k: v for k, v in model.state_dict().items()}
+    if family is None:
+        tensors = _untie(model, state)
+        raw = {"lmkit": config.to_dict(), "architectures": [type(model).__name__]}
+    else:
+        rules = family.rules(config) if not hasattr(family, "model_rules") else family.model_rules(model)
+        tensors = to_hf(state, rules)
+        raw = family.config_to_hf(config) if not hasattr(family, "model_config_to_hf") else family.model_config_to_hf(model)
+        raw["torch_dtype"] = raw["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    raw.setdefault("transformers_version", "4.46.0")
+    write_weights(folder, tensors, max_shard_bytes)
+    atomic_write_json(folder / "config.json", raw)
+
+
+def _untie(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the second name of each tied parameter (safetensors stores a tensor once)."""
+    seen, out = set(), {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        out[name] = state[name]
+    for name, buf in model.named_buffers():
+        if name in state:
+            out[name] = state[name]
+    return out

@@ -1,0 +1,69 @@
+"""Weight-name tables between lmkit and Hugging Face, and the code that applies them.
+
+A `Rule` maps one or more lmkit tensors to one Hugging Face tensor: a rename, a transpose
+(GPT-2's Conv1D stores weights as (in, out)), or a concatenation along dim 0 (GPT-2's fused c_attn).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lmkit.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class Rule:
+    ours: tuple[str, ...]
+    hf: str
+    transpose: bool = False
+
+
+def rename(ours: str, hf: str, transpose: bool = False) -> Rule:
+    return Rule((ours,), hf, transpose)
+
+
+def to_hf(state: dict[str, torch.Tensor], rules: list[Rule]) -> dict[str, torch.Tensor]:
+    """lmkit state dict -> Hugging Face tensors, by the rules."""
+    out = {}
+    for rule in rules:
+        t = torch.cat([state[name] for name in rule.ours], dim=0) if len(rule.ours) > 1 else state[rule.ours[0]]
+        out[rule.hf] = (t.t() if rule.transpose else t).contiguous()
+    return out
+
+
+def from_hf(hf: dict[str, torch.Tensor], rules: list[Rule], expected: dict[str, torch.Tensor],
+            aliases: tuple[tuple[str, str], ...] = (), source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """Hugging Face tensors -> lmkit state dict, checking every name and shape against `expected`.
+
+    `aliases` (prefix, replacement) let a base model's names (no "model." / "transformer.") load too.
+    """
+    out = {}
+    for rule in rules:
+        candidates = [rule.hf] + [b + rule.hf[len(a):] for a, b in aliases if rule.hf.startswith(a)]
+        name = next((c for c in candidates if c in hf), None)
+        if name is None:
+            raise CheckpointError(f"{source} lacks tensor {rule.hf!r}; is this folder of the family its config names?")
+        t = hf[name]
+        if rule.transpose:
+            t = t.t()
+        sizes = [expected[o].shape[0] for o in rule.ours]
+        parts = torch.split(t, sizes, dim=0) if len(rule.ours) > 1 else (t,)
+        for o, part in zip(rule.ours, parts):
+            if tuple(part.shape) != tuple(expected[o].shape):
+                raise CheckpointError(f"{source}: tensor {rule.hf!r} has shape {tuple(t.shape)} but the config implies "
+                                      f"{tuple(expected[o].shape)} for {o}; config.json and the weights disagree")
+            out[o] = part.contiguous()
+    return out
+
+
+def layer_rules(n_layers: int, table: list[tuple], ours_prefix: str, hf_prefix: str) -> list[Rule]:
+    """Expand a per-layer table of (ours, hf[, transpose]) templates with {i} over n_layers layers."""
+    rules = []
+    for i in range(n_layers):
+        for entry in table:
+            ours, hf = entry[0], entry[1]
+            transpose = entry[2] if len(entry) > 2 else False
+            ours_names = tuple(ours_prefix.format(i=i) + o.format(i=i) for o in (ours if isinstance(ours, tuple) else (ours,)))
+            rules.append(Rule(ours_names, hf_prefix.format(i=i) + hf.format(i=i), transpose))
+    return rules

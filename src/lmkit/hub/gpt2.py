@@ -1,0 +1,76 @@
+"""GPT-2 (GPT2LMHeadModel / GPT2Model): config mapping and weight-name table."""
+from __future__ import annotations
+
+from lmkit.config import ModelConfig
+from lmkit.errors import ConfigError
+from lmkit.hub.convert import Rule, layer_rules, rename
+
+MODEL_TYPES = ("gpt2",)
+ALIASES = (("transformer.", ""),)
+IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+                "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if hf.get(flag):
+            raise ConfigError(f"GPT-2 option {flag}=true is not supported by lmkit; set it to false to load")
+    if hf.get("scale_attn_weights") is False:
+        raise ConfigError("GPT-2 option scale_attn_weights=false is not supported by lmkit")
+    act = hf.get("activation_function", "gelu_new")
+    if act not in _ACTIVATIONS:
+        raise ConfigError(f"GPT-2 activation_function {act!r} is not supported; use one of {', '.join(_ACTIVATIONS)}")
+    d = hf.get("n_embd", 768)
+    return ModelConfig(
+        family="gpt2", architecture="decoder", vocab_size=hf.get("vocab_size", 50257), d_model=d,
+        n_layers=hf.get("n_layer", 12), n_heads=hf.get("n_head", 12), d_ff=hf.get("n_inner") or 4 * d,
+        max_seq_len=hf.get("n_positions", 1024), position="learned", norm="layernorm", norm_placement="pre",
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5), activation=_ACTIVATIONS[act], bias=True,
+        tie_embeddings=hf.get("tie_word_embeddings", True), bos_token_id=hf.get("bos_token_id", 50256),
+        eos_token_id=hf.get("eos_token_id", 50256), pad_token_id=hf.get("pad_token_id"),
+        dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
+        init_std=hf.get("initializer_range", 0.02))
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}.get(cfg.activation)
+    if act is None or cfg.position != "learned" or cfg.norm != "layernorm" or cfg.norm_placement != "pre" \
+            or cfg.gated or cfg.kv_heads != cfg.n_heads or not cfg.bias:
+        raise ConfigError("this model does not fit the GPT-2 format (needs learned positions, pre-LayerNorm, a plain "
+                          "FFN, biases and full multi-head attention); save it with family='llama' or as lmkit config")
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
+        "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.ffn_dim,
+        "n_positions": cfg.max_seq_len, "n_ctx": cfg.max_seq_len, "activation_function": act,
+        "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.attention_dropout, "initializer_range": cfg.init_std,
+        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id, "scale_attn_weights": True, "use_cache": True,
+    }
+
+
+_LAYER = [
+    ("self_attn.norm.weight", "h.{i}.ln_1.weight"), ("self_attn.norm.bias", "h.{i}.ln_1.bias"),
+    (("self_attn.sublayer.q_proj.weight", "self_attn.sublayer.k_proj.weight", "self_attn.sublayer.v_proj.weight"),
+     "h.{i}.attn.c_attn.weight", True),
+    (("self_attn.sublayer.q_proj.bias", "self_attn.sublayer.k_proj.bias", "self_attn.sublayer.v_proj.bias"),
+     "h.{i}.attn.c_attn.bias"),
+    ("self_attn.sublayer.o_proj.weight", "h.{i}.attn.c_proj.weight", True),
+    ("self_attn.sublayer.o_proj.bias", "h.{i}.attn.c_proj.bias"),
+    ("mlp.norm.weight", "h.{i}.ln_2.weight"), ("mlp.norm.bias", "h.{i}.ln_2.bias"),
+    ("mlp.sublayer.up_proj.weight", "h.{i}.mlp.c_fc.weight", True), ("mlp.sublayer.up_proj.bias", "h.{i}.mlp.c_fc.bias"),
+    ("mlp.sublayer.down_proj.weight", "h.{i}.mlp.c_proj.weight", True),
+    ("mlp.sublayer.down_proj.bias", "h.{i}.mlp.c_proj.bias"),
+]
+
+
+def rules(cfg: ModelConfig) -> list[Rule]:
+    """lmkit CausalLM names -> GPT2LMHeadModel names."""
+    out = [rename("decoder.embeddings.tokens.weight", "transformer.wte.weight"),
+           rename("decoder.embeddings.positions.weight", "transformer.wpe.weight")]
+    out += layer_rules(cfg.n_layers, _LAYER, "decoder.layers.{i}.", "transformer.")
+    out += [rename("decoder.norm.weight", "transformer.ln_f.weight"), rename("decoder.norm.bias", "transformer.ln_f.bias")]
+    if not cfg.tie_embeddings:
+        out.append(rename("lm_head.weight", "lm_head.weight"))
+    return out

@@ -1,0 +1,103 @@
+"""LLaMA (LlamaForCausalLM / LlamaModel), grouped-query attention included: config and weight table.
+
+Reads both config styles: transformers 4.x (`rope_theta`, `rope_scaling`) and 5.x (`rope_parameters`).
+"""
+from __future__ import annotations
+
+from lmkit.config import ModelConfig
+from lmkit.errors import ConfigError
+from lmkit.hub.convert import Rule, layer_rules, rename
+
+MODEL_TYPES = ("llama",)
+ALIASES = (("model.", ""),)
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu", "relu": "reglu"}
+
+
+def rope_from_hf(hf: dict) -> tuple[float, dict | None]:
+    """(theta, scaling) from either the 5.x rope_parameters or the 4.x rope_theta/rope_scaling keys."""
+    params = dict(hf.get("rope_parameters") or {})
+    theta = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+    scaling = params or dict(hf.get("rope_scaling") or {})
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ("default", "linear", "dynamic", "llama3"):
+        raise ConfigError(f"RoPE scaling {kind!r} is not supported by lmkit (linear, dynamic and llama3 are)")
+    return theta, (scaling if kind != "default" else None)
+
+
+def rope_to_hf(cfg: ModelConfig) -> dict:
+    """Both spellings, so transformers 4.x and 5.x read the same RoPE."""
+    scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
+    if scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = {"ntk": "dynamic"}.get(scaling.get("type"), scaling.get("type"))
+    params = {"rope_theta": cfg.rope_theta, **(scaling or {"rope_type": "default"})}
+    return {"rope_theta": cfg.rope_theta, "rope_scaling": scaling, "rope_parameters": params}
+
+
+def config_from_hf(hf: dict, family: str = "llama", **extra) -> ModelConfig:
+    act = hf.get("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise ConfigError(f"{family} hidden_act {act!r} is not supported; use one of {', '.join(ACTIVATIONS)}")
+    if hf.get("pretraining_tp", 1) not in (1, None):
+        raise ConfigError("pretraining_tp > 1 is not supported; set it to 1 (it does not change the weights)")
+    theta, scaling = rope_from_hf(hf)
+    d, heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
+    bias = bool(hf.get("attention_bias", False))
+    return ModelConfig(
+        family=family, architecture="decoder", vocab_size=hf.get("vocab_size", 32000), d_model=d,
+        n_layers=hf.get("num_hidden_layers", 32), n_heads=heads, n_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or d // heads, d_ff=hf.get("intermediate_size", 11008),
+        max_seq_len=hf.get("max_position_embeddings", 2048), position="rope", rope_theta=theta, rope_scaling=scaling,
+        norm="rmsnorm", norm_placement="pre", norm_eps=hf.get("rms_norm_eps", 1e-6), norm_bias=False,
+        activation=ACTIVATIONS[act], bias=False, attention_bias=bias, mlp_bias=bool(hf.get("mlp_bias", False)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=hf.get("eos_token_id"), pad_token_id=hf.get("pad_token_id"),
+        attention_dropout=hf.get("attention_dropout", 0.0), init_std=hf.get("initializer_range", 0.02), **extra)
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    hidden_act = {v: k for k, v in reversed(ACTIVATIONS.items())}.get(cfg.activation)
+    if cfg.position != "rope" or cfg.norm != "rmsnorm" or cfg.norm_placement != "pre" or hidden_act is None \
+            or cfg.rope_interleaved or cfg.architecture != "decoder":
+        raise ConfigError("this model does not fit the LLaMA format (needs RoPE, pre-RMSNorm and a gated FFN); "
+                          "save it with family='gpt2' or change the config")
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.dim_head,
+        "hidden_act": hidden_act, "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
+        "attention_bias": cfg.use_attention_bias, "mlp_bias": cfg.use_mlp_bias, "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id,
+        "attention_dropout": cfg.attention_dropout, "initializer_range": cfg.init_std, "pretraining_tp": 1,
+        "use_cache": True, **rope_to_hf(cfg),
+    }
+
+
+def attention_table(cfg: ModelConfig) -> list[tuple]:
+    table = [("self_attn.norm.weight", "input_layernorm.weight")]
+    for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        table.append((f"self_attn.sublayer.{p}.weight", f"self_attn.{p}.weight"))
+        if cfg.use_attention_bias:
+            table.append((f"self_attn.sublayer.{p}.bias", f"self_attn.{p}.bias"))
+    table.append(("mlp.norm.weight", "post_attention_layernorm.weight"))
+    return table
+
+
+def mlp_table(cfg: ModelConfig) -> list[tuple]:
+    table = []
+    for p in ("gate_proj", "up_proj", "down_proj"):
+        table.append((f"mlp.sublayer.{p}.weight", f"mlp.{p}.weight"))
+        if cfg.use_mlp_bias:
+            table.append((f"mlp.sublayer.{p}.bias", f"mlp.{p}.bias"))
+    return table
+
+
+def rules(cfg: ModelConfig, layer_table: list[tuple] | None = None) -> list[Rule]:
+    """lmkit CausalLM names -> LlamaForCausalLM names (other LLaMA-like families pass their own layer table)."""
+    table = layer_table if layer_table is not None else attention_table(cfg) + mlp_table(cfg)
+    out = [rename("decoder.embeddings.tokens.weight", "model.embed_tokens.weight")]
+    out += layer_rules(cfg.n_layers, table, "decoder.layers.{i}.", "model.layers.{i}.")
+    out.append(rename("decoder.norm.weight", "model.norm.weight"))
+    if not cfg.tie_embeddings:
+        out.append(rename("lm_head.weight", "lm_head.weight"))
+    return out

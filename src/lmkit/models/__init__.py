@@ -1,0 +1,22 @@
+"""The model families, assembled from `lmkit.nn` and configured by `ModelConfig`."""
+from lmkit.config import ModelConfig
+from lmkit.models.base import PreTrainedModel
+from lmkit.models.causal_lm import CausalLM
+from lmkit.models.output import ModelOutput
+from lmkit.models.stack import Stack
+
+
+def build_model(config: ModelConfig) -> PreTrainedModel:
+    """A fresh model of the class that config.architecture names."""
+    if config.architecture == "decoder":
+        return CausalLM(config)
+    if config.architecture == "encoder":
+        from lmkit.models.encoder import Encoder
+
+        return Encoder(config)
+    from lmkit.models.seq2seq import Seq2SeqLM
+
+    return Seq2SeqLM(config)
+
+
+__all__ = ["CausalLM", "ModelOutput", "PreTrainedModel", "Stack", "build_model"]

@@ -1,0 +1,51 @@
+"""Decoder-only language model: p(x_t | x_<t) = softmax(H^L W_o)_t over a causal stack.
+
+With tied embeddings W_o = W_E^T (scaled by config.output_scale before the projection).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmkit.config import ModelConfig
+from lmkit.generation import GenerationMixin
+from lmkit.models.base import PreTrainedModel
+from lmkit.models.output import ModelOutput
+from lmkit.models.stack import Stack
+from lmkit.nn import KVCache
+
+
+class CausalLM(PreTrainedModel, GenerationMixin):
+    """GPT-2, LLaMA, Mixtral and friends: a causal stack and a language-model head."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.decoder = Stack(config, causal=True)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.decoder.embeddings.tokens.weight
+        self.init_weights()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.decoder.embeddings.tokens
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: KVCache | None = None,
+                use_cache: bool = False, inputs_embeds: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, logits_to_keep: int = 0) -> ModelOutput:
+        """Logits (B, T, V); with labels (B, T), the mean next-token loss of labels[:, 1:] given inputs[:, :-1]."""
+        if use_cache and past_key_values is None:
+            past_key_values = KVCache()
+        h = self.decoder(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         cache=past_key_values, inputs_embeds=inputs_embeds)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
+        if self.config.output_scale != 1.0:
+            h = h * self.config.output_scale
+        logits = self.lm_head(h)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                               labels[:, 1:].reshape(-1), ignore_index=-100)
+        return ModelOutput(logits=logits, last_hidden_state=h, past_key_values=past_key_values,
+                           aux_loss=self.decoder.aux_loss(), loss=loss)

@@ -1,0 +1,22 @@
+"""What a model's forward returns: the fields transformers users expect, by name."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lmkit.nn.attention import KVCache
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    past_key_values: KVCache | None = None
+    aux_loss: torch.Tensor | None = None          # mixture-of-experts load-balancing loss
+    encoder_last_hidden_state: torch.Tensor | None = None
+    pooler_output: torch.Tensor | None = None
+    loss: torch.Tensor | None = None
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)

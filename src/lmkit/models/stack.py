@@ -1,0 +1,70 @@
+"""A stack of transformer blocks over embeddings: the body every family shares.
+
+Decoder stacks are causal; encoder stacks see every position; the decoder of an
+encoder-decoder model also cross-attends to the encoder output (`memory`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmkit.config import ModelConfig
+from lmkit.nn import Block, Embeddings, KVCache, RelativePositionBias, RotaryEmbedding, build_attention_bias, build_norm
+from lmkit.nn.masks import additive_mask, allowed_positions
+
+
+class Stack(nn.Module):
+    """Embeddings, n blocks and an optional final norm; returns the last hidden states."""
+
+    def __init__(self, config: ModelConfig, causal: bool, cross: bool = False, n_layers: int | None = None,
+                 embeddings: Embeddings | None = None):
+        super().__init__()
+        self.config = config
+        self.causal = causal
+        self.embeddings = embeddings if embeddings is not None else Embeddings(config)
+        self.rotary = RotaryEmbedding(config) if config.position == "rope" else None
+        self.relative_bias = RelativePositionBias(config, bidirectional=not causal) if config.position == "relative" else None
+        self.layers = nn.ModuleList(Block(config, causal=causal, cross=cross) for _ in range(n_layers or config.n_layers))
+        self.norm = build_norm(config) if config.final_norm else None
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
+                cache: KVCache | None = None, memory: torch.Tensor | None = None,
+                memory_mask: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        if inputs_embeds is None:
+            B, T = input_ids.shape
+        else:
+            B, T = inputs_embeds.shape[:2]
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            device = (input_ids if input_ids is not None else inputs_embeds).device
+            position_ids = torch.arange(past, past + T, device=device)[None].expand(B, T)
+        if inputs_embeds is None:
+            h = self.embeddings(input_ids, position_ids=position_ids, token_type_ids=token_type_ids)
+        else:
+            h = inputs_embeds
+        dtype, device = h.dtype, h.device
+        if self.relative_bias is None:
+            bias, is_causal = build_attention_bias(attention_mask, B, T, past + T, self.causal, dtype, device)
+        else:
+            allowed = allowed_positions(attention_mask, B, T, past + T, self.causal, device)
+            bias = self.relative_bias(T, past + T, offset=past).to(dtype)
+            if allowed is not None:
+                bias = bias + additive_mask(allowed, dtype)
+            is_causal = False
+        rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
+        memory_bias = None
+        if memory is not None and memory_mask is not None:
+            memory_bias, _ = build_attention_bias(memory_mask, B, T, memory.shape[1], False, dtype, device)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, bias=bias, is_causal=is_causal, rope=rope, cache=cache, layer=i, memory=memory,
+                      memory_bias=memory_bias)
+        if self.norm is not None:
+            h = self.norm(h)
+        return h
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """Sum of the load-balancing losses the mixture-of-experts layers recorded in this forward."""
+        losses = [getattr(layer.mlp.sublayer, "aux_loss", None) for layer in self.layers]
+        losses = [l for l in losses if l is not None]
+        return torch.stack(losses).sum() if losses else None

@@ -1,0 +1,110 @@
+"""Multi-head, grouped-query and multi-query attention with a KV cache.
+
+Attention(Q, K, V) = softmax(Q K^T * scale + bias) V per head, through
+torch.nn.functional.scaled_dot_product_attention; n_kv_heads < n_heads shares each key/value
+head among n_heads / n_kv_heads query heads (GQA; MQA when it is 1).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmkit.config import ModelConfig
+from lmkit.nn.positions import apply_rotary
+
+
+class KVCache:
+    """Keys and values of past positions per layer, in buffers that grow by doubling.
+
+    Self-attention entries grow with each step; cross-attention entries (keys and values of the
+    encoder output) are computed once and kept as they are.
+    """
+
+    def __init__(self) -> None:
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.lengths: dict[int, int] = {}
+        self.cross: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.lengths.get(layer, 0)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append k, v (B, H, T, D) to the layer's entries and return all of them."""
+        length = self.lengths.get(layer, 0)
+        new = length + k.shape[2]
+        buf_k = self.keys.get(layer)
+        if buf_k is None or buf_k.shape[2] < new:
+            capacity = max(new, 2 * (buf_k.shape[2] if buf_k is not None else 0), 64)
+            grown_k = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])
+            grown_v = v.new_empty(v.shape[0], v.shape[1], capacity, v.shape[3])
+            if length:
+                grown_k[:, :, :length] = self.keys[layer][:, :, :length]
+                grown_v[:, :, :length] = self.values[layer][:, :, :length]
+            self.keys[layer], self.values[layer] = grown_k, grown_v
+        self.keys[layer][:, :, length:new] = k
+        self.values[layer][:, :, length:new] = v
+        self.lengths[layer] = new
+        return self.keys[layer][:, :, :new], self.values[layer][:, :, :new]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep the batch rows in `index` (beam search), in that order."""
+        for layer in list(self.keys):
+            self.keys[layer] = self.keys[layer].index_select(0, index)
+            self.values[layer] = self.values[layer].index_select(0, index)
+        for layer, (k, v) in list(self.cross.items()):
+            self.cross[layer] = (k.index_select(0, index), v.index_select(0, index))
+
+
+class Attention(nn.Module):
+    """Self- or cross-attention with q_proj, k_proj, v_proj and o_proj projections."""
+
+    def __init__(self, config: ModelConfig, causal: bool, cross: bool = False):
+        super().__init__()
+        self.config = config
+        self.causal = causal
+        self.cross = cross
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.dim_head
+        bias = config.use_attention_bias
+        d = config.d_model
+        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=bias)
+        self.scale = config.attention_scale
+        self.dropout = config.attention_dropout
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, is_causal: bool = False,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
+                layer: int = 0, memory: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, d) -> (B, T, d). `memory` holds the encoder states for cross-attention."""
+        B, T, _ = x.shape
+        q = self._heads(self.q_proj(x), self.n_heads)
+        if self.cross:
+            if cache is not None and layer in cache.cross:
+                k, v = cache.cross[layer]
+            else:
+                k = self._heads(self.k_proj(memory), self.n_kv_heads)
+                v = self._heads(self.v_proj(memory), self.n_kv_heads)
+                if cache is not None:
+                    cache.cross[layer] = (k, v)
+        else:
+            k = self._heads(self.k_proj(x), self.n_kv_heads)
+            v = self._heads(self.v_proj(x), self.n_kv_heads)
+            if rope is not None:
+                cos, sin = rope
+                q = apply_rotary(q, cos, sin, self.config.rope_interleaved)
+                k = apply_rotary(k, cos, sin, self.config.rope_interleaved)
+            if cache is not None:
+                k, v = cache.update(layer, k, v)
+        gqa = self.n_kv_heads != self.n_heads
+        if bias is not None and bias.dtype != torch.bool and bias.dtype != q.dtype:
+            bias = bias.to(q.dtype)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal and bias is None, scale=self.scale, enable_gqa=gqa)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

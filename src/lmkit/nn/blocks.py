@@ -1,0 +1,65 @@
+"""Residual transformer blocks with pre-, post- or sandwich-norm placement.
+
+pre:      x = x + F(LN(x))            (GPT-2, LLaMA)
+post:     x = LN(x + F(x))            (Transformer 2017, BERT, BART)
+sandwich: x = x + LN'(F(LN(x)))       (CogView's sandwich-LN, Gemma-2)
+Each block holds self-attention, optional cross-attention (decoders of encoder-decoder models)
+and a feed-forward network (dense, or a mixture of experts when config.n_experts > 0).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmkit.config import ModelConfig
+from lmkit.nn.attention import Attention, KVCache
+from lmkit.nn.ffn import FeedForward
+from lmkit.nn.norms import build_norm
+
+
+def build_ffn(config: ModelConfig) -> nn.Module:
+    """A dense FFN, or a mixture of experts when the config has experts."""
+    if config.n_experts:
+        from lmkit.nn.moe import MoEFeedForward
+
+        return MoEFeedForward(config)
+    return FeedForward(config)
+
+
+class Residual(nn.Module):
+    """One sub-layer F wrapped in its residual connection, norms and dropout."""
+
+    def __init__(self, config: ModelConfig, sublayer: nn.Module):
+        super().__init__()
+        self.placement = config.norm_placement
+        self.sublayer = sublayer
+        self.norm = build_norm(config)
+        self.post_norm = build_norm(config) if self.placement == "sandwich" else None
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        if self.placement == "post":
+            return self.norm(x + self.dropout(self.sublayer(x, **kwargs)))
+        h = self.sublayer(self.norm(x), **kwargs)
+        if self.post_norm is not None:
+            h = self.post_norm(h)
+        return x + self.dropout(h)
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, then the feed-forward network."""
+
+    def __init__(self, config: ModelConfig, causal: bool, cross: bool = False):
+        super().__init__()
+        self.self_attn = Residual(config, Attention(config, causal=causal))
+        self.cross_attn = Residual(config, Attention(config, causal=False, cross=True)) if cross else None
+        self.mlp = Residual(config, build_ffn(config))
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, is_causal: bool = False,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
+                layer: int = 0, memory: torch.Tensor | None = None,
+                memory_bias: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.self_attn(x, bias=bias, is_causal=is_causal, rope=rope, cache=cache, layer=layer)
+        if self.cross_attn is not None:
+            x = self.cross_attn(x, bias=memory_bias, cache=cache, layer=layer, memory=memory)
+        return self.mlp(x)

@@ -1,0 +1,44 @@
+"""Position-wise feed-forward networks.
+
+Plain: down(act(up(x))) with ReLU or GELU (exact or tanh). Gated (SwiGLU, GeGLU, ReGLU):
+down(act(gate(x)) * up(x)). d_ff defaults to 4d, or 2/3 * 4d (rounded up to 8) for gated ones.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmkit.config import ModelConfig
+
+_ACT = {
+    "relu": F.relu, "reglu": F.relu,
+    "gelu": F.gelu, "geglu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu, "swiglu": F.silu,
+}
+
+
+def activation(name: str):
+    """The element-wise function behind an activation name (gated names give their gate's function)."""
+    return _ACT[name]
+
+
+class FeedForward(nn.Module):
+    """The FFN sub-layer: up_proj (and gate_proj when gated), activation, down_proj."""
+
+    def __init__(self, config: ModelConfig, d_ff: int | None = None):
+        super().__init__()
+        d, hidden, bias = config.d_model, d_ff or config.ffn_dim, config.use_mlp_bias
+        self.act = activation(config.activation)
+        self.gate_proj = nn.Linear(d, hidden, bias=bias) if config.gated else None
+        self.up_proj = nn.Linear(d, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, d, bias=bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is not None:
+            h = self.act(self.gate_proj(x)) * self.up_proj(x)
+        else:
+            h = self.act(self.up_proj(x))
+        return self.down_proj(self.dropout(h))
