@@ -1,0 +1,32 @@
+"""`lmkit eval`: loss, perplexity and bits per byte of a model on a corpus's validation split."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="evaluate a language model (loss, perplexity, bits per byte)",
+                              description=__doc__)
+    p.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, model.safetensors, tokenizer.json)")
+    p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
+                   help="corpus whose validation split is scored; default: the one the model was trained on, else pydocs")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import lmkit
+    from lmkit.data import load_corpus
+    from lmkit.evaluate import evaluate_text
+    from lmkit.train.checkpoint import run_settings
+
+    settings = run_settings(args.model) or {}
+    corpus = args.corpus or settings.get("corpus") or ["pydocs"]
+    model = lmkit.load_model(args.model)
+    tokenizer = lmkit.load_tokenizer(args.model)
+    _, val = load_corpus(corpus).split(settings.get("val_fraction", 0.05))
+    r = evaluate_text(model, tokenizer, val)
+    print(f"{args.model} on {' '.join(corpus)} (validation split: {len(val)} documents, {r['bytes']} bytes, {r['tokens']} tokens)")
+    print(f"loss           {r['loss']:.4f} nats/token")
+    print(f"perplexity     {r['perplexity']:.3f}")
+    print(f"bits per byte  {r['bpb']:.4f}")
+    return 0

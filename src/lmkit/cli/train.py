@@ -1,0 +1,59 @@
+"""`lmkit train`: train a model (default: the `default` preset on pydocs) into --out."""
+from __future__ import annotations
+
+import argparse
+
+from lmkit.train.config import TrainConfig
+
+# flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
+FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr",
+         "precision", "log_every", "save_every", "seed")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a language model", description=__doc__)
+    p.add_argument("--preset", help="model preset (tiny, default, gpt2, llama, transformer-2017, moe); default: default")
+    p.add_argument("--objective", choices=["clm", "mlm", "span", "denoise"], help="training objective; default: clm")
+    p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
+                   help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
+    p.add_argument("--out", metavar="DIR", help="run folder; default: runs/PRESET")
+    p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (default 1000, or set by --time-budget)")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS", help="train for about this long")
+    p.add_argument("--batch-size", type=int, metavar="N", help="sequences per optimizer step (global under torchrun)")
+    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (the model's context)")
+    p.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="default: bf16 where the CPU has native bf16")
+    p.add_argument("--log-every", type=int, metavar="N", help="write metrics.jsonl every N steps (default 10)")
+    p.add_argument("--save-every", type=int, metavar="N", help="checkpoint and evaluate every N steps")
+    p.add_argument("--seed", type=int, metavar="N", help="random seed (default 0)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
+    given = {f: getattr(args, f) for f in FLAGS if getattr(args, f) is not None}
+    given.setdefault("out", f"runs/{given.get('preset', 'default')}")
+    return TrainConfig(resume=args.resume, **given), set(given) - {"out"}
+
+
+def run(args: argparse.Namespace) -> int:
+    from lmkit.train import Trainer
+
+    cfg, explicit = config_from_args(args)
+    trainer = Trainer(cfg, explicit=explicit)
+    c = trainer.cfg
+    print(f"lmkit train: preset {c.preset}, {trainer.model.num_parameters() / 1e6:.2f}M parameters, "
+          f"vocab {trainer.model_config.vocab_size}, corpus {' '.join(c.corpus)} "
+          f"({trainer.stream.num_tokens} training tokens), batch {c.batch_size} x {c.seq_len}, {c.precision}"
+          + (f", resuming at step {trainer.step}" if c.resume else ""))
+    result = trainer.fit()
+    print(summary(result, c.out))
+    return 0
+
+
+def summary(result: dict, out: str) -> str:
+    line = f"step {result['step']}: {result['train_tokens']} tokens in {result['elapsed']:.0f}s"
+    if "val_loss" in result:
+        line += (f"; validation loss {result['val_loss']:.4f} nats/token, perplexity {result['val_perplexity']:.2f}, "
+                 f"{result['val_bpb']:.4f} bits per byte")
+    return line + f"; saved to {out}"

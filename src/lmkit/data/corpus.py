@@ -1,0 +1,193 @@
+"""Corpora: named documents, a deterministic train/validation split, and user text files.
+
+The split is by document: a document belongs to validation when the first 8 bytes of
+sha256("lmkit-split-v1:" + id), read as an integer u, satisfy u / 2**64 < val_fraction.
+It depends on nothing but the id, so it is stable across runs, machines and corpus order.
+"""
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from lmkit.errors import CorpusError
+
+SPLIT_SALT = "lmkit-split-v1:"
+VAL_FRACTION = 0.05
+CHUNK_CHARS = 4000  # plain-text files are cut into documents of about this size at blank lines
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    text: str
+
+
+def split_hash(doc_id: str) -> float:
+    """u / 2**64 in [0, 1) with u = the first 8 bytes of sha256(salt + id), big-endian."""
+    digest = hashlib.sha256((SPLIT_SALT + doc_id).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+@dataclass
+class Corpus:
+    """A named list of documents; `split()` gives (train, validation)."""
+
+    name: str
+    documents: list[Document] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def __iter__(self) -> Iterator[Document]:
+        return iter(self.documents)
+
+    def texts(self) -> list[str]:
+        return [d.text for d in self.documents]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(len(d.text.encode("utf-8")) for d in self.documents)
+
+    def fingerprint(self) -> str:
+        """sha256 over ids and texts: names this exact content in cache keys."""
+        h = hashlib.sha256()
+        for d in self.documents:
+            for part in (d.id, d.text):
+                b = part.encode("utf-8")
+                h.update(len(b).to_bytes(8, "little"))
+                h.update(b)
+        return h.hexdigest()
+
+    def split(self, val_fraction: float = VAL_FRACTION) -> tuple["Corpus", "Corpus"]:
+        """(train, validation) by the hash of each document id (see module docstring).
+
+        With two or more documents both sides are non-empty: if the hash puts none in
+        validation, the document with the smallest hash goes there (and the largest to train).
+        """
+        if not 0.0 < val_fraction < 1.0:
+            raise CorpusError(f"val_fraction must lie strictly between 0 and 1, got {val_fraction}")
+        if len(self.documents) < 2:
+            raise CorpusError(f"corpus {self.name!r} has {len(self.documents)} document(s); "
+                              "a train/validation split needs at least two (add more text)")
+        hashes = [split_hash(d.id) for d in self.documents]
+        is_val = [h < val_fraction for h in hashes]
+        if not any(is_val):
+            is_val[min(range(len(hashes)), key=hashes.__getitem__)] = True
+        if all(is_val):
+            is_val[max(range(len(hashes)), key=hashes.__getitem__)] = False
+        train = [d for d, v in zip(self.documents, is_val) if not v]
+        val = [d for d, v in zip(self.documents, is_val) if v]
+        return Corpus(f"{self.name}/train", train), Corpus(f"{self.name}/validation", val)
+
+    def head(self, n: int) -> "Corpus":
+        """The first `n` documents (small slices for tests and smoke runs)."""
+        return Corpus(self.name, self.documents[:n])
+
+
+# user files ---------------------------------------------------------------------------------
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CorpusError(f"corpus file {str(path)!r} does not exist; check the path") from None
+    except OSError as exc:
+        raise CorpusError(f"cannot read corpus file {str(path)!r}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorpusError(f"corpus file {str(path)!r} is not UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
+                          "convert it, e.g. `iconv -f latin1 -t utf-8`") from None
+
+
+def chunk_text(text: str, max_chars: int = CHUNK_CHARS) -> list[str]:
+    """Cut text at blank lines into pieces of at most about `max_chars` characters (a paragraph is never cut)."""
+    pieces, current, size = [], [], 0
+    for para in text.split("\n\n"):
+        if current and size + len(para) > max_chars:
+            pieces.append("\n\n".join(current))
+            current, size = [], 0
+        current.append(para)
+        size += len(para) + 2
+    if current:
+        pieces.append("\n\n".join(current))
+    return [p for p in pieces if p.strip()]
+
+
+def read_text_file(path: Path, label: str) -> list[Document]:
+    return [Document(f"{label}#{i}", t) for i, t in enumerate(chunk_text(_read_text(path)))]
+
+
+def read_jsonl(path: Path, label: str) -> list[Document]:
+    """One document per line: an object with a string `text` (and optionally an `id`)."""
+    docs = []
+    for lineno, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(f"{str(path)!r} line {lineno} is not JSON ({exc.msg}); each line must be an object with a 'text' field") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise CorpusError(f"{str(path)!r} line {lineno} has no string 'text' field; each line must look like {{\"text\": \"...\"}}")
+        if obj["text"].strip():
+            docs.append(Document(str(obj["id"]) if "id" in obj else f"{label}:{lineno}", obj["text"]))
+    return docs
+
+
+def _expand(spec: str) -> list[Path]:
+    if any(c in spec for c in "*?["):
+        matches = sorted(p for p in globlib.glob(os.path.expanduser(spec), recursive=True) if os.path.isfile(p))
+        if not matches:
+            raise CorpusError(f"no files match {spec!r}; check the pattern")
+        return [Path(p) for p in matches]
+    path = Path(os.path.expanduser(spec))
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.relative_to(path).parts))
+        if not files:
+            raise CorpusError(f"folder {spec!r} holds no files")
+        return files
+    if not path.exists():
+        raise CorpusError(f"corpus {spec!r} is neither a built-in corpus (pydocs, pycode) nor an existing file; check the name or path")
+    return [path]
+
+
+def read_files(specs: Sequence[str]) -> list[Document]:
+    """Documents from files, folders and glob patterns; `.jsonl` files hold one {"text": ...} per line."""
+    docs: list[Document] = []
+    for spec in specs:
+        for path in _expand(spec):
+            label = str(path)
+            docs.extend(read_jsonl(path, label) if path.suffix == ".jsonl" else read_text_file(path, label))
+    return docs
+
+
+def load_corpus(spec: str | os.PathLike | Iterable[str | os.PathLike] = "pydocs") -> Corpus:
+    """A built-in corpus by name (`pydocs`, `pycode`), or user text: files, folders, globs, JSONL.
+
+    Several names/paths may be given; their documents are concatenated in the given order.
+    """
+    from lmkit.data.builtin import BUILTIN, builtin_corpus
+
+    specs = [os.fspath(spec)] if isinstance(spec, (str, os.PathLike)) else [os.fspath(s) for s in spec]
+    if not specs:
+        raise CorpusError("no corpus given; name a built-in corpus (pydocs, pycode) or pass text files")
+    docs: list[Document] = []
+    for s in specs:
+        if s in BUILTIN and not os.path.exists(s):
+            docs.extend(builtin_corpus(s).documents)
+        else:
+            docs.extend(read_files([s]))
+    if not docs:
+        raise CorpusError(f"corpus {' '.join(specs)!r} is empty (no non-blank text); give files that contain text")
+    seen: set[str] = set()
+    for d in docs:
+        if d.id in seen:
+            raise CorpusError(f"document id {d.id!r} appears twice; give each file (or JSONL 'id') once")
+        seen.add(d.id)
+    return Corpus("+".join(specs), docs)

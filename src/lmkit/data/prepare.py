@@ -1,0 +1,285 @@
+"""`prepare`: tokenize a corpus in parallel into token shards (see `lmkit.data.shards`).
+
+Documents are read as a stream (text files in blocks, JSONL line by line), so memory stays flat
+however large the corpus is: the main process batches about `shard_bytes` of text, a pool of
+worker processes (each holding the tokenizer) encodes a batch and writes it as one shard, and
+at most two batches per worker are in flight. A document goes to the validation split when
+`split_hash(id) < val_fraction` (the rule of `Corpus.split`), so splits do not depend on order.
+The index is written last (atomically), and the folder is valid only once it exists.
+"""
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import re
+from collections import deque
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+from safetensors.numpy import save as save_safetensors
+
+from lmkit.data.cache import atomic_write_bytes, atomic_write_json
+from lmkit.data.corpus import CHUNK_CHARS, Document, _expand, split_hash
+from lmkit.data.shards import DTYPES, FORMAT, INDEX, TOKENIZER, VERSION, file_sha256, token_dtype
+from lmkit.data.tokenize import BOS, vocab_size_of
+from lmkit.errors import CorpusError, TokenizerError
+
+SHARD_BYTES = 32 << 20  # text per shard: about 8M tokens, 16 MB of uint16 ids
+BLOCK = 1 << 20
+
+
+# streaming readers --------------------------------------------------------------------------------
+
+def _decoded_blocks(path: Path) -> Iterator[str]:
+    """The file's text in blocks, decoded incrementally; a non-UTF-8 byte names its offset."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise CorpusError(f"cannot read corpus file {str(path)!r}: {exc.strerror}") from None
+    with f:
+        while True:
+            data = f.read(BLOCK)
+            try:
+                text = decoder.decode(data, final=not data)
+            except UnicodeDecodeError as exc:
+                raise CorpusError(f"corpus file {str(path)!r} is not UTF-8 (byte {offset + exc.start}); "
+                                  "convert it, e.g. `iconv -f latin1 -t utf-8`") from None
+            offset += len(data)
+            if text:
+                yield text
+            if not data:
+                return
+
+
+def stream_paragraphs(path: Path) -> Iterator[str]:
+    """text.split('\\n\\n') of the whole file, without holding the file in memory."""
+    rest = ""
+    for block in _decoded_blocks(path):
+        parts = (rest + block).split("\n\n")
+        rest = parts.pop()
+        yield from parts
+    yield rest
+
+
+def stream_text_file(path: Path, label: str, max_chars: int = CHUNK_CHARS) -> Iterator[Document]:
+    """The documents `corpus.read_text_file` gives (chunks at blank lines), streamed."""
+    current: list[str] = []
+    size, i = 0, 0
+    for para in stream_paragraphs(path):
+        if current and size + len(para) > max_chars:
+            piece = "\n\n".join(current)
+            if piece.strip():
+                yield Document(f"{label}#{i}", piece)
+                i += 1
+            current, size = [], 0
+        current.append(para)
+        size += len(para) + 2
+    piece = "\n\n".join(current)
+    if current and piece.strip():
+        yield Document(f"{label}#{i}", piece)
+
+
+def stream_jsonl(path: Path, label: str) -> Iterator[Document]:
+    """The documents `corpus.read_jsonl` gives: one {"text": ..., "id": ...} object per line."""
+    lineno = 0
+    rest = ""
+    for block in _decoded_blocks(path):
+        lines = (rest + block).split("\n")
+        rest = lines.pop()
+        for raw in lines:
+            for line in (raw + "\n").splitlines():
+                lineno += 1
+                doc = _jsonl_document(path, label, lineno, line)
+                if doc is not None:
+                    yield doc
+    for line in rest.splitlines():
+        lineno += 1
+        doc = _jsonl_document(path, label, lineno, line)
+        if doc is not None:
+            yield doc
+
+
+def _jsonl_document(path: Path, label: str, lineno: int, line: str) -> Document | None:
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise CorpusError(f"{str(path)!r} line {lineno} is not JSON ({exc.msg}); each line must be an object with a 'text' field") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+        raise CorpusError(f"{str(path)!r} line {lineno} has no string 'text' field; each line must look like {{\"text\": \"...\"}}")
+    return Document(str(obj["id"]) if "id" in obj else f"{label}:{lineno}", obj["text"]) if obj["text"].strip() else None
+
+
+def stream_documents(specs: Iterable[str]) -> Iterator[Document]:
+    """Documents of built-in corpora, files, folders and globs (as `load_corpus` reads them), streamed."""
+    from lmkit.data.builtin import BUILTIN, builtin_corpus
+
+    specs = [os.fspath(s) for s in specs]
+    if not specs:
+        raise CorpusError("no corpus given; name a built-in corpus (pydocs, pycode) or pass text files")
+    for spec in specs:
+        if spec in BUILTIN and not os.path.exists(spec):
+            yield from builtin_corpus(spec).documents
+            continue
+        for path in _expand(spec):
+            yield from (stream_jsonl(path, str(path)) if path.suffix == ".jsonl" else stream_text_file(path, str(path)))
+
+
+# tokenizing workers -----------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def load_any_tokenizer(path: str | Path):
+    from lmkit.tokenizers import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def encode_texts(tok: Any, texts: list[str]) -> list[list[int]]:
+    """Ids of each text without special tokens (lmkit or `tokenizers` objects), one process."""
+    try:
+        out = tok.encode_batch(texts, add_special_tokens=False, num_workers=1)
+    except TypeError:  # `tokenizers.Tokenizer` takes no num_workers
+        out = tok.encode_batch(texts, add_special_tokens=False)
+    return [list(getattr(ids, "ids", ids)) for ids in out]
+
+
+def _init_worker(tokenizer_path: str) -> None:
+    _WORKER["tok"] = load_any_tokenizer(tokenizer_path)
+
+
+def encode_shard(texts: list[str], bos_id: int, dtype: str, vocab_size: int) -> dict[str, np.ndarray]:
+    """{"tokens": sep d_1 sep d_2 ..., "doc_offsets", "doc_bytes"} of a batch (empty encodings dropped)."""
+    ids = encode_texts(_WORKER["tok"], texts)
+    keep = [i for i, x in enumerate(ids) if x]
+    lengths = np.array([len(ids[i]) + 1 for i in keep], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.empty(int(offsets[-1]), dtype=DTYPES[dtype][1])
+    for k, i in enumerate(keep):
+        row = np.asarray(ids[i], dtype=np.int64)
+        if row.size and (row.max() >= vocab_size or row.min() < 0):
+            raise TokenizerError(f"the tokenizer produced id {int(row.max())} outside its vocabulary of {vocab_size}")
+        tokens[offsets[k]] = bos_id
+        tokens[offsets[k] + 1:offsets[k + 1]] = row
+    nbytes = np.array([len(texts[i].encode("utf-8")) for i in keep], dtype=np.int64)
+    return {"tokens": tokens, "doc_offsets": offsets, "doc_bytes": nbytes}
+
+
+def _write_shard(out: str, split: str, number: int, texts: list[str], bos_id: int, dtype: str,
+                 vocab_size: int) -> dict[str, Any]:
+    arrays = encode_shard(texts, bos_id, dtype, vocab_size)
+    data = save_safetensors(arrays, metadata={"format": FORMAT})
+    name = f"{split}-{number:05d}.safetensors"
+    atomic_write_bytes(Path(out) / name, data)
+    return {"file": name, "num_tokens": len(arrays["tokens"]), "num_documents": len(arrays["doc_bytes"]),
+            "num_bytes": int(arrays["doc_bytes"].sum()), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def prepare(corpus: Iterable[str], tokenizer: str | Path, out: str | Path, workers: int | None = None,
+            val_fraction: float = 0.05, shard_bytes: int = SHARD_BYTES, separator: str = BOS,
+            overwrite: bool = False) -> dict[str, Any]:
+    """Tokenize the corpus specs into shards under `out`; returns the index (also written to out/index.json)."""
+    out = Path(out)
+    tok_path = Path(tokenizer)
+    tok = load_any_tokenizer(tok_path)
+    vocab_size = vocab_size_of(tok)
+    bos_id = tok.token_to_id(separator)
+    if bos_id is None:
+        raise TokenizerError(f"the tokenizer {tok_path} has no {separator!r} token to separate documents; "
+                             "pass --separator with one of its special tokens")
+    dtype = token_dtype(vocab_size)
+    if not 0.0 <= val_fraction < 1.0:
+        raise CorpusError(f"--val-fraction must lie in [0, 1), got {val_fraction}")
+    if (out / INDEX).exists() and not overwrite:
+        raise CorpusError(f"{out} already holds prepared shards ({INDEX}); pass --overwrite or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / INDEX).unlink(missing_ok=True)  # the folder is invalid until the new index is written
+    tok_file = tok_path / TOKENIZER if tok_path.is_dir() else tok_path
+    tok_bytes = tok_file.read_bytes()
+    atomic_write_bytes(out / TOKENIZER, tok_bytes)
+
+    workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+    splits = {"train": [], "validation": []}
+    counters = {"train": 0, "validation": 0}
+    args = (bos_id, dtype, vocab_size)
+    pool = mp.get_context("spawn").Pool(workers, _init_worker, (str(tok_path),)) if workers > 1 else None
+    if pool is None:
+        _WORKER["tok"] = tok
+    pending: deque = deque()
+
+    def submit(split: str, texts: list[str]) -> None:
+        number = counters[split]
+        counters[split] += 1
+        if pool is None:
+            splits[split].append(_write_shard(str(out), split, number, texts, *args))
+            return
+        pending.append((split, pool.apply_async(_write_shard, (str(out), split, number, texts, *args))))
+        while len(pending) > 2 * workers:
+            done_split, result = pending.popleft()
+            splits[done_split].append(result.get())
+
+    try:
+        buffers: dict[str, list[str]] = {"train": [], "validation": []}
+        sizes = {"train": 0, "validation": 0}
+        seen = 0
+        for doc in stream_documents(corpus):
+            seen += 1
+            split = "validation" if val_fraction > 0 and split_hash(doc.id) < val_fraction else "train"
+            buffers[split].append(doc.text)
+            sizes[split] += len(doc.text)
+            if sizes[split] >= shard_bytes:
+                submit(split, buffers[split])
+                buffers[split], sizes[split] = [], 0
+        for split, texts in buffers.items():
+            if texts:
+                submit(split, texts)
+        while pending:
+            done_split, result = pending.popleft()
+            splits[done_split].append(result.get())
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        _WORKER.pop("tok", None)
+    if not seen:
+        raise CorpusError(f"corpus {' '.join(map(str, corpus))!r} is empty (no non-blank text); give files that contain text")
+    index = {
+        "format": FORMAT, "version": VERSION, "dtype": dtype, "vocab_size": vocab_size, "bos_id": int(bos_id),
+        "separator": separator, "val_fraction": val_fraction, "sources": [os.fspath(c) for c in corpus],
+        "tokenizer": {"file": TOKENIZER, "sha256": hashlib.sha256(tok_bytes).hexdigest()},
+        "splits": {name: {"num_tokens": sum(e["num_tokens"] for e in entries),
+                          "num_documents": sum(e["num_documents"] for e in entries),
+                          "num_bytes": sum(e["num_bytes"] for e in entries),
+                          "shards": sorted(entries, key=lambda e: e["file"])}
+                   for name, entries in splits.items()},
+    }
+    if index["splits"]["train"]["num_tokens"] == 0:
+        raise CorpusError(f"corpus {' '.join(map(str, corpus))!r} encodes to no training tokens; give more text")
+    named = {e["file"] for s in index["splits"].values() for e in s["shards"]}
+    for stale in out.glob("*.safetensors"):
+        if re.fullmatch(r"(train|validation)-\d{5}\.safetensors", stale.name) and stale.name not in named:
+            stale.unlink()
+    atomic_write_json(out / INDEX, index)
+    return index
+
+
+def verify(folder: str | Path) -> dict[str, Any]:
+    """Check every shard of a prepared folder against its index (sizes, counts, sha256); returns the index."""
+    from lmkit.data.shards import ShardDataset
+
+    ds = ShardDataset(folder, verify=True)
+    for name in ds.index["splits"]:
+        ds.split(name)
+    tok = Path(folder) / ds.index["tokenizer"]["file"]
+    if not tok.is_file() or file_sha256(tok) != ds.index["tokenizer"]["sha256"]:
+        raise CorpusError(f"{tok} is missing or does not match the sha256 in {Path(folder) / INDEX}; "
+                          "run `lmkit data prepare` again into a fresh --out")
+    return ds.index

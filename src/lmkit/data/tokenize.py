@@ -1,0 +1,73 @@
+"""The one seam between corpora and tokenizers: which tokenizer a training run uses.
+
+`corpus_tokenizer` trains a byte-level BPE tokenizer on the training split (through
+`lmkit.train_tokenizer`) and caches it under the user's cache folder, keyed by the corpus
+fingerprint, the kind and the vocabulary size. Every run uses the special token
+`<|endoftext|>` as BOS (and EOS: it separates documents, GPT-2 style) and `<|pad|>` for padding.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from lmkit.data.cache import atomic_save_file, cache_dir
+from lmkit.data.corpus import Corpus
+from lmkit.errors import TokenizerError
+
+BOS = "<|endoftext|>"
+PAD = "<|pad|>"
+SPECIAL_TOKENS = [BOS, PAD]
+TOKENIZER_CACHE_VERSION = 1
+
+
+def vocab_size_of(tok: Any) -> int:
+    """Number of ids the tokenizer can produce (the model's vocabulary must be at least this)."""
+    for name in ("vocab_size", "get_vocab_size"):
+        value = getattr(tok, name, None)
+        if value is not None:
+            return int(value() if callable(value) else value)
+    return len(tok)
+
+
+def token_id(tok: Any, token: str) -> int:
+    tid = tok.token_to_id(token)
+    if tid is None:
+        raise TokenizerError(f"the tokenizer has no {token!r} token; training needs {', '.join(SPECIAL_TOKENS)}")
+    return int(tid)
+
+
+def special_ids(tok: Any) -> tuple[int, int]:
+    """(bos_id, pad_id) of a training tokenizer."""
+    return token_id(tok, BOS), token_id(tok, PAD)
+
+
+def tokenizer_sha(tok: Any) -> str:
+    """sha256 of the tokenizer's saved form: names it in token-cache keys."""
+    text = tok.to_str() if hasattr(tok, "to_str") else json.dumps(tok.to_dict(), sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def corpus_tokenizer(corpus: Corpus, vocab_size: int, kind: str = "bpe", use_cache: bool = True):
+    """A `kind` tokenizer of `vocab_size` ids trained on `corpus`, with SPECIAL_TOKENS (cached)."""
+    from lmkit.tokenizers import load_tokenizer, train_tokenizer
+
+    key = json.dumps([TOKENIZER_CACHE_VERSION, kind, vocab_size, SPECIAL_TOKENS, corpus.fingerprint()])
+    path = cache_dir("tokenizers") / f"{kind}-{vocab_size}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    if use_cache and path.exists():
+        try:
+            return load_tokenizer(path)
+        except TokenizerError:
+            pass  # a damaged cache entry is retrained below
+    tok = train_tokenizer(corpus.texts(), kind=kind, vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS))
+    if use_cache:
+        atomic_save_file(path, lambda tmp: tok.save(tmp))
+    return tok
+
+
+def load_training_tokenizer(path: str | Path):
+    """The tokenizer of a trained model folder (tokenizer.json)."""
+    from lmkit.tokenizers import load_tokenizer
+
+    return load_tokenizer(path)

@@ -1,0 +1,95 @@
+"""`TrainConfig`: the settings of a training run, and per-preset defaults (recipes)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lmkit.config import get_preset
+from lmkit.errors import TrainingError
+
+# Defaults per preset where the generic ones below do not fit; flags override them.
+RECIPES: dict[str, dict[str, Any]] = {
+    "tiny": dict(batch_size=8, lr=3e-3, warmup_steps=10),
+    "default": dict(batch_size=16, lr=2e-3, warmup_steps=50),
+}
+
+# Settings that change the numbers of a run: a resumed run must keep them.
+RUN_DEFINING = ("preset", "objective", "corpus", "batch_size", "micro_batch_size", "seq_len", "lr", "min_lr_ratio",
+                "warmup_steps", "weight_decay", "grad_clip", "precision", "seed", "vocab_size", "val_fraction")
+
+
+@dataclass
+class TrainConfig:
+    preset: str = "default"
+    objective: str = "clm"
+    corpus: list[str] = field(default_factory=lambda: ["pydocs"])
+    out: str = "runs/default"
+    max_steps: int | None = None          # None with no time budget: 1000
+    time_budget: float | None = None      # seconds of training; sets the step count after a short measurement
+    batch_size: int | None = None         # rows per optimizer step (the global batch under torchrun)
+    micro_batch_size: int | None = None   # rows per forward/backward; batch_size / this = accumulation steps
+    seq_len: int | None = None            # None: the preset's max_seq_len (at most 1024); the model's context
+    lr: float | None = None
+    min_lr_ratio: float = 0.1
+    warmup_steps: int | None = None
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    precision: str | None = None          # fp32 | bf16; None: bf16 where the CPU has native bf16
+    log_every: int = 10
+    save_every: int | None = None         # None: about ten saves per run
+    eval_every: int | None = None         # None: = save_every
+    eval_batch_size: int = 16
+    seed: int = 0
+    resume: bool = False
+    vocab_size: int | None = None         # tokenizer size; None: the preset's vocab_size
+    val_fraction: float = 0.05
+    progress: bool = True
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def resolved(self) -> "TrainConfig":
+        """A copy with every None that has a default filled in (recipes first)."""
+        recipe = RECIPES.get(self.preset, {})
+        context = get_preset(self.preset, **self.model_overrides).max_seq_len
+        generic = dict(batch_size=16, seq_len=min(context, 1024), lr=1e-3, warmup_steps=100)
+        values = {k: getattr(self, k) if getattr(self, k) is not None else recipe.get(k, generic[k]) for k in generic}
+        cfg = dataclasses.replace(self, **values)
+        if cfg.precision is None:
+            cfg.precision = default_precision()
+        if cfg.micro_batch_size is None:
+            cfg.micro_batch_size = cfg.batch_size
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise TrainingError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+        for name in ("max_steps", "time_budget", "batch_size", "micro_batch_size", "seq_len", "lr", "log_every",
+                     "save_every", "eval_every", "eval_batch_size"):
+            positive(name)
+        if self.precision not in ("fp32", "bf16"):
+            raise TrainingError(f"--precision must be fp32 or bf16, got {self.precision!r}")
+        if self.batch_size % self.micro_batch_size:
+            raise TrainingError(f"batch size {self.batch_size} is not a multiple of micro batch size {self.micro_batch_size}")
+        if self.warmup_steps < 0:
+            raise TrainingError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def bf16_supported() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def default_precision() -> str:
+    return "bf16" if bf16_supported() else "fp32"

@@ -1,0 +1,49 @@
+"""AdamW with decay and no-decay groups, and the learning-rate schedule.
+
+Weight decay applies to the weight matrices of linear layers only; biases, norm gains and
+embedding tables (with the LM head tied to them) are left undecayed.
+Schedule: lr(s) = lr_max (s + 1) / W for s < W (linear warm-up), then cosine decay
+lr(s) = lr_min + (lr_max - lr_min) (1 + cos(pi (s - W) / (S - W))) / 2 up to step S.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """[{params: decayed, weight_decay}, {params: not decayed, weight_decay: 0}], each parameter once."""
+    no_decay: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            no_decay.add(id(module.weight))
+    decay, keep, seen = [], [], set()
+    for _, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        # ndim < 2: biases and norm gains; embeddings are matrices, so they are named above
+        (keep if p.ndim < 2 or id(p) in no_decay else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1,
+                    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+
+
+def lr_at(step: int, max_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warm-up, then cosine to min_lr."""
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if total_steps <= warmup_steps:
+        return max_lr
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

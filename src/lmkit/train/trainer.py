@@ -1,0 +1,259 @@
+"""The training loop: data, model, AdamW, schedule, accumulation, evaluation, checkpoints.
+
+One optimizer step s (0-based) reads the rows `PackedStream.rows(seed, s, ...)`, splits them
+into micro batches, and minimises sum of nats / number of targets of the whole step, so
+accumulating k micro batches gives the gradient of one batch k times larger. Every random
+choice is a function of (seed, step, rank) or of RNG states kept in the checkpoint, so a
+resumed run continues with the losses the uninterrupted run would have had.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmkit.config import ModelConfig, get_preset
+from lmkit.data import load_corpus
+from lmkit.data.cache import atomic_save_file
+from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
+from lmkit.data.tokenize import corpus_tokenizer, special_ids, vocab_size_of
+from lmkit.errors import TrainingError
+from lmkit.evaluate.perplexity import autocast
+from lmkit.models import build_model
+from lmkit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from lmkit.train.config import RUN_DEFINING, TrainConfig
+from lmkit.train.metrics import MetricsLog, plot_losses
+from lmkit.train.optim import build_optimizer, lr_at, set_lr
+from lmkit.train.tasks import get_objective
+
+DEFAULT_STEPS = 1000
+CALIBRATION_STEPS = 8  # steps timed before a --time-budget run fixes its step count
+
+
+def _seed_int(*parts: Any) -> int:
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
+
+
+def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | None) -> TrainConfig:
+    """The saved run's settings, with the user's run-length and logging settings on top.
+
+    A run-defining setting the user gave explicitly must equal the saved one.
+    """
+    explicit = set(RUN_DEFINING) if explicit is None else explicit
+    merged = dict(saved)
+    for key in RUN_DEFINING:
+        mine = getattr(cfg, key)
+        if key in explicit and mine is not None and mine != saved.get(key):
+            raise TrainingError(f"--{key.replace('_', '-')} {mine} differs from the run being resumed ({saved.get(key)}); "
+                                f"drop the flag, or start a new run with another --out")
+    for key in ("max_steps", "time_budget", "log_every", "save_every", "eval_every", "eval_batch_size", "progress"):
+        if explicit is None or key in explicit or key == "progress":
+            merged[key] = getattr(cfg, key)
+    merged.update(out=cfg.out, resume=True)
+    return TrainConfig(**merged)
+
+
+class Trainer:
+    """Trains the model a `TrainConfig` describes; `fit()` runs it and returns the last evaluation."""
+
+    def __init__(self, cfg: TrainConfig, explicit: set[str] | None = None, rank: int = 0, world_size: int = 1,
+                 device: str | torch.device = "cpu"):
+        self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
+        self.out = Path(cfg.out)
+        self.checkpoint = latest_checkpoint(self.out) if self.out.exists() else None
+        if cfg.resume:
+            if self.checkpoint is None:
+                raise TrainingError(f"--resume: {self.out} holds no checkpoint to resume; drop --resume to start a new run")
+            saved = load_checkpoint_state(self.checkpoint)
+            cfg = resume_config(cfg, saved["train_config"], explicit)
+        elif self.checkpoint is not None:
+            raise TrainingError(f"{self.out} already holds a training run; pass --resume to continue it, "
+                                "or choose another --out (or remove that folder)")
+        self.cfg = cfg = cfg.resolved()
+        self.objective = get_objective(cfg.objective)
+        base = get_preset(cfg.preset, **cfg.model_overrides)
+        if base.architecture != self.objective.architecture:
+            raise TrainingError(f"--objective {cfg.objective} trains {self.objective.architecture} models, but preset "
+                                f"{cfg.preset!r} is {base.architecture}; pick a matching preset")
+        self._prepare_data(base)
+        torch.manual_seed(_seed_int("init", cfg.seed))
+        self.model = build_model(self.model_config).to(self.device)
+        self.model.train()
+        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay)
+        self.step, self.tokens_seen, self.elapsed = 0, 0, 0.0
+        self.total_steps = cfg.max_steps if cfg.time_budget is None else None
+        if cfg.max_steps is None and cfg.time_budget is None:
+            self.total_steps = DEFAULT_STEPS
+        self.metrics = MetricsLog(self.out / "metrics.jsonl")
+        if cfg.resume:
+            state = load_checkpoint(self.checkpoint, self.model, self.optimizer)
+            self.step, self.tokens_seen, self.elapsed = state["step"], state["tokens_seen"], state["elapsed"]
+            if cfg.max_steps is None and cfg.time_budget is not None:
+                self.total_steps = state.get("total_steps")  # the plan of the interrupted run
+        if not cfg.resume:
+            torch.manual_seed(_seed_int("train", cfg.seed))  # a resumed run has its RNG states restored instead
+
+    # setup --------------------------------------------------------------------------------------
+    def _prepare_data(self, base: ModelConfig) -> None:
+        cfg = self.cfg
+        corpus = load_corpus(cfg.corpus)
+        train, val = corpus.split(cfg.val_fraction)
+        self.tokenizer = corpus_tokenizer(train, cfg.vocab_size or base.vocab_size)
+        self.bos_id, self.pad_id = special_ids(self.tokenizer)
+        self.stream = PackedStream(tokenize_corpus(train, self.tokenizer), self.bos_id, cfg.seq_len)
+        self.val_rows, self.val_mask, self.val_bytes = eval_rows(tokenize_corpus(val, self.tokenizer), self.bos_id,
+                                                                 self.pad_id, cfg.seq_len)
+        self.model_config = base.replace(vocab_size=vocab_size_of(self.tokenizer), bos_token_id=self.bos_id,
+                                         eos_token_id=self.bos_id, pad_token_id=self.pad_id,
+                                         max_seq_len=cfg.seq_len)
+
+    # one optimizer step ---------------------------------------------------------------------------
+    def _all_reduce(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum over processes (one process: itself). torchrun support hooks in here."""
+        if self.world_size > 1:
+            torch.distributed.all_reduce(value)
+        return value
+
+    def train_step(self, step: int) -> float:
+        """Optimizer step `step`; returns its mean training loss in nats per token (over all ranks)."""
+        cfg = self.cfg
+        total = self.total_steps or 10**9  # before a time budget is planned only the warm-up applies
+        set_lr(self.optimizer, lr_at(step, cfg.lr, cfg.warmup_steps, total, cfg.lr * cfg.min_lr_ratio))
+        rows = self.stream.rows(cfg.seed, step, cfg.batch_size, self.rank, self.world_size).to(self.device)
+        generator = torch.Generator().manual_seed(_seed_int("batch", cfg.seed, step, self.rank))
+        batch = self.objective.build_batch(rows, self.pad_id, generator)
+        count = self._all_reduce(torch.tensor(float(self.objective.count(batch)))).item()
+        micro = cfg.micro_batch_size if self.world_size == 1 else max(1, cfg.micro_batch_size // self.world_size)
+        nats = torch.zeros((), dtype=torch.float64)
+        n_micro = math.ceil(len(rows) / micro)
+        for start in range(0, len(rows), micro):
+            part = {k: v[start:start + micro] for k, v in batch.items()}
+            with autocast(self.device, cfg.precision):
+                loss_sum, aux = self.objective.loss(self.model, part)
+            loss = loss_sum.sum / max(count, 1)
+            if aux is not None:
+                loss = loss + aux.float() / n_micro
+            loss.backward()
+            nats += loss_sum.sum.detach().double().cpu()
+        mean = self._all_reduce(nats).item() / max(count, 1)
+        if not math.isfinite(mean):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingError(f"the training loss became {mean} at step {step + 1}; lower --lr (now {cfg.lr}), "
+                                "or use --precision fp32")
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.tokens_seen += int(count)
+        return mean
+
+    # evaluation and saving ---------------------------------------------------------------------------
+    def evaluate(self, precision: str | None = None) -> dict[str, float]:
+        return self.objective.evaluate(self.model, rows=self.val_rows, mask=self.val_mask, num_bytes=self.val_bytes,
+                                       batch_size=self.cfg.eval_batch_size, precision=precision or self.cfg.precision)
+
+    def save(self) -> None:
+        """Checkpoint (for --resume), then the model folder (config.json, model.safetensors) and plot."""
+        if self.rank != 0:
+            return
+        state = {"tokens_seen": self.tokens_seen, "elapsed": self.elapsed, "total_steps": self.total_steps,
+                 "train_config": self.cfg.to_dict()}
+        save_checkpoint(self.out, self.step, self.model, self.optimizer, state)
+        tmp = Path(tempfile.mkdtemp(prefix=".model.", dir=self.out))
+        try:
+            self.model.save_pretrained(tmp)
+            for f in sorted(tmp.iterdir()):
+                f.replace(self.out / f.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        plot_losses(self.metrics.read(), self.out / "loss_curve.png", title=f"{self.cfg.preset} on {' '.join(self.cfg.corpus)}")
+
+    def _plan(self, t_start: float, step_times: list[float]) -> None:
+        """Fix the step count of a --time-budget run from the measured cost of steps and one evaluation."""
+        t = time.perf_counter()
+        self._eval_at_plan = self.evaluate()
+        eval_cost = time.perf_counter() - t
+        per_step = sorted(step_times)[len(step_times) // 2]
+        spent = self.elapsed + (time.perf_counter() - t_start)
+        # leave room for about ten evaluations and saves, and a 3% margin
+        left = 0.97 * self.cfg.time_budget - spent - 11 * (eval_cost + 0.2)
+        self.total_steps = max(self.step + 1, self.step + int(left / per_step))
+        if self.cfg.max_steps:
+            self.total_steps = min(self.total_steps, self.cfg.max_steps)
+
+    # the loop ------------------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            atomic_save_file(self.out / "tokenizer.json", lambda tmp: self.tokenizer.save(tmp))
+            self.metrics.truncate(self.step) if cfg.resume else self.metrics.reset()
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not cfg.progress or self.rank != 0,
+                   unit="step", dynamic_ncols=True, leave=True)
+        t_start = time.perf_counter()
+        step_times: list[float] = []
+        last: dict[str, Any] = {}
+        self._eval_at_plan = None
+        while self.total_steps is None or self.step < self.total_steps:
+            t0 = time.perf_counter()
+            loss = self.train_step(self.step)
+            self.step += 1
+            dt = time.perf_counter() - t0
+            step_times.append(dt)
+            row: dict[str, Any] = {"step": self.step, "loss": loss, "lr": self.optimizer.param_groups[0]["lr"]}
+            if self.total_steps is None and len(step_times) >= CALIBRATION_STEPS:
+                self._plan(t_start, step_times[2:])
+                bar.total = self.total_steps
+            out_of_time = cfg.time_budget is not None and self.elapsed + time.perf_counter() - t_start >= cfg.time_budget
+            if out_of_time and self.total_steps is not None:
+                self.total_steps = self.step
+            done = self.total_steps is not None and self.step >= self.total_steps
+            every = max(1, (self.total_steps or 10) // 10)
+            save_every, eval_every = cfg.save_every or every, cfg.eval_every or cfg.save_every or every
+            if self._eval_at_plan is not None:
+                result, self._eval_at_plan = self._eval_at_plan, None
+            elif done or self.step % eval_every == 0:
+                result = self.evaluate()
+            else:
+                result = None
+            if result is not None:
+                row.update(val_loss=result["loss"], val_ppl=result["perplexity"], val_bpb=result["bpb"])
+                last = {f"val_{k}": v for k, v in result.items()}
+            row.update(tokens=self.tokens_seen, tok_per_s=round(self.stream.seq_len * cfg.batch_size / dt, 1),
+                       elapsed=round(self.elapsed + time.perf_counter() - t_start, 3))
+            if self.rank == 0 and (result is not None or done or self.step % cfg.log_every == 0):
+                self.metrics.append(row)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tok_per_s']:.0f}",
+                            **({"val_bpb": f"{result['bpb']:.3f}"} if result else {}))
+            if done or self.step % save_every == 0:
+                self.elapsed += time.perf_counter() - t_start
+                t_start = time.perf_counter()
+                self.save()
+        bar.close()
+        return {"step": self.step, "train_tokens": self.tokens_seen, "elapsed": self.elapsed, **last}
+
+
+def load_checkpoint_state(path: Path) -> dict[str, Any]:
+    import json
+
+    from lmkit.errors import CheckpointError
+
+    try:
+        return json.loads((path / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path / 'state.json'} cannot be read ({exc}); start a new run") from None
+
+
+def train(cfg: TrainConfig | None = None, explicit: set[str] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Build a `Trainer` from `cfg` (or keyword settings) and run it."""
+    cfg = cfg or TrainConfig(**kwargs)
+    return Trainer(cfg, explicit=explicit).fit()
