@@ -74,6 +74,8 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None):
         if missing:
             raise CheckpointError(f"{folder} lacks tensors {', '.join(missing[:5])}; the folder is incomplete")
     else:
+        if hasattr(family, "prepare_weights"):  # e.g. fused expert tensors split into per-expert names
+            hf = family.prepare_weights(hf)
         rules = family.rules(model.config) if not hasattr(family, "model_rules") else family.model_rules(model)
         state = from_hf(hf, rules, expected, getattr(family, "ALIASES", ()), source=str(folder))
     tied = {k for k in expected if k not in state}
