@@ -1,0 +1,123 @@
+"""Added tokens (special tokens among them): found in the text before anything else runs, so they are never
+split or merged. Matching is leftmost-longest, as HF's Aho-Corasick; `normalized=False` tokens are matched on
+the raw text, `normalized=True` ones on the normalized text; lstrip/rstrip swallow the adjacent whitespace;
+single_word tokens only match between non-word characters."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import regex
+
+from lmkit.tokenizers.chars import is_whitespace
+
+_WORD = regex.compile(r"\w")
+
+
+@dataclass
+class AddedToken:
+    content: str
+    id: int = -1
+    single_word: bool = False
+    lstrip: bool = False
+    rstrip: bool = False
+    normalized: bool = False
+    special: bool = True
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return {"id": d.pop("id"), "content": d.pop("content"), **d}
+
+
+def _pattern(contents: list[str]) -> regex.Pattern | None:
+    if not contents:
+        return None
+    return regex.compile("|".join(regex.escape(c) for c in sorted(set(contents), key=len, reverse=True)))
+
+
+class AddedVocabulary:
+    def __init__(self, tokens: list[AddedToken] = (), normalizer=None):
+        self.tokens: list[AddedToken] = []
+        self.normalizer = normalizer
+        for t in tokens:
+            self.add(t, rebuild=False)
+        self._rebuild()
+
+    def add(self, token: AddedToken, rebuild: bool = True) -> None:
+        if any(t.content == token.content for t in self.tokens):
+            return
+        self.tokens.append(token)
+        if rebuild:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.by_content = {t.content: t for t in self.tokens}
+        self.by_id = {t.id: t for t in self.tokens}
+        self.special_ids = {t.id for t in self.tokens if t.special}
+        raw = [t for t in self.tokens if not t.normalized]
+        norm = [t for t in self.tokens if t.normalized]
+        self._raw = (_pattern([t.content for t in raw]), {t.content: t for t in raw})
+        normed = {(self.normalizer.normalize(t.content) if self.normalizer else t.content): t for t in norm}
+        self._norm = (_pattern(list(normed)), normed)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @staticmethod
+    def _find(text: str, pattern, table) -> list[tuple[int, int, int]]:
+        """Non-overlapping (start, end, id) matches, with lstrip/rstrip/single_word applied."""
+        out, pos, floor = [], 0, 0
+        while pattern is not None:
+            m = pattern.search(text, pos)
+            if m is None:
+                break
+            s, e = m.span()
+            tok = table[m.group()]
+            if tok.single_word and ((s > 0 and _WORD.match(text[s - 1])) or (e < len(text) and _WORD.match(text[e]))):
+                pos = e
+                continue
+            if tok.lstrip:
+                while s > floor and is_whitespace(text[s - 1]):
+                    s -= 1
+            if tok.rstrip:
+                while e < len(text) and is_whitespace(text[e]):
+                    e += 1
+            out.append((s, e, tok.id))
+            pos = floor = e
+        return out
+
+    def split(self, text: str) -> list[tuple[str, int | None, bool]]:
+        """[(piece, added-token id or None, starts the text)]; pieces with None are normalized."""
+        norm = self.normalizer.normalize if self.normalizer else None
+        out = []
+        for piece, tid, first in self._cut(text, *self._raw, True):
+            if tid is not None:
+                out.append((piece, tid, first))
+                continue
+            piece = norm(piece) if norm else piece
+            if self._norm[0] is None:
+                out.append((piece, None, first))
+            else:
+                out.extend(self._cut(piece, *self._norm, first))
+        return out
+
+    def _cut(self, text, pattern, table, first):
+        if pattern is None:
+            return [(text, None, first)] if text else []
+        out, prev = [], 0
+        for s, e, tid in self._find(text, pattern, table):
+            if s > prev:
+                out.append((text[prev:s], None, first and prev == 0))
+            out.append((text[s:e], tid, first and s == 0))
+            prev = e
+        if prev < len(text):
+            out.append((text[prev:], None, first and prev == 0))
+        return out
+
+    def to_json(self) -> list[dict]:
+        return [t.to_json() for t in sorted(self.tokens, key=lambda t: t.id)]
+
+    @classmethod
+    def from_json(cls, items: list[dict], normalizer=None) -> AddedVocabulary:
+        toks = [AddedToken(d["content"], d["id"], d.get("single_word", False), d.get("lstrip", False),
+                           d.get("rstrip", False), d.get("normalized", False), d.get("special", False)) for d in items]
+        return cls(toks, normalizer)

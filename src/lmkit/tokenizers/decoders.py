@@ -1,0 +1,158 @@
+"""Decoders: token strings -> text (the `decoder` of tokenizer.json). `decode_chain` maps a token list to
+a token list, as in HF, so decoders can be chained; the final text is their concatenation."""
+from __future__ import annotations
+
+from lmkit.errors import TokenizerError
+from lmkit.tokenizers.chars import CHAR_TO_BYTE
+
+
+class Decoder:
+    type_name = ""
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def decode(self, tokens: list[str]) -> str:
+        return "".join(self.decode_chain(tokens))
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name}
+
+
+class ByteLevel(Decoder):
+    """Inverse of the byte-level map; invalid UTF-8 becomes U+FFFD. A token with a character outside the
+    byte alphabet (an added token) contributes its own UTF-8 bytes."""
+
+    type_name = "ByteLevel"
+
+    def __init__(self, add_prefix_space: bool = True, trim_offsets: bool = True, use_regex: bool = True):
+        self.add_prefix_space, self.trim_offsets, self.use_regex = add_prefix_space, trim_offsets, use_regex
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        out = bytearray()
+        table = CHAR_TO_BYTE
+        for t in tokens:
+            try:
+                out += bytes([table[c] for c in t])
+            except KeyError:
+                out += t.encode("utf-8")
+        return [out.decode("utf-8", errors="replace")]
+
+    def to_json(self) -> dict:
+        return {"type": "ByteLevel", "add_prefix_space": self.add_prefix_space, "trim_offsets": self.trim_offsets,
+                "use_regex": self.use_regex}
+
+
+_CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+            (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def cleanup(text: str) -> str:
+    """Undo the spaces BERT-style splitting puts before punctuation and contractions."""
+    for a, b in _CLEANUP:
+        text = text.replace(a, b)
+    return text
+
+
+class WordPiece(Decoder):
+    """Joins pieces: a `##` piece glues to the previous one, any other piece gets a leading space."""
+
+    type_name = "WordPiece"
+
+    def __init__(self, prefix: str = "##", cleanup: bool = True):
+        self.prefix, self.cleanup = prefix, cleanup
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        out = []
+        for i, t in enumerate(tokens):
+            if i:
+                t = t.replace(self.prefix, "", 1) if t.startswith(self.prefix) else " " + t
+            out.append(cleanup(t) if self.cleanup else t)
+        return out
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "prefix": self.prefix, "cleanup": self.cleanup}
+
+
+class Metaspace(Decoder):
+    """`▁` back to spaces; the `▁` of the first token is dropped unless prepend_scheme is "never"."""
+
+    type_name = "Metaspace"
+
+    def __init__(self, replacement: str = "\u2581", prepend_scheme: str = "always", split: bool = True):
+        self.replacement, self.prepend_scheme, self.split = replacement, prepend_scheme, split
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        out = []
+        for i, t in enumerate(tokens):
+            if i == 0 and self.prepend_scheme != "never":
+                t = t.replace(self.replacement, "")
+            out.append(t.replace(self.replacement, " "))
+        return out
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "replacement": self.replacement, "prepend_scheme": self.prepend_scheme,
+                "split": self.split}
+
+
+class BPEDecoder(Decoder):
+    """Classic BPE with an end-of-word suffix: the suffix becomes a space (none after the last token)."""
+
+    type_name = "BPEDecoder"
+
+    def __init__(self, suffix: str = "</w>"):
+        self.suffix = suffix
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        n = len(tokens)
+        return [t.replace(self.suffix, "" if i == n - 1 else " ") for i, t in enumerate(tokens)]
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "suffix": self.suffix}
+
+
+class Fuse(Decoder):
+    """All tokens into one string, nothing between them (character tokenizers)."""
+
+    type_name = "Fuse"
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        return ["".join(tokens)]
+
+
+class Sequence(Decoder):
+    type_name = "Sequence"
+
+    def __init__(self, decoders: list[Decoder]):
+        self.decoders = list(decoders)
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        for d in self.decoders:
+            tokens = d.decode_chain(tokens)
+        return tokens
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "decoders": [d.to_json() for d in self.decoders]}
+
+
+def decoder_from_json(d: dict | None) -> Decoder | None:
+    if d is None:
+        return None
+    kind = d.get("type")
+    if kind == "ByteLevel":
+        return ByteLevel(d.get("add_prefix_space", True), d.get("trim_offsets", True), d.get("use_regex", True))
+    if kind == "WordPiece":
+        return WordPiece(d.get("prefix", "##"), d.get("cleanup", True))
+    if kind == "Metaspace":
+        scheme = d.get("prepend_scheme")
+        if scheme is None:
+            scheme = "always" if d.get("add_prefix_space", True) else "never"
+        return Metaspace(d.get("replacement", "\u2581"), scheme, d.get("split", True))
+    if kind == "BPEDecoder":
+        return BPEDecoder(d.get("suffix", "</w>"))
+    if kind == "Fuse":
+        return Fuse()
+    if kind == "Sequence":
+        return Sequence([decoder_from_json(x) for x in d["decoders"]])
+    raise TokenizerError(f"unsupported decoder type {kind!r} in tokenizer.json; lmkit reads ByteLevel, WordPiece, "
+                         "Metaspace, BPEDecoder, Fuse and Sequence")

@@ -1,0 +1,138 @@
+"""Fast paths: tiktoken as the engine of byte-level BPE, and process-parallel batches for the Python pipeline.
+
+tiktoken merges the adjacent pair whose concatenation has the lowest rank, and returns ranks as ids. That is
+HF's BPE when (1) every merged token is made by exactly one merge, (2) merge results get ids in merge order
+and (3) only single bytes and merge results are ranked; the engine is built only then, and only when the
+rest of the pipeline is plain byte-level (no normalizer, GPT-2 or a Split regex, plain special tokens).
+"""
+from __future__ import annotations
+
+import os
+
+from lmkit.tokenizers.chars import CHAR_TO_BYTE
+from lmkit.tokenizers.models.bpe import BPE
+from lmkit.tokenizers.pre_tokenizers import GPT2_PATTERN, ByteLevel, Sequence, Split
+
+PARALLEL_MIN_CHARS = 1 << 20  # below this, starting processes costs more than it saves
+
+
+class TiktokenEngine:
+    def __init__(self, encoding):
+        self.encoding = encoding
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode(text, allowed_special="all", disallowed_special=())
+
+    def encode_batch(self, texts: list[str], num_threads: int) -> list[list[int]]:
+        return self.encoding.encode_batch(texts, num_threads=num_threads, allowed_special="all",
+                                          disallowed_special=())
+
+
+def _pattern(pre) -> str | None:
+    if type(pre) is ByteLevel and pre.use_regex and not pre.add_prefix_space:
+        return GPT2_PATTERN
+    if type(pre) is Sequence and len(pre.pretokenizers) == 2:
+        split, bl = pre.pretokenizers
+        if (type(split) is Split and "Regex" in split.pattern and split.behavior == "Isolated" and not split.invert
+                and type(bl) is ByteLevel and not bl.use_regex and not bl.add_prefix_space):
+            return split.pattern["Regex"]
+    return None
+
+
+def _to_bytes(token: str) -> bytes | None:
+    try:
+        return bytes(CHAR_TO_BYTE[c] for c in token)
+    except KeyError:
+        return None
+
+
+def tiktoken_engine(tok) -> TiktokenEngine | None:
+    """A tiktoken Encoding with the same ranks as `tok`'s BPE, or None when tiktoken cannot match it exactly."""
+    if os.environ.get("LMKIT_NO_TIKTOKEN"):
+        return None
+    model = tok.model
+    if type(model) is not BPE or tok.normalizer is not None or model.prefix or model.suffix or model.byte_fallback:
+        return None
+    pattern = _pattern(tok.pre_tokenizer)
+    if pattern is None:
+        return None
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    ranks: dict[bytes, int] = {}
+    for token, tid in model.vocab.items():
+        if len(token) == 1:
+            b = _to_bytes(token)
+            if b is None:
+                return None
+            ranks[b] = tid
+    if len(ranks) != 256:
+        return None
+    last = -1
+    for a, b in model.merges:
+        new = model.merged[(a, b)]
+        nb, tid = _to_bytes(new), model.vocab[new]
+        if nb is None or nb in ranks or tid <= last:  # made twice, or ids not in merge order
+            return None
+        ranks[nb], last = tid, tid
+    if len(set(ranks.values())) != len(ranks):
+        return None
+    specials = {}
+    for t in tok.added.tokens:
+        if t.lstrip or t.rstrip or t.single_word:
+            return None
+        if _to_bytes(t.content) in ranks and ranks[_to_bytes(t.content)] == t.id:
+            continue  # an added token that is also a plain vocabulary token
+        specials[t.content] = t.id
+    contents = list(specials)
+    if any(a != b and a in b for a in contents for b in contents):
+        return None  # tiktoken's special matching is leftmost-first, HF's leftmost-longest
+    if set(specials.values()) & set(ranks.values()):
+        return None
+    try:
+        enc = tiktoken.Encoding("lmkit", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    except Exception:  # a regex fancy-regex rejects, or ranks tiktoken refuses: use the Python path
+        return None
+    return TiktokenEngine(enc)
+
+
+_WORKER_TOK = None
+
+
+def _worker_encode(texts: list[str]) -> list[list[int]]:
+    return [_WORKER_TOK._encode_plain(t, python_only=True) for t in texts]
+
+
+def encode_many(tok, texts: list[str], num_workers: int | None = None) -> list[list[int]]:
+    """Ids of each text without post-processing, as fast as this machine allows."""
+    workers = num_workers or os.cpu_count() or 1
+    engine = tok.engine()
+    if engine is not None:
+        return engine.encode_batch(texts, max(1, workers))
+    total = sum(len(t) for t in texts)
+    if workers <= 1 or total < PARALLEL_MIN_CHARS or len(texts) < 2:
+        return [tok._encode_plain(t, python_only=True) for t in texts]
+    import multiprocessing as mp
+    try:
+        ctx = mp.get_context("fork")
+    except ValueError:
+        return [tok._encode_plain(t, python_only=True) for t in texts]
+    global _WORKER_TOK
+    _WORKER_TOK = tok
+    # chunks of about equal character count keep both workers busy
+    chunks, cur, size, target = [], [], 0, max(1, total // (workers * 4))
+    for t in texts:
+        cur.append(t)
+        size += len(t)
+        if size >= target:
+            chunks.append(cur)
+            cur, size = [], 0
+    if cur:
+        chunks.append(cur)
+    try:
+        with ctx.Pool(workers) as pool:
+            parts = pool.map(_worker_encode, chunks)
+    finally:
+        _WORKER_TOK = None
+    return [ids for part in parts for ids in part]

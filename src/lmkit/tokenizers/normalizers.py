@@ -1,0 +1,194 @@
+"""Normalizers: str -> str maps applied before pre-tokenization (the `normalizer` of tokenizer.json).
+
+Each class mirrors the component of the same name in Hugging Face `tokenizers`; `to_json` writes
+the same JSON, `normalizer_from_json` reads it.
+"""
+from __future__ import annotations
+
+import unicodedata
+
+from lmkit.errors import TokenizerError
+from lmkit.tokenizers.chars import is_cjk, is_control, is_whitespace
+
+
+class Normalizer:
+    type_name = ""
+
+    def normalize(self, text: str) -> str:
+        raise NotImplementedError
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name}
+
+
+class _UnicodeForm(Normalizer):
+    form = ""
+
+    def normalize(self, text: str) -> str:
+        return unicodedata.normalize(self.form, text)
+
+
+class NFC(_UnicodeForm):
+    type_name = form = "NFC"
+
+
+class NFD(_UnicodeForm):
+    type_name = form = "NFD"
+
+
+class NFKC(_UnicodeForm):
+    type_name = form = "NFKC"
+
+
+class NFKD(_UnicodeForm):
+    type_name = form = "NFKD"
+
+
+class Lowercase(Normalizer):
+    type_name = "Lowercase"
+
+    def normalize(self, text: str) -> str:
+        return text.lower()
+
+
+def strip_accents(text: str) -> str:
+    """Drop nonspacing marks (category Mn); the caller decomposes first (NFD) to expose them."""
+    return "".join(c for c in text if unicodedata.category(c) != "Mn")
+
+
+class StripAccents(Normalizer):
+    """Removes combining marks; pair it with NFD/NFKD as HF does, it does not decompose by itself."""
+
+    type_name = "StripAccents"
+
+    def normalize(self, text: str) -> str:
+        return strip_accents(text)
+
+
+class Strip(Normalizer):
+    type_name = "Strip"
+
+    def __init__(self, left: bool = True, right: bool = True):
+        self.left, self.right = left, right
+
+    def normalize(self, text: str) -> str:
+        start, end = 0, len(text)
+        while self.left and start < end and is_whitespace(text[start]):
+            start += 1
+        while self.right and end > start and is_whitespace(text[end - 1]):
+            end -= 1
+        return text[start:end]
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "strip_left": self.left, "strip_right": self.right}
+
+
+class Replace(Normalizer):
+    """Replace every occurrence of a literal string (HF `Replace` with a String pattern)."""
+
+    type_name = "Replace"
+
+    def __init__(self, pattern: dict, content: str):
+        if "String" not in pattern:
+            raise TokenizerError("Replace normalizer with a Regex pattern is not supported; use a String pattern")
+        self.pattern, self.content = pattern, content
+
+    def normalize(self, text: str) -> str:
+        return text.replace(self.pattern["String"], self.content)
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "pattern": self.pattern, "content": self.content}
+
+
+class Prepend(Normalizer):
+    type_name = "Prepend"
+
+    def __init__(self, prepend: str):
+        self.prepend = prepend
+
+    def normalize(self, text: str) -> str:
+        return self.prepend + text if text else text
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "prepend": self.prepend}
+
+
+class BertNormalizer(Normalizer):
+    """BERT's cleanup: drop NUL, U+FFFD and control chars and map whitespace to ' ' (clean_text), put spaces
+    around CJK ideographs, strip accents (NFD, drop Mn; by default when lowercasing), lowercase."""
+
+    type_name = "BertNormalizer"
+
+    def __init__(self, clean_text: bool = True, handle_chinese_chars: bool = True,
+                 strip_accents: bool | None = None, lowercase: bool = True):
+        self.clean_text = clean_text
+        self.handle_chinese_chars = handle_chinese_chars
+        self.strip_accents = strip_accents
+        self.lowercase = lowercase
+        self._memo: dict[str, str] = {}
+
+    def _char(self, c: str) -> str:
+        out = self._memo.get(c)
+        if out is None:
+            out = c
+            if self.clean_text:
+                if c == "\x00" or c == "\ufffd" or is_control(c):
+                    out = ""
+                elif is_whitespace(c):
+                    out = " "
+            if out and self.handle_chinese_chars and is_cjk(out):
+                out = f" {out} "
+            self._memo[c] = out
+        return out
+
+    def normalize(self, text: str) -> str:
+        if self.clean_text or self.handle_chinese_chars:
+            if not text.isascii() or not text.isprintable():
+                text = "".join(map(self._char, text))
+        do_strip = self.strip_accents if self.strip_accents is not None else self.lowercase
+        if do_strip and not text.isascii():
+            text = strip_accents(unicodedata.normalize("NFD", text))
+        if self.lowercase:
+            text = text.lower()
+        return text
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "clean_text": self.clean_text, "handle_chinese_chars": self.handle_chinese_chars,
+                "strip_accents": self.strip_accents, "lowercase": self.lowercase}
+
+
+class Sequence(Normalizer):
+    type_name = "Sequence"
+
+    def __init__(self, normalizers: list[Normalizer]):
+        self.normalizers = list(normalizers)
+
+    def normalize(self, text: str) -> str:
+        for n in self.normalizers:
+            text = n.normalize(text)
+        return text
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "normalizers": [n.to_json() for n in self.normalizers]}
+
+
+def normalizer_from_json(d: dict | None) -> Normalizer | None:
+    """Build a normalizer from its tokenizer.json object (None stays None)."""
+    if d is None:
+        return None
+    kind = d.get("type")
+    if kind in ("NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents"):
+        return {"NFC": NFC, "NFD": NFD, "NFKC": NFKC, "NFKD": NFKD, "Lowercase": Lowercase, "StripAccents": StripAccents}[kind]()
+    if kind == "BertNormalizer":
+        return BertNormalizer(d.get("clean_text", True), d.get("handle_chinese_chars", True),
+                              d.get("strip_accents"), d.get("lowercase", True))
+    if kind == "Sequence":
+        return Sequence([normalizer_from_json(x) for x in d["normalizers"]])
+    if kind == "Strip":
+        return Strip(d.get("strip_left", True), d.get("strip_right", True))
+    if kind == "Replace":
+        return Replace(d["pattern"], d["content"])
+    if kind == "Prepend":
+        return Prepend(d["prepend"])
+    raise TokenizerError(f"unsupported normalizer type {kind!r} in tokenizer.json; lmkit reads NFC, NFD, NFKC, NFKD, "
+                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace (String), Prepend and Sequence")

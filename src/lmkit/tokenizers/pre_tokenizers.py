@@ -1,0 +1,277 @@
+"""Pre-tokenizers: split normalized text into words, each of which the model encodes on its own.
+
+`split(text, first)` returns the words of one stretch of text; `first` says whether the stretch starts the
+input (Metaspace's prepend_scheme "first" needs it). Behaviour follows Hugging Face `tokenizers`.
+"""
+from __future__ import annotations
+
+import regex
+
+from lmkit.errors import TokenizerError
+from lmkit.tokenizers.chars import BYTE_TO_CHAR, WHITESPACE_CLASS, is_punctuation, is_whitespace
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT4_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+                r"""|\s*[\r\n]|\s+(?!\S)|\s+""")
+_BYTE_TABLE = {b: c for b, c in BYTE_TO_CHAR.items()}
+_WHITESPACE_RE = regex.compile(WHITESPACE_CLASS + "+")
+BEHAVIORS = ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")
+
+
+def byte_level(piece: str) -> str:
+    """Map a string to GPT-2's printable byte alphabet: UTF-8 bytes, each shown as one character."""
+    return piece.encode("utf-8").decode("latin-1").translate(_BYTE_TABLE)
+
+
+def split_spans(text: str, spans: list[tuple[int, int, bool]], behavior: str) -> list[str]:
+    """Apply a HF SplitDelimiterBehavior to a cover of `text` by (start, end, is_match) spans."""
+    out: list[list[int]] = []
+    if behavior == "Removed":
+        return [text[s:e] for s, e, m in spans if not m and e > s]
+    if behavior == "Isolated":
+        return [text[s:e] for s, e, _ in spans if e > s]
+    if behavior == "Contiguous":
+        prev = None
+        for s, e, m in spans:
+            if out and m == prev:
+                out[-1][1] = e
+            else:
+                out.append([s, e])
+            prev = m
+    elif behavior == "MergedWithPrevious":
+        prev = False
+        for s, e, m in spans:
+            if m and not prev and out:
+                out[-1][1] = e
+            else:
+                out.append([s, e])
+            prev = m
+    elif behavior == "MergedWithNext":
+        prev = False
+        for s, e, m in reversed(spans):
+            if m and not prev and out:
+                out[-1][0] = s
+            else:
+                out.append([s, e])
+            prev = m
+        out.reverse()
+    else:
+        raise TokenizerError(f"unknown split behavior {behavior!r}; use one of {', '.join(BEHAVIORS)}")
+    return [text[s:e] for s, e in out if e > s]
+
+
+def match_spans(pattern: regex.Pattern, text: str, invert: bool = False) -> list[tuple[int, int, bool]]:
+    spans, prev = [], 0
+    for m in pattern.finditer(text):
+        s, e = m.span()
+        if s == e:
+            continue
+        if s > prev:
+            spans.append((prev, s, invert))
+        spans.append((s, e, not invert))
+        prev = e
+    if prev < len(text):
+        spans.append((prev, len(text), invert))
+    return spans
+
+
+class PreTokenizer:
+    type_name = ""
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        raise NotImplementedError
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name}
+
+
+class ByteLevel(PreTokenizer):
+    """GPT-2: optional leading space, split by the GPT-2 regex, then bytes shown as printable characters."""
+
+    type_name = "ByteLevel"
+
+    def __init__(self, add_prefix_space: bool = False, trim_offsets: bool = True, use_regex: bool = True):
+        self.add_prefix_space, self.trim_offsets, self.use_regex = add_prefix_space, trim_offsets, use_regex
+        self._re = regex.compile(GPT2_PATTERN)
+
+    def raw_split(self, text: str) -> list[str]:
+        """Words before the byte mapping (cache keys for the fast path)."""
+        if self.add_prefix_space and not text.startswith(" "):
+            text = " " + text
+        return self._re.findall(text) if self.use_regex else ([text] if text else [])
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        return [byte_level(p) for p in self.raw_split(text)]
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "add_prefix_space": self.add_prefix_space, "trim_offsets": self.trim_offsets,
+                "use_regex": self.use_regex}
+
+
+class Whitespace(PreTokenizer):
+    r"""Words `\w+` and runs of other non-space characters `[^\w\s]+`."""
+
+    type_name = "Whitespace"
+    _re = regex.compile(r"\w+|[^\w\s]+")
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        return self._re.findall(text)
+
+
+class WhitespaceSplit(PreTokenizer):
+    type_name = "WhitespaceSplit"
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        return [w for w in _WHITESPACE_RE.split(text) if w]
+
+
+class BertPreTokenizer(PreTokenizer):
+    """Split on whitespace (dropped), then every punctuation character becomes its own word."""
+
+    type_name = "BertPreTokenizer"
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        out = []
+        for word in _WHITESPACE_RE.split(text):
+            if not word:
+                continue
+            if word.isalnum():
+                out.append(word)
+                continue
+            start = 0
+            for i, c in enumerate(word):
+                if is_punctuation(c):
+                    if i > start:
+                        out.append(word[start:i])
+                    out.append(c)
+                    start = i + 1
+            if start < len(word):
+                out.append(word[start:])
+        return out
+
+
+class Metaspace(PreTokenizer):
+    """SentencePiece: spaces become `▁` (U+2581), a `▁` is prepended (always / first stretch / never), and
+    with split=True every word begins at a `▁`."""
+
+    type_name = "Metaspace"
+
+    def __init__(self, replacement: str = "\u2581", prepend_scheme: str = "always", split: bool = True):
+        if prepend_scheme not in ("always", "first", "never"):
+            raise TokenizerError(f"Metaspace prepend_scheme must be always, first or never, not {prepend_scheme!r}")
+        self.replacement, self.prepend_scheme, self.split_words = replacement, prepend_scheme, split
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        r = self.replacement
+        text = text.replace(" ", r)
+        if (self.prepend_scheme == "always" or (self.prepend_scheme == "first" and first)) and not text.startswith(r):
+            text = r + text
+        if not self.split_words:
+            return [text] if text else []
+        out, start = [], 0
+        i = text.find(r, 1)
+        while i != -1:
+            out.append(text[start:i])
+            start = i
+            i = text.find(r, i + 1)
+        if start < len(text):
+            out.append(text[start:])
+        return [w for w in out if w]
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "replacement": self.replacement, "prepend_scheme": self.prepend_scheme,
+                "split": self.split_words}
+
+
+class Split(PreTokenizer):
+    """Split on a literal string or a regex, keeping or merging the matches per `behavior`."""
+
+    type_name = "Split"
+
+    def __init__(self, pattern: dict | str, behavior: str = "Isolated", invert: bool = False):
+        if isinstance(pattern, str):
+            pattern = {"Regex": pattern}
+        if "String" in pattern:
+            compiled = regex.compile(regex.escape(pattern["String"]))
+        elif "Regex" in pattern:
+            try:
+                compiled = regex.compile(pattern["Regex"])
+            except regex.error as exc:
+                raise TokenizerError(f"Split pre-tokenizer regex {pattern['Regex']!r} does not compile: {exc}") from exc
+        else:
+            raise TokenizerError(f"Split pattern must be {{'String': ...}} or {{'Regex': ...}}, not {pattern!r}")
+        if behavior not in BEHAVIORS:
+            raise TokenizerError(f"unknown split behavior {behavior!r}; use one of {', '.join(BEHAVIORS)}")
+        self.pattern, self.behavior, self.invert, self._re = pattern, behavior, invert, compiled
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        if self.behavior == "Isolated" and not self.invert:
+            spans = match_spans(self._re, text)
+            return [text[s:e] for s, e, _ in spans]
+        return split_spans(text, match_spans(self._re, text, self.invert), self.behavior)
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "pattern": self.pattern, "behavior": self.behavior, "invert": self.invert}
+
+
+class Punctuation(PreTokenizer):
+    type_name = "Punctuation"
+
+    def __init__(self, behavior: str = "Isolated"):
+        self.behavior = behavior
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        spans = [(i, i + 1, is_punctuation(c)) for i, c in enumerate(text)]
+        merged: list[tuple[int, int, bool]] = []
+        for s, e, m in spans:  # runs of non-punctuation stay one piece
+            if merged and not m and not merged[-1][2]:
+                merged[-1] = (merged[-1][0], e, False)
+            else:
+                merged.append((s, e, m))
+        return split_spans(text, merged, self.behavior)
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "behavior": self.behavior}
+
+
+class Sequence(PreTokenizer):
+    type_name = "Sequence"
+
+    def __init__(self, pretokenizers: list[PreTokenizer]):
+        self.pretokenizers = list(pretokenizers)
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        words = [text]
+        for p in self.pretokenizers:
+            words = [w for i, piece in enumerate(words) for w in p.split(piece, first and i == 0)]
+        return words
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "pretokenizers": [p.to_json() for p in self.pretokenizers]}
+
+
+def pre_tokenizer_from_json(d: dict | None) -> PreTokenizer | None:
+    if d is None:
+        return None
+    kind = d.get("type")
+    if kind == "ByteLevel":
+        return ByteLevel(d.get("add_prefix_space", False), d.get("trim_offsets", True), d.get("use_regex", True))
+    if kind in ("Whitespace", "WhitespaceSplit", "BertPreTokenizer"):
+        return {"Whitespace": Whitespace, "WhitespaceSplit": WhitespaceSplit, "BertPreTokenizer": BertPreTokenizer}[kind]()
+    if kind == "Metaspace":
+        scheme = d.get("prepend_scheme")
+        if scheme is None:  # files written before prepend_scheme existed
+            scheme = "always" if d.get("add_prefix_space", True) else "never"
+        return Metaspace(d.get("replacement", "\u2581"), scheme, d.get("split", True))
+    if kind == "Split":
+        return Split(d["pattern"], d.get("behavior", "Isolated"), d.get("invert", False))
+    if kind == "Punctuation":
+        return Punctuation(d.get("behavior", "Isolated"))
+    if kind == "Sequence":
+        return Sequence([pre_tokenizer_from_json(x) for x in d["pretokenizers"]])
+    raise TokenizerError(f"unsupported pre_tokenizer type {kind!r} in tokenizer.json; lmkit reads ByteLevel, Whitespace, "
+                         "WhitespaceSplit, BertPreTokenizer, Metaspace, Split, Punctuation and Sequence")
+
+
+def is_whitespace_only(text: str) -> bool:
+    return all(is_whitespace(c) for c in text)

@@ -1,0 +1,87 @@
+"""Read and write Hugging Face's tokenizer.json (format "1.0")."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from lmkit.errors import TokenizerError
+from lmkit.tokenizers.decoders import decoder_from_json
+from lmkit.tokenizers.models import model_from_json
+from lmkit.tokenizers.normalizers import normalizer_from_json
+from lmkit.tokenizers.pre_tokenizers import pre_tokenizer_from_json
+from lmkit.tokenizers.processors import post_processor_from_json
+from lmkit.tokenizers.tokenizer import Tokenizer
+from lmkit.tokenizers.added_tokens import AddedVocabulary
+
+
+def tokenizer_from_json(d: dict, special_tokens_map: dict | None = None) -> Tokenizer:
+    if not isinstance(d, dict) or "model" not in d:
+        raise TokenizerError("not a tokenizer.json: it has no \"model\" entry")
+    normalizer = normalizer_from_json(d.get("normalizer"))
+    added = AddedVocabulary.from_json(d.get("added_tokens") or [], normalizer).tokens
+    return Tokenizer(model_from_json(d["model"]), normalizer, pre_tokenizer_from_json(d.get("pre_tokenizer")),
+                     post_processor_from_json(d.get("post_processor")), decoder_from_json(d.get("decoder")),
+                     added, d.get("truncation"), d.get("padding"), special_tokens_map)
+
+
+def tokenizer_to_json(tok: Tokenizer) -> dict:
+    def dump(x):
+        return x.to_json() if x is not None else None
+    return {"version": "1.0", "truncation": tok.truncation, "padding": tok.padding,
+            "added_tokens": tok.added.to_json(), "normalizer": dump(tok.normalizer),
+            "pre_tokenizer": dump(tok.pre_tokenizer), "post_processor": dump(tok.post_processor),
+            "decoder": dump(tok.decoder), "model": tok.model.to_json()}
+
+
+def _special_tokens_map(folder: Path) -> dict:
+    """Role names from a transformers folder (special_tokens_map.json, else tokenizer_config.json)."""
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        p = folder / name
+        if p.is_file():
+            try:
+                d = json.loads(p.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            roles = {k: v for k, v in d.items() if k.endswith("_token") and isinstance(v, (str, dict))}
+            if roles:
+                return roles
+    return {}
+
+
+def load_tokenizer(path) -> Tokenizer:
+    """A `Tokenizer` from a tokenizer.json file, or from a folder holding one."""
+    p = Path(path)
+    if p.is_dir():
+        folder, p = p, p / "tokenizer.json"
+        if not p.is_file():
+            raise TokenizerError(f"{folder} has no tokenizer.json; point load_tokenizer at a tokenizer.json or "
+                                 "a folder holding one")
+    elif not p.is_file():
+        raise TokenizerError(f"no tokenizer at {path}: expected a tokenizer.json file or a folder holding one")
+    else:
+        folder = p.parent
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise TokenizerError(f"{p} is not valid JSON ({exc}); re-save it with tokenizer.save()") from exc
+    return tokenizer_from_json(d, _special_tokens_map(folder))
+
+
+def save_tokenizer(tok: Tokenizer, path) -> str:
+    p = Path(path)
+    if p.is_dir() or (not p.suffix and not p.exists()):
+        p.mkdir(parents=True, exist_ok=True)
+        p = p / "tokenizer.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tokenizer.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(tokenizer_to_json(tok), f, ensure_ascii=False, indent=2)
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return str(p)

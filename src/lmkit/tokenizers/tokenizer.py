@@ -1,0 +1,275 @@
+"""The tokenizer pipeline: added tokens -> normalizer -> pre-tokenizer -> model -> post-processor,
+and back through the decoder. Encoded words are cached, keyed by the word before any byte mapping."""
+from __future__ import annotations
+
+from lmkit.errors import TokenizerError
+from lmkit.tokenizers.added_tokens import AddedToken, AddedVocabulary
+from lmkit.tokenizers.encoding import Encoding, pad, truncate
+from lmkit.tokenizers.pre_tokenizers import ByteLevel, byte_level
+
+ROLES = {  # role -> token names that take it, most common first
+    "bos": ("<s>", "<|begin_of_text|>", "<|startoftext|>", "[BOS]", "<bos>", "<|endoftext|>"),
+    "eos": ("</s>", "<|end_of_text|>", "<|endoftext|>", "[EOS]", "<eos>"),
+    "pad": ("[PAD]", "<pad>", "<|pad|>", "<|padding|>"),
+    "unk": ("[UNK]", "<unk>", "<|unk|>"),
+    "mask": ("[MASK]", "<mask>", "<|mask|>"),
+    "cls": ("[CLS]", "<s>", "<cls>"),
+    "sep": ("[SEP]", "</s>", "<sep>"),
+}
+CACHE_LIMIT = 200_000
+
+
+class Tokenizer:
+    """A text <-> ids pipeline read from or written to Hugging Face's tokenizer.json."""
+
+    def __init__(self, model, normalizer=None, pre_tokenizer=None, post_processor=None, decoder=None,
+                 added_tokens: list[AddedToken] = (), truncation: dict | None = None, padding: dict | None = None,
+                 special_tokens_map: dict[str, str] | None = None):
+        self.model, self.normalizer, self.pre_tokenizer = model, normalizer, pre_tokenizer
+        self.post_processor, self.decoder = post_processor, decoder
+        self.truncation, self.padding = truncation, padding  # kept for saving; applied only when asked
+        self.added = AddedVocabulary(list(added_tokens), normalizer)
+        self._cache: dict[str, list[int]] = {}
+        self._roles: dict[str, int | None] = {}
+        self._set_roles(special_tokens_map or {})
+        self._engine = None
+        self._engine_checked = False
+
+    # ---- vocabulary -------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included (the size of an embedding table for this tokenizer)."""
+        ids = set(self.model.vocab.values()) | set(self.added.by_id)
+        return max(ids) + 1 if ids else 0
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def get_vocab(self) -> dict[str, int]:
+        v = dict(self.model.vocab)
+        v.update({t.content: t.id for t in self.added.tokens})
+        return v
+
+    def token_to_id(self, token: str) -> int | None:
+        t = self.added.by_content.get(token)
+        return t.id if t is not None else self.model.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        t = self.added.by_id.get(i)
+        return t.content if t is not None else self.model.id_to_token(i)
+
+    def add_special_tokens(self, tokens: list[str]) -> list[int]:
+        """Add tokens that are never split (new ids after the current vocabulary); returns their ids."""
+        ids = []
+        for content in tokens:
+            tid = self.token_to_id(content)
+            if tid is None:
+                tid = self.vocab_size
+            self.added.add(AddedToken(content, tid, special=True))
+            ids.append(tid)
+        self._reset()
+        self._set_roles({})
+        return ids
+
+    def _set_roles(self, mapping: dict[str, str]) -> None:
+        for role, names in ROLES.items():
+            name = mapping.get(f"{role}_token")
+            if isinstance(name, dict):
+                name = name.get("content")
+            candidates = [name] if name else [n for n in names if n in self.added.by_content]
+            if not candidates and role == "unk" and getattr(self.model, "unk_token", None):
+                candidates = [self.model.unk_token]
+            if not candidates and role == "unk" and getattr(self.model, "unk_id", None) is not None:
+                candidates = [self.model.pieces[self.model.unk_id][0]]
+            self._roles[role] = next((self.token_to_id(n) for n in candidates if self.token_to_id(n) is not None), None)
+
+    def _role(self, role):
+        return self._roles.get(role)
+
+    bos_token_id = property(lambda self: self._role("bos"), lambda self, v: self._roles.__setitem__("bos", v))
+    eos_token_id = property(lambda self: self._role("eos"), lambda self, v: self._roles.__setitem__("eos", v))
+    pad_token_id = property(lambda self: self._role("pad"), lambda self, v: self._roles.__setitem__("pad", v))
+    unk_token_id = property(lambda self: self._role("unk"), lambda self, v: self._roles.__setitem__("unk", v))
+    mask_token_id = property(lambda self: self._role("mask"), lambda self, v: self._roles.__setitem__("mask", v))
+    cls_token_id = property(lambda self: self._role("cls"), lambda self, v: self._roles.__setitem__("cls", v))
+    sep_token_id = property(lambda self: self._role("sep"), lambda self, v: self._roles.__setitem__("sep", v))
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return sorted(self.added.special_ids)
+
+    # ---- encoding ---------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._cache.clear()
+        self._engine, self._engine_checked = None, False
+
+    def _words(self, text: str, first: bool) -> list[int]:
+        """Ids of one normalized stretch without added tokens: pre-tokenize, then the cached model."""
+        cache, model, pre = self._cache, self.model, self.pre_tokenizer
+        if len(cache) > CACHE_LIMIT:
+            cache.clear()
+        ids: list[int] = []
+        if type(pre) is ByteLevel:
+            for w in pre.raw_split(text):
+                r = cache.get(w)
+                if r is None:
+                    r = cache[w] = model.tokenize_ids(byte_level(w))
+                ids += r
+            return ids
+        words = pre.split(text, first) if pre is not None else ([text] if text else [])
+        for w in words:
+            r = cache.get(w)
+            if r is None:
+                r = cache[w] = model.tokenize_ids(w)
+            ids += r
+        return ids
+
+    def _encode_plain(self, text: str, python_only: bool = False) -> list[int]:
+        """Ids of `text` with no post-processing: tiktoken when it applies, else the Python pipeline."""
+        if not python_only:
+            engine = self.engine()
+            if engine is not None:
+                return engine.encode(text)
+        if not self.added.tokens:
+            if self.normalizer is not None:
+                text = self.normalizer.normalize(text)
+            return self._words(text, True)
+        ids: list[int] = []
+        for piece, tid, first in self.added.split(text):
+            if tid is not None:
+                ids.append(tid)
+            else:
+                ids += self._words(piece, first)
+        return ids
+
+    def engine(self):
+        """The tiktoken engine for this byte-level BPE, or None when tiktoken is absent or cannot match it."""
+        if not self._engine_checked:
+            from lmkit.tokenizers.fast import tiktoken_engine
+            self._engine, self._engine_checked = tiktoken_engine(self), True
+        return self._engine
+
+    def _finish(self, a: list[int], b: list[int] | None, add_special_tokens: bool, truncation: bool,
+                max_length: int | None) -> Encoding:
+        proc = self.post_processor if add_special_tokens else None
+        if truncation:
+            max_length = max_length or (self.truncation or {}).get("max_length")
+            if not max_length:
+                raise TokenizerError("truncation=True needs max_length=N")
+            a, b = truncate(a, b, max_length, proc.added_tokens(b is not None) if proc else 0)
+        if proc is not None:
+            ids, types, special = proc.process(a, b)
+        else:
+            ids = a + (b or [])
+            types, special = [0] * len(a) + [1] * len(b or []), [0] * len(ids)
+        return Encoding(ids, types, [1] * len(ids), special)
+
+    def encode(self, text: str, pair: str | None = None, add_special_tokens: bool = True, truncation: bool = False,
+               max_length: int | None = None) -> list[int]:
+        """Ids of `text` (and of `pair` after it, when given). No truncation unless asked."""
+        if pair is None and not truncation:
+            ids = self._encode_plain(text)
+            return self.post_processor.process(ids, None)[0] if add_special_tokens and self.post_processor else ids
+        return self.encode_plus(text, pair, add_special_tokens, truncation, max_length).ids
+
+    def encode_plus(self, text: str, pair: str | None = None, add_special_tokens: bool = True,
+                    truncation: bool = False, max_length: int | None = None) -> Encoding:
+        """An `Encoding` with ids, type_ids (0 for text, 1 for pair), attention_mask and special_tokens_mask."""
+        _check_text(text)
+        a = self._encode_plain(text)
+        b = self._encode_plain(_check_text(pair)) if pair is not None else None
+        return self._finish(a, b, add_special_tokens, truncation, max_length)
+
+    def encode_pair(self, text: str, pair: str, **kw) -> Encoding:
+        return self.encode_plus(text, pair, **kw)
+
+    def encode_batch(self, texts, pairs=None, add_special_tokens: bool = True, padding=False,
+                     truncation: bool = False, max_length: int | None = None, num_workers: int | None = None):
+        """Ids of each text. Fast paths: tiktoken's threads, or for the Python pipeline and large batches,
+        a pool of `num_workers` processes (default: the CPU count). Pads only when asked."""
+        texts = [_check_text(t) for t in texts]
+        from lmkit.tokenizers.fast import encode_many
+        plain = encode_many(self, texts, num_workers)
+        if pairs is None and not truncation and not padding:
+            if add_special_tokens and self.post_processor is not None:
+                return [self.post_processor.process(ids, None)[0] for ids in plain]
+            return plain
+        bs = encode_many(self, [_check_text(p) for p in pairs], num_workers) if pairs is not None else [None] * len(texts)
+        encs = [self._finish(a, b, add_special_tokens, truncation, max_length) for a, b in zip(plain, bs)]
+        if padding:
+            length = max_length if padding == "max_length" else None
+            pad(encs, self.pad_token_id, length, (self.padding or {}).get("pad_to_multiple_of"))
+        return [e.ids for e in encs]
+
+    def __call__(self, text, pair=None, add_special_tokens: bool = True, padding=False, truncation: bool = False,
+                 max_length: int | None = None, pad_to_multiple_of: int | None = None, padding_side: str = "right"):
+        """Model inputs for a string or a list of strings: {"input_ids", "attention_mask", "token_type_ids"}
+        as lists (a batch: lists of lists). padding: False, True/"longest" or "max_length"."""
+        single = isinstance(text, str)
+        texts = [text] if single else list(text)
+        pairs = None if pair is None else ([pair] if single else list(pair))
+        from lmkit.tokenizers.fast import encode_many
+        plain = encode_many(self, [_check_text(t) for t in texts], None)
+        bs = encode_many(self, [_check_text(p) for p in pairs], None) if pairs is not None else [None] * len(texts)
+        encs = [self._finish(a, b, add_special_tokens, truncation, max_length) for a, b in zip(plain, bs)]
+        if padding:
+            pad(encs, self.pad_token_id, max_length if padding == "max_length" else None, pad_to_multiple_of,
+                padding_side)
+        out = {"input_ids": [e.ids for e in encs], "attention_mask": [e.attention_mask for e in encs],
+               "token_type_ids": [e.type_ids for e in encs]}
+        return {k: v[0] for k, v in out.items()} if single else out
+
+    def tokenize(self, text: str) -> list[str]:
+        """Token strings of `text` without special tokens (to see how a text splits)."""
+        return [self.id_to_token(i) for i in self._encode_plain(text)]
+
+    # ---- decoding ---------------------------------------------------------------------------
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        """Text of `ids`; special tokens are kept unless skip_special_tokens."""
+        tokens = []
+        special = self.added.special_ids
+        for i in ids:
+            i = int(i)
+            if skip_special_tokens and i in special:
+                continue
+            t = self.id_to_token(i)
+            if t is None:
+                raise TokenizerError(f"id {i} is not in the vocabulary (size {self.vocab_size})")
+            tokens.append(t)
+        return self.decoder.decode(tokens) if self.decoder is not None else " ".join(tokens)
+
+    def decode_batch(self, batch, skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in batch]
+
+    # ---- files ------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        from lmkit.tokenizers.serialization import tokenizer_to_json
+        return tokenizer_to_json(self)
+
+    def to_str(self) -> str:
+        import json
+        return json.dumps(self.to_json(), ensure_ascii=False)
+
+    def save(self, path) -> str:
+        """Write tokenizer.json (a folder gets path/tokenizer.json) atomically; returns the file written."""
+        from lmkit.tokenizers.serialization import save_tokenizer
+        return save_tokenizer(self, path)
+
+    def __getstate__(self):
+        return {"json": self.to_str(), "roles": self._roles}
+
+    def __setstate__(self, state):
+        from lmkit.tokenizers.serialization import tokenizer_from_json
+        import json
+        other = tokenizer_from_json(json.loads(state["json"]))
+        self.__dict__.update(other.__dict__)
+        self._roles = state["roles"]
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({type(self.model).__name__}, vocab_size={self.vocab_size})"
+
+
+def _check_text(text):
+    if not isinstance(text, str):
+        raise TokenizerError(f"tokenizers encode str, not {type(text).__name__}; decode bytes to text first")
+    return text

@@ -1,0 +1,125 @@
+"""`train_tokenizer`: a full pipeline (normalizer, pre-tokenizer, model, post-processor, decoder) per kind,
+trained on any iterable of strings, saved as a tokenizer.json that Hugging Face `tokenizers` loads."""
+from __future__ import annotations
+
+from collections import Counter
+
+from lmkit.errors import TokenizerError
+from lmkit.tokenizers import decoders, normalizers, pre_tokenizers, processors
+from lmkit.tokenizers.added_tokens import AddedToken
+from lmkit.tokenizers.chars import BYTE_TO_CHAR
+from lmkit.tokenizers.models import BPE, Unigram, WordLevel, WordPiece
+from lmkit.tokenizers.tokenizer import Tokenizer
+from lmkit.tokenizers.trainers.bpe import train_bpe
+from lmkit.tokenizers.trainers.unigram import train_unigram
+from lmkit.tokenizers.trainers.words import count_words
+
+KINDS = ("bpe", "wordpiece", "unigram", "char", "word")
+DEFAULT_SPECIALS = {
+    "bpe": ["<|endoftext|>", "<|pad|>"],
+    "wordpiece": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+    "unigram": ["<pad>", "</s>", "<unk>"],
+    "char": ["[PAD]", "[UNK]", "[BOS]", "[EOS]"],
+    "word": ["[PAD]", "[UNK]", "[BOS]", "[EOS]"],
+}
+UNK = {"wordpiece": "[UNK]", "unigram": "<unk>", "char": "[UNK]", "word": "[UNK]"}
+ANY_CHAR = {"Regex": "[\\s\\S]"}
+
+
+def _pipeline(kind: str, pattern: str, lowercase: bool):
+    """(normalizer, pre_tokenizer, decoder) of an untrained tokenizer of this kind."""
+    if kind == "bpe":
+        if pattern == "gpt2":
+            pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        elif pattern == "gpt4":
+            pre = pre_tokenizers.Sequence([pre_tokenizers.Split({"Regex": pre_tokenizers.GPT4_PATTERN}, "Isolated"),
+                                           pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        else:
+            raise TokenizerError(f"pattern must be 'gpt2' or 'gpt4', not {pattern!r}")
+        return None, pre, decoders.ByteLevel()
+    if kind == "wordpiece":
+        return (normalizers.BertNormalizer(lowercase=lowercase), pre_tokenizers.BertPreTokenizer(),
+                decoders.WordPiece("##", cleanup=True))
+    if kind == "unigram":
+        return (normalizers.NFKC(), pre_tokenizers.Metaspace("\u2581", "always", True),
+                decoders.Metaspace("\u2581", "always", True))
+    if kind == "char":
+        return None, pre_tokenizers.Split(ANY_CHAR, "Isolated"), decoders.Fuse()
+    return None, pre_tokenizers.Whitespace(), None
+
+
+def _post_processor(kind: str, specials: list[str], vocab_id) -> processors.PostProcessor | None:
+    def special(name):
+        return {"id": name, "ids": [vocab_id(name)], "tokens": [name]}
+    if kind == "wordpiece" and "[CLS]" in specials and "[SEP]" in specials:
+        return processors.TemplateProcessing(["[CLS]:0", "$A:0", "[SEP]:0"], ["[CLS]:0", "$A:0", "[SEP]:0", "$B:1", "[SEP]:1"],
+                                             {n: special(n) for n in ("[CLS]", "[SEP]")})
+    if kind == "unigram" and "</s>" in specials:
+        return processors.TemplateProcessing(["$A:0", "</s>:0"], ["$A:0", "</s>:0", "$B:1", "</s>:1"],
+                                             {"</s>": special("</s>")})
+    return None
+
+
+def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_tokens=None, *,
+                    pattern: str = "gpt2", lowercase: bool = True, min_frequency: int = 0,
+                    show_progress: bool = False, num_workers: int | None = None) -> Tokenizer:
+    """Train a tokenizer of `kind` ("bpe" byte-level, "wordpiece", "unigram", "char", "word") on `texts`.
+
+    special_tokens: list of strings (default per kind, e.g. [PAD] [UNK] [CLS] [SEP] [MASK] for WordPiece);
+    they take the first ids and are never split. pattern: "gpt2" or "gpt4" pre-tokenization for BPE.
+    """
+    if kind not in KINDS:
+        raise TokenizerError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+    specials = list(DEFAULT_SPECIALS[kind] if special_tokens is None else special_tokens)
+    if kind in UNK and UNK[kind] not in specials:
+        specials.append(UNK[kind])
+    if len(set(specials)) != len(specials):
+        raise TokenizerError(f"special_tokens has duplicates: {specials}")
+    normalizer, pre, decoder = _pipeline(kind, pattern, lowercase)
+    added = [AddedToken(t, i, special=True) for i, t in enumerate(specials)]
+    probe = Tokenizer(WordLevel({t: i for i, t in enumerate(specials)}, None), normalizer, pre, None, decoder, added)
+    word_counts = count_words(probe, texts, num_workers)
+    if not word_counts:
+        raise TokenizerError("no text to train on: the corpus is empty after splitting off special tokens")
+
+    bar = None
+    if show_progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=vocab_size, desc=f"train {kind}", unit="tok")
+
+    if kind in ("bpe", "wordpiece"):
+        floor = len(specials) + (256 if kind == "bpe" else 0)
+        if vocab_size < floor:
+            raise TokenizerError(f"vocab_size {vocab_size} is below the {floor} ids the {kind} alphabet and special "
+                                 "tokens need; raise --vocab-size")
+        if bar is not None:
+            bar.update(floor)
+        vocab, merges = train_bpe(
+            word_counts, vocab_size, specials,
+            initial_alphabet=BYTE_TO_CHAR.values() if kind == "bpe" else (),
+            min_frequency=min_frequency, limit_alphabet=1000 if kind == "wordpiece" else None,
+            continuing_subword_prefix="##" if kind == "wordpiece" else None,
+            progress=bar.update if bar is not None else None)
+        model = BPE(vocab, merges) if kind == "bpe" else WordPiece(vocab, "[UNK]", "##", 100)
+    elif kind == "unigram":
+        def report(n):
+            if bar is not None:
+                bar.set_postfix(pieces=n)
+        pieces, unk_id = train_unigram(word_counts, vocab_size, specials, UNK[kind], progress=report)
+        model = Unigram(pieces, unk_id)
+    else:
+        counts: Counter = Counter()
+        for w, c in word_counts.items():
+            counts[w] += c
+        ranked = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if w not in specials]
+        vocab = {t: i for i, t in enumerate(specials)}
+        for w in ranked[:max(0, vocab_size - len(vocab))]:
+            if min_frequency and counts[w] < min_frequency:
+                break
+            vocab[w] = len(vocab)
+        model = WordLevel(vocab, UNK[kind])
+    if bar is not None:
+        bar.update(max(0, len(model.vocab) - bar.n))
+        bar.close()
+    post = _post_processor(kind, specials, model.token_to_id)
+    return Tokenizer(model, normalizer, pre, post, decoder, added)

@@ -1,0 +1,173 @@
+"""Unigram training (Kudo 2018, SentencePiece): seed with frequent substrings, then repeat
+  EM: E-step expected piece counts by forward-backward over each word's lattice,
+      M-step log p(x) = digamma(count(x)) - digamma(sum counts) (the Bayesian update SentencePiece uses),
+  prune: drop the pieces whose removal raises the corpus loss least, keeping `shrinking_factor` of them,
+until the vocabulary is small enough. Every character seen stays a piece, so any training word is covered."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+NEG_INF = float("-inf")
+
+
+def digamma(x: float) -> float:
+    """psi(x) by recurrence up to x >= 6 and the asymptotic series."""
+    r = 0.0
+    while x < 6.0:
+        r -= 1.0 / x
+        x += 1.0
+    f = 1.0 / (x * x)
+    return r + math.log(x) - 0.5 / x - f * (1.0 / 12 - f * (1.0 / 120 - f * (1.0 / 252 - f * (1.0 / 240 - f / 132))))
+
+
+def _logaddexp(a: float, b: float) -> float:
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    if a < b:
+        a, b = b, a
+    return a + math.log1p(math.exp(b - a))
+
+
+def seed_pieces(word_counts: dict[str, int], chars: set[str], max_len: int, seed_size: int) -> dict[str, float]:
+    """Substrings of 2..max_len characters seen at least twice, scored by frequency * length, plus all chars."""
+    sub: Counter = Counter()
+    for w, c in word_counts.items():
+        n = len(w)
+        for i in range(n):
+            for j in range(i + 2, min(n, i + max_len) + 1):
+                sub[w[i:j]] += c
+    cands = sorted(((f * len(s), s) for s, f in sub.items() if f > 1), reverse=True)[:seed_size]
+    freq = {s: float(sub[s]) for _, s in cands}
+    char_freq: Counter = Counter()
+    for w, c in word_counts.items():
+        for ch in w:
+            char_freq[ch] += c
+    for ch in chars:
+        freq[ch] = float(char_freq[ch] or 1)
+    total = math.log(sum(freq.values()))
+    return {s: math.log(f) - total for s, f in freq.items()}
+
+
+def _estep(scores: dict[str, float], words: list[tuple[str, int]], max_len: int):
+    """Expected count of each piece, and the corpus negative log-likelihood."""
+    expected: dict[str, float] = dict.fromkeys(scores, 0.0)
+    nll = 0.0
+    get = scores.get
+    for w, c in words:
+        n = len(w)
+        edges = []  # (start, end, piece, score)
+        for i in range(n):
+            for j in range(i + 1, min(n, i + max_len) + 1):
+                s = get(w[i:j])
+                if s is not None:
+                    edges.append((i, j, w[i:j], s))
+        alpha = [NEG_INF] * (n + 1)
+        alpha[0] = 0.0
+        for i, j, _, s in edges:  # edges are sorted by start, so alpha[i] is final when read
+            if alpha[i] != NEG_INF:
+                alpha[j] = _logaddexp(alpha[j], alpha[i] + s)
+        beta = [NEG_INF] * (n + 1)
+        beta[n] = 0.0
+        for i, j, _, s in reversed(edges):
+            if beta[j] != NEG_INF:
+                beta[i] = _logaddexp(beta[i], beta[j] + s)
+        z = alpha[n]
+        if z == NEG_INF:
+            continue
+        nll -= c * z
+        for i, j, p, s in edges:
+            a = alpha[i] + s + beta[j] - z
+            if a > -30.0:
+                expected[p] += c * math.exp(a)
+    return expected, nll
+
+
+def _mstep(expected: dict[str, float], keep: set[str]) -> dict[str, float]:
+    kept = {p: f for p, f in expected.items() if f >= 0.5 or p in keep}
+    logsum = digamma(sum(kept.values()) + 1e-12)
+    return {p: digamma(max(f, 1e-6)) - logsum for p, f in kept.items()}
+
+
+def _viterbi(scores: dict[str, float], w: str, max_len: int, skip: str | None = None) -> list[str]:
+    n = len(w)
+    best = [0.0] + [NEG_INF] * n
+    back = [0] * (n + 1)
+    for i in range(n):
+        if best[i] == NEG_INF:
+            continue
+        for j in range(i + 1, min(n, i + max_len) + 1):
+            p = w[i:j]
+            s = scores.get(p)
+            if s is None or p == skip:
+                continue
+            if best[i] + s > best[j]:
+                best[j], back[j] = best[i] + s, i
+    if best[n] == NEG_INF:
+        return []
+    out, j = [], n
+    while j > 0:
+        out.append(w[back[j]:j])
+        j = back[j]
+    return out[::-1]
+
+
+def _prune(scores: dict[str, float], words, max_len: int, target: int, keep: set[str]) -> dict[str, float]:
+    """Keep the `target` pieces whose removal would cost the most likelihood (SentencePiece's pruning)."""
+    freq: Counter = Counter()
+    for w, c in words:
+        for p in _viterbi(scores, w, max_len):
+            freq[p] += c
+    vsum = sum(freq.values())
+    loss: dict[str, float] = {}
+    for p in scores:
+        if p in keep:
+            continue
+        f = freq.get(p, 0)
+        if f == 0:
+            loss[p] = NEG_INF  # unused by any best path: first to go
+            continue
+        alts = _viterbi(scores, p, max_len, skip=p) if len(p) > 1 else []
+        if not alts:
+            loss[p] = float("inf")
+            continue
+        logsum_alt = math.log(vsum + f * (len(alts) - 1))
+        logprob_alt = sum(math.log(freq.get(a, 0) + f) - logsum_alt for a in alts)
+        logprob_sp = math.log(f) - math.log(vsum)
+        loss[p] = f / vsum * (logprob_sp - logprob_alt)
+    ranked = sorted(loss, key=lambda p: loss[p], reverse=True)
+    kept = set(ranked[:max(0, target - len(keep))]) | keep
+    return {p: s for p, s in scores.items() if p in kept}
+
+
+def train_unigram(word_counts: dict[str, int], vocab_size: int, special_tokens: list[str] = (),
+                  unk_token: str | None = None, max_piece_length: int = 16, shrinking_factor: float = 0.75,
+                  n_sub_iterations: int = 2, seed_size: int = 1_000_000, progress=None) -> tuple[list, int | None]:
+    """Returns (pieces [(piece, log p)], unk_id): special tokens first (score 0), then pieces by score."""
+    words = sorted(word_counts.items())
+    chars = {ch for w in word_counts for ch in w}
+    budget = vocab_size - len(special_tokens)
+    scores = seed_pieces(word_counts, chars, max_piece_length, max(seed_size, budget))
+    desired = max(len(chars), int(budget * 1.1))
+    while True:
+        for _ in range(n_sub_iterations):
+            expected, _ = _estep(scores, words, max_piece_length)
+            scores = _mstep(expected, chars)
+        if progress is not None:
+            progress(len(scores))
+        if len(scores) <= desired:
+            break
+        target = max(desired, int(len(scores) * shrinking_factor))
+        pruned = _prune(scores, words, max_piece_length, target, chars)
+        if len(pruned) == len(scores):
+            break
+        scores = pruned
+    # final cut to the budget: every character, then the most probable pieces
+    rest = sorted((p for p in scores if p not in chars), key=lambda p: (-scores[p], p))
+    final = sorted(chars, key=lambda p: (-scores[p], p))
+    final = sorted(final + rest[:max(0, budget - len(final))], key=lambda p: (-scores[p], p))
+    pieces = [(t, 0.0) for t in special_tokens] + [(p, scores[p]) for p in final if p not in special_tokens]
+    unk_id = special_tokens.index(unk_token) if unk_token in special_tokens else None
+    return pieces, unk_id
