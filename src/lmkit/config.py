@@ -16,7 +16,7 @@ ARCHITECTURES = ("decoder", "encoder", "encoder-decoder")
 POSITIONS = ("learned", "sinusoidal", "rope", "relative", "none")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post", "sandwich")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "reglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh", "reglu")
 
 
 @dataclass
@@ -62,6 +62,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     embedding_scale: float = 1.0           # multiply token embeddings (e.g. sqrt(d) for transformer-2017)
     output_scale: float = 1.0              # multiply hidden states before a tied LM head (T5: d^-0.5)
+    output_bias: bool = False              # a (1, V) bias added to the logits (BART's final_logits_bias)
     attention_scale: float | None = None   # None: 1/sqrt(head_dim); T5: 1.0
     type_vocab_size: int = 0               # segment embeddings (BERT: 2)
     # regularization and init
@@ -93,7 +94,7 @@ class ModelConfig:
 
     @property
     def gated(self) -> bool:
-        return self.activation in ("swiglu", "geglu", "reglu")
+        return self.activation in ("swiglu", "geglu", "geglu_tanh", "reglu")
 
     @property
     def ffn_dim(self) -> int:

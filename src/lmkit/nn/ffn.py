@@ -14,7 +14,7 @@ from lmkit.config import ModelConfig
 _ACT = {
     "relu": F.relu, "reglu": F.relu,
     "gelu": F.gelu, "geglu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu, "swiglu": F.silu,
 }
 

@@ -1,0 +1,142 @@
+"""Encoder-decoder language model: p(y_t | y_<t, x) = softmax(W_o D(y_<t, E(x)))_t.
+
+E is a bidirectional `Stack` over the source; D a causal `Stack` whose blocks also cross-attend to
+E(x) (queries from the decoder, keys and values from the encoder output). Both stacks share the
+token embedding W_E; with tied embeddings W_o = W_E^T, applied to the hidden states times
+config.output_scale (T5: d^-0.5). BART adds a fixed bias to the logits (config.output_bias).
+Teacher forcing: the decoder reads the targets shifted right behind decoder_start_token_id.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmkit.config import ModelConfig
+from lmkit.generation import DecodingState, GenerationMixin
+from lmkit.models.base import PreTrainedModel
+from lmkit.models.output import ModelOutput
+from lmkit.models.stack import Stack
+from lmkit.nn import Embeddings, KVCache
+
+IGNORE_INDEX = -100
+
+
+def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id: int) -> torch.Tensor:
+    """Decoder inputs for teacher forcing: [start, y_0, ..., y_{T-2}], ignored labels (-100) read as pad."""
+    inputs = labels.new_full(labels.shape, decoder_start_token_id)
+    inputs[:, 1:] = labels[:, :-1]
+    return inputs.masked_fill(inputs == IGNORE_INDEX, pad_token_id)
+
+
+class Seq2SeqLM(PreTrainedModel, GenerationMixin):
+    """T5, BART and friends: encoder stack, decoder stack with cross-attention, language-model head."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        enc_emb, dec_emb = Embeddings(config), Embeddings(config)
+        dec_emb.tokens = enc_emb.tokens  # one shared token table; positions and norms stay per stack
+        self.encoder = Stack(config, causal=False, embeddings=enc_emb)
+        self.decoder = Stack(config, causal=True, cross=True, n_layers=config.decoder_layers, embeddings=dec_emb)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = enc_emb.tokens.weight
+        if config.output_bias:
+            self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        else:
+            self.final_logits_bias = None
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """The base init; without the 1/sqrt(d_k) of the scores (T5, attention_scale=1), T5's init instead,
+        which folds that factor into W_q: std(W_q) = (d d_k)^-1/2, W_k, W_v, W_up: d^-1/2,
+        W_o: (H d_k)^-1/2, W_down: d_ff^-1/2, embeddings 1 (an untied head d^-1/2)."""
+        super().init_weights()
+        if self.config.attention_scale != 1.0:
+            return
+        c = self.config
+        inner = c.n_heads * c.dim_head
+        std = {"q_proj": (c.d_model * c.dim_head) ** -0.5, "k_proj": c.d_model ** -0.5, "v_proj": c.d_model ** -0.5,
+               "o_proj": inner ** -0.5, "up_proj": c.d_model ** -0.5, "gate_proj": c.d_model ** -0.5,
+               "down_proj": c.ffn_dim ** -0.5}
+        for name, module in self.named_modules():
+            last = name.rsplit(".", 1)[-1]
+            if isinstance(module, nn.Linear) and last in std:
+                nn.init.normal_(module.weight, std=std[last])
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=c.d_model ** -0.5 if name.endswith("relative_bias.bias") else 1.0)
+        if not c.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, std=c.d_model ** -0.5)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.embeddings.tokens
+
+    @property
+    def decoder_start_token_id(self) -> int:
+        c = self.config
+        for value in (c.decoder_start_token_id, c.pad_token_id, c.bos_token_id):
+            if value is not None:
+                return int(value)
+        return 0
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Encoder output E(x), (B, S, d); padded source positions are masked as keys."""
+        return self.encoder(input_ids, attention_mask=attention_mask)
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.Tensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
+                encoder_outputs=None, past_key_values: KVCache | None = None, use_cache: bool = False,
+                labels: torch.Tensor | None = None, logits_to_keep: int = 0) -> ModelOutput:
+        """Logits (B, Td, V); with labels (B, Td), the mean cross-entropy over labels != -100.
+
+        Without decoder_input_ids, the decoder reads `labels` shifted right (teacher forcing).
+        `encoder_outputs` (a tensor or a ModelOutput) skips the encoder.
+        """
+        if encoder_outputs is None:
+            memory = self.encode(input_ids, attention_mask)
+        else:
+            memory = encoder_outputs if torch.is_tensor(encoder_outputs) else encoder_outputs.last_hidden_state
+        if decoder_input_ids is None:
+            if labels is None:
+                raise ValueError("Seq2SeqLM needs decoder_input_ids or labels")
+            pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
+            decoder_input_ids = shift_right(labels, self.decoder_start_token_id, pad)
+        if use_cache and past_key_values is None:
+            past_key_values = KVCache()
+        h = self.decoder(decoder_input_ids, attention_mask=decoder_attention_mask, cache=past_key_values,
+                         memory=memory, memory_mask=attention_mask)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
+        if self.config.output_scale != 1.0:
+            h = h * self.config.output_scale
+        logits = self.lm_head(h)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias.to(logits.dtype)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                                               ignore_index=IGNORE_INDEX)
+        aux = [a for a in (self.encoder.aux_loss(), self.decoder.aux_loss()) if a is not None]
+        return ModelOutput(logits=logits, last_hidden_state=h, past_key_values=past_key_values,
+                           aux_loss=sum(aux) if aux else None, encoder_last_hidden_state=memory, loss=loss)
+
+    # --- decoding hooks of GenerationMixin ------------------------------------------------------
+    def _generation_start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                          decoder_input_ids: torch.Tensor | None = None, **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
+        """Encode the source once; the output starts from decoder_start_token_id (or a given decoder prompt)."""
+        memory = self.encode(input_ids, attention_mask)
+        if decoder_input_ids is None:
+            decoder_input_ids = torch.full((input_ids.shape[0], 1), self.decoder_start_token_id,
+                                           dtype=torch.long, device=input_ids.device)
+        state = DecodingState(cache=KVCache(), attention_mask=attention_mask, extra={"memory": memory})
+        return decoder_input_ids, state
+
+    def _generation_logits(self, state: DecodingState, tokens: torch.Tensor) -> torch.Tensor:
+        out = self(attention_mask=state.attention_mask, decoder_input_ids=tokens, encoder_outputs=state.extra["memory"],
+                   past_key_values=state.cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def _generation_reorder(self, state: DecodingState, index: torch.Tensor) -> None:
+        state.cache.reorder(index)
+        state.extra["memory"] = state.extra["memory"].index_select(0, index)
+        if state.attention_mask is not None:
+            state.attention_mask = state.attention_mask.index_select(0, index)

@@ -1,0 +1,128 @@
+"""T5 and BART: lmkit.load_model on folders transformers wrote gives the same logits, and back."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import lmkit
+from lmkit.config import ModelConfig
+from lmkit.models.seq2seq import Seq2SeqLM
+
+transformers = pytest.importorskip("transformers")
+
+V = 61
+
+
+def _t5(gated: bool, tied: bool, **kw):
+    cfg = transformers.T5Config(vocab_size=V, d_model=24, d_kv=5, d_ff=37, num_layers=2, num_decoder_layers=3,
+                                num_heads=3, relative_attention_num_buckets=8, relative_attention_max_distance=12,
+                                feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=tied,
+                                decoder_start_token_id=0, dropout_rate=0.0, **kw)
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    if not tied:  # a v1.1 / flan checkpoint: its own head, distinct from the shared table
+        model.lm_head.weight = torch.nn.Parameter(torch.randn(V, 24) * 0.3)
+    return model
+
+
+def _bart(scale: bool = False):
+    cfg = transformers.BartConfig(vocab_size=V, d_model=24, encoder_layers=2, decoder_layers=3,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
+                                  decoder_ffn_dim=40, max_position_embeddings=64, scale_embedding=scale, dropout=0.0)
+    torch.manual_seed(0)
+    model = transformers.BartForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_()  # not zero, so that it must be carried over
+        for p in model.parameters():  # layer norms away from (1, 0)
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _inputs(pad: int, start: int):
+    torch.manual_seed(1)
+    src = torch.randint(3, V, (3, 11))
+    mask = torch.ones_like(src)
+    mask[1, 7:] = 0  # a padded source row
+    mask[2, 4:] = 0
+    src = src.masked_fill(mask == 0, pad)
+    dec = torch.randint(3, V, (3, 30))  # longer than relative_attention_max_distance (12)
+    dec[:, 0] = start
+    return src, mask, dec
+
+
+def _compare(hf_model, folder, pad, start):
+    hf_model.save_pretrained(folder)
+    ours = lmkit.load_model(folder)
+    assert isinstance(ours, Seq2SeqLM)
+    src, mask, dec = _inputs(pad, start)
+    with torch.no_grad():
+        ref = hf_model(input_ids=src, attention_mask=mask, decoder_input_ids=dec)
+        out = ours(src, attention_mask=mask, decoder_input_ids=dec)
+    torch.testing.assert_close(out.logits, ref.logits, atol=1e-4, rtol=1e-4)
+    keep = mask.bool()
+    torch.testing.assert_close(out.encoder_last_hidden_state[keep], ref.encoder_last_hidden_state[keep],
+                               atol=1e-4, rtol=1e-4)
+    return ours, src, mask, dec
+
+
+@pytest.mark.parametrize("gated,tied", [(False, True), (True, False)], ids=["t5-v1.0", "t5-v1.1"])
+def test_t5_logits_match_transformers(tmp_path, gated, tied):
+    hf_model = _t5(gated, tied)
+    ours, src, mask, dec = _compare(hf_model, tmp_path / "hf", 0, 0)
+    assert ours.config.tie_embeddings == tied
+    assert (ours.lm_head.weight is ours.get_input_embeddings().weight) == tied
+    # and back: transformers reads what lmkit writes
+    ours.save_pretrained(tmp_path / "ours")
+    again = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   ours(src, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_t5_4x_style_config(tmp_path):
+    """A transformers 4.x v1.1 folder: tie_word_embeddings=false, no scale_decoder_outputs, lm_head stored."""
+    hf_model = _t5(True, False)
+    hf_model.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw.pop("scale_decoder_outputs", None)
+    raw["tie_word_embeddings"] = False
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    ours = lmkit.load_model(tmp_path)
+    src, mask, dec = _inputs(0, 0)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   hf_model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scale", [False, True], ids=["bart", "bart-scaled-embeddings"])
+def test_bart_logits_match_transformers(tmp_path, scale):
+    hf_model = _bart(scale)
+    ours, src, mask, dec = _compare(hf_model, tmp_path / "hf", 1, 2)
+    ours.save_pretrained(tmp_path / "ours")
+    again = transformers.BartForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   ours(src, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_bart_without_final_logits_bias(tmp_path):
+    """BartModel-like folders may lack final_logits_bias; transformers then uses zeros, and so does lmkit."""
+    from safetensors.torch import load_file, save_file
+
+    hf_model = _bart()
+    with torch.no_grad():
+        hf_model.final_logits_bias.zero_()
+    hf_model.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors.pop("final_logits_bias")
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    ours = lmkit.load_model(tmp_path)
+    src, mask, dec = _inputs(1, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   hf_model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   atol=1e-4, rtol=1e-4)
