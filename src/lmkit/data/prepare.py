@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import inspect
 import json
 import multiprocessing as mp
 import os
@@ -114,7 +115,13 @@ def _jsonl_document(path: Path, label: str, lineno: int, line: str) -> Document 
         raise CorpusError(f"{str(path)!r} line {lineno} is not JSON ({exc.msg}); each line must be an object with a 'text' field") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
         raise CorpusError(f"{str(path)!r} line {lineno} has no string 'text' field; each line must look like {{\"text\": \"...\"}}")
-    return Document(str(obj["id"]) if "id" in obj else f"{label}:{lineno}", obj["text"]) if obj["text"].strip() else None
+    doc_id = str(obj["id"]) if "id" in obj else f"{label}:{lineno}"
+    try:
+        doc_id.encode("utf-8"), obj["text"].encode("utf-8")
+    except UnicodeEncodeError:
+        raise CorpusError(f"{str(path)!r} line {lineno} escapes a lone surrogate (\\ud800-\\udfff), which is not "
+                          "text; fix or drop that line") from None
+    return Document(doc_id, obj["text"]) if obj["text"].strip() else None
 
 
 def stream_documents(specs: Iterable[str]) -> Iterator[Document]:
@@ -145,10 +152,10 @@ def load_any_tokenizer(path: str | Path):
 
 def encode_texts(tok: Any, texts: list[str]) -> list[list[int]]:
     """Ids of each text without special tokens (lmkit or `tokenizers` objects), one process."""
-    try:
-        out = tok.encode_batch(texts, add_special_tokens=False, num_workers=1)
-    except TypeError:  # `tokenizers.Tokenizer` takes no num_workers
-        out = tok.encode_batch(texts, add_special_tokens=False)
+    kwargs = {"add_special_tokens": False}
+    if "num_workers" in inspect.signature(tok.encode_batch).parameters:
+        kwargs["num_workers"] = 1  # this process is already one of a pool
+    out = tok.encode_batch(texts, **kwargs)
     return [list(getattr(ids, "ids", ids)) for ids in out]
 
 

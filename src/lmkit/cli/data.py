@@ -1,0 +1,87 @@
+"""`lmkit data`: prepare token shards (`prepare`), clean a corpus (`clean`), check shards (`verify`)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("data", help="prepare, clean and verify training data", description=__doc__)
+    sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+
+    prep = sub.add_parser("prepare", help="tokenize a corpus in parallel into memory-mapped shards")
+    prep.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH",
+                      help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl")
+    prep.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer.json, or a folder holding one")
+    prep.add_argument("--out", required=True, metavar="DIR", help="folder for the shards and index.json")
+    prep.add_argument("--workers", type=int, metavar="N", help="tokenizing processes (default: the CPU count)")
+    prep.add_argument("--val-fraction", type=float, default=0.05, metavar="F",
+                      help="share of documents (by id hash) in the validation split (default 0.05)")
+    prep.add_argument("--shard-mb", type=float, default=32, metavar="MB", help="text per shard in MB (default 32)")
+    prep.add_argument("--separator", default="<|endoftext|>", metavar="TOKEN",
+                      help="special token put before every document (default <|endoftext|>)")
+    prep.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
+    prep.set_defaults(func=run_prepare)
+
+    cl = sub.add_parser("clean", help="remove duplicates, near duplicates, junk and boilerplate lines")
+    cl.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH")
+    cl.add_argument("--out", required=True, metavar="FILE.jsonl", help="cleaned corpus, one {\"id\", \"text\"} per line")
+    cl.add_argument("--report", metavar="FILE.json", help="what was removed and why (default: OUT.report.json)")
+    cl.add_argument("--min-chars", type=int, default=20)
+    cl.add_argument("--max-chars", type=int)
+    cl.add_argument("--min-words", type=int, default=3)
+    cl.add_argument("--min-alpha", type=float, default=0.25, help="least share of letters among non-space characters")
+    cl.add_argument("--max-digit", type=float, default=0.5, help="largest share of digits among non-space characters")
+    cl.add_argument("--max-bad", type=float, default=0.001, help="largest share of control/unassigned/U+FFFD characters")
+    cl.add_argument("--boilerplate-min-docs", type=int, default=5,
+                    help="a line in at least this many documents is boilerplate (0: keep all lines)")
+    cl.add_argument("--boilerplate-min-chars", type=int, default=20)
+    cl.add_argument("--near-threshold", type=float, default=0.8, help="estimated Jaccard similarity of a near duplicate")
+    cl.add_argument("--no-near-dedup", action="store_true", help="skip MinHash near-duplicate removal")
+    cl.add_argument("--shingle", type=int, default=5, help="words per shingle")
+    cl.add_argument("--num-perm", type=int, default=128)
+    cl.add_argument("--bands", type=int, default=16)
+    cl.set_defaults(func=run_clean)
+
+    ver = sub.add_parser("verify", help="check every shard against index.json (sizes, counts, sha256)")
+    ver.add_argument("folder", metavar="DIR")
+    ver.set_defaults(func=run_verify)
+
+
+def _describe(index: dict) -> str:
+    parts = [f"{name} {s['num_tokens']} tokens in {len(s['shards'])} shards ({s['num_documents']} documents)"
+             for name, s in index["splits"].items()]
+    return f"{index['dtype']} ids (vocab {index['vocab_size']}): " + "; ".join(parts)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from lmkit.data.prepare import prepare
+
+    index = prepare(args.corpus, args.tokenizer, args.out, workers=args.workers, val_fraction=args.val_fraction,
+                    shard_bytes=int(args.shard_mb * (1 << 20)), separator=args.separator, overwrite=args.overwrite)
+    print(f"lmkit data prepare: {_describe(index)}; wrote {args.out}")
+    return 0
+
+
+def run_clean(args: argparse.Namespace) -> int:
+    from lmkit.data.clean import CleanConfig, clean_files
+
+    config = CleanConfig(min_chars=args.min_chars, max_chars=args.max_chars, min_words=args.min_words,
+                         min_alpha=args.min_alpha, max_digit=args.max_digit, max_bad=args.max_bad,
+                         boilerplate_min_docs=args.boilerplate_min_docs, boilerplate_min_chars=args.boilerplate_min_chars,
+                         near_threshold=None if args.no_near_dedup else args.near_threshold, num_perm=args.num_perm,
+                         bands=args.bands, shingle=args.shingle)
+    report = clean_files(args.corpus, args.out, args.report, config)
+    removed = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in report["removed"].items() if n) or "nothing"
+    print(f"lmkit data clean: kept {report['documents_kept']} of {report['documents_in']} documents "
+          f"(removed {removed}; {report['boilerplate']['lines_removed']} boilerplate lines); "
+          f"wrote {args.out} and {args.report or args.out + '.report.json'}")
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from lmkit.data.prepare import verify
+
+    index = verify(args.folder)
+    print(f"lmkit data verify: {args.folder} is intact: {_describe(index)}")
+    return 0
