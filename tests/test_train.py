@@ -1,0 +1,173 @@
+"""The trainer: schedule, decay groups, accumulation, determinism, exact resume, errors, outputs."""
+import json
+import math
+
+import pytest
+import torch
+
+from lmkit.config import get_preset
+from lmkit.data import load_corpus
+from lmkit.errors import TrainingError
+from lmkit.models import CausalLM
+from lmkit.train import TrainConfig, Trainer
+from lmkit.train.optim import lr_at, param_groups
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    """About 60 KB of pydocs (small documents) as JSONL: a fast, fixed training corpus."""
+    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:40]
+    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
+    path.write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs), encoding="utf-8")
+    return str(path)
+
+
+def config(corpus_file, out, **kw):
+    settings = dict(preset="tiny", corpus=[corpus_file], out=str(out), max_steps=6, batch_size=4, seq_len=32,
+                    precision="fp32", log_every=1, save_every=3, progress=False, warmup_steps=2)
+    settings.update(kw)
+    return TrainConfig(**settings)
+
+
+def losses(out):
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r.get("val_loss")) for r in rows]
+
+
+# schedule and optimizer groups -------------------------------------------------------------------
+
+def test_warmup_then_cosine_values():
+    kw = dict(max_lr=1.0, warmup_steps=10, total_steps=110, min_lr=0.1)
+    assert [lr_at(s, **kw) for s in range(3)] == pytest.approx([0.1, 0.2, 0.3])      # (s + 1) / W
+    assert lr_at(9, **kw) == pytest.approx(1.0)                                      # peak after warm-up
+    assert lr_at(10, **kw) == pytest.approx(1.0)
+    assert lr_at(60, **kw) == pytest.approx(0.55)                                    # half way: (max + min) / 2
+    assert lr_at(35, **kw) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
+    assert lr_at(110, **kw) == pytest.approx(0.1) and lr_at(500, **kw) == pytest.approx(0.1)
+    values = [lr_at(s, **kw) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:]))                           # monotone decay
+
+
+@pytest.mark.parametrize("preset", ["tiny", "default"])
+def test_no_decay_on_biases_norms_and_embeddings(preset):
+    model = CausalLM(get_preset(preset, vocab_size=128, n_layers=1))
+    decay, keep = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and keep["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    kept = {names[id(p)] for p in keep["params"]}
+    assert not decayed & kept and len(decayed) + len(kept) == len(names)            # each parameter once (tied head)
+    assert all(n.endswith(".weight") and "norm" not in n and "embed" not in n for n in decayed)
+    assert any("q_proj" in n for n in decayed)
+    assert all(n.endswith("bias") or "norm" in n or "embeddings" in n for n in kept)
+    assert any("embeddings" in n for n in kept)
+
+
+# the loop ----------------------------------------------------------------------------------------
+
+def test_accumulation_equals_a_bigger_batch(corpus_file, tmp_path):
+    whole = Trainer(config(corpus_file, tmp_path / "a", batch_size=8))
+    accum = Trainer(config(corpus_file, tmp_path / "b", batch_size=8, micro_batch_size=2))
+    assert whole.train_step(0) == pytest.approx(accum.train_step(0), rel=1e-6)
+    for p, q in zip(whole.model.parameters(), accum.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_same_flags_and_seed_give_the_same_run(corpus_file, tmp_path):
+    r1 = Trainer(config(corpus_file, tmp_path / "a")).fit()
+    r2 = Trainer(config(corpus_file, tmp_path / "b")).fit()
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+    assert r1["val_loss"] == r2["val_loss"]
+    r3 = Trainer(config(corpus_file, tmp_path / "c", seed=1)).fit()
+    assert r3["val_loss"] != r1["val_loss"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_killed_run_resumes_with_identical_losses(corpus_file, tmp_path, precision, monkeypatch):
+    straight = Trainer(config(corpus_file, tmp_path / "a", precision=precision, preset="tiny",
+                              model_overrides={"dropout": 0.1}))
+    straight.fit()
+
+    killed = Trainer(config(corpus_file, tmp_path / "b", precision=precision, model_overrides={"dropout": 0.1}))
+    original = Trainer.train_step
+
+    def dies_at_step_5(self, step):
+        if step == 4:  # after the checkpoint of step 3, part-way to the next one
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "train_step", dies_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit()
+    monkeypatch.setattr(Trainer, "train_step", original)
+    assert [s for s, _, _ in losses(tmp_path / "b")] == [1, 2, 3, 4]
+    (tmp_path / "b" / "checkpoint" / ".step-00000006.stale").mkdir()  # as a kill during a save leaves it
+
+    resumed = Trainer(config(corpus_file, tmp_path / "b", precision=precision, resume=True), explicit=set())
+    assert resumed.step == 3
+    resumed.fit()
+    assert losses(tmp_path / "b") == losses(tmp_path / "a")
+    for p, q in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q)
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoint").iterdir()) == ["latest.json", "step-00000006"]
+
+
+def test_out_folder_is_a_loadable_model_with_metrics(corpus_file, tmp_path):
+    import lmkit
+
+    out = tmp_path / "run"
+    result = Trainer(config(corpus_file, out, log_every=2)).fit()
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert {"config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl", "loss_curve.png",
+            "checkpoint/latest.json"} <= set(files)
+    assert all(f.endswith((".json", ".safetensors", ".jsonl", ".png")) for f in files)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 3, 4, 6]                  # every 2 steps, and each evaluation
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    assert {"val_loss", "val_bpb"} <= set(rows[1]) and {"val_loss", "val_bpb"} <= set(rows[-1])
+    assert rows[-1]["val_loss"] == pytest.approx(result["val_loss"])
+    model, tok = lmkit.load_model(out), lmkit.load_tokenizer(out)
+    assert model.config.max_seq_len == 32 and model.config.bos_token_id == tok.token_to_id("<|endoftext|>")
+    from lmkit.evaluate import evaluate_text
+
+    _, val = load_corpus(corpus_file).split()
+    again = evaluate_text(model, tok, val)
+    assert again["loss"] == pytest.approx(result["val_loss"], rel=1e-5)
+    assert again["bpb"] == pytest.approx(again["loss"] * again["tokens"] / (math.log(2) * again["bytes"]))
+
+
+def test_time_budget_fixes_a_step_count(corpus_file, tmp_path):
+    trainer = Trainer(config(corpus_file, tmp_path / "t", max_steps=None, time_budget=3.0, save_every=None))
+    result = trainer.fit()
+    assert trainer.total_steps == result["step"] >= 8
+    state = json.loads(next((tmp_path / "t" / "checkpoint").glob("step-*/state.json")).read_text())
+    assert state["total_steps"] == trainer.total_steps
+
+
+# errors --------------------------------------------------------------------------------------------
+
+def test_nan_loss_stops_with_a_training_error(corpus_file, tmp_path):
+    trainer = Trainer(config(corpus_file, tmp_path / "n"))
+    with torch.no_grad():
+        trainer.model.lm_head.weight.fill_(float("nan"))
+    with pytest.raises(TrainingError, match="loss became nan at step 1"):
+        trainer.fit()
+    assert not (tmp_path / "n" / "checkpoint").exists()
+
+
+def test_resume_and_out_folder_errors(corpus_file, tmp_path):
+    with pytest.raises(TrainingError, match="no checkpoint"):
+        Trainer(config(corpus_file, tmp_path / "r", resume=True))
+    assert not (tmp_path / "r").exists()
+    Trainer(config(corpus_file, tmp_path / "r", max_steps=3)).fit()
+    with pytest.raises(TrainingError, match="already holds a training run"):
+        Trainer(config(corpus_file, tmp_path / "r"))
+    with pytest.raises(TrainingError, match="--lr 0.5 differs"):
+        Trainer(config(corpus_file, tmp_path / "r", lr=0.5, resume=True), explicit={"lr"})
+
+
+@pytest.mark.parametrize("objective, message", [("mlm", "not available yet"), ("nope", "unknown objective")])
+def test_unknown_objectives(corpus_file, tmp_path, objective, message):
+    with pytest.raises(TrainingError, match=message):
+        Trainer(config(corpus_file, tmp_path / "o", objective=objective))
+    assert not (tmp_path / "o").exists()
