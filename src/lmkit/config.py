@@ -35,6 +35,7 @@ class ModelConfig:
     # positions
     position: str = "learned"              # learned | sinusoidal | rope | relative | none
     position_offset: int = 0               # BART: 2; RoBERTa: padding_idx + 1
+    position_skip_padding: bool = False    # RoBERTa: positions count non-pad tokens only; pads get -1 (+ offset)
     sinusoidal_base: float = 10000.0
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None       # {"type": "linear"|"ntk"|"llama3", "factor": f, ...}
@@ -175,6 +176,20 @@ PRESETS: dict[str, dict[str, Any]] = {
                              dropout=0.1, final_norm=False, embedding_scale=512 ** 0.5, family="transformer-2017"),
     "moe": dict(_LLAMA, vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2, max_seq_len=1024,
                 n_experts=8, n_experts_per_token=2, family="mixtral"),
+    # encoder-only (post-norm, LayerNorm after the embeddings, segment embeddings)
+    "bert": dict(architecture="encoder", position="learned", norm_placement="post", embedding_norm=True,
+                 final_norm=False, activation="gelu", norm_eps=1e-12, type_vocab_size=2, vocab_size=30522,
+                 d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=512, dropout=0.1,
+                 attention_dropout=0.1, pad_token_id=0, family="bert"),
+    "roberta": dict(architecture="encoder", position="learned", norm_placement="post", embedding_norm=True,
+                    final_norm=False, activation="gelu", norm_eps=1e-5, type_vocab_size=1, vocab_size=50265,
+                    d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=512, position_offset=2,
+                    position_skip_padding=True, dropout=0.1, attention_dropout=0.1, pad_token_id=1,
+                    bos_token_id=0, eos_token_id=2, family="roberta"),
+    "distilbert": dict(architecture="encoder", position="learned", norm_placement="post", embedding_norm=True,
+                       final_norm=False, activation="gelu", norm_eps=1e-12, type_vocab_size=0, vocab_size=30522,
+                       d_model=768, n_layers=6, n_heads=12, d_ff=3072, max_seq_len=512, dropout=0.1,
+                       attention_dropout=0.1, pad_token_id=0, family="distilbert"),
 }
 
 

@@ -16,6 +16,9 @@ class ModelOutput:
     aux_loss: torch.Tensor | None = None          # mixture-of-experts load-balancing loss
     encoder_last_hidden_state: torch.Tensor | None = None
     pooler_output: torch.Tensor | None = None
+    start_logits: torch.Tensor | None = None      # extractive question answering (B, T)
+    end_logits: torch.Tensor | None = None
+    nsp_logits: torch.Tensor | None = None        # next-sentence prediction (B, 2) beside MLM logits
     loss: torch.Tensor | None = None
 
     def __getitem__(self, key: str):
