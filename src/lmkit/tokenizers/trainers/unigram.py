@@ -45,7 +45,7 @@ def seed_pieces(word_counts: dict[str, int], chars: set[str], max_len: int, seed
     for w, c in word_counts.items():
         for ch in w:
             char_freq[ch] += c
-    for ch in chars:
+    for ch in sorted(chars):
         freq[ch] = float(char_freq[ch] or 1)
     total = math.log(sum(freq.values()))
     return {s: math.log(f) - total for s, f in freq.items()}
@@ -168,6 +168,8 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, special_tokens: 
     rest = sorted((p for p in scores if p not in chars), key=lambda p: (-scores[p], p))
     final = sorted(chars, key=lambda p: (-scores[p], p))
     final = sorted(final + rest[:max(0, budget - len(final))], key=lambda p: (-scores[p], p))
-    pieces = [(t, 0.0) for t in special_tokens] + [(p, scores[p]) for p in final if p not in special_tokens]
+    # 15 significant digits: what JSON readers (serde_json in HF included) parse back to the same double
+    pieces = [(t, 0.0) for t in special_tokens] + [(p, float(f"{scores[p]:.15g}")) for p in final
+                                                   if p not in special_tokens]
     unk_id = special_tokens.index(unk_token) if unk_token in special_tokens else None
     return pieces, unk_id
