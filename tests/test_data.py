@@ -5,7 +5,7 @@ import random
 import pytest
 
 from lmkit.data import Corpus, Document, load_corpus
-from lmkit.data.builtin import builtin_corpus
+from lmkit.data.builtin import BUILTIN, builtin_corpus
 from lmkit.data.corpus import chunk_text, split_hash
 from lmkit.errors import CorpusError, LmkitError
 
@@ -58,14 +58,18 @@ def test_pydocs_holds_topics_and_stdlib_docstrings_but_no_tests():
 
 
 def test_builtin_corpus_is_deterministic_and_cached_atomically(tmp_path, monkeypatch):
+    usual = load_corpus("pydocs")  # from the user's cache, built by another process
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     built = builtin_corpus("pydocs")
+    assert built.fingerprint() == usual.fingerprint()
     files = list((tmp_path / "lmkit" / "corpora").iterdir())
     assert [f.suffix for f in files] == [".json"]                       # no temp files left behind
-    cached = builtin_corpus("pydocs")
-    assert cached.fingerprint() == built.fingerprint() == builtin_corpus("pydocs", use_cache=False).fingerprint()
+    calls = []
+    monkeypatch.setitem(BUILTIN, "pydocs", lambda: calls.append(1) or [Document("x", "y")])
+    assert builtin_corpus("pydocs").fingerprint() == built.fingerprint() and not calls   # read from the cache
     files[0].write_text("{ damaged")                                     # a damaged cache is rebuilt
-    assert builtin_corpus("pydocs").fingerprint() == built.fingerprint()
+    assert [d.text for d in builtin_corpus("pydocs")] == ["y"] and calls == [1]
+    assert json.loads(files[0].read_text())["documents"] == [["x", "y"]]
 
 
 def test_pycode_is_stdlib_source():

@@ -1,0 +1,53 @@
+"""`lmkit train` / `lmkit eval` end to end through `python -m lmkit`, and their one-line errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lmkit.data import load_corpus
+
+
+def lmkit(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "lmkit", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:30]
+    path = tmp_path_factory.mktemp("cli") / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": d.text}) + "\n" for d in docs), encoding="utf-8")
+    return str(path)
+
+
+def test_train_resume_and_eval(corpus_file, tmp_path):
+    flags = ["--preset", "tiny", "--corpus", corpus_file, "--out", "run", "--batch-size", "4", "--seq-len", "32",
+             "--precision", "fp32", "--save-every", "2", "--log-every", "1"]
+    r = lmkit("train", *flags, "--max-steps", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "bits per byte" in r.stdout
+    r = lmkit("train", *flags, "--max-steps", "4", "--resume", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "resuming at step 2" in r.stdout
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and "val_bpb" in rows[-1]
+    r = lmkit("eval", "--model", "run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    bpb = float(next(line for line in r.stdout.splitlines() if line.startswith("bits per byte")).split()[-1])
+    assert bpb == pytest.approx(rows[-1]["val_bpb"], rel=1e-4)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "nope"], "unknown preset 'nope'"),
+    (["--corpus", "missing.txt"], "neither a built-in corpus"),
+    (["--corpus", "empty.txt"], "is empty"),
+    (["--resume"], "holds no checkpoint"),
+    (["--objective", "mlm"], "not available yet"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, message):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    r = lmkit("train", "--out", "out", "--max-steps", "1", *args, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("lmkit: error: ") and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
