@@ -1,0 +1,101 @@
+"""Bottleneck adapters (Houlsby et al. 2019) and IA3 (Liu et al. 2022).
+
+Adapter after a sub-layer F (attention or FFN), inside its residual branch:
+    h = F(x);  h + W_up act(W_down h),  W_up starts at zero so the model starts unchanged.
+IA3 rescales activations by learned vectors that start at one:
+    keys l_k * (W_k x), values l_v * (W_v x), FFN activations W_down (l_ff * a).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmkit.config import ModelConfig
+from lmkit.errors import ConfigError
+from lmkit.nn.ffn import activation
+from lmkit.peft.names import find_modules, replace_module
+from lmkit.peft.quant import QuantizedLinear
+
+
+class BottleneckAdapter(nn.Module):
+    """A sub-layer followed by h + up(act(down(h))); keeps the sub-layer's other attributes reachable."""
+
+    def __init__(self, sublayer: nn.Module, d_model: int, bottleneck: int, act: str = "relu"):
+        super().__init__()
+        self.sublayer = sublayer
+        w = next(sublayer.parameters())
+        self.adapter_down = nn.Linear(d_model, bottleneck, device=w.device, dtype=w.dtype)
+        self.adapter_up = nn.Linear(bottleneck, d_model, device=w.device, dtype=w.dtype)
+        nn.init.normal_(self.adapter_down.weight, std=1e-2)
+        nn.init.zeros_(self.adapter_down.bias)
+        nn.init.zeros_(self.adapter_up.weight)
+        nn.init.zeros_(self.adapter_up.bias)
+        self.act = activation(act)
+
+    @property
+    def aux_loss(self):  # a wrapped mixture of experts still reports its load-balancing loss
+        return getattr(self.sublayer, "aux_loss", None)
+
+    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        h = self.sublayer(x, **kwargs)
+        return h + self.adapter_up(self.act(self.adapter_down(h)))
+
+
+def apply_adapters(model: nn.Module, bottleneck: int = 16, where: tuple[str, ...] = ("self_attn", "mlp"),
+                   act: str = "relu") -> list[str]:
+    """Insert a BottleneckAdapter after the chosen sub-layers of every block; the names changed."""
+    from lmkit.nn.blocks import Residual
+
+    config: ModelConfig = model.config
+    names = []
+    for name, module in list(model.named_modules()):
+        if isinstance(module, Residual) and name.rpartition(".")[2] in where:
+            module.sublayer = BottleneckAdapter(module.sublayer, config.d_model, bottleneck, act)
+            names.append(f"{name}.sublayer")
+    if not names:
+        raise ConfigError(f"no sub-layer named {where} to put adapters after; use self_attn, cross_attn or mlp")
+    return names
+
+
+class IA3Linear(nn.Module):
+    """A frozen linear layer whose output (or, for FFN layers, input) is scaled by a learned vector `ia3_l`."""
+
+    def __init__(self, base_layer: nn.Module, feedforward: bool):
+        super().__init__()
+        self.base_layer = base_layer
+        self.feedforward = feedforward
+        w = base_layer.weight
+        size = base_layer.in_features if feedforward else base_layer.out_features
+        self.ia3_l = nn.Parameter(torch.ones(size, device=w.device, dtype=w.dtype))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base_layer.weight
+
+    @property
+    def in_features(self) -> int:
+        return self.base_layer.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base_layer.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.feedforward:
+            return self.base_layer(x * self.ia3_l.to(x.dtype))
+        return self.base_layer(x) * self.ia3_l.to(x.dtype)
+
+
+def apply_ia3(model: nn.Module, target_modules=("k_proj", "v_proj", "down_proj"),
+              feedforward_modules=("down_proj",)) -> list[str]:
+    """Wrap the matching linear layers in IA3Linear (input-scaled when they match feedforward_modules)."""
+    from lmkit.peft.names import hf_names, matches
+
+    names = find_modules(model, target_modules, (nn.Linear, QuantizedLinear))
+    if not names:
+        raise ConfigError(f"no linear layer matches target_modules={target_modules!r}")
+    hf = hf_names(model)
+    for name in names:
+        ff = matches(name, feedforward_modules, hf.get(name))
+        replace_module(model, name, IA3Linear(model.get_submodule(name), ff))
+    return names

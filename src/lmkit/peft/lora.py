@@ -1,0 +1,120 @@
+"""LoRA: y = W x + (alpha / r) B A x on chosen linear layers, W frozen (Hu et al. 2021).
+
+A (r, in) starts Kaiming-uniform and B (out, r) at zero, so the adapted model starts equal to the
+base. `merge` adds (alpha / r) B A into W (outputs unchanged, no extra cost); `unmerge` subtracts it.
+The base may be a `QuantizedLinear` (QLoRA): then merging yields a dequantized full-precision layer.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from lmkit.errors import ConfigError
+from lmkit.peft.names import find_modules, replace_module
+from lmkit.peft.quant import QuantizedLinear
+
+
+class LoRALinear(nn.Module):
+    """A frozen `base_layer` plus the low-rank update (alpha / r) B A; names follow the PEFT library."""
+
+    def __init__(self, base_layer: nn.Module, r: int = 8, alpha: float = 16.0, dropout: float = 0.0):
+        super().__init__()
+        if r <= 0:
+            raise ConfigError(f"LoRA rank r must be positive, got {r}")
+        self.base_layer = base_layer
+        self.r, self.alpha = r, alpha
+        self.scaling = alpha / r
+        weight = base_layer.weight
+        self.lora_A = nn.Linear(base_layer.in_features, r, bias=False, device=weight.device, dtype=weight.dtype)
+        self.lora_B = nn.Linear(r, base_layer.out_features, bias=False, device=weight.device, dtype=weight.dtype)
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B.weight)
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.merged = False
+
+    @property
+    def in_features(self) -> int:
+        return self.base_layer.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base_layer.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base_layer.weight
+
+    def delta_weight(self) -> torch.Tensor:
+        """(alpha / r) B A, shaped like W."""
+        return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base_layer(x)
+        if self.merged:
+            return y
+        return y + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        if self.merged:
+            return
+        if isinstance(self.base_layer, QuantizedLinear):
+            raise ConfigError("cannot merge LoRA into a quantized base in place; use merge_and_unload(), which "
+                              "returns full-precision layers")
+        self.base_layer.weight += self.delta_weight().to(self.base_layer.weight.dtype)
+        self.merged = True
+
+    @torch.no_grad()
+    def unmerge(self) -> None:
+        if not self.merged:
+            return
+        self.base_layer.weight -= self.delta_weight().to(self.base_layer.weight.dtype)
+        self.merged = False
+
+    @torch.no_grad()
+    def merged_linear(self) -> nn.Linear:
+        """A plain nn.Linear holding W + (alpha / r) B A (dequantized first when the base is quantized)."""
+        base = self.base_layer
+        w = base.weight.detach().float()
+        if not self.merged:
+            w = w + self.delta_weight().float()
+        out = nn.Linear(self.in_features, self.out_features, bias=base.bias is not None, device=w.device)
+        dtype = self.lora_A.weight.dtype
+        out.weight.copy_(w)
+        if base.bias is not None:
+            out.bias.copy_(base.bias)
+        return out.to(dtype)
+
+
+def apply_lora(model: nn.Module, target_modules, r: int = 8, alpha: float = 16.0, dropout: float = 0.0) -> list[str]:
+    """Wrap every linear layer that matches `target_modules` in a LoRALinear; the names wrapped."""
+    names = find_modules(model, target_modules, (nn.Linear, QuantizedLinear))
+    if not names:
+        raise ConfigError(f"no linear layer matches target_modules={target_modules!r}; use names such as q_proj, "
+                          "v_proj (or the Hugging Face names of the model's family)")
+    for name in names:
+        replace_module(model, name, LoRALinear(model.get_submodule(name), r, alpha, dropout))
+    return names
+
+
+def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def merge_lora(model: nn.Module) -> None:
+    for m in lora_layers(model).values():
+        m.merge()
+
+
+def unmerge_lora(model: nn.Module) -> None:
+    for m in lora_layers(model).values():
+        m.unmerge()
+
+
+def merge_and_unload(model: nn.Module) -> nn.Module:
+    """Replace each LoRALinear by a plain linear layer holding W + (alpha / r) B A; returns the model."""
+    for name, m in lora_layers(model).items():
+        replace_module(model, name, m.merged_linear())
+    return model

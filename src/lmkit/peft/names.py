@@ -1,0 +1,84 @@
+"""Module names: lmkit's (`decoder.layers.0.self_attn.sublayer.q_proj`) and the Hugging Face ones
+(`model.layers.0.self_attn.q_proj`) the family's weight table maps them to.
+
+Target patterns match either name: a plain string matches the last components
+(`q_proj`, `attn.c_attn`), a string starting with `re:` is a regular expression matched in full.
+"""
+from __future__ import annotations
+
+import re
+
+from torch import nn
+
+
+def hf_groups(model: nn.Module) -> dict[str, list[str]]:
+    """HF module name -> the lmkit modules whose weights it holds, in row order (GPT-2's c_attn: q, k, v).
+
+    Empty when the model has no Hugging Face family (lmkit's own format): names stay lmkit's.
+    """
+    config = getattr(model, "config", None)
+    family = getattr(config, "family", None)
+    if not family:
+        return {}
+    from lmkit.hub import _families
+
+    module = _families().get(family)
+    if module is None:
+        return {}
+    rules = module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
+    groups: dict[str, list[str]] = {}
+    for rule in rules:
+        if rule.hf.endswith(".weight") and all(o.endswith(".weight") for o in rule.ours):
+            groups[rule.hf.removesuffix(".weight")] = [o.removesuffix(".weight") for o in rule.ours]
+    return groups
+
+
+def hf_names(model: nn.Module) -> dict[str, str]:
+    """lmkit module name -> HF module name (identity where the model has no family)."""
+    out = {}
+    for hf, parts in hf_groups(model).items():
+        for p in parts:
+            out[p] = hf
+    return out
+
+
+def matches(name: str, patterns, other: str | None = None) -> bool:
+    """Whether module `name` (or its HF name `other`) matches one of `patterns`."""
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    for pattern in patterns:
+        for candidate in (name, other):
+            if candidate is None:
+                continue
+            if pattern.startswith("re:"):
+                if re.fullmatch(pattern[3:], candidate):
+                    return True
+            elif candidate == pattern or candidate.endswith("." + pattern):
+                return True
+    return False
+
+
+def find_modules(model: nn.Module, patterns, kinds: tuple[type, ...]) -> list[str]:
+    """Names of the modules of the given kinds that match `patterns`."""
+    names = hf_names(model)
+    return [name for name, module in model.named_modules()
+            if isinstance(module, kinds) and matches(name, patterns, names.get(name))]
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def hf_param_names(model: nn.Module) -> dict[str, str]:
+    """lmkit parameter name -> HF parameter name, for tensors stored one-to-one (identity without a family)."""
+    config = getattr(model, "config", None)
+    family = getattr(config, "family", None)
+    from lmkit.hub import _families
+
+    module = _families().get(family) if family else None
+    if module is None:
+        return {n: n for n, _ in model.named_parameters()}
+    rules = module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
+    return {rule.ours[0]: rule.hf for rule in rules if len(rule.ours) == 1}
