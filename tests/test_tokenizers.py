@@ -133,7 +133,7 @@ def _segmentations(word):
 def test_unigram_works_without_spaces(unigram):
     text = "日本語のテキストにはスペースがない"
     ids = unigram.encode(text, add_special_tokens=False)
-    assert ids and unigram.decode(ids) == text.replace("の", "の") or unigram.unk_token_id in ids
+    assert unigram.unk_token_id in ids  # characters never seen in training: unknown, and no crash
     tok = train_tokenizer(["東京は日本の首都です。", "京都は古い都です。", "日本の首都は東京です。"] * 5, "unigram", 60)
     ids = tok.encode("東京は日本の首都です。", add_special_tokens=False)
     assert tok.unk_token_id not in ids and tok.decode(ids) == "東京は日本の首都です。"

