@@ -26,10 +26,12 @@ def is_whitespace(c: str) -> bool:
 
 
 def is_control(c: str) -> bool:
-    """BERT's control class: general category C* (Cc, Cf, Cs, Co, Cn) except tab, newline and carriage return."""
+    """BERT's control class: categories Cc, Cf, Cs, Co except tab, newline and carriage return. Unassigned
+    code points (Cn) are kept, as HF does: Python's Unicode tables may predate characters HF knows."""
     if c in "\t\n\r":
         return False
-    return unicodedata.category(c)[0] == "C"
+    cat = unicodedata.category(c)
+    return cat[0] == "C" and cat != "Cn"
 
 
 def is_punctuation(c: str) -> bool:
