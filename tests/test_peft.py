@@ -160,3 +160,53 @@ def test_qlora_merge_gives_full_precision_layers():
             peft.merge()
         plain = peft.merge_and_unload()
         torch.testing.assert_close(run(plain, IDS), want, rtol=0, atol=1e-5)
+
+
+def test_prefix_attention_is_attention_over_prefix_and_sequence():
+    """softmax(q [K_p; K]^T / sqrt(d)) [V_p; V] per head, every query seeing the whole prefix."""
+    from lmkit.nn.attention import Attention
+    from lmkit.peft.prompt import PrefixAttention
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(**FAMILIES["gpt2"])
+    attn = Attention(cfg, causal=True)
+    pre = PrefixAttention(attn, 3, std=1.0)
+    x = torch.randn(2, 5, 32)
+    got = pre(x, is_causal=True)
+    H, D, P, T = 4, 8, 3, 5
+    q = attn.q_proj(x).view(2, T, H, D).transpose(1, 2)
+    k = torch.cat([pre.prefix_keys.expand(2, -1, -1, -1), attn.k_proj(x).view(2, T, H, D).transpose(1, 2)], 2)
+    v = torch.cat([pre.prefix_values.expand(2, -1, -1, -1), attn.v_proj(x).view(2, T, H, D).transpose(1, 2)], 2)
+    scores = q @ k.transpose(-1, -2) / D ** 0.5
+    allowed = torch.arange(P + T)[None, :] <= torch.arange(T)[:, None] + P
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    want = attn.o_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, T, H * D))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["prefix", "prompt", "lora"])
+def test_generation_with_cache_matches_full_forward(method):
+    peft = get_peft_model(make("llama"), method, num_virtual_tokens=4)
+    perturb(peft)
+    prompt = IDS[:1, :6]
+    out = peft.generate(prompt, max_new_tokens=5, do_sample=False)
+    assert out.shape == (1, 11) and torch.equal(out[:, :6], prompt)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(5):  # greedy without a cache, one full forward per token
+            nxt = peft(seq).logits[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], 1)
+    assert torch.equal(out, seq)
+
+
+def test_prompt_tuning_is_prompt_embeddings_in_front():
+    model = make("llama")
+    peft = get_peft_model(model, "prompt", num_virtual_tokens=3)
+    perturb(peft)
+    emb = model.decoder.embeddings.tokens
+    with torch.no_grad():
+        inputs = torch.cat([emb.prompt_embeddings[None].expand(2, -1, -1), emb.tokens(IDS)], 1)
+        want = model(inputs_embeds=inputs).logits[:, 3:]
+        torch.testing.assert_close(peft(IDS).logits, want)
+        loss = peft(IDS, labels=IDS).loss   # labels of the virtual tokens are ignored
+        torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(want[:, :-1].reshape(-1, 53), IDS[:, 1:].reshape(-1)))

@@ -44,7 +44,9 @@ def save_adapter(peft_model: PeftModel, path) -> None:
     folder = Path(path)
     tensors: dict[str, torch.Tensor] = {}
     raw = {"peft_type": PEFT_TYPES[c.method], "task_type": _task_type(model), "base_model_name_or_path": None,
-           "inference_mode": True, "revision": None, "lmkit": c.to_dict()}
+           "inference_mode": True, "revision": None}
+    if c.method in ("qlora", "prefix", "adapter"):  # what the PEFT fields cannot say (PEFT ignores it, with a warning)
+        raw["lmkit"] = c.to_dict()
     if c.method in ("lora", "qlora"):
         targets, ranks, alphas = [], {}, {}
         layers = lora.lora_layers(model)

@@ -1,0 +1,89 @@
+"""Adapters saved by lmkit load in the PEFT library onto the transformers model (and back), same outputs."""
+import pytest
+import torch
+
+import lmkit
+from lmkit.peft import get_peft_model, load_adapter
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+
+def hf_model(kind: str, tmp_path, seed=0):
+    torch.manual_seed(seed)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=71, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        cfg = transformers.GPT2Config(vocab_size=71, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                      resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+        model = transformers.GPT2LMHeadModel(cfg)
+    model.eval().save_pretrained(tmp_path / "base")
+    return model
+
+
+def randomize(model):
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * 0.2)
+
+
+IDS = torch.randint(0, 71, (2, 11), generator=torch.Generator().manual_seed(5))
+MASK = torch.tensor([[1] * 11, [0] * 3 + [1] * 8])
+
+
+@pytest.mark.parametrize("kind,targets", [("llama", ["q_proj", "v_proj", "down_proj"]),
+                                          ("gpt2", ["q_proj", "v_proj", "c_fc"]),
+                                          ("gpt2", ["c_attn", "attn.c_proj"])])
+def test_lmkit_lora_loads_in_peft(tmp_path, kind, targets):
+    ref = hf_model(kind, tmp_path)
+    ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", r=4, alpha=8, target_modules=targets)
+    randomize(ours)
+    ours.save_adapter(tmp_path / "adapter")
+    theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        want = theirs(input_ids=IDS, attention_mask=MASK).logits
+        got = ours(IDS, attention_mask=MASK).logits
+    keep = MASK.bool()
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind,targets", [("llama", ["q_proj", "k_proj", "gate_proj"]), ("gpt2", ["c_attn", "c_fc"])])
+def test_peft_lora_loads_in_lmkit(tmp_path, kind, targets):
+    ref = hf_model(kind, tmp_path, seed=1)
+    theirs = peft.get_peft_model(ref, peft.LoraConfig(r=3, lora_alpha=5, target_modules=targets,
+                                                      fan_in_fan_out=kind == "gpt2"))
+    randomize(theirs)
+    theirs.save_pretrained(tmp_path / "adapter")
+    ours = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+    theirs.eval()
+    with torch.no_grad():
+        want = theirs(input_ids=IDS).logits
+        torch.testing.assert_close(ours(IDS).logits, want, rtol=1e-4, atol=1e-4)
+
+
+def test_ia3_both_ways(tmp_path):
+    ref = hf_model("llama", tmp_path, seed=2)
+    ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "ia3")
+    randomize(ours)
+    ours.save_adapter(tmp_path / "ours")
+    theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "ours").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(IDS).logits, theirs(input_ids=IDS).logits, rtol=1e-4, atol=1e-4)
+    back = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "ours")
+    with torch.no_grad():
+        torch.testing.assert_close(back(IDS).logits, ours(IDS).logits, rtol=1e-6, atol=1e-6)
+
+
+def test_prompt_tuning_matches_peft(tmp_path):
+    ref = hf_model("llama", tmp_path, seed=4)
+    ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "prompt", num_virtual_tokens=4)
+    randomize(ours)
+    ours.save_adapter(tmp_path / "prompt")
+    theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "prompt").eval()
+    with torch.no_grad():
+        want = theirs(input_ids=IDS).logits[:, 4:]   # PEFT also returns the virtual positions
+        torch.testing.assert_close(ours(IDS).logits, want, rtol=1e-4, atol=1e-4)
