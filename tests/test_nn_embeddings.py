@@ -11,6 +11,15 @@ from lmkit.nn import Embeddings, RotaryEmbedding, apply_rotary, sinusoidal_table
 from lmkit.nn.positions import rope_inverse_frequencies
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and a shared machine's cores are not spun for nothing."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def cfg(**kw) -> ModelConfig:
     base = dict(vocab_size=37, d_model=12, n_layers=1, n_heads=3, max_seq_len=20, position="none")
     return ModelConfig(**{**base, **kw})

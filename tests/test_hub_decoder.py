@@ -1,0 +1,252 @@
+"""GPT-2 and LLaMA folders: lmkit against transformers on small random models of odd shapes.
+
+Logits agree within 1e-4 (padded rows too, left and right padding), greedy generations are equal,
+folders lmkit writes (single or sharded) load in transformers with the same logits, both the
+transformers 4.x (`rope_theta`/`rope_scaling`) and 5.x (`rope_parameters`) config.json styles load,
+and damaged folders raise one clear LmkitError.
+"""
+import json
+
+import pytest
+import torch
+
+import lmkit
+from lmkit.errors import CheckpointError, ConfigError, LmkitError
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+VOCAB = 101  # not a multiple of 8
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and a shared machine's cores are not spun for nothing."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+CASES = {
+    "gpt2-d36-h3-gelu_new-tied": lambda: GPT2LMHeadModel(GPT2Config(
+        vocab_size=VOCAB, n_embd=36, n_layer=2, n_head=3, n_positions=48, activation_function="gelu_new",
+        bos_token_id=0, eos_token_id=0)),
+    "gpt2-d20-h5-gelu-untied-ninner": lambda: GPT2LMHeadModel(GPT2Config(
+        vocab_size=VOCAB, n_embd=20, n_layer=3, n_head=5, n_inner=52, n_positions=48, activation_function="gelu",
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, layer_norm_epsilon=1e-6)),
+    "llama-gqa-6h-2kv-untied": lambda: LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=36, intermediate_size=70, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=500.0, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0)),
+    "llama-mqa-tied-linear-scaling": lambda: LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=44, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True, rms_norm_eps=1e-5,
+        rope_scaling={"rope_type": "linear", "factor": 2.0}, bos_token_id=1, eos_token_id=2)),
+    "llama-headdim-bias-llama3": lambda: LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=3,
+        num_key_value_heads=3, head_dim=10, attention_bias=True, mlp_bias=True, max_position_embeddings=64,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 16}, bos_token_id=1, eos_token_id=2)),
+}
+
+
+def hf_model(name: str):
+    torch.manual_seed(0)
+    m = CASES[name]()
+    with torch.no_grad():  # larger weights than the default init, so mismatches show
+        for n, p in m.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.15)
+            elif "bias" in n:
+                p.normal_(0, 0.05)
+            else:
+                p.normal_(1.0, 0.1)
+    return m.eval()
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, tmp_path_factory):
+    """(transformers model, lmkit model loaded from the folder transformers wrote, folder)."""
+    hf = hf_model(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(folder)
+    return hf, lmkit.load_model(folder), folder
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (3, 9), generator=g)
+    left = torch.ones_like(ids)
+    left[1, :4] = 0
+    right = torch.ones_like(ids)
+    right[2, -3:] = 0
+    return ids, left, right
+
+
+def test_logits_match_transformers_with_and_without_padding(pair):
+    hf, ours, _ = pair
+    assert not ours.training and ours.dtype == torch.float32
+    ids, left, right = batch()
+    with torch.no_grad():
+        for mask in (None, left, right, left * right):
+            expected = hf(ids, attention_mask=mask).logits
+            got = ours(ids, attention_mask=mask).logits
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)  # every row, padded positions included
+
+
+def test_greedy_generation_matches_transformers(pair):
+    hf, ours, _ = pair
+    ids, left, _ = batch()
+    for mask in (None, left):
+        expected = hf.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=10, pad_token_id=0)
+        assert torch.equal(got, expected)
+
+
+def test_saved_folder_loads_in_transformers_with_the_same_logits(pair, tmp_path):
+    hf, ours, _ = pair
+    ours.save_pretrained(tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(back) is type(hf)
+    ids, left, _ = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids, attention_mask=left).logits, hf(ids, attention_mask=left).logits,
+                                   atol=1e-5, rtol=0)
+    again = lmkit.load_model(tmp_path)
+    for (k, a), b in zip(ours.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_sharded_folder_round_trips(pair, tmp_path):
+    hf, ours, _ = pair
+    lmkit.hub.save_pretrained(ours, tmp_path, max_shard_bytes=20_000)
+    assert not (tmp_path / "model.safetensors").exists()
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    ids, _, _ = batch()
+    with torch.no_grad():
+        expected = hf(ids).logits
+        torch.testing.assert_close(lmkit.load_model(tmp_path)(ids).logits, expected, atol=1e-4, rtol=0)
+        back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+        torch.testing.assert_close(back(ids).logits, expected, atol=1e-4, rtol=0)
+
+
+def rewrite_config(folder, edit):
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    edit(raw)
+    path.write_text(json.dumps(raw))
+
+
+def as_v4(raw: dict) -> None:
+    """transformers 4.x spelling: rope_theta and rope_scaling keys, no rope_parameters."""
+    params = dict(raw.pop("rope_parameters"))
+    raw["rope_theta"] = params.pop("rope_theta")
+    raw["rope_scaling"] = params if params.get("rope_type", "default") != "default" else None
+    raw["transformers_version"] = "4.44.0"
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n.startswith("llama")])
+def test_v4_and_v5_style_llama_configs_give_the_same_model(name, tmp_path):
+    hf = hf_model(name)
+    hf.save_pretrained(tmp_path)
+    assert "rope_parameters" in json.loads((tmp_path / "config.json").read_text())  # 5.x style as written
+    ids, left, _ = batch()
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=left).logits
+        v5 = lmkit.load_model(tmp_path)
+        torch.testing.assert_close(v5(ids, attention_mask=left).logits, expected, atol=1e-4, rtol=0)
+        rewrite_config(tmp_path, as_v4)
+        v4 = lmkit.load_model(tmp_path)
+        assert (v4.config.rope_theta, v4.config.rope_scaling) == (v5.config.rope_theta, v5.config.rope_scaling)
+        torch.testing.assert_close(v4(ids, attention_mask=left).logits, expected, atol=1e-4, rtol=0)
+        # lmkit writes both spellings, and transformers reads them back to the same numbers
+        out = tmp_path / "saved"
+        v4.save_pretrained(out)
+        raw = json.loads((out / "config.json").read_text())
+        assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"]
+        back = AutoModelForCausalLM.from_pretrained(out).eval()
+        torch.testing.assert_close(back(ids, attention_mask=left).logits, expected, atol=1e-4, rtol=0)
+
+
+def test_gpt2_base_model_names_without_prefix_load(tmp_path):
+    """A GPT2Model folder (no `transformer.` prefix, no lm_head) loads as a tied CausalLM."""
+    hf = hf_model("gpt2-d36-h3-gelu_new-tied")
+    hf.transformer.save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    ids, _, _ = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_load_in_bfloat16(tmp_path):
+    hf = hf_model("llama-gqa-6h-2kv-untied")
+    hf.save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path, dtype=torch.bfloat16)
+    assert ours.dtype == torch.bfloat16
+    ids, _, _ = batch()
+    with torch.no_grad():
+        assert (ours(ids).logits.float() - hf(ids).logits).abs().max() < 0.15
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def good_folder(tmp_path):
+    hf_model("gpt2-d36-h3-gelu_new-tied").save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_unsupported_family_says_which_are(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 8}))
+    with pytest.raises(ConfigError, match="mamba.*supported: .*gpt2.*llama"):
+        lmkit.load_model(tmp_path)
+
+
+def test_malformed_config_json(good_folder):
+    (good_folder / "config.json").write_text('{"model_type": "gpt2", "n_embd": ')
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        lmkit.load_model(good_folder)
+    (good_folder / "config.json").write_text('["gpt2"]')
+    with pytest.raises(CheckpointError, match="JSON object"):
+        lmkit.load_model(good_folder)
+
+
+def test_malformed_field_in_config(good_folder):
+    rewrite_config(good_folder, lambda raw: raw.update(n_layer="two"))
+    with pytest.raises(LmkitError, match="n_layer|malformed"):
+        lmkit.load_model(good_folder)
+
+
+def test_truncated_safetensors(good_folder):
+    path = good_folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="damaged or truncated"):
+        lmkit.load_model(good_folder)
+
+
+def test_wrong_tensor_shapes(good_folder):
+    rewrite_config(good_folder, lambda raw: raw.update(n_inner=100))
+    with pytest.raises(CheckpointError, match="disagree"):
+        lmkit.load_model(good_folder)
+
+
+def test_missing_weights_and_missing_tensor(good_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(good_folder / "model.safetensors")
+    del tensors["transformer.h.1.mlp.c_fc.weight"]
+    save_file(tensors, good_folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="c_fc.weight"):
+        lmkit.load_model(good_folder)
+    (good_folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        lmkit.load_model(good_folder)
+    with pytest.raises(CheckpointError, match="not a folder"):
+        lmkit.load_model(tmp_path / "nowhere")
+
+
+def test_unsupported_gpt2_option(good_folder):
+    rewrite_config(good_folder, lambda raw: raw.update(reorder_and_upcast_attn=True))
+    with pytest.raises(ConfigError, match="reorder_and_upcast_attn"):
+        lmkit.load_model(good_folder)
