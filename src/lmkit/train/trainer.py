@@ -216,11 +216,11 @@ class Trainer:
             if out_of_time and self.total_steps is not None:
                 self.total_steps = self.step
             done = self.total_steps is not None and self.step >= self.total_steps
-            every = max(1, (self.total_steps or 10) // 10)
+            every = max(1, self.total_steps // 10) if self.total_steps else 0  # 0: a time budget not planned yet
             save_every, eval_every = cfg.save_every or every, cfg.eval_every or cfg.save_every or every
             if self._eval_at_plan is not None:
                 result, self._eval_at_plan = self._eval_at_plan, None
-            elif done or self.step % eval_every == 0:
+            elif done or (eval_every and self.step % eval_every == 0):
                 result = self.evaluate()
             else:
                 result = None
@@ -234,7 +234,7 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tok_per_s']:.0f}",
                             **({"val_bpb": f"{result['bpb']:.3f}"} if result else {}))
-            if done or self.step % save_every == 0:
+            if done or (save_every and self.step % save_every == 0):
                 self.elapsed += time.perf_counter() - t_start
                 t_start = time.perf_counter()
                 self.save()
