@@ -2,6 +2,8 @@
 and back through the decoder. Encoded words are cached, keyed by the word before any byte mapping."""
 from __future__ import annotations
 
+from itertools import chain
+
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.added_tokens import AddedToken, AddedVocabulary
 from lmkit.tokenizers.encoding import Encoding, pad, truncate
@@ -105,24 +107,28 @@ class Tokenizer:
 
     def _words(self, text: str, first: bool) -> list[int]:
         """Ids of one normalized stretch without added tokens: pre-tokenize, then the cached model."""
-        cache, model, pre = self._cache, self.model, self.pre_tokenizer
+        cache, pre = self._cache, self.pre_tokenizer
         if len(cache) > CACHE_LIMIT:
             cache.clear()
-        ids: list[int] = []
-        if type(pre) is ByteLevel:
-            for w in pre.raw_split(text):
-                r = cache.get(w)
-                if r is None:
-                    r = cache[w] = model.tokenize_ids(byte_level(w))
-                ids += r
-            return ids
-        words = pre.split(text, first) if pre is not None else ([text] if text else [])
-        for w in words:
-            r = cache.get(w)
-            if r is None:
-                r = cache[w] = model.tokenize_ids(w)
-            ids += r
-        return ids
+        if type(pre) is ByteLevel:  # cache keys are the words before the byte mapping
+            words = pre.raw_split(text)
+            try:
+                return list(chain.from_iterable(map(cache.__getitem__, words)))
+            except KeyError:
+                tokenize = self.model.tokenize_ids
+                for w in words:
+                    if w not in cache:
+                        cache[w] = tokenize(byte_level(w))
+        else:
+            words = pre.split(text, first) if pre is not None else ([text] if text else [])
+            try:
+                return list(chain.from_iterable(map(cache.__getitem__, words)))
+            except KeyError:
+                tokenize = self.model.tokenize_ids
+                for w in words:
+                    if w not in cache:
+                        cache[w] = tokenize(w)
+        return list(chain.from_iterable(map(cache.__getitem__, words)))
 
     def _encode_plain(self, text: str, python_only: bool = False) -> list[int]:
         """Ids of `text` with no post-processing: tiktoken when it applies, else the Python pipeline."""

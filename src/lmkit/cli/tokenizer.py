@@ -1,0 +1,56 @@
+"""`lmkit tokenizer train|encode`: train a tokenizer on a corpus, or show how a text splits."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("tokenizer", help="train a tokenizer, or show how text splits into tokens")
+    sub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION")
+    t = sub.add_parser("train", help="train a tokenizer and write its tokenizer.json")
+    t.add_argument("--kind", default="bpe", choices=("bpe", "wordpiece", "unigram", "char", "word"))
+    t.add_argument("--vocab-size", type=int, default=8192)
+    t.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
+                   help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
+    t.add_argument("--out", required=True, metavar="PATH", help="tokenizer.json path, or a folder to write it in")
+    t.add_argument("--special-tokens", nargs="*", default=None, metavar="TOKEN",
+                   help="special tokens (default per kind, e.g. [PAD] [UNK] [CLS] [SEP] [MASK] for wordpiece)")
+    t.add_argument("--pattern", default="gpt2", choices=("gpt2", "gpt4"), help="BPE pre-tokenization regex")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=run_train)
+    e = sub.add_parser("encode", help="print the tokens and ids of a text")
+    e.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer.json or a folder holding one")
+    e.add_argument("text", nargs="*", help="text to encode (default: read stdin)")
+    e.add_argument("--no-special-tokens", action="store_true", help="do not add [CLS]/[SEP]-style tokens")
+    e.set_defaults(func=run_encode)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def run_train(args) -> int:
+    from lmkit.data import load_corpus
+    from lmkit.tokenizers import train_tokenizer
+
+    texts = load_corpus(args.corpus).texts()
+    start = time.perf_counter()
+    tok = train_tokenizer(texts, kind=args.kind, vocab_size=args.vocab_size, special_tokens=args.special_tokens,
+                          pattern=args.pattern, show_progress=not args.no_progress)
+    seconds = time.perf_counter() - start
+    path = tok.save(args.out)
+    mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    print(f"trained {args.kind} tokenizer: {tok.vocab_size} ids on {mb:.1f} MB in {seconds:.1f} s -> {path}")
+    return 0
+
+
+def run_encode(args) -> int:
+    from lmkit.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer)
+    text = " ".join(args.text) if args.text else sys.stdin.read()
+    ids = tok.encode(text, add_special_tokens=not args.no_special_tokens)
+    tokens = [tok.id_to_token(i) for i in ids]
+    print(" | ".join(tokens))
+    print(" ".join(map(str, ids)))
+    print(f"{len(ids)} tokens, {len(text.encode('utf-8'))} bytes, "
+          f"{len(text.encode('utf-8')) / max(1, len(ids)):.2f} bytes/token")
+    return 0
