@@ -1,0 +1,253 @@
+"""model.generate: greedy, sampling filters, penalties, EOS, stop strings, streaming, batching.
+
+The arguments must mean what transformers' `generate` makes them mean, so most tests run both on
+the same weights: after the same torch.manual_seed, sampling draws the same ids (same processors in
+the same order, one torch.multinomial per step over the whole batch).
+"""
+import pytest
+import torch
+
+import lmkit
+from lmkit.errors import GenerationError
+from lmkit.generation import logits as processors
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.generation import logits_process as hf_proc  # noqa: E402
+
+VOCAB = 61
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and a shared machine's cores are not spun for nothing."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build(kind: str):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        hf = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=24, n_layer=2, n_head=2, n_positions=64,
+                                        bos_token_id=1, eos_token_id=2))
+    else:
+        hf = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                          bos_token_id=1, eos_token_id=2))
+    with torch.no_grad():  # peaky but not degenerate distributions
+        for p in hf.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    return hf.eval()
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def pair(request, tmp_path_factory):
+    hf = build(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(folder)
+    return hf, lmkit.load_model(folder)
+
+
+def prompts():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, VOCAB, (3, 7), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :1] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    return ids, mask
+
+
+SAMPLING = [
+    dict(),                                   # top_k defaults to 50, as in transformers
+    dict(top_k=0),                            # plain multinomial over the whole vocabulary
+    dict(temperature=0.6, top_k=5),
+    dict(top_p=0.8, top_k=0),
+    dict(temperature=1.4, top_k=20, top_p=0.9),
+    dict(repetition_penalty=1.3, top_p=0.95),
+    dict(no_repeat_ngram_size=2, top_k=10),
+]
+
+
+@pytest.mark.parametrize("options", SAMPLING, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults")
+def test_seeded_sampling_draws_the_same_ids_as_transformers(pair, options):
+    hf, ours = pair
+    ids, mask = prompts()
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        expected = hf.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=12, pad_token_id=0, **options)
+        torch.manual_seed(seed)
+        got = ours.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=12, pad_token_id=0, **options)
+        assert torch.equal(got, expected), (seed, options)
+
+
+@pytest.mark.parametrize("options", [dict(repetition_penalty=1.5), dict(no_repeat_ngram_size=2),
+                                     dict(repetition_penalty=0.7, no_repeat_ngram_size=3)])
+def test_greedy_with_penalties_matches_transformers(pair, options):
+    hf, ours = pair
+    ids, mask = prompts()
+    expected = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=15, pad_token_id=0, **options)
+    got = ours.generate(ids, attention_mask=mask, max_new_tokens=15, pad_token_id=0, **options)
+    assert torch.equal(got, expected)
+
+
+def test_eos_stops_rows_and_pads_them_like_transformers(pair):
+    hf, ours = pair
+    ids, mask = prompts()
+    free = ours.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[], pad_token_id=0)
+    eos = int(free[1, 7 + 3])  # the token row 1 produces at its fourth step
+    for kw in (dict(eos_token_id=eos), dict(eos_token_id=[eos, int(free[0, 7 + 5])]), dict(eos_token_id=eos, min_new_tokens=6)):
+        expected = hf.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0, **kw)
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=12, pad_token_id=0, **kw)
+        assert torch.equal(got, expected), kw
+    got = ours.generate(ids, attention_mask=mask, max_new_tokens=12, pad_token_id=0, eos_token_id=eos)
+    row = got[1, 7:].tolist()
+    first = row.index(eos)
+    assert first <= 3 and set(row[first + 1:]) <= {0}  # finished rows get pad_token_id
+
+
+def test_a_padded_batch_generates_each_row_as_if_alone(pair):
+    _, ours = pair
+    ids, mask = prompts()
+    together = ours.generate(ids, attention_mask=mask, max_new_tokens=10, eos_token_id=[])
+    for row in range(3):
+        alone = ours.generate(ids[row:row + 1, mask[row].bool()], max_new_tokens=10, eos_token_id=[])
+        assert torch.equal(together[row, 7:], alone[0, -10:])
+
+
+def test_incremental_greedy_equals_full_recomputation(pair):
+    _, ours = pair
+    ids, _ = prompts()
+    got = ours.generate(ids, max_new_tokens=12, eos_token_id=[])
+    seq = ids
+    with torch.no_grad():
+        for _ in range(12):
+            seq = torch.cat([seq, ours(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(got, seq)
+
+
+def test_max_new_tokens_streaming_and_one_dimensional_prompts(pair):
+    _, ours = pair
+    ids, mask = prompts()
+    assert ours.generate(ids, max_new_tokens=0).shape == ids.shape
+    out = ours.generate(ids[0], max_new_tokens=5, eos_token_id=[])
+    assert out.shape == (1, 12)
+
+    class Collect:
+        def __init__(self):
+            self.parts, self.ended = [], False
+
+        def put(self, value):
+            self.parts.append(value)
+
+        def end(self):
+            self.ended = True
+
+    streamer = Collect()
+    out = ours.generate(ids, attention_mask=mask, max_new_tokens=6, eos_token_id=[], streamer=streamer)
+    assert streamer.ended and torch.equal(streamer.parts[0], ids)
+    assert torch.equal(torch.stack(streamer.parts[1:], 1), out[:, 7:])
+
+
+def test_stop_strings_end_a_row_once_its_text_contains_one(pair):
+    _, ours = pair
+
+    class Letters:
+        """A toy tokenizer: id i is the letter chr(97 + i % 26)."""
+
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    ids, mask = prompts()
+    free = ours.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[], pad_token_id=0)
+    text = Letters().decode(free[0, 7:].tolist())
+    stop = text[4:6]
+    first = text.index(stop) + len(stop)  # the row must stop right after the stop string first appears
+    out = ours.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[], pad_token_id=0,
+                        stop_strings=stop, tokenizer=Letters())
+    assert torch.equal(out[0, 7:7 + first], free[0, 7:7 + first])
+    assert set(out[0, 7 + first:].tolist()) <= {0}
+    with pytest.raises(GenerationError, match="tokenizer"):
+        ours.generate(ids, stop_strings="x")
+
+
+def test_seeded_sampling_repeats_and_differs_across_seeds(pair):
+    _, ours = pair
+    ids, _ = prompts()
+    runs = []
+    for seed in (5, 5, 6):
+        torch.manual_seed(seed)
+        runs.append(ours.generate(ids, do_sample=True, top_k=0, max_new_tokens=10, eos_token_id=[]))
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+def test_bad_arguments_raise_generation_errors(pair):
+    _, ours = pair
+    ids, _ = prompts()
+    too_long = torch.zeros(1, 65, dtype=torch.long)
+    with pytest.raises(GenerationError, match="context"):
+        ours.generate(too_long, max_new_tokens=1)
+    with pytest.raises(GenerationError, match="temperature"):
+        ours.generate(ids, do_sample=True, temperature=0.0)
+    with pytest.raises(GenerationError, match="top_p"):
+        ours.generate(ids, do_sample=True, top_p=1.5)
+    with pytest.raises(GenerationError, match="max_new_tokens"):
+        ours.generate(ids, max_new_tokens=-1)
+    if ours.config.position == "learned":  # no positions left for the continuation
+        with pytest.raises(GenerationError, match="max_new_tokens"):
+            ours.generate(ids, max_new_tokens=60)
+
+
+# --- the processors themselves against transformers' classes ------------------------------------
+
+def scores_and_sequences():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(4, 50, generator=g) * 3
+    scores[0, :10] = 1.0  # ties at the top-k boundary
+    return torch.randint(0, 50, (4, 9), generator=g), scores
+
+
+@pytest.mark.parametrize("k", [1, 3, 10, 50, 80])
+def test_top_k_filter_matches_transformers(k):
+    seqs, scores = scores_and_sequences()
+    expected = hf_proc.TopKLogitsWarper(k)(seqs, scores.clone())
+    assert torch.equal(processors.top_k_filter(scores, k), expected)
+
+
+@pytest.mark.parametrize("p", [0.05, 0.3, 0.9, 0.999, 1.0])
+def test_top_p_filter_matches_transformers(p):
+    seqs, scores = scores_and_sequences()
+    expected = hf_proc.TopPLogitsWarper(p)(seqs, scores.clone()) if p < 1 else scores
+    got = processors.top_p_filter(scores, p)
+    assert torch.equal(got, expected)
+    assert (got > -float("inf")).sum(-1).min() >= 1  # at least one token always survives
+
+
+@pytest.mark.parametrize("penalty", [0.5, 1.2, 2.0])
+def test_repetition_penalty_matches_transformers(penalty):
+    seqs, scores = scores_and_sequences()
+    expected = hf_proc.RepetitionPenaltyLogitsProcessor(penalty)(seqs, scores.clone())
+    torch.testing.assert_close(processors.repetition_penalty(seqs, scores, penalty), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_repeat_ngram_matches_transformers(n):
+    seqs = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2], [4, 4, 4, 4, 4, 4, 4, 4]])
+    scores = torch.randn(2, 10)
+    expected = hf_proc.NoRepeatNGramLogitsProcessor(n)(seqs, scores.clone())
+    assert torch.equal(processors.no_repeat_ngram(seqs, scores, n), expected)
+
+
+def test_temperature_divides_the_logits():
+    seqs, scores = scores_and_sequences()
+    out = processors.process(seqs, scores, do_sample=True, temperature=0.5, top_k=0, top_p=None, repetition=1.0,
+                             no_repeat_ngram_size=0)
+    assert torch.equal(out, hf_proc.TemperatureLogitsWarper(0.5)(seqs, scores.clone()))
+    # greedy ignores the sampling filters, as transformers does
+    same = processors.process(seqs, scores, do_sample=False, temperature=0.5, top_k=3, top_p=0.5, repetition=1.0,
+                              no_repeat_ngram_size=0)
+    assert torch.equal(same, scores)
