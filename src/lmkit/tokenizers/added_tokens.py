@@ -53,6 +53,11 @@ class AddedVocabulary:
         self.by_content = {t.content: t for t in self.tokens}
         self.by_id = {t.id: t for t in self.tokens}
         self.special_ids = {t.id for t in self.tokens if t.special}
+        # HF decodes a normalized added token to its normalized form
+        self.id_to_content = {t.id: (self.normalizer.normalize(t.content) if t.normalized and self.normalizer
+                                     else t.content) for t in self.tokens}
+        # HF skips a special token on decode by its decoded string, so a normalized one that changes is kept
+        self.skip_ids = {t.id for t in self.tokens if t.special and self.id_to_content[t.id] == t.content}
         raw = [t for t in self.tokens if not t.normalized]
         norm = [t for t in self.tokens if t.normalized]
         self._raw = (_pattern([t.content for t in raw]), {t.content: t for t in raw})

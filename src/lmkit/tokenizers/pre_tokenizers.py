@@ -96,7 +96,7 @@ class ByteLevel(PreTokenizer):
 
     def raw_split(self, text: str) -> list[str]:
         """Words before the byte mapping (cache keys for the fast path)."""
-        if self.add_prefix_space and not text.startswith(" "):
+        if self.add_prefix_space and text and not text.startswith(" "):
             text = " " + text
         return self._re.findall(text) if self.use_regex else ([text] if text else [])
 
@@ -164,7 +164,8 @@ class Metaspace(PreTokenizer):
     def split(self, text: str, first: bool = True) -> list[str]:
         r = self.replacement
         text = text.replace(" ", r)
-        if (self.prepend_scheme == "always" or (self.prepend_scheme == "first" and first)) and not text.startswith(r):
+        if text and (self.prepend_scheme == "always" or (self.prepend_scheme == "first" and first)) \
+                and not text.startswith(r):
             text = r + text
         if not self.split_words:
             return [text] if text else []

@@ -57,8 +57,8 @@ class Tokenizer:
         return t.id if t is not None else self.model.token_to_id(token)
 
     def id_to_token(self, i: int) -> str | None:
-        t = self.added.by_id.get(i)
-        return t.content if t is not None else self.model.id_to_token(i)
+        t = self.added.id_to_content.get(i)
+        return t if t is not None else self.model.id_to_token(i)
 
     def add_special_tokens(self, tokens: list[str]) -> list[int]:
         """Add tokens that are never split (new ids after the current vocabulary); returns their ids."""
@@ -233,7 +233,7 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of `ids`; special tokens are kept unless skip_special_tokens."""
         tokens = []
-        special = self.added.special_ids
+        special = self.added.skip_ids
         for i in ids:
             i = int(i)
             if skip_special_tokens and i in special:

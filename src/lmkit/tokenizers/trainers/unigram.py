@@ -51,37 +51,64 @@ def seed_pieces(word_counts: dict[str, int], chars: set[str], max_len: int, seed
     return {s: math.log(f) - total for s, f in freq.items()}
 
 
-def _estep(scores: dict[str, float], words: list[tuple[str, int]], max_len: int):
-    """Expected count of each piece, and the corpus negative log-likelihood."""
-    expected: dict[str, float] = dict.fromkeys(scores, 0.0)
-    nll = 0.0
+def _lattices(words: list[tuple[str, int]], scores: dict[str, float], max_len: int) -> list:
+    """Per word: (n, count, edges [(start, end, piece)] sorted by start). Pieces only ever leave the
+    vocabulary, so edges are found once and filtered afterwards."""
+    out = []
     get = scores.get
     for w, c in words:
         n = len(w)
-        edges = []  # (start, end, piece, score)
-        for i in range(n):
-            for j in range(i + 1, min(n, i + max_len) + 1):
-                s = get(w[i:j])
-                if s is not None:
-                    edges.append((i, j, w[i:j], s))
-        alpha = [NEG_INF] * (n + 1)
-        alpha[0] = 0.0
-        for i, j, _, s in edges:  # edges are sorted by start, so alpha[i] is final when read
-            if alpha[i] != NEG_INF:
-                alpha[j] = _logaddexp(alpha[j], alpha[i] + s)
-        beta = [NEG_INF] * (n + 1)
-        beta[n] = 0.0
-        for i, j, _, s in reversed(edges):
-            if beta[j] != NEG_INF:
-                beta[i] = _logaddexp(beta[i], beta[j] + s)
+        edges = [(i, j, w[i:j]) for i in range(n) for j in range(i + 1, min(n, i + max_len) + 1)
+                 if get(w[i:j]) is not None]
+        out.append((n, c, edges))
+    return out
+
+
+def _filter(lattices: list, scores: dict[str, float]) -> list:
+    return [(n, c, [e for e in edges if e[2] in scores]) for n, c, edges in lattices]
+
+
+def _estep_log(scores, n, edges):
+    alpha = [NEG_INF] * (n + 1)
+    alpha[0] = 0.0
+    for i, j, p in edges:  # sorted by start: alpha[i] is final when read
+        if alpha[i] != NEG_INF:
+            alpha[j] = _logaddexp(alpha[j], alpha[i] + scores[p])
+    beta = [NEG_INF] * (n + 1)
+    beta[n] = 0.0
+    for i, j, p in reversed(edges):
+        if beta[j] != NEG_INF:
+            beta[i] = _logaddexp(beta[i], beta[j] + scores[p])
+    z = alpha[n]
+    return z, [(p, math.exp(alpha[i] + scores[p] + beta[j] - z)) for i, j, p in edges] if z != NEG_INF else []
+
+
+def _estep(scores: dict[str, float], lattices: list):
+    """Expected count of each piece (forward-backward: alpha(i) p(x) beta(j) / Z), and the corpus NLL."""
+    expected: dict[str, float] = dict.fromkeys(scores, 0.0)
+    prob = {p: math.exp(s) for p, s in scores.items()}
+    nll = 0.0
+    for n, c, edges in lattices:
+        alpha = [0.0] * (n + 1)
+        alpha[0] = 1.0
+        for i, j, p in edges:
+            alpha[j] += alpha[i] * prob[p]
         z = alpha[n]
-        if z == NEG_INF:
+        if z < 1e-250:  # long word: probabilities underflow, redo it in log space
+            lz, posts = _estep_log(scores, n, edges)
+            if lz != NEG_INF:
+                nll -= c * lz
+                for p, q in posts:
+                    expected[p] += c * q
             continue
-        nll -= c * z
-        for i, j, p, s in edges:
-            a = alpha[i] + s + beta[j] - z
-            if a > -30.0:
-                expected[p] += c * math.exp(a)
+        beta = [0.0] * (n + 1)
+        beta[n] = 1.0
+        for i, j, p in reversed(edges):
+            beta[i] += beta[j] * prob[p]
+        nll -= c * math.log(z)
+        k = c / z
+        for i, j, p in edges:
+            expected[p] += k * alpha[i] * prob[p] * beta[j]
     return expected, nll
 
 
@@ -114,11 +141,25 @@ def _viterbi(scores: dict[str, float], w: str, max_len: int, skip: str | None = 
     return out[::-1]
 
 
-def _prune(scores: dict[str, float], words, max_len: int, target: int, keep: set[str]) -> dict[str, float]:
+def _best_path(scores: dict[str, float], n: int, edges) -> list[str]:
+    best = [0.0] + [NEG_INF] * n
+    back: list = [None] * (n + 1)
+    for i, j, p in edges:
+        b = best[i]
+        if b != NEG_INF and b + scores[p] > best[j]:
+            best[j], back[j] = b + scores[p], (i, p)
+    out, j = [], n
+    while j > 0 and back[j] is not None:
+        j, p = back[j]
+        out.append(p)
+    return out
+
+
+def _prune(scores: dict[str, float], lattices, max_len: int, target: int, keep: set[str]) -> dict[str, float]:
     """Keep the `target` pieces whose removal would cost the most likelihood (SentencePiece's pruning)."""
     freq: Counter = Counter()
-    for w, c in words:
-        for p in _viterbi(scores, w, max_len):
+    for n, c, edges in lattices:
+        for p in _best_path(scores, n, edges):
             freq[p] += c
     vsum = sum(freq.values())
     loss: dict[str, float] = {}
@@ -151,19 +192,22 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, special_tokens: 
     budget = vocab_size - len(special_tokens)
     scores = seed_pieces(word_counts, chars, max_piece_length, max(seed_size, budget))
     desired = max(len(chars), int(budget * 1.1))
+    lattices = _lattices(words, scores, max_piece_length)
     while True:
         for _ in range(n_sub_iterations):
-            expected, _ = _estep(scores, words, max_piece_length)
+            expected, _ = _estep(scores, lattices)
             scores = _mstep(expected, chars)
+            lattices = _filter(lattices, scores)
         if progress is not None:
             progress(len(scores))
         if len(scores) <= desired:
             break
         target = max(desired, int(len(scores) * shrinking_factor))
-        pruned = _prune(scores, words, max_piece_length, target, chars)
+        pruned = _prune(scores, lattices, max_piece_length, target, chars)
         if len(pruned) == len(scores):
             break
         scores = pruned
+        lattices = _filter(lattices, scores)
     # final cut to the budget: every character, then the most probable pieces
     rest = sorted((p for p in scores if p not in chars), key=lambda p: (-scores[p], p))
     final = sorted(chars, key=lambda p: (-scores[p], p))

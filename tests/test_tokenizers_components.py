@@ -1,0 +1,121 @@
+"""Each tokenizer.json component read from the JSON that Hugging Face `tokenizers` writes for it, and run
+side by side with it: normalizers, pre-tokenizers, decoders, post-processors, added-token flags."""
+import json
+
+import pytest
+
+tokenizers = pytest.importorskip("tokenizers")
+from tokenizers import Regex  # noqa: E402
+from tokenizers import decoders as D  # noqa: E402
+from tokenizers import normalizers as N  # noqa: E402
+from tokenizers import pre_tokenizers as P  # noqa: E402
+from tokenizers import processors as R  # noqa: E402
+
+from lmkit.tokenizers import tokenizer_from_json  # noqa: E402
+from lmkit.tokenizers.decoders import decoder_from_json  # noqa: E402
+from lmkit.tokenizers.normalizers import normalizer_from_json  # noqa: E402
+from lmkit.tokenizers.pre_tokenizers import GPT4_PATTERN, pre_tokenizer_from_json  # noqa: E402
+
+SAMPLES = [
+    "Hello, World! It's 2024; naïve café ÅNGSTRÖM ﬁ ①",
+    "  leading   and trailing  \t\n", "北京欢迎你 東京 한국어 ḱṷṓn", "don't__stop-me now 3.14 +=== ...",
+    "a\u00a0b\u2003c\u3000d\u200be\r\nf", "x\u0301y\u0308z Ａｂｃ", "😀👍🏽 👩‍👩‍👧 🇫🇷", "", " ", "▁already▁metaspace",
+    "def f(x):\n    return x ** 2  # square\n\n\n", "1234567 12 1 a1b22c333",
+]
+
+
+def state(component) -> dict:
+    return json.loads(component.__getstate__())
+
+
+@pytest.mark.parametrize("hf", [
+    N.NFC(), N.NFD(), N.NFKC(), N.NFKD(), N.Lowercase(), N.Sequence([N.NFD(), N.StripAccents()]),
+    N.BertNormalizer(), N.BertNormalizer(lowercase=False), N.BertNormalizer(strip_accents=True, lowercase=False),
+    N.BertNormalizer(clean_text=False, handle_chinese_chars=False), N.Sequence([N.NFKC(), N.Lowercase()]),
+    N.Strip(), N.Replace("a", "b"), N.Prepend("▁"),
+], ids=lambda h: json.dumps(state(h))[:60])
+def test_normalizers(hf):
+    ours = normalizer_from_json(state(hf))
+    for s in SAMPLES:
+        assert ours.normalize(s) == hf.normalize_str(s), s
+
+
+@pytest.mark.parametrize("hf", [
+    P.ByteLevel(add_prefix_space=False), P.ByteLevel(add_prefix_space=True), P.ByteLevel(use_regex=False),
+    P.Whitespace(), P.WhitespaceSplit(), P.BertPreTokenizer(), P.Punctuation(),
+    P.Metaspace(), P.Metaspace(prepend_scheme="first"), P.Metaspace(prepend_scheme="never"),
+    P.Metaspace(split=False), P.Metaspace(replacement="_"),
+    *[P.Split(Regex(r"\d+"), b, invert=inv) for b in ("removed", "isolated", "merged_with_previous",
+                                                      "merged_with_next", "contiguous") for inv in (False, True)],
+    P.Split(" ", "removed"), P.Split(Regex(GPT4_PATTERN), "isolated"),
+    P.Sequence([P.WhitespaceSplit(), P.Punctuation()]),
+    P.Sequence([P.Split(Regex(GPT4_PATTERN), "isolated"), P.ByteLevel(add_prefix_space=False, use_regex=False)]),
+], ids=lambda h: json.dumps(state(h))[:70])
+def test_pre_tokenizers(hf):
+    ours = pre_tokenizer_from_json(state(hf))
+    for s in SAMPLES:
+        assert ours.split(s) == [w for w, _ in hf.pre_tokenize_str(s)], s
+
+
+TOKENS = [["▁Hello", "▁wor", "ld", "!", "▁", "▁x"], ["Hello", "##wor", "##ld", "!", ",", "do", "n't", "'s", "."],
+          ["Ġhello", "Ġw", "orld", "Ċ", "ðŁĺ", "Ģ", "<|endoftext|>", "ĠâĢ"], ["un</w>", "believ", "able</w>"], []]
+
+
+@pytest.mark.parametrize("hf", [D.ByteLevel(), D.WordPiece(), D.WordPiece(cleanup=False), D.Metaspace(),
+                                D.Metaspace(prepend_scheme="never"), D.BPEDecoder(), D.Fuse(),
+                                D.Sequence([D.Metaspace(), D.Fuse()])], ids=lambda h: state(h)["type"])
+def test_decoders(hf):
+    ours = decoder_from_json(state(hf))
+    for toks in TOKENS:
+        assert ours.decode(toks) == hf.decode(toks), toks
+
+
+VOCAB = {w: i for i, w in enumerate(["[UNK]", "[CLS]", "[SEP]", "<s>", "</s>", "<pad>", "hello", "world", "a", "b",
+                                     "c", "!", ",", "<x>", "[MASK]"])}
+
+
+def _wordlevel():
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(VOCAB, unk_token="[UNK]"))
+    tok.pre_tokenizer = P.Whitespace()
+    return tok
+
+
+@pytest.mark.parametrize("proc", [
+    R.BertProcessing(("[SEP]", 2), ("[CLS]", 1)), R.RobertaProcessing(("</s>", 4), ("<s>", 3)),
+    R.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> </s> $B:1 </s>:1",
+                         special_tokens=[("<s>", 3), ("</s>", 4)]),
+    R.TemplateProcessing(single="$A:0 </s>:0", pair="$A:0 $B:1 </s>:1", special_tokens=[("</s>", 4)]),
+    R.Sequence([R.ByteLevel(), R.TemplateProcessing(single="<s> $A", pair="<s> $A <s>:1 $B:1",
+                                                    special_tokens=[("<s>", 3)])]),
+], ids=lambda p: state(p)["type"])
+def test_post_processors_pairs_and_truncation(proc):
+    hf = _wordlevel()
+    hf.post_processor = proc
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    a, b = "hello world ! a b c hello", "c b a , world"
+    for args in [(a,), (a, b), (b, a)]:
+        assert ours.encode(*args[:1], pair=args[1] if len(args) > 1 else None) == hf.encode(*args).ids
+        enc, mine = hf.encode(*args), ours.encode_plus(args[0], pair=args[1] if len(args) > 1 else None)
+        assert (mine.ids, mine.type_ids, mine.special_tokens_mask) == (enc.ids, enc.type_ids, enc.special_tokens_mask)
+        for n in (6, 9, 10):
+            hf.enable_truncation(n)
+            enc = hf.encode(*args)
+            mine = ours.encode_plus(args[0], pair=args[1] if len(args) > 1 else None, truncation=True, max_length=n)
+            assert (mine.ids, mine.type_ids) == (enc.ids, enc.type_ids), n
+            hf.no_truncation()
+
+
+@pytest.mark.parametrize("flags", [{}, {"lstrip": True}, {"rstrip": True}, {"lstrip": True, "rstrip": True},
+                                   {"single_word": True}, {"normalized": True}, {"special": False}])
+def test_added_token_flags(flags):
+    hf = _wordlevel()
+    hf.normalizer = N.Lowercase()
+    hf.add_special_tokens([tokenizers.AddedToken("[MASK]", **flags)])
+    hf.add_tokens([tokenizers.AddedToken("<X>", **{**flags, "normalized": flags.get("normalized", True)})])
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    for s in ["hello [MASK] world", "hello[MASK]world", "a  [MASK]  b", "[MASK][MASK]", "x<X>y <x> <X> Hello",
+              "HELLO [mask] World", "[MASK]", ""]:
+        assert ours.encode(s) == hf.encode(s).ids, s
+        ids = hf.encode(s).ids
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
