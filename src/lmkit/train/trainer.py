@@ -213,7 +213,7 @@ class Trainer:
                 self._plan(t_start, step_times[2:])
                 bar.total = self.total_steps
             out_of_time = cfg.time_budget is not None and self.elapsed + time.perf_counter() - t_start >= cfg.time_budget
-            if out_of_time and self.total_steps is not None:
+            if out_of_time:  # also while still measuring: the budget is spent
                 self.total_steps = self.step
             done = self.total_steps is not None and self.step >= self.total_steps
             every = max(1, self.total_steps // 10) if self.total_steps else 0  # 0: a time budget not planned yet
