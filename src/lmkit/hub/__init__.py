@@ -66,11 +66,15 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None):
     config, raw = load_config(folder)
     family = None if "lmkit" in raw and "model_type" not in raw else family_of(raw.get("model_type"))
     model = build_model(config) if family is None or not hasattr(family, "build") else family.build(config, raw)
+    if config.extra.get("attention_heads"):  # a model whose heads were pruned: per-layer head counts
+        from lmkit.compress.prune import apply_head_layout
+
+        apply_head_layout(model)
     hf = read_weights(folder)
     expected = model.state_dict()
     if family is None:
         state = {k: hf[k] for k in expected if k in hf}
-        missing = sorted(set(expected) - set(state))
+        missing = sorted(k for k in set(expected) - set(state) if not _is_tied(model, k))  # tied: stored once
         if missing:
             raise CheckpointError(f"{folder} lacks tensors {', '.join(missing[:5])}; the folder is incomplete")
     else:

@@ -1,0 +1,141 @@
+"""Knowledge distillation, DistilBERT's recipe (Sanh et al. 2019).
+
+loss = alpha * CE(student, labels) + beta * T^2 * KL(softmax(z_t / T) || softmax(z_s / T))
+       + gamma * (1 - cos(h_s, h_t)),
+each term a mean over the scored positions; T^2 keeps the soft-target gradients on the scale of
+the hard ones (Hinton et al. 2015). The student starts from every other layer of the teacher.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmkit.errors import ConfigError
+
+_LAYER = re.compile(r"^(.*?(?:^|\.)layers\.)(\d+)(\..*)$")
+
+
+@dataclass
+class DistillWeights:
+    """DistilBERT's defaults: alpha (labels) 2, beta (soft targets) 5, gamma (hidden cosine) 1, T = 2."""
+
+    alpha: float = 2.0
+    beta: float = 5.0
+    gamma: float = 1.0
+    temperature: float = 2.0
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor | None = None,
+                      student_hidden: torch.Tensor | None = None, teacher_hidden: torch.Tensor | None = None,
+                      weights: DistillWeights | None = None, ignore_index: int = -100) -> dict[str, torch.Tensor]:
+    """{loss, ce, kl, cos}; logits (..., V) at the same positions as labels (...); positions whose label is
+    ignore_index enter no term. Without labels every position is scored and the CE term is zero."""
+    w = weights or DistillWeights()
+    V = student_logits.shape[-1]
+    s, t = student_logits.reshape(-1, V).float(), teacher_logits.reshape(-1, V).float()
+    keep = torch.ones(s.shape[0], dtype=torch.bool, device=s.device)
+    zero = s.new_zeros(())
+    ce = zero
+    if labels is not None:
+        flat = labels.reshape(-1)
+        keep = flat != ignore_index
+        ce = F.cross_entropy(s, flat, ignore_index=ignore_index) if bool(keep.any()) else zero
+    n = keep.sum().clamp(min=1)
+    T = w.temperature
+    log_ps, log_pt = F.log_softmax(s[keep] / T, -1), F.log_softmax(t[keep] / T, -1)
+    kl = (log_pt.exp() * (log_pt - log_ps)).sum() / n
+    cos = zero
+    if w.gamma and student_hidden is not None and teacher_hidden is not None:
+        hs = student_hidden.reshape(-1, student_hidden.shape[-1]).float()[keep]
+        ht = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).float()[keep]
+        cos = (1 - F.cosine_similarity(hs, ht, dim=-1)).sum() / n
+    loss = w.alpha * ce + w.beta * T * T * kl + w.gamma * cos
+    return {"loss": loss, "ce": ce, "kl": kl, "cos": cos}
+
+
+def layer_counts(model: nn.Module) -> dict[str, int]:
+    """Number of blocks in each stack, by the prefix of its parameter names (`decoder.layers.`)."""
+    counts: dict[str, int] = {}
+    for name in model.state_dict():
+        m = _LAYER.match(name)
+        if m:
+            counts[m.group(1)] = max(counts.get(m.group(1), 0), int(m.group(2)) + 1)
+    return counts
+
+
+def student_from_teacher(teacher: nn.Module, every: int = 2) -> nn.Module:
+    """A model of the teacher's class with blocks 0, every, 2 every, ... of each stack, copied from it."""
+    if every < 1:
+        raise ConfigError(f"every must be >= 1, got {every}")
+    counts = layer_counts(teacher)
+    keep = {prefix: list(range(0, n, every)) for prefix, n in counts.items()}
+    cfg = teacher.config
+    changes = {}
+    for prefix, kept in keep.items():
+        # the decoder stack of an encoder-decoder model is sized by n_decoder_layers
+        field = "n_decoder_layers" if cfg.architecture == "encoder-decoder" and prefix.startswith("decoder") else "n_layers"
+        changes[field] = len(kept)
+    student = type(teacher)(cfg.replace(**changes))
+    state = {}
+    for name, tensor in teacher.state_dict().items():
+        m = _LAYER.match(name)
+        if m is None:
+            state[name] = tensor
+        elif int(m.group(2)) in keep[m.group(1)]:
+            state[f"{m.group(1)}{keep[m.group(1)].index(int(m.group(2)))}{m.group(3)}"] = tensor
+    student.load_state_dict(state)
+    return student.to(next(teacher.parameters()).dtype).train(teacher.training)
+
+
+def distill_causal_lm(teacher: nn.Module, student: nn.Module, stream, pad_id: int, steps: int, batch_size: int,
+                      lr: float = 1e-3, warmup_steps: int = 20, weights: DistillWeights | None = None, seed: int = 0,
+                      weight_decay: float = 0.1, grad_clip: float = 1.0, log=None) -> list[dict]:
+    """Train `student` on rows of a `PackedStream` against the frozen teacher; returns the logged rows.
+
+    With weights beta = gamma = 0 this is plain next-token training (the no-teacher baseline).
+    """
+    from lmkit.objectives import next_token_targets
+    from lmkit.train.optim import build_optimizer, lr_at, set_lr
+
+    teacher.eval()
+    student.train()
+    opt = build_optimizer(student, lr, weight_decay)
+    w = weights or DistillWeights()
+    use_teacher = bool(w.beta or w.gamma)
+    history = []
+    t0 = time.perf_counter()
+    for step in range(steps):
+        set_lr(opt, lr_at(step, lr, warmup_steps, steps, 0.1 * lr))
+        rows = stream.rows(seed, step, batch_size)
+        inputs, targets = next_token_targets(rows, (rows != pad_id).long())
+        out = student(inputs)
+        if use_teacher:
+            with torch.no_grad():
+                ref = teacher(inputs)
+            parts = distillation_loss(out.logits, ref.logits, targets, out.last_hidden_state, ref.last_hidden_state, w)
+        else:
+            ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(), targets.reshape(-1))
+            parts = {"loss": w.alpha * ce, "ce": ce, "kl": ce.new_zeros(()), "cos": ce.new_zeros(())}
+        loss = parts["loss"] + (out.aux_loss if out.aux_loss is not None else 0.0)
+        if not math.isfinite(float(loss.detach())):
+            from lmkit.errors import TrainingError
+
+            raise TrainingError(f"distillation loss became {float(loss)} at step {step + 1}; lower the learning rate")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(student.parameters(), grad_clip)
+        opt.step()
+        row = {"step": step + 1, **{k: round(float(v.detach()), 5) for k, v in parts.items()},
+               "elapsed": round(time.perf_counter() - t0, 2)}
+        history.append(row)
+        if log is not None:
+            log(row)
+    student.eval()
+    return history

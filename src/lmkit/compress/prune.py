@@ -1,0 +1,161 @@
+"""Attention-head pruning (Michel, Levy and Neubig 2019, "Are Sixteen Heads Really Better than One?").
+
+Each head h gets a gate xi_h = 1 on its output; its importance is I_h = sum over batches of |dL/dxi_h|
+(the expected loss change to first order when the head is removed), normalised to unit L2 norm per
+layer. Pruning removes the least important heads structurally: the rows of q/k/v_proj and the columns
+of o_proj that belong to them, so the model gets smaller and cheaper, and is saved and reloaded that way.
+With grouped-query attention whole groups (a key/value head and its query heads) are pruned.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from lmkit.errors import ConfigError
+from lmkit.nn.attention import Attention
+
+
+def attention_modules(model: nn.Module) -> dict[str, Attention]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, Attention)}
+
+
+@contextlib.contextmanager
+def head_gates(model: nn.Module):
+    """Gates xi (n_heads,) = 1 on every attention module's heads, multiplying each head's output."""
+    gates, hooks = {}, []
+    for name, attn in attention_modules(model).items():
+        gate = torch.ones(attn.n_heads, device=attn.o_proj.weight.device, requires_grad=True)
+        gates[name] = gate
+
+        def hook(module, args, gate=gate, dim=attn.head_dim):
+            return (args[0] * gate.repeat_interleave(dim).to(args[0].dtype),)
+
+        hooks.append(attn.o_proj.register_forward_pre_hook(hook))
+    try:
+        yield gates
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def causal_lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss of rows (B, T + 1)."""
+    out = model(batch[:, :-1])
+    return nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
+
+
+def head_importance(model: nn.Module, batches, loss_fn=causal_lm_loss, normalize: bool = True) -> dict[str, torch.Tensor]:
+    """I_h = sum_batches |dL/dxi_h| per attention module (n_heads,), L2-normalised per layer."""
+    was_training = model.training
+    model.eval()
+    total: dict[str, torch.Tensor] = {}
+    with head_gates(model) as gates:
+        for batch in batches:
+            loss = loss_fn(model, batch)
+            grads = torch.autograd.grad(loss, list(gates.values()))
+            for name, g in zip(gates, grads):
+                total[name] = total.get(name, 0) + g.detach().abs().float()
+    model.train(was_training)
+    if normalize:
+        total = {n: v / v.norm().clamp(min=1e-20) for n, v in total.items()}
+    return total
+
+
+def _rows(heads: list[int], dim: int) -> torch.Tensor:
+    return torch.cat([torch.arange(h * dim, (h + 1) * dim) for h in heads]) if heads else torch.zeros(0, dtype=torch.long)
+
+
+def _sliced(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
+    if not isinstance(linear, nn.Linear):
+        raise ConfigError(f"cannot prune a {type(linear).__name__} projection; merge adapters (merge_and_unload) first")
+    w = linear.weight.detach().index_select(dim, index.to(linear.weight.device))
+    out = nn.Linear(w.shape[1], w.shape[0], bias=linear.bias is not None, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        out.weight.copy_(w)
+        if linear.bias is not None:
+            out.bias.copy_(linear.bias.detach() if dim == 1 else linear.bias.detach()[index])
+    return out
+
+
+def prune_attention(attn: Attention, heads: list[int]) -> list[int]:
+    """Remove query heads `heads` (with their key/value heads) from one module; returns the kept heads."""
+    group = attn.n_heads // attn.n_kv_heads
+    remove = sorted(set(int(h) for h in heads))
+    if any(not 0 <= h < attn.n_heads for h in remove):
+        raise ConfigError(f"head indices must lie in 0..{attn.n_heads - 1}, got {remove}")
+    if group > 1 and any(set(range(h // group * group, h // group * group + group)) - set(remove) for h in remove):
+        raise ConfigError(f"with grouped-query attention prune whole groups of {group} query heads")
+    keep = [h for h in range(attn.n_heads) if h not in remove]
+    if not keep:
+        raise ConfigError("cannot prune every head of a layer; keep at least one")
+    keep_kv = sorted({h // group for h in keep})
+    D = attn.head_dim
+    attn.q_proj = _sliced(attn.q_proj, _rows(keep, D), 0)
+    attn.k_proj = _sliced(attn.k_proj, _rows(keep_kv, D), 0)
+    attn.v_proj = _sliced(attn.v_proj, _rows(keep_kv, D), 0)
+    attn.o_proj = _sliced(attn.o_proj, _rows(keep, D), 1)
+    attn.n_heads, attn.n_kv_heads = len(keep), len(keep_kv)
+    return keep
+
+
+def prune_heads(model: nn.Module, heads: dict[str, list[int]]) -> None:
+    """Prune heads {attention module name: head indices (of its current heads)} structurally.
+
+    The model then saves in lmkit's own format (Hugging Face formats have one head count for all
+    layers); config.extra["attention_heads"] records each module's (query heads, key/value heads).
+    """
+    if model.config.position == "relative":
+        raise ConfigError("heads cannot be pruned with T5's relative position bias, which all layers share per head")
+    modules = attention_modules(model)
+    layout = dict(model.config.extra.get("attention_heads", {}))
+    for name, remove in heads.items():
+        if name not in modules:
+            raise ConfigError(f"{name} is not an attention module of this model")
+        if remove:
+            prune_attention(modules[name], list(remove))
+            layout[name] = [modules[name].n_heads, modules[name].n_kv_heads]
+    model.config.extra = {**model.config.extra, "attention_heads": layout}
+    model.config.family = None
+
+
+def least_important(importance: dict[str, torch.Tensor], n: int, model: nn.Module) -> dict[str, list[int]]:
+    """The n heads (whole groups under GQA, counted in query heads) of lowest importance, at least one kept per layer."""
+    modules = attention_modules(model)
+    units = []  # (score, module, heads of the unit)
+    for name, score in importance.items():
+        attn = modules[name]
+        g = attn.n_heads // attn.n_kv_heads
+        for k in range(attn.n_kv_heads):
+            heads = list(range(k * g, (k + 1) * g))
+            units.append((float(score[heads].sum()), name, heads))
+    units.sort(key=lambda u: u[0])
+    chosen: dict[str, list[int]] = {}
+    left = {name: modules[name].n_heads for name in importance}
+    pruned = 0
+    for _, name, heads in units:
+        if pruned >= n:
+            break
+        if left[name] - len(heads) < 1:
+            continue
+        chosen.setdefault(name, []).extend(heads)
+        left[name] -= len(heads)
+        pruned += len(heads)
+    return chosen
+
+
+def apply_head_layout(model: nn.Module) -> nn.Module:
+    """Give a freshly built model the head counts config.extra["attention_heads"] records (before loading weights)."""
+    layout = model.config.extra.get("attention_heads") or {}
+    modules = attention_modules(model)
+    for name, (n_heads, n_kv) in layout.items():
+        attn = modules[name]
+        D, d = attn.head_dim, attn.q_proj.in_features
+        bias = attn.q_proj.bias is not None
+        attn.q_proj = nn.Linear(d, n_heads * D, bias=bias)
+        attn.k_proj = nn.Linear(d, n_kv * D, bias=bias)
+        attn.v_proj = nn.Linear(d, n_kv * D, bias=bias)
+        attn.o_proj = nn.Linear(n_heads * D, attn.o_proj.out_features, bias=attn.o_proj.bias is not None)
+        attn.n_heads, attn.n_kv_heads = n_heads, n_kv
+    return model

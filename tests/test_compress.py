@@ -1,0 +1,193 @@
+"""Compression: the distillation loss and student init, head importance and pruning, int8 quantization."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lmkit
+from lmkit.compress import (DistillWeights, apply_head_layout, distillation_loss, head_importance, least_important,
+                            prune_attention, prune_heads, quantize_dynamic_int8, student_from_teacher, weight_bytes)
+from lmkit.compress.prune import head_gates
+from lmkit.config import ModelConfig
+from lmkit.errors import ConfigError
+from lmkit.models import build_model
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and the test machine's cores are shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+BASE = dict(vocab_size=47, d_model=32, n_layers=4, n_heads=4, max_seq_len=32)
+LLAMA = dict(BASE, position="rope", norm="rmsnorm", activation="swiglu", bias=False, n_kv_heads=2, family="llama")
+
+
+def model_of(**kw):
+    torch.manual_seed(kw.pop("seed", 0))
+    return build_model(ModelConfig(**{**BASE, **kw})).eval()
+
+
+IDS = torch.randint(0, 47, (3, 10), generator=torch.Generator().manual_seed(0))
+
+
+# distillation ----------------------------------------------------------------------------------------
+
+def test_distillation_loss_terms():
+    g = torch.Generator().manual_seed(1)
+    s, t = torch.randn(2, 5, 11, generator=g), torch.randn(2, 5, 11, generator=g)
+    labels = torch.randint(0, 11, (2, 5), generator=g)
+    labels[0, 0] = -100
+    hs, ht = torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)
+    w = DistillWeights(alpha=0.3, beta=0.5, gamma=0.7, temperature=3.0)
+    out = distillation_loss(s, t, labels, hs, ht, w)
+    keep = labels.reshape(-1) != -100
+    ps, pt = F.softmax(s.reshape(-1, 11)[keep] / 3, -1), F.softmax(t.reshape(-1, 11)[keep] / 3, -1)
+    kl = (pt * (pt.log() - ps.log())).sum(-1).mean()
+    cos = (1 - F.cosine_similarity(hs.reshape(-1, 8)[keep], ht.reshape(-1, 8)[keep], -1)).mean()
+    ce = F.cross_entropy(s.reshape(-1, 11), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out["kl"], kl)
+    torch.testing.assert_close(out["cos"], cos)
+    torch.testing.assert_close(out["loss"], 0.3 * ce + 0.5 * 9 * kl + 0.7 * cos)
+
+
+def test_distillation_loss_vanishes_when_student_equals_teacher():
+    z = torch.randn(4, 7, 13)
+    h = torch.randn(4, 7, 6)
+    out = distillation_loss(z, z.clone(), None, h, 2 * h, DistillWeights(alpha=1, beta=1, gamma=1))
+    assert abs(float(out["kl"])) < 1e-6 and abs(float(out["cos"])) < 1e-6 and abs(float(out["loss"])) < 1e-5
+    # the gradient of T^2 KL w.r.t. the student's logits is T (p_s - p_t) / n: it does not vanish as T grows
+    s = torch.zeros(1, 1, 3, requires_grad=True)
+    t = torch.tensor([[[2.0, 0.0, -1.0]]])
+    grads = []
+    for T in (1.0, 4.0, 16.0):
+        s.grad = None
+        distillation_loss(s, t, None, weights=DistillWeights(alpha=0, beta=1, gamma=0, temperature=T))["loss"].backward()
+        want = T * (F.softmax(s.detach() / T, -1) - F.softmax(t / T, -1))
+        torch.testing.assert_close(s.grad, want)
+        grads.append(float(s.grad.abs().sum()))
+    assert grads[2] > 0.1 * grads[0]
+
+
+@pytest.mark.parametrize("kw", [dict(BASE), dict(LLAMA), dict(BASE, architecture="encoder", norm_placement="post",
+                                                                 embedding_norm=True, extra={"head": "mlm"})])
+def test_student_takes_every_other_teacher_layer(kw):
+    teacher = model_of(**kw)
+    student = student_from_teacher(teacher)
+    stack = "decoder" if kw.get("architecture", "decoder") == "decoder" else "encoder"
+    t_layers, s_layers = getattr(teacher, stack).layers, getattr(student, stack).layers
+    assert len(s_layers) == 2 and student.config.n_layers == 2
+    for i, j in ((0, 0), (1, 2)):
+        for (n, p), (_, q) in zip(s_layers[i].named_parameters(), t_layers[j].named_parameters()):
+            assert torch.equal(p, q), n
+    # a teacher with its odd layers made the identity gives exactly the student's outputs
+    for j in (1, 3):
+        with torch.no_grad():
+            t_layers[j].self_attn.sublayer.o_proj.weight.zero_()
+            t_layers[j].mlp.sublayer.down_proj.weight.zero_()
+            for name, p in t_layers[j].named_parameters():
+                if name.endswith("bias") and ("o_proj" in name or "down_proj" in name):
+                    p.zero_()
+    if kw.get("norm_placement") != "post":  # post-norm adds a LayerNorm even around a zero branch
+        with torch.no_grad():
+            torch.testing.assert_close(student(IDS).logits, teacher(IDS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_distillation_trains_student_toward_teacher():
+    from lmkit.compress import distill_causal_lm
+
+    class Stream:  # rows of a repeating pattern the teacher already knows
+        def rows(self, seed, step, batch):
+            g = torch.Generator().manual_seed(step)
+            start = torch.randint(0, 5, (batch, 1), generator=g)
+            return (start + torch.arange(9)) % 5 + 2
+
+    teacher = model_of(n_layers=2, d_model=16, n_heads=2)
+    opt = torch.optim.Adam(teacher.parameters(), 1e-2)
+    teacher.train()
+    for step in range(20):
+        rows = Stream().rows(0, step, 8)
+        loss = teacher(rows[:, :-1], labels=rows[:, :-1]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    teacher.eval()
+    student = student_from_teacher(teacher)
+    probe = Stream().rows(0, 999, 8)[:, :-1]
+    with torch.no_grad():
+        start = distillation_loss(student(probe).logits, teacher(probe).logits)["kl"]
+    hist = distill_causal_lm(teacher, student, Stream(), pad_id=0, steps=10, batch_size=8, lr=1e-2, warmup_steps=2)
+    assert hist[-1]["loss"] < hist[0]["loss"]
+    with torch.no_grad():
+        assert distillation_loss(student(probe).logits, teacher(probe).logits)["kl"] < 0.7 * start
+
+
+# head pruning -----------------------------------------------------------------------------------------
+
+def test_head_gate_gradient_is_first_order_loss_change():
+    model = model_of(seed=3).double()  # float64, so a small finite difference is exact enough
+    rows = torch.randint(0, 47, (2, 9))
+    imp = head_importance(model, [rows], normalize=False)
+    name = "decoder.layers.1.self_attn.sublayer"
+    with head_gates(model) as gates:
+        base = F.cross_entropy(model(rows[:, :-1]).logits.reshape(-1, 47), rows[:, 1:].reshape(-1))
+        eps = 1e-3
+        with torch.no_grad():
+            gates[name][2] -= eps
+        moved = F.cross_entropy(model(rows[:, :-1]).logits.reshape(-1, 47), rows[:, 1:].reshape(-1))
+    assert math.isclose(abs(float(moved - base)) / eps, float(imp[name][2]), rel_tol=1e-2, abs_tol=1e-7)
+
+
+def test_gate_zero_equals_structural_removal():
+    model = model_of(seed=4)
+    name = "decoder.layers.0.self_attn.sublayer"
+    with head_gates(model) as gates, torch.no_grad():
+        gates[name][1] = 0
+        gates[name][3] = 0
+        want = model(IDS).logits
+    n_before = model.num_parameters()
+    prune_heads(model, {name: [1, 3]})
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS).logits, want, rtol=1e-5, atol=1e-5)
+    assert model.num_parameters() == n_before - 2 * (3 * (8 * 32 + 8) + 8 * 32)  # q, k, v rows (+bias) and o columns of 2 heads
+
+
+def test_pruned_model_saves_and_reloads(tmp_path):
+    model = model_of(**LLAMA)
+    imp = head_importance(model, [torch.randint(0, 47, (2, 9))])
+    chosen = least_important(imp, 4, model)
+    assert sum(len(v) for v in chosen.values()) == 4 and all(len(v) % 2 == 0 for v in chosen.values())  # GQA groups
+    prune_heads(model, chosen)
+    with torch.no_grad():
+        want = model(IDS).logits
+    model.save_pretrained(tmp_path)
+    back = lmkit.load_model(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(back(IDS).logits, want)
+    heads = [m.n_heads for m in back.modules() if hasattr(m, "n_kv_heads")]
+    assert sum(heads) == 4 * 4 - 4
+
+
+def test_prune_errors():
+    model = model_of(**LLAMA)
+    attn = model.decoder.layers[0].self_attn.sublayer
+    with pytest.raises(ConfigError, match="whole groups"):
+        prune_attention(attn, [0])
+    with pytest.raises(ConfigError, match="at least one"):
+        prune_attention(attn, [0, 1, 2, 3])
+
+
+# quantization -----------------------------------------------------------------------------------------
+
+def test_dynamic_int8_is_smaller_and_close():
+    model = model_of(d_model=64, n_heads=4, seed=5)
+    q = quantize_dynamic_int8(model)
+    with torch.no_grad():
+        ref, got = model(IDS).logits, q(IDS).logits
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()
+    assert weight_bytes(q) < 0.6 * weight_bytes(model)
+    assert type(q.lm_head).__name__ == "Linear" and not hasattr(q.lm_head, "_packed_params")  # tied head kept
+    assert hasattr(q.decoder.layers[0].mlp.sublayer.up_proj, "_packed_params")
