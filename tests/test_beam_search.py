@@ -1,0 +1,131 @@
+"""Beam search gives the ids transformers' generate gives on the same weights, for every family."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lmkit
+
+transformers = pytest.importorskip("transformers")
+
+V = 53
+
+# tiny random models repeat themselves; a repetition penalty or n-gram blocking keeps the beams apart
+SETTINGS = [
+    dict(num_beams=3, length_penalty=1.0, early_stopping=False, repetition_penalty=1.5),
+    dict(num_beams=4, length_penalty=2.0, early_stopping=True, repetition_penalty=1.5),
+    dict(num_beams=3, length_penalty=0.5, early_stopping="never", repetition_penalty=1.5),
+    dict(num_beams=2, length_penalty=-1.0, early_stopping=False, no_repeat_ngram_size=1),
+    dict(num_beams=5, length_penalty=1.0, early_stopping=True, min_new_tokens=4, no_repeat_ngram_size=2,
+         repetition_penalty=1.2),
+]
+IDS = ["k3", "k4-lp2-early", "k3-never", "k2-ngram2", "k5-min4-ngram3"]
+
+
+def _peaky(model, scale: float):
+    """Scale the random output layer so that distributions are peaked and hypotheses end at EOS."""
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+    return model
+
+
+def _pick_eos(model, kwargs, n_new, setting):
+    """Two tokens on the beams' own paths, so that hypotheses finish at EOS at different lengths."""
+    out = model.generate(**kwargs, max_new_tokens=n_new, do_sample=False, eos_token_id=None, pad_token_id=1,
+                         **setting)[:, -n_new:]
+    eos = []
+    for row, col in ((0, 3), (1, 5), (2, 2), (0, 6), (1, 1), (2, 7)):
+        token = int(out[row, col])
+        if token > 2 and token not in eos and len(eos) < 2:
+            eos.append(token)
+    return eos
+
+
+def _check(hf_model, folder, kwargs, setting, n_new=10):
+    hf_model.generation_config.forced_eos_token_id = None
+    hf_model.generation_config.forced_bos_token_id = None
+    hf_model.save_pretrained(folder)
+    ours = lmkit.load_model(folder)
+    eos = _pick_eos(hf_model, kwargs, n_new, setting)
+    common = dict(max_new_tokens=n_new, eos_token_id=eos, pad_token_id=1, **setting)
+    ref = hf_model.generate(**kwargs, do_sample=False, **common)
+    got = ours.generate(kwargs["input_ids"], attention_mask=kwargs.get("attention_mask"), **common)
+    assert got.tolist() == ref.tolist()
+    if setting is SETTINGS[0]:  # the test means something: some hypothesis ended at EOS
+        assert torch.isin(got[:, -n_new:], torch.tensor(eos)).any()
+    return got, eos
+
+
+def _decoder_inputs():
+    torch.manual_seed(3)
+    ids = torch.randint(3, V, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    mask[2, :5] = 0
+    return dict(input_ids=ids.masked_fill(mask == 0, 1), attention_mask=mask)
+
+
+def _source_inputs(pad):
+    torch.manual_seed(4)
+    ids = torch.randint(3, V, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    return dict(input_ids=ids.masked_fill(mask == 0, pad), attention_mask=mask)
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=IDS)
+def test_beam_gpt2(tmp_path, setting):
+    cfg = transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                  resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    torch.manual_seed(0)
+    hf_model = _peaky(transformers.GPT2LMHeadModel(cfg).eval(), 2.0)
+    got, eos = _check(hf_model, tmp_path, _decoder_inputs(), setting)
+    assert got.shape[1] > 7
+
+
+@pytest.mark.parametrize("setting", SETTINGS[:3], ids=IDS[:3])
+def test_beam_llama(tmp_path, setting):
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf_model = _peaky(transformers.LlamaForCausalLM(cfg).eval(), 10.0)
+    _check(hf_model, tmp_path, _decoder_inputs(), setting)
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=IDS)
+def test_beam_t5(tmp_path, setting):
+    cfg = transformers.T5Config(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=3, num_decoder_layers=2,
+                                num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=6,
+                                decoder_start_token_id=0, dropout_rate=0.0, initializer_factor=0.3)
+    torch.manual_seed(0)
+    hf_model = _peaky(transformers.T5ForConditionalGeneration(cfg).eval(), 1.0)
+    got, _ = _check(hf_model, tmp_path, _source_inputs(0), setting)
+    assert (got[:, 0] == 0).all()  # decoder ids begin with the decoder start token
+
+
+@pytest.mark.parametrize("setting", SETTINGS[:3], ids=IDS[:3])
+def test_beam_bart(tmp_path, setting):
+    cfg = transformers.BartConfig(vocab_size=V, d_model=24, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
+                                  decoder_ffn_dim=40, max_position_embeddings=64, dropout=0.0, init_std=0.3)
+    torch.manual_seed(0)
+    hf_model = _peaky(transformers.BartForConditionalGeneration(cfg).eval(), 1.0)
+    _check(hf_model, tmp_path, _source_inputs(1), setting)
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_greedy_seq2seq(tmp_path, family):
+    if family == "t5":
+        cfg = transformers.T5Config(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=3, num_decoder_layers=2,
+                                    num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=6,
+                                    feed_forward_proj="gated-gelu", decoder_start_token_id=0, dropout_rate=0.0,
+                                    initializer_factor=3.0)
+        hf_model, pad = transformers.T5ForConditionalGeneration(cfg), 0
+    else:
+        cfg = transformers.BartConfig(vocab_size=V, d_model=24, encoder_layers=2, decoder_layers=2,
+                                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
+                                      decoder_ffn_dim=40, max_position_embeddings=64, dropout=0.0, init_std=0.3)
+        hf_model, pad = transformers.BartForConditionalGeneration(cfg), 1
+    hf_model = _peaky(hf_model.eval(), 1.0)
+    _check(hf_model, tmp_path, _source_inputs(pad), dict(num_beams=1), n_new=20)
