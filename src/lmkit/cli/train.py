@@ -7,7 +7,7 @@ from lmkit.train.config import TrainConfig
 
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
 FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr",
-         "precision", "log_every", "save_every", "seed")
+         "precision", "log_every", "save_every", "seed", "data", "micro_batch_size", "keep_checkpoints", "fsdp")
 
 
 def register(subparsers) -> None:
@@ -27,6 +27,12 @@ def register(subparsers) -> None:
     p.add_argument("--save-every", type=int, metavar="N", help="checkpoint and evaluate every N steps")
     p.add_argument("--seed", type=int, metavar="N", help="random seed (default 0)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--data", metavar="DIR", help="train on token shards made by `lmkit data prepare` (instead of --corpus)")
+    p.add_argument("--micro-batch-size", type=int, metavar="N",
+                   help="sequences per forward/backward (global); smaller than --batch-size accumulates gradients")
+    p.add_argument("--keep-checkpoints", type=int, metavar="K", help="keep the newest K checkpoints (default 3)")
+    p.add_argument("--fsdp", action="store_const", const=True,
+                   help="under torchrun: shard parameters and optimizer state (FSDP) instead of replicating them (DDP)")
     p.set_defaults(func=run)
 
 
@@ -38,16 +44,24 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 def run(args: argparse.Namespace) -> int:
     from lmkit.train import Trainer
+    from lmkit.train import distributed
 
     cfg, explicit = config_from_args(args)
-    trainer = Trainer(cfg, explicit=explicit)
-    c = trainer.cfg
-    print(f"lmkit train: preset {c.preset}, {trainer.model.num_parameters() / 1e6:.2f}M parameters, "
-          f"vocab {trainer.model_config.vocab_size}, corpus {' '.join(c.corpus)} "
-          f"({trainer.stream.num_tokens} training tokens), batch {c.batch_size} x {c.seq_len}, {c.precision}"
-          + (f", resuming at step {trainer.step}" if c.resume else ""))
-    result = trainer.fit()
-    print(summary(result, c.out))
+    ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
+    try:
+        trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
+        c = trainer.cfg
+        if ctx.is_main:
+            print(f"lmkit train: preset {c.preset}, {trainer.model.num_parameters() / 1e6:.2f}M parameters, "
+                  f"vocab {trainer.model_config.vocab_size}, " + (f"data {c.data}" if c.data else f"corpus {' '.join(c.corpus)}")
+                  + f" ({trainer.stream.num_tokens} training tokens), batch {c.batch_size} x {c.seq_len}, {c.precision}"
+                  + (f", {ctx.world_size} processes ({'FSDP' if c.fsdp else 'DDP'}, {ctx.backend})" if ctx.world_size > 1 else "")
+                  + (f", resuming at step {trainer.step}" if c.resume else ""))
+        result = trainer.fit()
+        if ctx.is_main:
+            print(summary(result, c.out))
+    finally:
+        distributed.teardown(ctx)
     return 0
 
 

@@ -279,3 +279,28 @@ class ShardStream:
         first = step * batch_size + rank * per
         rows = [self.split[j * self.seq_len:j * self.seq_len + self.seq_len + 1] for j in self.row_indices(seed, first, per)]
         return torch.from_numpy(np.stack(rows).astype(np.int64))
+
+
+def open_prepared(folder: str | Path, seq_len: int, verify: bool = True):
+    """(tokenizer, ShardStream of the train split, validation TokenizedCorpus) of a prepared folder."""
+    from lmkit.data.stream import TokenizedCorpus
+    from lmkit.data.tokenize import vocab_size_of
+    from lmkit.tokenizers import load_tokenizer
+
+    ds = ShardDataset(folder, verify=verify)
+    tok_path = ds.tokenizer_path
+    if not tok_path.is_file():
+        raise _fail(tok_path, f"is named in {INDEX} but missing")
+    if verify and file_sha256(tok_path) != ds.index["tokenizer"]["sha256"]:
+        raise _fail(tok_path, f"is not the tokenizer the shards were made with (sha256 differs from {INDEX})")
+    tok = load_tokenizer(tok_path)
+    if vocab_size_of(tok) != ds.vocab_size:
+        raise _fail(tok_path, f"has {vocab_size_of(tok)} ids but the shards were made with {ds.vocab_size}")
+    if not ds.has_split("validation"):
+        raise _fail(Path(folder) / INDEX, "has no validation documents to evaluate on",
+                    "prepare it again with --val-fraction above 0 (e.g. 0.05)")
+    ids, nbytes = zip(*ds.split("validation").documents())
+    lengths = np.array([len(x) for x in ids], dtype=np.int64)
+    val = TokenizedCorpus(np.concatenate(ids).astype(np.int32), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                          np.array(nbytes, dtype=np.int64))
+    return tok, ShardStream(ds.split("train"), seq_len), val

@@ -17,7 +17,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 # Settings that change the numbers of a run: a resumed run must keep them.
-RUN_DEFINING = ("preset", "objective", "corpus", "batch_size", "micro_batch_size", "seq_len", "lr", "min_lr_ratio",
+RUN_DEFINING = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "min_lr_ratio",
                 "warmup_steps", "weight_decay", "grad_clip", "precision", "seed", "vocab_size", "val_fraction")
 
 
@@ -48,6 +48,9 @@ class TrainConfig:
     val_fraction: float = 0.05
     progress: bool = True
     model_overrides: dict[str, Any] = field(default_factory=dict)
+    data: str | None = None               # a folder of prepared token shards (`lmkit data prepare`); replaces corpus
+    fsdp: bool = False                    # under torchrun: shard parameters, gradients and optimizer state (FSDP)
+    keep_checkpoints: int = 3             # the newest K checkpoints stay on disk
 
     def resolved(self) -> "TrainConfig":
         """A copy with every None that has a default filled in (recipes first)."""
@@ -72,6 +75,8 @@ class TrainConfig:
         for name in ("max_steps", "time_budget", "batch_size", "micro_batch_size", "seq_len", "lr", "log_every",
                      "save_every", "eval_every", "eval_batch_size"):
             positive(name)
+        if self.keep_checkpoints < 1:
+            raise TrainingError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
         if self.precision not in ("fp32", "bf16"):
             raise TrainingError(f"--precision must be fp32 or bf16, got {self.precision!r}")
         if self.batch_size % self.micro_batch_size:

@@ -26,7 +26,8 @@ from lmkit.data.tokenize import corpus_tokenizer, special_ids, vocab_size_of
 from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import autocast
 from lmkit.models import build_model
-from lmkit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from lmkit.train import distributed as D
+from lmkit.train.checkpoint import latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint, set_rng_state
 from lmkit.train.config import RUN_DEFINING, TrainConfig
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
@@ -65,6 +66,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, explicit: set[str] | None = None, rank: int = 0, world_size: int = 1,
                  device: str | torch.device = "cpu"):
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
+        self.ctx = D.DistContext(rank, world_size, self.device.index or 0, self.device,
+                                 torch.distributed.get_backend() if world_size > 1 else None)
         self.out = Path(cfg.out)
         self.checkpoint = latest_checkpoint(self.out) if self.out.exists() else None
         if cfg.resume:
@@ -85,6 +88,8 @@ class Trainer:
         torch.manual_seed(_seed_int("init", cfg.seed))
         self.model = build_model(self.model_config).to(self.device)
         self.model.train()
+        self.engine = D.wrap_model(self.model, self.ctx, cfg.fsdp)  # what the step calls: DDP / FSDP / the model
+        self.loss_scale = D.loss_scale(self.ctx, cfg.fsdp)
         self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay)
         self.step, self.tokens_seen, self.elapsed = 0, 0, 0.0
         self.total_steps = cfg.max_steps if cfg.time_budget is None else None
@@ -92,7 +97,7 @@ class Trainer:
             self.total_steps = DEFAULT_STEPS
         self.metrics = MetricsLog(self.out / "metrics.jsonl")
         if cfg.resume:
-            state = load_checkpoint(self.checkpoint, self.model, self.optimizer)
+            state = self._load(self.checkpoint)
             self.step, self.tokens_seen, self.elapsed = state["step"], state["tokens_seen"], state["elapsed"]
             if cfg.max_steps is None and cfg.time_budget is not None:
                 self.total_steps = state.get("total_steps")  # the plan of the interrupted run
@@ -102,13 +107,21 @@ class Trainer:
     # setup --------------------------------------------------------------------------------------
     def _prepare_data(self, base: ModelConfig) -> None:
         cfg = self.cfg
-        corpus = load_corpus(cfg.corpus)
-        train, val = corpus.split(cfg.val_fraction)
-        self.tokenizer = corpus_tokenizer(train, cfg.vocab_size or base.vocab_size)
+        if cfg.data:  # prepared shards (`lmkit data prepare`): memory-mapped, each rank reads its rows
+            from lmkit.data.shards import open_prepared
+
+            self.tokenizer, self.stream, val = open_prepared(cfg.data, cfg.seq_len)
+        else:
+            corpus = load_corpus(cfg.corpus)
+            train, val_corpus = corpus.split(cfg.val_fraction)
+            self.tokenizer = corpus_tokenizer(train, cfg.vocab_size or base.vocab_size)
+        if hasattr(self.objective, "prepare"):  # objectives that need tokens of their own (mlm: <|mask|>)
+            self.objective = self.objective.prepare(self.tokenizer)
         self.bos_id, self.pad_id = special_ids(self.tokenizer)
-        self.stream = PackedStream(tokenize_corpus(train, self.tokenizer), self.bos_id, cfg.seq_len)
-        self.val_rows, self.val_mask, self.val_bytes = eval_rows(tokenize_corpus(val, self.tokenizer), self.bos_id,
-                                                                 self.pad_id, cfg.seq_len)
+        if not cfg.data:
+            self.stream = PackedStream(tokenize_corpus(train, self.tokenizer), self.bos_id, cfg.seq_len)
+            val = tokenize_corpus(val_corpus, self.tokenizer)
+        self.val_rows, self.val_mask, self.val_bytes = eval_rows(val, self.bos_id, self.pad_id, cfg.seq_len)
         self.model_config = base.replace(vocab_size=vocab_size_of(self.tokenizer), bos_token_id=self.bos_id,
                                          eos_token_id=self.bos_id, pad_token_id=self.pad_id,
                                          max_seq_len=cfg.seq_len)
@@ -116,9 +129,7 @@ class Trainer:
     # one optimizer step ---------------------------------------------------------------------------
     def _all_reduce(self, value: torch.Tensor) -> torch.Tensor:
         """Sum over processes (one process: itself). torchrun support hooks in here."""
-        if self.world_size > 1:
-            torch.distributed.all_reduce(value)
-        return value
+        return D.all_reduce_sum(value, self.ctx)
 
     def train_step(self, step: int) -> float:
         """Optimizer step `step`; returns its mean training loss in nats per token (over all ranks)."""
@@ -134,12 +145,13 @@ class Trainer:
         n_micro = math.ceil(len(rows) / micro)
         for start in range(0, len(rows), micro):
             part = {k: v[start:start + micro] for k, v in batch.items()}
-            with autocast(self.device, cfg.precision):
-                loss_sum, aux = self.objective.loss(self.model, part)
-            loss = loss_sum.sum / max(count, 1)
-            if aux is not None:
-                loss = loss + aux.float() / n_micro
-            loss.backward()
+            with D.no_sync(self.engine, skip=start + micro < len(rows)):  # all-reduce once, after the last
+                with autocast(self.device, cfg.precision):
+                    loss_sum, aux = self.objective.loss(self.engine, part)
+                loss = loss_sum.sum / max(count, 1)
+                if aux is not None:  # gradients are summed over ranks: each adds its share of the mean
+                    loss = loss + aux.float() / (n_micro * self.world_size)
+                (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
             nats += loss_sum.sum.detach().double().cpu()
         mean = self._all_reduce(nats).item() / max(count, 1)
         if not math.isfinite(mean):
@@ -158,16 +170,42 @@ class Trainer:
         return self.objective.evaluate(self.model, rows=self.val_rows, mask=self.val_mask, num_bytes=self.val_bytes,
                                        batch_size=self.cfg.eval_batch_size, precision=precision or self.cfg.precision)
 
+    def _load(self, path: Path) -> dict[str, Any]:
+        """Model, optimizer and RNG states of every rank from a checkpoint (the data position is the step)."""
+        if self.cfg.fsdp and self.world_size > 1:
+            model_sd, optim_sd, state = read_checkpoint(path)
+            D.load_full_state_dicts(self.model, self.optimizer, model_sd, optim_sd)
+            set_rng_state(state["rng"])
+        else:
+            state = load_checkpoint(path, self.model, self.optimizer)
+        ranks = state.get("rng_ranks")
+        if ranks and len(ranks) == self.world_size:
+            set_rng_state(ranks[self.rank])
+        return state
+
     def save(self) -> None:
-        """Checkpoint (for --resume), then the model folder (config.json, model.safetensors) and plot."""
+        """Checkpoint (for --resume), then the model folder (config.json, model.safetensors) and plot.
+
+        Every rank takes part (RNG states; FSDP gathers the tensors); only rank 0 writes.
+        """
+        from lmkit.train.checkpoint import rng_state
+
+        rngs = D.gather_objects(rng_state(), self.ctx)
+        model_sd, optim_sd = D.full_state_dicts(self.model, self.optimizer, self.ctx, self.cfg.fsdp)
         if self.rank != 0:
             return
         state = {"tokens_seen": self.tokens_seen, "elapsed": self.elapsed, "total_steps": self.total_steps,
-                 "train_config": self.cfg.to_dict()}
-        save_checkpoint(self.out, self.step, self.model, self.optimizer, state)
+                 "train_config": self.cfg.to_dict(), "world_size": self.world_size, "rng": rngs[0], "rng_ranks": rngs}
+        sharded = self.cfg.fsdp and self.world_size > 1
+        save_checkpoint(self.out, self.step, model_sd if sharded else self.model, optim_sd, state,
+                        keep=self.cfg.keep_checkpoints)
+        model = self.model
+        if sharded:  # a one-process copy of the gathered weights for the model folder
+            model = build_model(self.model_config)
+            model.load_state_dict(model_sd, strict=False)
         tmp = Path(tempfile.mkdtemp(prefix=".model.", dir=self.out))
         try:
-            self.model.save_pretrained(tmp)
+            model.save_pretrained(tmp)
             for f in sorted(tmp.iterdir()):
                 f.replace(self.out / f.name)
         finally:
@@ -186,6 +224,7 @@ class Trainer:
         self.total_steps = max(self.step + 1, self.step + int(left / per_step))
         if self.cfg.max_steps:
             self.total_steps = min(self.total_steps, self.cfg.max_steps)
+        self.total_steps = int(D.broadcast_float(self.total_steps, self.ctx))  # rank 0's clock decides for all
 
     # the loop ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -213,6 +252,8 @@ class Trainer:
                 self._plan(t_start, step_times[2:])
                 bar.total = self.total_steps
             out_of_time = cfg.time_budget is not None and self.elapsed + time.perf_counter() - t_start >= cfg.time_budget
+            if cfg.time_budget is not None:
+                out_of_time = bool(D.broadcast_float(out_of_time, self.ctx))
             if out_of_time:  # also while still measuring: the budget is spent
                 self.total_steps = self.step
             done = self.total_steps is not None and self.step >= self.total_steps

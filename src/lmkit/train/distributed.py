@@ -1,0 +1,192 @@
+"""torch.distributed for the trainer: the process group torchrun describes, DDP or FSDP, and collectives.
+
+`torchrun --nproc-per-node N -m lmkit train ...` sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT;
+`setup()` joins the group (NCCL on GPUs, gloo on CPU). The trainer's loss of a step is
+sum over ranks of nats / sum over ranks of targets, so every rank's gradient is a share of one
+global gradient and the shares must be *summed*, not averaged: DDP gets a comm hook that
+all-reduces with SUM; FSDP a gradient divide factor of 1 (NCCL) or, on gloo, which lacks the
+pre-multiplied sum that needs, a loss multiplied by N before its gradients are averaged.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lmkit.errors import TrainingError
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(device: str | None = None) -> DistContext:
+    """The process group from torchrun's environment; one process (no group) when WORLD_SIZE is unset or 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext(device=torch.device(device or "cpu"))
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    backend = "nccl" if use_cuda else "gloo"
+    if use_cuda:
+        if torch.cuda.device_count() <= local:
+            raise TrainingError(f"LOCAL_RANK {local} has no GPU ({torch.cuda.device_count()} visible); "
+                                "use --nproc-per-node at most the number of GPUs")
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+    else:
+        dev = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+    return DistContext(rank, world, local, dev, backend)
+
+
+def teardown(ctx: DistContext) -> None:
+    if ctx.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _sum_hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings
+    """All-reduce a gradient bucket with SUM (DDP's default hook divides by the world size)."""
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def wrap_model(model: nn.Module, ctx: DistContext, fsdp: bool = False) -> nn.Module:
+    """The module the training step calls: the model itself (one process), DDP, or FSDP (sharded in place)."""
+    if ctx.world_size <= 1:
+        return model
+    if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        for module in model.modules():  # one FSDP unit per transformer block, the rest in the root
+            if type(module).__name__ == "Block":
+                fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if ctx.backend == "nccl":
+            model.set_gradient_divide_factor(1.0)  # gloo lacks the PREMUL_SUM this needs: see loss_scale
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    ddp = DDP(model, device_ids=ids, **_no_buffer_sync())
+    ddp.register_comm_hook(None, _sum_hook)
+    return ddp
+
+
+def loss_scale(ctx: DistContext, fsdp: bool) -> float:
+    """What the step's loss is multiplied by so that averaged gradients come out summed (FSDP on gloo)."""
+    return float(ctx.world_size) if fsdp and ctx.world_size > 1 and ctx.backend != "nccl" else 1.0
+
+
+def _no_buffer_sync() -> dict[str, bool]:
+    """Buffers (RoPE tables) are built identically on every rank: no need to broadcast them each forward."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    params = inspect.signature(DDP.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+
+
+def no_sync(engine: nn.Module, skip: bool):
+    """Accumulate gradients locally (no all-reduce) for every micro batch but the step's last one."""
+    if skip and hasattr(engine, "no_sync"):
+        return engine.no_sync()
+    if skip and hasattr(engine, "set_requires_gradient_sync"):
+        engine.set_requires_gradient_sync(False)
+        return _ResetSync(engine)
+    if hasattr(engine, "set_requires_gradient_sync"):
+        engine.set_requires_gradient_sync(True)
+    return contextlib.nullcontext()
+
+
+class _ResetSync(contextlib.AbstractContextManager):
+    def __init__(self, engine: nn.Module):
+        self.engine = engine
+
+    def __exit__(self, *exc: Any) -> None:
+        self.engine.set_requires_gradient_sync(True)
+
+
+def all_reduce_sum(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if ctx.world_size > 1:
+        on = value.to(ctx.device) if ctx.backend == "nccl" else value
+        dist.all_reduce(on)
+        value.copy_(on)
+    return value
+
+
+def broadcast_float(value: float, ctx: DistContext) -> float:
+    """Rank 0's value on every rank (decisions from local clocks: the planned step count, time is up)."""
+    if ctx.world_size <= 1:
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64, device=ctx.device if ctx.backend == "nccl" else "cpu")
+    dist.broadcast(t, 0)
+    return float(t.item())
+
+
+def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    """[obj of rank 0, obj of rank 1, ...] on every rank (JSON-able values, e.g. RNG states)."""
+    if ctx.world_size <= 1:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext,
+                     fsdp: bool) -> tuple[dict[str, torch.Tensor], dict]:
+    """(model, optimizer) state dicts as one process would hold them; collective under FSDP."""
+    if not fsdp or ctx.world_size <= 1:
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=options)
+    optim_sd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                                   flatten_optimizer_state_dict=False))
+    return model_sd, _indexed_optimizer_state(model, optimizer, optim_sd)
+
+
+def _indexed_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sd: dict) -> dict:
+    """An optimizer state dict keyed by FQN turned into torch's usual integer ids (parameter order)."""
+    if "state" not in sd:  # ranks other than 0 receive nothing with cpu_offload
+        return sd
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    index = {n: i for i, n in enumerate(order)}
+    state = {index[k]: v for k, v in sd["state"].items()}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
+              for g in sd["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def load_full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict) -> None:
+    """Load one-process state dicts into an FSDP model and its optimizer (every rank holds the full dicts)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_sd, options=options)
+    order = {id(p): n for n, p in model.named_parameters()}
+    flat = [order[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    by_name = {"state": {flat[int(i)]: v for i, v in optim_sd["state"].items()},
+               "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": [flat[i] for i in g["params"]]}
+                                for g in optim_sd["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, by_name, options=options)
