@@ -209,3 +209,24 @@ def test_roles_and_sizes(bpe, wordpiece, unigram):
             wordpiece.mask_token_id) == (0, 1, 2, 3, 4)
     assert unigram.eos_token_id == unigram.token_to_id("</s>") and unigram.unk_token_id is not None
     assert bpe.vocab_size == 600 and len(json.loads(bpe.to_str())["model"]["merges"]) == 600 - 258
+
+
+def test_pickles_for_worker_processes(bpe):
+    import pickle
+    back = pickle.loads(pickle.dumps(bpe))
+    assert back.encode(TEXTS[1]) == bpe.encode(TEXTS[1]) and back.pad_token_id == bpe.pad_token_id
+
+
+def test_cli_train_and_encode(tmp_path, capsys):
+    from lmkit.cli import main
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(TEXTS[:6]), encoding="utf-8")
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", "--kind", "wordpiece", "--vocab-size", "400", "--corpus", str(corpus),
+                 "--out", str(out), "--no-progress"]) == 0
+    tok = load_tokenizer(out)
+    assert tok.vocab_size == 400
+    assert main(["tokenizer", "encode", "--tokenizer", str(out), "hello", "world"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2] == " ".join(map(str, tok.encode("hello world")))
+    assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path / "missing"), "x"]) == 2

@@ -58,12 +58,15 @@ def test_pre_tokenizers(hf):
 
 
 TOKENS = [["▁Hello", "▁wor", "ld", "!", "▁", "▁x"], ["Hello", "##wor", "##ld", "!", ",", "do", "n't", "'s", "."],
-          ["Ġhello", "Ġw", "orld", "Ċ", "ðŁĺ", "Ģ", "<|endoftext|>", "ĠâĢ"], ["un</w>", "believ", "able</w>"], []]
+          ["Ġhello", "Ġw", "orld", "Ċ", "ðŁĺ", "Ģ", "<|endoftext|>", "ĠâĢ"], ["un</w>", "believ", "able</w>"], [],
+          ["▁Hi", "<0xE2>", "<0x82>", "<0xAC>", "▁x", "<0xFF>", "<0x41>", "<0xZZ>", "  pad  ", "<0xF0>"]]
 
 
 @pytest.mark.parametrize("hf", [D.ByteLevel(), D.WordPiece(), D.WordPiece(cleanup=False), D.Metaspace(),
                                 D.Metaspace(prepend_scheme="never"), D.BPEDecoder(), D.Fuse(),
-                                D.Sequence([D.Metaspace(), D.Fuse()])], ids=lambda h: state(h)["type"])
+                                D.Sequence([D.Metaspace(), D.Fuse()]), D.ByteFallback(), D.Strip(" ", 1, 2),
+                                D.Sequence([D.Replace("▁", " "), D.ByteFallback(), D.Fuse(), D.Strip(" ", 1, 0)])],
+                         ids=lambda h: state(h)["type"])
 def test_decoders(hf):
     ours = decoder_from_json(state(hf))
     for toks in TOKENS:
@@ -119,3 +122,23 @@ def test_added_token_flags(flags):
         ids = hf.encode(s).ids
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+
+
+def test_llama_style_bpe_with_byte_fallback():
+    """SentencePiece-BPE as Llama 2 stores it: Prepend + Replace normalizer, no pre-tokenizer, byte fallback."""
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    hf.normalizer = N.Sequence([N.Prepend("▁"), N.Replace(" ", "▁")])
+    hf.decoder = D.Sequence([D.Replace("▁", " "), D.ByteFallback(), D.Fuse(), D.Strip(" ", 1, 0)])
+    lines = [s.strip() for s in SAMPLES[:4] + SAMPLES[10:] for s in s.splitlines() if s.strip()] * 3
+    hf.train_from_iterator(lines, tokenizers.trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>"],
+                                                                  show_progress=False))
+    d = json.loads(hf.to_str())
+    vocab = d["model"]["vocab"]
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    hf = tokenizers.Tokenizer.from_str(json.dumps(d))
+    ours = tokenizer_from_json(d)
+    for s in SAMPLES + ["Ünïcödé ☃ 😀", "<s>hello<s>"]:
+        ids = hf.encode(s).ids
+        assert ours.encode(s) == ids, s
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False), s

@@ -120,6 +120,78 @@ class Fuse(Decoder):
         return ["".join(tokens)]
 
 
+class Replace(Decoder):
+    """Replace a literal string in every token (Llama's `▁` -> ' ')."""
+
+    type_name = "Replace"
+
+    def __init__(self, pattern: dict, content: str):
+        if "String" not in pattern:
+            raise TokenizerError("Replace decoder with a Regex pattern is not supported; use a String pattern")
+        self.pattern, self.content = pattern, content
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        return [t.replace(self.pattern["String"], self.content) for t in tokens]
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "pattern": self.pattern, "content": self.content}
+
+
+class ByteFallback(Decoder):
+    """Runs of `<0xXX>` tokens become the text of those bytes; invalid UTF-8 gives one U+FFFD per byte."""
+
+    type_name = "ByteFallback"
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        out, pending = [], bytearray()
+        for t in tokens:
+            if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+                try:
+                    pending.append(int(t[3:5], 16))
+                    continue
+                except ValueError:
+                    pass
+            if pending:
+                out.extend(_flush(pending))
+                pending = bytearray()
+            out.append(t)
+        if pending:
+            out.extend(_flush(pending))
+        return out
+
+
+def _flush(pending: bytearray) -> list[str]:
+    try:
+        return [pending.decode("utf-8")]
+    except UnicodeDecodeError:
+        return ["\ufffd"] * len(pending)
+
+
+class Strip(Decoder):
+    """Remove up to `start` leading and `stop` trailing `content` characters from every token."""
+
+    type_name = "Strip"
+
+    def __init__(self, content: str = " ", start: int = 0, stop: int = 0):
+        self.content, self.start, self.stop = content, start, stop
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        out = []
+        for t in tokens:
+            a, b = 0, len(t)
+            while a < min(self.start, len(t)) and t[a] == self.content:
+                a += 1
+            k = 0
+            while k < self.stop and b - 1 >= 0 and t[b - 1] == self.content:
+                b -= 1
+                k += 1
+            out.append(t[a:max(a, b)])
+        return out
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "content": self.content, "start": self.start, "stop": self.stop}
+
+
 class Sequence(Decoder):
     type_name = "Sequence"
 
@@ -152,7 +224,13 @@ def decoder_from_json(d: dict | None) -> Decoder | None:
         return BPEDecoder(d.get("suffix", "</w>"))
     if kind == "Fuse":
         return Fuse()
+    if kind == "Replace":
+        return Replace(d["pattern"], d["content"])
+    if kind == "ByteFallback":
+        return ByteFallback()
+    if kind == "Strip":
+        return Strip(d.get("content", " "), d.get("start", 0), d.get("stop", 0))
     if kind == "Sequence":
         return Sequence([decoder_from_json(x) for x in d["decoders"]])
     raise TokenizerError(f"unsupported decoder type {kind!r} in tokenizer.json; lmkit reads ByteLevel, WordPiece, "
-                         "Metaspace, BPEDecoder, Fuse and Sequence")
+                         "Metaspace, BPEDecoder, Fuse, Replace, ByteFallback, Strip and Sequence")

@@ -113,6 +113,18 @@ class Prepend(Normalizer):
         return {"type": self.type_name, "prepend": self.prepend}
 
 
+class _CharTable(dict):
+    """A str.translate table that fills itself: translate runs in C, `rule` only sees each new character."""
+
+    def __init__(self, rule):
+        super().__init__()
+        self.rule = rule
+
+    def __missing__(self, cp: int):
+        out = self[cp] = self.rule(chr(cp))
+        return out
+
+
 class BertNormalizer(Normalizer):
     """BERT's cleanup: drop NUL, U+FFFD and control chars and map whitespace to ' ' (clean_text), put spaces
     around CJK ideographs, strip accents (NFD, drop Mn; by default when lowercasing), lowercase."""
@@ -125,29 +137,27 @@ class BertNormalizer(Normalizer):
         self.handle_chinese_chars = handle_chinese_chars
         self.strip_accents = strip_accents
         self.lowercase = lowercase
-        self._memo: dict[str, str] = {}
+        self._table = _CharTable(self._char)
+        self._marks = _CharTable(lambda c: None if unicodedata.category(c) == "Mn" else c)
 
     def _char(self, c: str) -> str:
-        out = self._memo.get(c)
-        if out is None:
-            out = c
-            if self.clean_text:
-                if c == "\x00" or c == "\ufffd" or is_control(c):
-                    out = ""
-                elif is_whitespace(c):
-                    out = " "
-            if out and self.handle_chinese_chars and is_cjk(out):
-                out = f" {out} "
-            self._memo[c] = out
+        out = c
+        if self.clean_text:
+            if c == "\x00" or c == "\ufffd" or is_control(c):
+                out = ""
+            elif is_whitespace(c):
+                out = " "
+        if out and self.handle_chinese_chars and is_cjk(out):
+            out = f" {out} "
         return out
 
     def normalize(self, text: str) -> str:
         if self.clean_text or self.handle_chinese_chars:
-            if not text.isascii() or not text.isprintable():
-                text = "".join(map(self._char, text))
+            if not (text.isascii() and text.isprintable()):
+                text = text.translate(self._table)
         do_strip = self.strip_accents if self.strip_accents is not None else self.lowercase
         if do_strip and not text.isascii():
-            text = strip_accents(unicodedata.normalize("NFD", text))
+            text = unicodedata.normalize("NFD", text).translate(self._marks)
         if self.lowercase:
             text = text.lower()
         return text

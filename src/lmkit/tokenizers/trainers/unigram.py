@@ -185,12 +185,13 @@ def _prune(scores: dict[str, float], lattices, max_len: int, target: int, keep: 
 
 def train_unigram(word_counts: dict[str, int], vocab_size: int, special_tokens: list[str] = (),
                   unk_token: str | None = None, max_piece_length: int = 16, shrinking_factor: float = 0.75,
-                  n_sub_iterations: int = 2, seed_size: int = 1_000_000, progress=None) -> tuple[list, int | None]:
-    """Returns (pieces [(piece, log p)], unk_id): special tokens first (score 0), then pieces by score."""
+                  n_sub_iterations: int = 2, seed_size: int | None = None, progress=None) -> tuple[list, int | None]:
+    """Returns (pieces [(piece, log p)], unk_id): special tokens first (score 0), then pieces by score.
+    seed_size: substrings kept as the initial vocabulary (default 10 x vocab_size, at most a million)."""
     words = sorted(word_counts.items())
     chars = {ch for w in word_counts for ch in w}
     budget = vocab_size - len(special_tokens)
-    scores = seed_pieces(word_counts, chars, max_piece_length, max(seed_size, budget))
+    scores = seed_pieces(word_counts, chars, max_piece_length, seed_size or min(1_000_000, 10 * max(budget, 100)))
     desired = max(len(chars), int(budget * 1.1))
     lattices = _lattices(words, scores, max_piece_length)
     while True:
