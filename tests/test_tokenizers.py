@@ -230,3 +230,12 @@ def test_cli_train_and_encode(tmp_path, capsys):
     printed = capsys.readouterr().out.splitlines()
     assert printed[-2] == " ".join(map(str, tok.encode("hello world")))
     assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path / "missing"), "x"]) == 2
+
+
+def test_add_special_tokens_gets_new_ids_and_is_never_split():
+    tok = train_tokenizer(TEXTS[:5], "bpe", 300)
+    n = tok.vocab_size
+    ids = tok.add_special_tokens(["<extra_id_0>", "<extra_id_1>", "<|endoftext|>"])
+    assert ids == [n, n + 1, tok.token_to_id("<|endoftext|>")] and tok.vocab_size == n + 2
+    assert tok.encode("a<extra_id_1>b")[1] == n + 1
+    assert tok.decode(tok.encode("a<extra_id_0> b")) == "a<extra_id_0> b"

@@ -36,13 +36,16 @@ class Tokenizer:
         self._set_roles(special_tokens_map or {})
         self._engine = None
         self._engine_checked = False
+        self._size: int | None = None
 
     # ---- vocabulary -------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
         """Number of ids, added tokens included (the size of an embedding table for this tokenizer)."""
-        ids = set(self.model.vocab.values()) | set(self.added.by_id)
-        return max(ids) + 1 if ids else 0
+        if self._size is None:
+            top = max(max(self.model.vocab.values(), default=-1), max(self.added.by_id, default=-1))
+            self._size = top + 1
+        return self._size
 
     def __len__(self) -> int:
         return self.vocab_size
@@ -68,6 +71,7 @@ class Tokenizer:
             if tid is None:
                 tid = self.vocab_size
             self.added.add(AddedToken(content, tid, special=True))
+            self._size = None
             ids.append(tid)
         self._reset()
         self._set_roles({})
@@ -103,7 +107,7 @@ class Tokenizer:
     # ---- encoding ---------------------------------------------------------------------------
     def _reset(self) -> None:
         self._cache.clear()
-        self._engine, self._engine_checked = None, False
+        self._engine, self._engine_checked, self._size = None, False, None
 
     def _words(self, text: str, first: bool) -> list[int]:
         """Ids of one normalized stretch without added tokens: pre-tokenize, then the cached model."""
