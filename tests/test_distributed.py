@@ -1,0 +1,70 @@
+"""`torchrun --nproc-per-node 2 -m lmkit train` on the CPU (gloo) logs the losses one process logs."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import lmkit
+from lmkit.data import load_corpus
+from lmkit.data.prepare import prepare
+
+FLAGS = ["--preset", "tiny", "--max-steps", "4", "--batch-size", "8", "--seq-len", "32", "--save-every", "2",
+         "--log-every", "1", "--precision", "fp32", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:30]
+    (root / "c.jsonl").write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs), encoding="utf-8")
+    tok = lmkit.train_tokenizer([d.text for d in docs], kind="bpe", vocab_size=320,
+                                special_tokens=["<|endoftext|>", "<|pad|>"])
+    tok.save(str(root / "tok.json"))
+    prepare([str(root / "c.jsonl")], root / "tok.json", root / "data", workers=1, val_fraction=0.1)
+    return root
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run_train(out, data, nproc, *extra):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 \
+        else [sys.executable]
+    cmd = launcher + ["-m", "lmkit", "train", "--data", str(data), "--out", str(out), *FLAGS, *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def one(shards):
+    return run_train(shards / "one", shards / "data", 1)
+
+
+def test_two_gloo_processes_log_the_losses_of_one(shards, one):
+    # 2 ranks x 4 rows, each rank accumulating 2 micro batches of 2 rows: the same global batch of 8
+    two = run_train(shards / "two", shards / "data", 2, "--micro-batch-size", "4")
+    assert [r["step"] for r in two] == [1, 2, 3, 4]  # rank 0 alone writes: one line per step
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) < 1e-4
+        assert (a.get("val_loss") is None) == (b.get("val_loss") is None)
+        if a.get("val_loss") is not None:
+            assert abs(a["val_loss"] - b["val_loss"]) < 1e-4
+    state = json.loads(next((shards / "two" / "checkpoint").glob("step-00000004/state.json")).read_text())
+    assert state["world_size"] == 2 and len(state["rng_ranks"]) == 2  # every rank's RNG state is kept
+    assert lmkit.load_model(shards / "two").config.vocab_size == 320
+
+
+@pytest.mark.slow
+def test_fsdp_logs_the_losses_of_one_process_and_resumes_exactly(shards, one):
+    two = run_train(shards / "fsdp", shards / "data", 2, "--fsdp")
+    assert all(abs(a["loss"] - b["loss"]) < 1e-4 for a, b in zip(one, two)) and len(two) == 4
+    import shutil
+
+    shutil.rmtree(shards / "fsdp" / "checkpoint" / "step-00000004")  # back to the save of step 2
+    resumed = run_train(shards / "fsdp", shards / "data", 2, "--fsdp", "--resume")
+    assert [(r["step"], r["loss"], r.get("val_loss")) for r in resumed] == \
+           [(r["step"], r["loss"], r.get("val_loss")) for r in two]
