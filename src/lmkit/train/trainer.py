@@ -225,6 +225,22 @@ class Trainer:
         if self.cfg.max_steps:
             self.total_steps = min(self.total_steps, self.cfg.max_steps)
         self.total_steps = int(D.broadcast_float(self.total_steps, self.ctx))  # rank 0's clock decides for all
+        self._planned_at = (self.step, spent)
+
+    def _replan(self, t_start: float) -> None:
+        """Re-fit a --time-budget run's step count to the speed measured since planning (evaluations included).
+
+        A machine that got busier (or freer) after the first steps still ends on time; the cosine
+        schedule stretches to the new count.
+        """
+        step0, spent0 = self._planned_at
+        spent = self.elapsed + (time.perf_counter() - t_start)
+        if self.step - step0 < 4:
+            return
+        per_step = (spent - spent0) / (self.step - step0)
+        total = self.step + int((0.98 * self.cfg.time_budget - spent) / per_step)
+        total = max(self.step + 1, min(total, self.cfg.max_steps or total))
+        self.total_steps = int(D.broadcast_float(total, self.ctx))
 
     # the loop ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -240,7 +256,7 @@ class Trainer:
         t_start = time.perf_counter()
         step_times: list[float] = []
         last: dict[str, Any] = {}
-        self._eval_at_plan = None
+        self._eval_at_plan, self._planned_at = None, None
         while self.total_steps is None or self.step < self.total_steps:
             t0 = time.perf_counter()
             loss = self.train_step(self.step)
@@ -265,6 +281,9 @@ class Trainer:
                 result = self.evaluate()
             else:
                 result = None
+            if result is not None and not done and cfg.time_budget is not None and self._planned_at is not None:
+                self._replan(t_start)
+                bar.total = self.total_steps
             if result is not None:
                 row.update(val_loss=result["loss"], val_ppl=result["perplexity"], val_bpb=result["bpb"])
                 last = {f"val_{k}": v for k, v in result.items()}
