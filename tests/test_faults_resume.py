@@ -1,0 +1,103 @@
+"""Faults during training: a real process killed with SIGKILL resumes with the losses of the uninterrupted
+run (bitwise, fp32 on CPU); a damaged newest checkpoint is reported and the one before it used."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import lmkit
+from lmkit.cli import main
+from lmkit.data import load_corpus
+from lmkit.data.prepare import prepare
+
+FLAGS = ["--preset", "tiny", "--batch-size", "8", "--seq-len", "32", "--save-every", "2", "--log-every", "1",
+         "--precision", "fp32", "--seed", "5"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:30]
+    (root / "c.jsonl").write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs), encoding="utf-8")
+    tok = lmkit.train_tokenizer([d.text for d in docs], kind="bpe", vocab_size=300,
+                                special_tokens=["<|endoftext|>", "<|pad|>"])
+    tok.save(str(root / "tok.json"))
+    prepare([str(root / "c.jsonl")], root / "tok.json", root / "data", workers=1, val_fraction=0.1)
+    return root
+
+
+def command(data, out, steps, *extra):
+    return [sys.executable, "-m", "lmkit", "train", "--data", str(data / "data"), "--out", str(out),
+            "--max-steps", str(steps), *FLAGS, *extra]
+
+
+def logged(out):
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r.get("val_loss")) for r in rows]
+
+
+def saved_steps(out):
+    return sorted(int(p.name[5:]) for p in (out / "checkpoint").glob("step-*")) if (out / "checkpoint").exists() else []
+
+
+def kill_after_a_save(cmd, out, after_step, rng):
+    """Start a training process, SIGKILL it at a random moment after checkpoint `after_step` exists."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.time() + 240
+    while not any(s >= after_step for s in saved_steps(out)):
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.005)
+    time.sleep(rng.uniform(0, 0.15))  # anywhere: mid-step, mid-evaluation, mid-save
+    assert proc.poll() is None, "the run finished before it could be killed; give it more steps"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_sigkilled_run_resumes_with_the_uninterrupted_losses(data):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    straight = data / "straight"
+    subprocess.run(command(data, straight, 16), check=True, capture_output=True, env=env, timeout=300)
+    killed = data / "killed"
+    rng = random.Random(0)
+    kill_after_a_save(command(data, killed, 16), killed, 2, rng)
+    first = max(saved_steps(killed))
+    kill_after_a_save(command(data, killed, 16, "--resume"), killed, first + 2, rng)  # killed twice
+    r = subprocess.run(command(data, killed, 16, "--resume"), capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert logged(killed) == logged(straight)  # every step's loss, bit for bit
+    assert len(saved_steps(killed)) == 3 and not [p for p in (killed / "checkpoint").iterdir() if p.name.startswith(".")]
+    assert (killed / "model.safetensors").read_bytes() == (straight / "model.safetensors").read_bytes()
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "6", *FLAGS]) == 0
+    straight = logged(out)
+    weights = out / "checkpoint" / "step-00000006" / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF  # one flipped bit pattern deep inside a tensor
+    weights.write_bytes(bytes(blob))
+    capsys.readouterr()
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "6", *FLAGS, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "step-00000006 is damaged" in err and "sha256" in err and "using step-00000004" in err
+    assert logged(out) == straight
+
+
+def test_every_checkpoint_damaged_is_a_clear_error(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "2", *FLAGS]) == 0
+    (out / "checkpoint" / "step-00000002" / "state.json").write_text("{", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "4", *FLAGS, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "every checkpoint" in err and "state.json" in err and "another --out" in err
