@@ -11,7 +11,7 @@ import sys
 
 from lmkit.errors import LmkitError
 
-SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data")
+SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "distill", "prune", "quantize")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,9 +7,7 @@ the hard ones (Hinton et al. 2015). The student starts from every other layer of
 """
 from __future__ import annotations
 
-import math
 import re
-import time
 from dataclasses import dataclass
 
 import torch
@@ -96,46 +94,18 @@ def student_from_teacher(teacher: nn.Module, every: int = 2) -> nn.Module:
 def distill_causal_lm(teacher: nn.Module, student: nn.Module, stream, pad_id: int, steps: int, batch_size: int,
                       lr: float = 1e-3, warmup_steps: int = 20, weights: DistillWeights | None = None, seed: int = 0,
                       weight_decay: float = 0.1, grad_clip: float = 1.0, log=None) -> list[dict]:
-    """Train `student` on rows of a `PackedStream` against the frozen teacher; returns the logged rows.
+    """Train `student` on rows of a `PackedStream` against the frozen teacher; returns the logged rows."""
+    from lmkit.peft.finetune import train_causal_lm
 
-    With weights beta = gamma = 0 this is plain next-token training (the no-teacher baseline).
-    """
-    from lmkit.objectives import next_token_targets
-    from lmkit.train.optim import build_optimizer, lr_at, set_lr
-
-    teacher.eval()
-    student.train()
-    opt = build_optimizer(student, lr, weight_decay)
     w = weights or DistillWeights()
-    use_teacher = bool(w.beta or w.gamma)
-    history = []
-    t0 = time.perf_counter()
-    for step in range(steps):
-        set_lr(opt, lr_at(step, lr, warmup_steps, steps, 0.1 * lr))
-        rows = stream.rows(seed, step, batch_size)
-        inputs, targets = next_token_targets(rows, (rows != pad_id).long())
-        out = student(inputs)
-        if use_teacher:
-            with torch.no_grad():
-                ref = teacher(inputs)
-            parts = distillation_loss(out.logits, ref.logits, targets, out.last_hidden_state, ref.last_hidden_state, w)
-        else:
-            ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(), targets.reshape(-1))
-            parts = {"loss": w.alpha * ce, "ce": ce, "kl": ce.new_zeros(()), "cos": ce.new_zeros(())}
-        loss = parts["loss"] + (out.aux_loss if out.aux_loss is not None else 0.0)
-        if not math.isfinite(float(loss.detach())):
-            from lmkit.errors import TrainingError
+    teacher.eval()
 
-            raise TrainingError(f"distillation loss became {float(loss)} at step {step + 1}; lower the learning rate")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(student.parameters(), grad_clip)
-        opt.step()
-        row = {"step": step + 1, **{k: round(float(v.detach()), 5) for k, v in parts.items()},
-               "elapsed": round(time.perf_counter() - t0, 2)}
-        history.append(row)
-        if log is not None:
-            log(row)
-    student.eval()
-    return history
+    def loss_fn(model, inputs, targets):
+        out = model(inputs)
+        with torch.no_grad():
+            ref = teacher(inputs)
+        parts = distillation_loss(out.logits, ref.logits, targets, out.last_hidden_state, ref.last_hidden_state, w)
+        return parts.pop("loss"), parts, out
+
+    return train_causal_lm(student, stream, pad_id, steps, batch_size, lr, warmup_steps, seed, weight_decay,
+                           grad_clip, loss_fn, log)

@@ -1,0 +1,70 @@
+"""Head pruning curve (Michel et al. 2019): heads ranked once by |dL/dxi_h| on training batches of
+pydocs, the least important removed structurally, no retraining; validation score after each cut.
+
+Prints a markdown table and writes bench/prune_curve.png.   python bench/bench_prune.py
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compress_setup as setup  # noqa: E402
+
+import lmkit  # noqa: E402
+from lmkit.compress import head_importance, prune_heads  # noqa: E402
+from lmkit.compress.prune import attention_modules  # noqa: E402
+from lmkit.compress.recipes import tokens_per_second  # noqa: E402
+
+
+def main() -> None:
+    folder = setup.base_model()
+    data = setup.data(folder, "pydocs")
+    model = lmkit.load_model(folder)
+    batches = [data.stream.rows(1234, i, 8) for i in range(8)]
+    t = time.perf_counter()
+    importance = head_importance(model, batches)
+    seconds = time.perf_counter() - t
+    order = sorted(((float(s[h]), name, h) for name, s in importance.items() for h in range(len(s))))
+    total = sum(len(s) for s in importance.values())
+    rows, probe = [], data.val_rows[:8, :-1]
+    done: dict[str, list[int]] = {}
+    for n in (0, 4, 8, 12, 16, 20, 24, 28):
+        model = lmkit.load_model(folder)
+        chosen: dict[str, list[int]] = {}
+        for _, name, h in order:  # the n least important, at least one head kept per layer
+            if sum(map(len, chosen.values())) >= n:
+                break
+            if len(chosen.get(name, [])) < len(importance[name]) - 1:
+                chosen.setdefault(name, []).append(h)
+        if chosen:
+            prune_heads(model, chosen)
+        r = data.evaluate(model)
+        heads = sum(m.n_heads for m in attention_modules(model).values())
+        rows.append({"pruned": sum(map(len, chosen.values())), "heads": f"{heads}/{total}",
+                     "params": f"{model.num_parameters():,}", "loss": r["loss"], "acc": r["accuracy"],
+                     "speed": f"{tokens_per_second(model, probe):.0f}"})
+        print(rows[-1], flush=True)
+    for r in rows:
+        r["loss_s"], r["acc_s"] = f"{r['loss']:.3f}", f"{r['acc']:.3f}"
+    print(f"\nimportance from 8 batches x 8 x {setup.SEQ_LEN} tokens ({seconds:.1f} s); validation of pydocs\n")
+    print(setup.table(rows, [("pruned", "heads pruned"), ("heads", "heads left"), ("params", "parameters"),
+                             ("loss_s", "val loss"), ("acc_s", "next-token acc."), ("speed", "forward tokens/s")]))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([r["pruned"] for r in rows], [r["acc"] for r in rows], "o-")
+    ax.set_xlabel(f"heads pruned (of {total})")
+    ax.set_ylabel("next-token accuracy (pydocs validation)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(Path(__file__).resolve().parent / "prune_curve.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""`lmkit prune`: remove the least important attention heads (Michel et al. 2019) structurally."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("prune", help="prune attention heads of a causal LM", description=__doc__)
+    p.add_argument("--model", required=True, metavar="DIR", help="model folder (from `lmkit train`)")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the pruned model is written")
+    p.add_argument("--heads", required=True, type=int, metavar="N", help="number of heads to remove")
+    p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
+                   help="text for the importance scores and the evaluation (default pydocs)")
+    p.add_argument("--batches", type=int, default=8, metavar="N", help="batches that estimate head importance")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lmkit.compress.recipes import prune_folder
+
+    r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches)
+    print(f"pruned {r['heads_pruned']} heads: {r['parameters_before']:,} -> {r['parameters_after']:,} parameters")
+    for layer, heads in r["pruned"].items():
+        print(f"  {layer}: {heads}")
+    for when in ("before", "after"):
+        m = r[when]
+        print(f"{when:6s} loss {m['loss']:.4f}  perplexity {m['perplexity']:.2f}  accuracy {m['accuracy']:.4f}")
+    print(f"written to {args.out}")
+    return 0

@@ -1,0 +1,26 @@
+"""`lmkit quantize`: dynamic int8 quantization of the linear layers for CPU inference, and what it changes
+(weight size, forward speed, validation loss)."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("quantize", help="measure dynamic int8 quantization of a causal LM", description=__doc__)
+    p.add_argument("--model", required=True, metavar="DIR", help="model folder (from `lmkit train`)")
+    p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH", help="evaluation text (default pydocs)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lmkit.compress.recipes import quantize_report
+
+    r = quantize_report(args.model, args.corpus)
+    f, q = r["fp32"], r["int8"]
+    print("| | weights (MB) | tokens/s | val loss | accuracy |")
+    print("|---|---|---|---|---|")
+    for name, m in r.items():
+        print(f"| {name} | {m['bytes'] / 1e6:.2f} | {m['tokens_per_s']:.0f} | {m['loss']:.4f} | {m['accuracy']:.4f} |")
+    print(f"size x{q['bytes'] / f['bytes']:.2f}, speed x{q['tokens_per_s'] / f['tokens_per_s']:.2f}, "
+          f"loss {q['loss'] - f['loss']:+.4f} nats/token")
+    return 0

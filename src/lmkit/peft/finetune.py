@@ -1,0 +1,131 @@
+"""Fine-tuning loops shared by the PEFT methods (and by distillation): AdamW over the trainable
+parameters only, linear warm-up then cosine decay, gradient clipping.
+
+`train_causal_lm` minimises the mean next-token loss of rows from a packed stream (or a loss the
+caller gives, e.g. distillation's), plus the model's mixture-of-experts auxiliary loss.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmkit.errors import TrainingError
+
+
+def next_token_loss_fn(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, dict, object]:
+    out = model(inputs)
+    ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
+    return ce, {"ce": ce}, out
+
+
+def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_size: int, lr: float = 1e-3,
+                    warmup_steps: int = 20, seed: int = 0, weight_decay: float = 0.0, grad_clip: float = 1.0,
+                    loss_fn: Callable | None = None, log: Callable[[dict], None] | None = None) -> list[dict]:
+    """Train `model` on `steps` batches of `stream.rows(seed, step, batch_size)`; the logged rows.
+
+    loss_fn(model, inputs, targets) -> (loss, {name: value}, output); default: mean next-token CE.
+    """
+    from lmkit.objectives import next_token_targets
+    from lmkit.train.optim import build_optimizer, lr_at, set_lr
+
+    loss_fn = loss_fn or next_token_loss_fn
+    if not any(p.requires_grad for p in model.parameters()):
+        raise TrainingError("the model has no trainable parameters; add a PEFT method or unfreeze some layers")
+    opt = build_optimizer(model, lr, weight_decay)
+    model.train()
+    history, t0 = [], time.perf_counter()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for step in range(steps):
+        set_lr(opt, lr_at(step, lr, warmup_steps, steps, 0.1 * lr))
+        rows = stream.rows(seed, step, batch_size)
+        inputs, targets = next_token_targets(rows, (rows != pad_id).long())
+        loss, parts, out = loss_fn(model, inputs, targets)
+        aux = getattr(out, "aux_loss", None)
+        total = loss + aux if aux is not None else loss
+        value = float(total.detach())
+        if not math.isfinite(value):
+            raise TrainingError(f"the loss became {value} at step {step + 1}; lower the learning rate (now {lr})")
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        opt.step()
+        row = {"step": step + 1, "loss": round(value, 5), **{k: round(float(v.detach()), 5) for k, v in parts.items()},
+               "elapsed": round(time.perf_counter() - t0, 3)}
+        history.append(row)
+        if log is not None:
+            log(row)
+    model.eval()
+    return history
+
+
+@torch.no_grad()
+def next_token_accuracy(model: nn.Module, rows: torch.Tensor, mask: torch.Tensor, batch_size: int = 16) -> float:
+    """Share of scored positions whose argmax prediction is the next token (rows/mask from `eval_rows`)."""
+    from lmkit.objectives import next_token_targets
+
+    model.eval()
+    right = total = 0
+    for start in range(0, len(rows), batch_size):
+        inputs, targets = next_token_targets(rows[start:start + batch_size], mask[start:start + batch_size])
+        pred = model(inputs).logits.argmax(-1)
+        keep = targets != -100
+        right += int((pred[keep] == targets[keep]).sum())
+        total += int(keep.sum())
+    return right / max(total, 1)
+
+
+class CausalLMData:
+    """A corpus split into a packed training stream and validation rows, under a model's tokenizer."""
+
+    def __init__(self, tokenizer, corpus, seq_len: int, max_val_docs: int | None = None, val_fraction: float = 0.05):
+        from lmkit.data import load_corpus
+        from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
+        from lmkit.data.tokenize import special_ids
+
+        self.tokenizer = tokenizer
+        self.bos, self.pad = special_ids(tokenizer)
+        train, val = load_corpus(corpus).split(val_fraction)
+        self.stream = PackedStream(tokenize_corpus(train, tokenizer), self.bos, seq_len)
+        self.val_rows, self.val_mask, self.val_bytes = eval_rows(tokenize_corpus(val, tokenizer), self.bos, self.pad,
+                                                                 seq_len, max_val_docs)
+
+    def evaluate(self, model: nn.Module, batch_size: int = 16) -> dict:
+        """Validation loss (nats/token), perplexity, bits per byte and next-token accuracy."""
+        from lmkit.evaluate.perplexity import evaluate_rows
+
+        r = evaluate_rows(model, self.val_rows, self.val_mask, self.val_bytes, batch_size=batch_size)
+        r["accuracy"] = next_token_accuracy(model, self.val_rows, self.val_mask, batch_size)
+        return r
+
+
+def model_folder(path):
+    """(model, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights)."""
+    from pathlib import Path
+
+    import lmkit
+    from lmkit.errors import CheckpointError
+
+    folder = Path(path)
+    if not (folder / "tokenizer.json").is_file():
+        raise CheckpointError(f"{folder} has no tokenizer.json; pass a folder written by `lmkit train` (or add one)")
+    return lmkit.load_model(folder), lmkit.load_tokenizer(folder / "tokenizer.json")
+
+
+def save_model_folder(model: nn.Module, tokenizer, out, extra_json: dict | None = None) -> None:
+    """The model (config.json + model.safetensors), its tokenizer.json and optional JSON files."""
+    from pathlib import Path
+
+    from lmkit.hub.files import atomic_write_json
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    for name, obj in (extra_json or {}).items():
+        atomic_write_json(folder / name, obj)

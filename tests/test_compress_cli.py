@@ -1,0 +1,71 @@
+"""`lmkit distill`, `lmkit prune` and `lmkit quantize` on a tiny model folder and a small text file."""
+import json
+
+import pytest
+import torch
+
+import lmkit
+from lmkit.cli import main
+from lmkit.config import ModelConfig
+from lmkit.models import build_model
+
+TEXT = "\n\n".join(f"def function_{i}(x):\n    return x * {i} + {i % 7}  # line {i}" for i in range(150))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    corpus = root / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    tok = lmkit.train_tokenizer([TEXT], kind="bpe", vocab_size=300, special_tokens=["<|endoftext|>", "<|pad|>"])
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size() if hasattr(tok, "get_vocab_size") else 300, d_model=32,
+                      n_layers=4, n_heads=4, max_seq_len=32, family="gpt2")
+    model = build_model(cfg)
+    model.save_pretrained(root / "model")
+    tok.save(str(root / "model" / "tokenizer.json"))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_distill_cli(folder, capsys):
+    out = folder / "student"
+    code = main(["distill", "--teacher", str(folder / "model"), "--out", str(out), "--corpus", str(folder / "corpus.txt"),
+                 "--max-steps", "3", "--batch-size", "2", "--seq-len", "16"])
+    assert code == 0
+    student = lmkit.load_model(out)
+    assert student.config.n_layers == 2 and (out / "tokenizer.json").exists()
+    report = json.loads((out / "distill.json").read_text())
+    assert report["teacher"]["layers"] == 4 and report["student"]["layers"] == 2
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+    assert "student keeps" in capsys.readouterr().out
+
+
+def test_prune_cli(folder, capsys):
+    out = folder / "pruned"
+    assert main(["prune", "--model", str(folder / "model"), "--out", str(out), "--heads", "5",
+                 "--corpus", str(folder / "corpus.txt"), "--batches", "2"]) == 0
+    model = lmkit.load_model(out)
+    heads = [layer.self_attn.sublayer.n_heads for layer in model.decoder.layers]
+    assert sum(heads) == 16 - 5 and min(heads) >= 1
+    assert "pruned 5 heads" in capsys.readouterr().out
+
+
+def test_quantize_cli(folder, capsys):
+    assert main(["quantize", "--model", str(folder / "model"), "--corpus", str(folder / "corpus.txt")]) == 0
+    text = capsys.readouterr().out
+    assert "| int8 |" in text and "size x" in text
+
+
+def test_missing_tokenizer_is_a_user_error(folder, tmp_path, capsys):
+    model = lmkit.load_model(folder / "model")
+    model.save_pretrained(tmp_path / "bare")
+    assert main(["prune", "--model", str(tmp_path / "bare"), "--out", str(tmp_path / "o"), "--heads", "1"]) == 2
+    assert "tokenizer.json" in capsys.readouterr().err
