@@ -44,9 +44,19 @@ class GenerationMixin:
         return input_ids, DecodingState(cache=KVCache(), attention_mask=attention_mask)
 
     def _generation_logits(self, state: DecodingState, tokens: torch.Tensor) -> torch.Tensor:
-        """Next-token logits (B, V) after feeding `tokens` (B, t), updating the cache and mask."""
+        """Next-token logits (B, V) after feeding `tokens` (B, t), updating the cache and mask.
+
+        Without padding the model's defaults (positions past..past+t-1, a causal mask SDPA builds
+        itself) are exact, so each step passes neither mask nor positions: the lean path.
+        """
         past = state.cache.get_seq_length()
         mask = state.attention_mask
+        padded = state.extra.get("padded")
+        if padded is None:
+            padded = state.extra["padded"] = mask is not None and not bool(mask.all())
+        if not padded:
+            out = self(tokens, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1]
         if past:
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], tokens.shape[1])], dim=1)
             state.attention_mask = mask
@@ -116,35 +126,47 @@ class GenerationMixin:
                 tokenizer, streamer, **model_kwargs) -> torch.Tensor:
         """Greedy decoding, or sampling from the processed distribution when options['do_sample']."""
         sequences, state = self._generation_start(input_ids, attention_mask, **model_kwargs)
-        start = sequences.shape[1]
+        batch, start = sequences.shape
         if streamer is not None:
             streamer.put(sequences.cpu())
-        unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+        # the output is written in place into one buffer instead of a torch.cat per step
+        out = sequences.new_full((batch, start + max_new_tokens), pad_token_id)
+        out[:, :start] = sequences
+        length = start
+        unfinished = torch.ones(batch, dtype=torch.bool, device=sequences.device)
         eos_tensor = torch.tensor(eos, device=sequences.device) if eos else None
+        pad = torch.tensor(pad_token_id, device=sequences.device, dtype=sequences.dtype)
+        track = eos_tensor is not None or bool(stops)  # else every row runs to max_new_tokens
+        processing = options["do_sample"] or options["repetition"] != 1.0 or bool(options["no_repeat_ngram_size"])
         tokens = sequences
         for step in range(max_new_tokens):
-            scores = self._generation_logits(state, tokens).float()
+            scores = self._generation_logits(state, tokens)
+            if scores.dtype != torch.float32:
+                scores = scores.float()
             if step < min_new_tokens and eos:
                 scores[:, eos] = -float("inf")
-            scores = process(sequences, scores, **options)
+            if processing:
+                scores = process(out[:, :length], scores, **options)
             if options["do_sample"]:
                 next_tokens = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
             else:
                 next_tokens = scores.argmax(-1)
-            next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad_token_id))
-            sequences = torch.cat([sequences, next_tokens[:, None]], dim=1)
-            tokens = next_tokens[:, None]
+            if track:
+                next_tokens = torch.where(unfinished, next_tokens, pad)
+            out[:, length] = next_tokens
+            length += 1
+            tokens = out[:, length - 1:length]
             if streamer is not None:
                 streamer.put(next_tokens.cpu())
             if eos_tensor is not None:
                 unfinished &= ~torch.isin(next_tokens, eos_tensor)
             if stops:
-                for row in range(sequences.shape[0]):
-                    text = tokenizer.decode(sequences[row, start:].tolist())
+                for row in range(batch):
+                    text = tokenizer.decode(out[row, start:length].tolist())
                     if any(s in text for s in stops):
                         unfinished[row] = False
-            if not bool(unfinished.any()):
+            if track and not bool(unfinished.any()):
                 break
         if streamer is not None:
             streamer.end()
-        return sequences
+        return out[:, :length].contiguous()

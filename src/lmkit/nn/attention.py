@@ -74,6 +74,34 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=bias)
         self.scale = config.attention_scale
         self.dropout = config.attention_dropout
+        self._fused: tuple | None = None  # (key, weight, bias) of the fused q/k/v projection, for inference
+
+    def _fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """[W_q; W_k; W_v]^T (d, q + 2 kv) and the joined biases, rebuilt whenever a weight changes; None
+        when a projection is not a plain nn.Linear (LoRA, quantized layers keep their own forward).
+
+        Stored transposed: x @ W^T with W^T contiguous is the faster matrix-vector product on CPU."""
+        mods = (self.q_proj, self.k_proj, self.v_proj)
+        if type(mods[0]) is not nn.Linear or type(mods[1]) is not nn.Linear or type(mods[2]) is not nn.Linear:
+            return None
+        key = tuple((p.data_ptr(), 0 if p.is_inference() else p._version, p.dtype)
+                    for m in mods for p in (m.weight, m.bias) if p is not None)
+        if self._fused is None or self._fused[0] != key:
+            weight = torch.cat([m.weight for m in mods]).detach().t().contiguous()
+            bias = torch.cat([m.bias for m in mods]).detach() if self.q_proj.bias is not None else None
+            self._fused = (key, weight, bias)
+        return self._fused[1], self._fused[2]
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, T, heads * head_dim); one matrix product instead of three when no gradient is needed."""
+        fused = None if torch.is_grad_enabled() else self._fused_qkv()
+        if fused is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        weight_t, bias = fused
+        flat = x.reshape(-1, x.shape[-1])
+        qkv = flat @ weight_t if bias is None else torch.addmm(bias, flat, weight_t)
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        return qkv.view(x.shape[0], x.shape[1], -1).split((q_dim, kv_dim, kv_dim), dim=-1)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
@@ -83,8 +111,8 @@ class Attention(nn.Module):
                 layer: int = 0, memory: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, d) -> (B, T, d). `memory` holds the encoder states for cross-attention."""
         B, T, _ = x.shape
-        q = self._heads(self.q_proj(x), self.n_heads)
         if self.cross:
+            q = self._heads(self.q_proj(x), self.n_heads)
             if cache is not None and layer in cache.cross:
                 k, v = cache.cross[layer]
             else:
@@ -93,8 +121,8 @@ class Attention(nn.Module):
                 if cache is not None:
                     cache.cross[layer] = (k, v)
         else:
-            k = self._heads(self.k_proj(x), self.n_kv_heads)
-            v = self._heads(self.v_proj(x), self.n_kv_heads)
+            q, k, v = self._project(x)
+            q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
             if rope is not None:
                 cos, sin = rope
                 q = apply_rotary(q, cos, sin, self.config.rope_interleaved)

@@ -37,13 +37,16 @@ class Residual(nn.Module):
         self.post_norm = build_norm(config) if self.placement == "sandwich" else None
         self.dropout = nn.Dropout(config.dropout)
 
+    def _drop(self, h: torch.Tensor) -> torch.Tensor:
+        return self.dropout(h) if self.training and self.dropout.p > 0 else h
+
     def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         if self.placement == "post":
-            return self.norm(x + self.dropout(self.sublayer(x, **kwargs)))
+            return self.norm(x + self._drop(self.sublayer(x, **kwargs)))
         h = self.sublayer(self.norm(x), **kwargs)
         if self.post_norm is not None:
             h = self.post_norm(h)
-        return x + self.dropout(h)
+        return x + self._drop(h)
 
 
 class Block(nn.Module):

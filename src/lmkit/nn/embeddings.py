@@ -38,7 +38,8 @@ class Embeddings(nn.Module):
         if self.config.position in ("learned", "sinusoidal"):
             if position_ids is None:
                 position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-            position_ids = position_ids + self.config.position_offset
+            if self.config.position_offset:
+                position_ids = position_ids + self.config.position_offset
             if int(position_ids.max()) >= self.config.max_seq_len + self.config.position_offset:
                 from lmkit.errors import GenerationError
 
@@ -55,4 +56,4 @@ class Embeddings(nn.Module):
             h = h + self.token_types(token_type_ids)
         if self.norm is not None:
             h = self.norm(h)
-        return self.dropout(h)
+        return self.dropout(h) if self.training and self.dropout.p > 0 else h

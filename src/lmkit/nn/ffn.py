@@ -41,4 +41,6 @@ class FeedForward(nn.Module):
             h = self.act(self.gate_proj(x)) * self.up_proj(x)
         else:
             h = self.act(self.up_proj(x))
-        return self.down_proj(self.dropout(h))
+        if self.training and self.dropout.p > 0:
+            h = self.dropout(h)
+        return self.down_proj(h)
