@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -16,6 +17,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import lmkit
     from lmkit.data import load_corpus
+    from lmkit.data.tokenize import check_fits
     from lmkit.evaluate import evaluate_text
     from lmkit.train.checkpoint import run_settings
 
@@ -23,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     corpus = args.corpus or settings.get("corpus") or ["pydocs"]
     model = lmkit.load_model(args.model)
     tokenizer = lmkit.load_tokenizer(args.model)
+    check_fits(tokenizer, model.config.vocab_size, Path(args.model) / "tokenizer.json", args.model)
     _, val = load_corpus(corpus).split(settings.get("val_fraction", 0.05))
     r = evaluate_text(model, tokenizer, val)
     print(f"{args.model} on {' '.join(corpus)} (validation split: {len(val)} documents, {r['bytes']} bytes, {r['tokens']} tokens)")

@@ -296,6 +296,7 @@ def open_prepared(folder: str | Path, seq_len: int, verify: bool = True):
     tok = load_tokenizer(tok_path)
     if vocab_size_of(tok) != ds.vocab_size:
         raise _fail(tok_path, f"has {vocab_size_of(tok)} ids but the shards were made with {ds.vocab_size}")
+    train = ShardStream(ds.split("train"), seq_len)  # opened (and checked) first: its shards matter most
     if not ds.has_split("validation"):
         raise _fail(Path(folder) / INDEX, "has no validation documents to evaluate on",
                     "prepare it again with --val-fraction above 0 (e.g. 0.05)")
@@ -303,4 +304,4 @@ def open_prepared(folder: str | Path, seq_len: int, verify: bool = True):
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     val = TokenizedCorpus(np.concatenate(ids).astype(np.int32), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
                           np.array(nbytes, dtype=np.int64))
-    return tok, ShardStream(ds.split("train"), seq_len), val
+    return tok, train, val

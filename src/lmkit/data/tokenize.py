@@ -31,6 +31,14 @@ def vocab_size_of(tok: Any) -> int:
     return len(tok)
 
 
+def check_fits(tok: Any, model_vocab_size: int, tokenizer_path: Any, model_path: Any) -> None:
+    """Every id the tokenizer can produce must index the model's embedding table (ids < vocab_size)."""
+    n = vocab_size_of(tok)
+    if n > model_vocab_size:
+        raise TokenizerError(f"{tokenizer_path} has {n} ids but the model in {model_path} embeds only {model_vocab_size}; "
+                             "use the tokenizer.json saved with that model (or a model trained with this tokenizer)")
+
+
 def token_id(tok: Any, token: str) -> int:
     tid = tok.token_to_id(token)
     if tid is None:

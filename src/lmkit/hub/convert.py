@@ -48,6 +48,10 @@ def from_hf(hf: dict[str, torch.Tensor], rules: list[Rule], expected: dict[str, 
         if rule.transpose:
             t = t.t()
         sizes = [expected[o].shape[0] for o in rule.ours]
+        if len(rule.ours) > 1 and (t.ndim == 0 or t.shape[0] != sum(sizes)):
+            want = (sum(sizes), *expected[rule.ours[0]].shape[1:])
+            raise CheckpointError(f"{source}: tensor {rule.hf!r} has shape {tuple(t.shape)} but the config implies "
+                                  f"{want}; config.json and the weights disagree (re-save the model)")
         parts = torch.split(t, sizes, dim=0) if len(rule.ours) > 1 else (t,)
         for o, part in zip(rule.ours, parts):
             if tuple(part.shape) != tuple(expected[o].shape):
