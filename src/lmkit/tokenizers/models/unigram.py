@@ -22,11 +22,13 @@ class Unigram(Model):
         self.unk_id, self.byte_fallback = unk_id, byte_fallback
         self.min_score = min((s for _, s in self.pieces), default=0.0)
         self.max_len = max((len(p) for p, _ in self.pieces), default=1)
+        # every prefix of a piece: the lattice scan stops at the first substring that starts no piece
+        self.prefixes = {p[:k] for p, _ in self.pieces for k in range(1, len(p) + 1)}
 
     def viterbi(self, word: str) -> list[str]:
         """Best segmentation of `word` as strings; unknown stretches come back as one string each."""
         n = len(word)
-        scores, max_len = self.scores, self.max_len
+        scores, max_len, prefixes = self.scores, self.max_len, self.prefixes
         unk_score = self.min_score - UNK_PENALTY
         best = [0.0] + [None] * n  # best path score ending at position i
         back = [0] * (n + 1)
@@ -37,7 +39,10 @@ class Unigram(Model):
                 continue
             single = False
             for end in range(start + 1, min(n, start + max_len) + 1):
-                s = scores.get(word[start:end])
+                sub = word[start:end]
+                if sub not in prefixes:
+                    break
+                s = scores.get(sub)
                 if s is None:
                     continue
                 if end == start + 1:

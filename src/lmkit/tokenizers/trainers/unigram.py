@@ -55,11 +55,20 @@ def _lattices(words: list[tuple[str, int]], scores: dict[str, float], max_len: i
     """Per word: (n, count, edges [(start, end, piece)] sorted by start). Pieces only ever leave the
     vocabulary, so edges are found once and filtered afterwards."""
     out = []
-    get = scores.get
+    canon = {p: p for p in scores}  # one string object per piece, shared by every edge
+    prefixes = {p[:k] for p in scores for k in range(1, len(p) + 1)}
+    get = canon.get
     for w, c in words:
         n = len(w)
-        edges = [(i, j, w[i:j]) for i in range(n) for j in range(i + 1, min(n, i + max_len) + 1)
-                 if get(w[i:j]) is not None]
+        edges = []
+        for i in range(n):
+            for j in range(i + 1, min(n, i + max_len) + 1):
+                sub = w[i:j]
+                if sub not in prefixes:
+                    break
+                p = get(sub)
+                if p is not None:
+                    edges.append((i, j, p))
         out.append((n, c, edges))
     return out
 
