@@ -39,7 +39,6 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
     args = ap.parse_args()
-    torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
     folder = setup.base_model()
     data = setup.data(folder, "pycode")
     base = lmkit.load_model(folder)

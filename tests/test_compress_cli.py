@@ -7,6 +7,7 @@ import torch
 import lmkit
 from lmkit.cli import main
 from lmkit.config import ModelConfig
+from lmkit.data.tokenize import vocab_size_of
 from lmkit.models import build_model
 
 TEXT = "\n\n".join(f"def function_{i}(x):\n    return x * {i} + {i % 7}  # line {i}" for i in range(150))
@@ -19,7 +20,7 @@ def folder(tmp_path_factory):
     corpus.write_text(TEXT, encoding="utf-8")
     tok = lmkit.train_tokenizer([TEXT], kind="bpe", vocab_size=300, special_tokens=["<|endoftext|>", "<|pad|>"])
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tok.get_vocab_size() if hasattr(tok, "get_vocab_size") else 300, d_model=32,
+    cfg = ModelConfig(vocab_size=vocab_size_of(tok), d_model=32,
                       n_layers=4, n_heads=4, max_seq_len=32, family="gpt2")
     model = build_model(cfg)
     model.save_pretrained(root / "model")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -106,8 +107,6 @@ class CausalLMData:
 
 def model_folder(path):
     """(model, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights)."""
-    from pathlib import Path
-
     import lmkit
     from lmkit.errors import CheckpointError
 
@@ -119,8 +118,6 @@ def model_folder(path):
 
 def save_model_folder(model: nn.Module, tokenizer, out, extra_json: dict | None = None) -> None:
     """The model (config.json + model.safetensors), its tokenizer.json and optional JSON files."""
-    from pathlib import Path
-
     from lmkit.hub.files import atomic_write_json
 
     folder = Path(out)
@@ -129,3 +126,52 @@ def save_model_folder(model: nn.Module, tokenizer, out, extra_json: dict | None 
     tokenizer.save(str(folder / "tokenizer.json"))
     for name, obj in (extra_json or {}).items():
         atomic_write_json(folder / name, obj)
+
+
+TASK_HEADS = ("classifier", "qa_outputs", "score")  # task heads a PEFT method trains in full, as the PEFT library does
+
+
+def peft_for_task(model: nn.Module, method: str, **settings):
+    """get_peft_model with the model's task head (if any) in modules_to_save; method "full" changes nothing."""
+    from lmkit.peft.model import get_peft_model
+
+    if method == "full":
+        return model
+    if "modules_to_save" not in settings:
+        present = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+        settings["modules_to_save"] = [h for h in TASK_HEADS if h in present]
+    return get_peft_model(model, method, **settings)
+
+
+def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pydocs",), steps: int = 100,
+                              batch_size: int = 8, seq_len: int | None = None, lr: float | None = None, seed: int = 0,
+                              max_val_docs: int | None = None, log=None, **settings) -> dict:
+    """Fine-tune the causal LM of `model_dir` on `corpus` with a PEFT method (or "full"); write to `out`.
+
+    `out` gets the adapter in PEFT format (adapter_config.json + adapter_model.safetensors), or the whole
+    model for "full", plus finetune.json with the validation scores before and after and the parameter counts.
+    """
+    from lmkit.hub.files import atomic_write_json
+    from lmkit.peft.model import trainable_summary
+
+    model, tok = model_folder(model_dir)
+    data = CausalLMData(tok, list(corpus), seq_len or min(model.config.max_seq_len, 256), max_val_docs)
+    before = data.evaluate(model)
+    torch.manual_seed(seed)
+    tuned = peft_for_task(model, method, **settings)
+    if method == "full":
+        for p in tuned.parameters():
+            p.requires_grad_(True)
+    summary = trainable_summary(tuned)
+    default_lr = {"full": 1e-3, "prompt": 3e-2, "ia3": 3e-2, "prefix": 1e-2}.get(method, 3e-3)
+    history = train_causal_lm(tuned, data.stream, data.pad, steps, batch_size, lr or default_lr,
+                              warmup_steps=min(20, steps // 10), seed=seed, log=log)
+    after = data.evaluate(tuned)
+    report = {"method": method, "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0,
+              **summary, "before": before, "after": after}
+    if method == "full":
+        save_model_folder(tuned, tok, out)
+    else:
+        tuned.save_adapter(out)
+    atomic_write_json(Path(out) / "finetune.json", report)
+    return report
