@@ -1,0 +1,105 @@
+"""SentenceEncoder against sentence-transformers: the real all-MiniLM-L6-v2 (shipped in a pip package)
+and a small random model with other pooling modes, a Dense layer and no normalization."""
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import lmkit
+from lmkit.errors import ConfigError
+
+st = pytest.importorskip("sentence_transformers")
+minilm = pytest.importorskip("all_minilm_l6_v2")
+
+SENTENCES = [
+    "Hello, world!", "  leading and trailing spaces  ", "Ünïcödé café naïve — déjà vu", "北京欢迎你，日本語のテキストも。",
+    "Привет, мир! Как дела?", "مرحبا بالعالم", "Ελληνικά κείμενα για δοκιμή", "हिन्दी में एक वाक्य", "한국어 문장입니다",
+    "emoji 🤗 and symbols ∑∫√", "x", " ".join(["a sentence far longer than the maximum length of the model"] * 40),
+    "The quick brown fox jumps over the lazy dog. " * 30,
+]
+
+
+@pytest.fixture(scope="module")
+def minilm_path(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("minilm")
+    with zipfile.ZipFile(Path(minilm.__file__).parent / "model.zip") as z:
+        z.extractall(out)
+    return out
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_all_minilm_matches_sentence_transformers(minilm_path):
+    ref = st.SentenceTransformer(str(minilm_path), device="cpu").encode(SENTENCES, batch_size=5)
+    enc = lmkit.SentenceEncoder.from_pretrained(minilm_path)
+    assert enc.max_seq_length == 256 and enc.normalize and enc.pooling_modes == ("mean",)
+    assert len(enc.tokenize(SENTENCES[-1:])[0]) == 256  # the long ones are cut at max_seq_length
+    got = enc.encode(SENTENCES, batch_size=5)
+    assert got.dtype == np.float32 and got.shape == (len(SENTENCES), 384)
+    assert cosines(got, ref).min() >= 0.99999
+    assert np.abs(got - ref).max() < 1e-4
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    # batching and order do not matter: one at a time gives the same rows
+    single = np.stack([enc.encode(s) for s in SENTENCES[:4]])
+    assert np.abs(single - got[:4]).max() < 1e-5
+
+
+def test_all_minilm_bfloat16_close(minilm_path):
+    ref = lmkit.SentenceEncoder.from_pretrained(minilm_path).encode(SENTENCES[:6])
+    got = lmkit.SentenceEncoder.from_pretrained(minilm_path, dtype=torch.bfloat16).encode(SENTENCES[:6])
+    assert got.dtype == np.float32
+    assert cosines(got, ref).min() > 0.999
+
+
+def test_other_pooling_dense_and_no_normalize(minilm_path, tmp_path):
+    from sentence_transformers import models
+    transformers = pytest.importorskip("transformers")
+
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                                  intermediate_size=40, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.BertModel(cfg).save_pretrained(tmp_path / "bert")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (tmp_path / "bert" / name).write_bytes((minilm_path / name).read_bytes())
+    word = models.Transformer(str(tmp_path / "bert"), max_seq_length=20)
+    pooling = models.Pooling(24, pooling_mode=("max", "cls", "mean_sqrt_len_tokens"))
+    dense = models.Dense(72, 10, activation_function=torch.nn.Tanh())
+    model = st.SentenceTransformer(modules=[word, pooling, dense], device="cpu")
+    model.save(str(tmp_path / "st"))
+    ref = model.encode(SENTENCES, batch_size=4)
+    enc = lmkit.SentenceEncoder.from_pretrained(tmp_path / "st")
+    assert not enc.normalize and enc.max_seq_length == 20 and enc.pooling_modes == ("max", "cls", "mean_sqrt_len_tokens")
+    got = enc.encode(SENTENCES, batch_size=4)
+    assert got.shape == (len(SENTENCES), 10)
+    assert np.abs(got - ref).max() < 1e-5
+
+
+def test_errors(tmp_path, minilm_path):
+    with pytest.raises(lmkit.LmkitError):
+        lmkit.SentenceEncoder.from_pretrained(tmp_path / "missing")
+    enc = lmkit.SentenceEncoder.from_pretrained(minilm_path)
+    with pytest.raises(ConfigError):
+        enc.encode([b"bytes"])
+    assert enc.encode([]).shape == (0, 384)
+
+
+def test_pool_tokens_modes():
+    from lmkit.sentence import SentenceEncoder, pool_tokens
+
+    h = torch.randn(2, 4, 3)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    out = pool_tokens(h, mask, ("max", "weightedmean", "lasttoken"))
+    torch.testing.assert_close(out[0, :3], h[0, :2].max(0).values)
+    torch.testing.assert_close(out[0, 3:6], (h[0, 0] + 2 * h[0, 1]) / 3)
+    torch.testing.assert_close(out[0, 6:], h[0, 1])
+    torch.testing.assert_close(out[1, 6:], h[1, 3])
+    legacy = {"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}
+    assert SentenceEncoder._pooling_modes(legacy) == ("cls", "mean")  # the legacy concatenation order
+    with pytest.raises(ConfigError):
+        SentenceEncoder._pooling_modes({"pooling_mode": "median"})
