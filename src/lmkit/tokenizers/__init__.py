@@ -20,6 +20,10 @@
 Pipeline (as in HF): added tokens are cut out first and never split -> normalizer -> pre-tokenizer ->
 model (BPE, WordPiece, Unigram, WordLevel) -> post-processor (special tokens, type ids) ; decoding runs
 the decoder. Byte-level BPE encodes through tiktoken when the ranks allow it (same ids).
+
+Known difference from HF: character classes come from Python's `unicodedata` (Unicode 14 on 3.11), HF's
+from its Rust crates; for a few hundred code points assigned in recent Unicode versions (e.g. U+0898) the
+BERT normalizer's accent stripping / control removal / lowercasing can differ.
 """
 from lmkit.tokenizers.added_tokens import AddedToken
 from lmkit.tokenizers.encoding import Encoding

@@ -66,7 +66,16 @@ def load_tokenizer(path) -> Tokenizer:
         d = json.loads(p.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise TokenizerError(f"{p} is not valid JSON ({exc}); re-save it with tokenizer.save()") from exc
-    return tokenizer_from_json(d, _special_tokens_map(folder))
+    if not isinstance(d, dict):
+        raise TokenizerError(f"{p} must hold a JSON object (a tokenizer.json), found {type(d).__name__}")
+    try:
+        return tokenizer_from_json(d, _special_tokens_map(folder))
+    except TokenizerError as exc:
+        raise TokenizerError(f"{p}: {exc}") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        # a field of the wrong JSON type or shape deep in the pipeline description
+        raise TokenizerError(f"{p} is malformed ({type(exc).__name__}: {exc}); re-save it with tokenizer.save() "
+                             "or restore the original file") from None
 
 
 def save_tokenizer(tok: Tokenizer, path) -> str:

@@ -256,6 +256,19 @@ class Tokenizer:
         from lmkit.tokenizers.serialization import tokenizer_to_json
         return tokenizer_to_json(self)
 
+    @classmethod
+    def from_file(cls, path) -> Tokenizer:
+        """Same as `load_tokenizer(path)`."""
+        from lmkit.tokenizers.serialization import load_tokenizer
+        return load_tokenizer(path)
+
+    @classmethod
+    def from_str(cls, text: str) -> Tokenizer:
+        """A tokenizer from the text of a tokenizer.json."""
+        import json
+        from lmkit.tokenizers.serialization import tokenizer_from_json
+        return tokenizer_from_json(json.loads(text))
+
     def to_str(self) -> str:
         import json
         return json.dumps(self.to_json(), ensure_ascii=False)
