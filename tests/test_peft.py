@@ -212,3 +212,18 @@ def test_prompt_tuning_is_prompt_embeddings_in_front():
         loss = peft(IDS, labels=IDS).loss
         want = torch.nn.functional.cross_entropy(full[:, 2:-1].reshape(-1, 53), IDS.reshape(-1))
         torch.testing.assert_close(loss, want)
+
+
+@pytest.mark.parametrize("method", ["prefix", "prompt", "lora"])
+def test_encoder_decoder_generation(method):
+    model = make("seq2seq")
+    peft = get_peft_model(model, method, num_virtual_tokens=2)
+    perturb(peft)
+    out = peft.generate(IDS[:1], max_new_tokens=4, do_sample=False)
+    assert out[0, 0] == 0 and out.shape[1] <= 5
+    seq = out[:, :1]
+    with torch.no_grad():
+        for _ in range(out.shape[1] - 1):  # greedy without a cache
+            nxt = peft(IDS[:1], decoder_input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], 1)
+    assert torch.equal(out, seq)

@@ -78,6 +78,8 @@ class PeftModel(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name == "base_model":
+                raise
             return getattr(self.base_model, name)
 
     # prompt tuning puts virtual tokens (ids vocab_size..) in front of the inputs ------------------------
@@ -90,7 +92,10 @@ class PeftModel(nn.Module):
         virtual = self._virtual(ids)
         P = virtual.shape[1]
         kwargs["input_ids"] = torch.cat([virtual, ids], dim=1)
-        for key, fill in (("attention_mask", 1), ("token_type_ids", 0), ("labels", -100)):
+        # labels of an encoder-decoder model belong to the decoder, which gets no virtual tokens
+        decoder_only = self.config.architecture == "decoder"
+        keys = (("attention_mask", 1), ("token_type_ids", 0)) + ((("labels", -100),) if decoder_only else ())
+        for key, fill in keys:
             if kwargs.get(key) is not None and kwargs[key].dim() == 2 and kwargs[key].shape[1] == ids.shape[1]:
                 kwargs[key] = torch.cat([torch.full_like(virtual, fill).to(kwargs[key].dtype), kwargs[key]], dim=1)
         if kwargs.get("attention_mask") is None and "attention_mask" in kwargs:
@@ -102,10 +107,13 @@ class PeftModel(nn.Module):
             return self.base_model(input_ids, **kwargs)
         T = input_ids.shape[1]
         out = self.base_model(**self._with_prompt({"input_ids": input_ids, **kwargs}))
-        if out.logits is not None and out.logits.dim() == 3 and out.logits.shape[1] == T + self.peft_config.num_virtual_tokens:
-            out.logits = out.logits[:, -T:]          # the scores of the real positions only
-            if out.last_hidden_state is not None and out.last_hidden_state.shape[1] == out.logits.shape[1] + self.peft_config.num_virtual_tokens:
-                out.last_hidden_state = out.last_hidden_state[:, -T:]
+        if self.config.architecture == "encoder-decoder":
+            return out
+        P = self.peft_config.num_virtual_tokens
+        if out.logits is not None and out.logits.dim() == 3 and out.logits.shape[1] == T + P:
+            out.logits = out.logits[:, P:]          # the scores of the real positions only
+        if out.last_hidden_state is not None and out.last_hidden_state.shape[1] == T + P:
+            out.last_hidden_state = out.last_hidden_state[:, P:]
         return out
 
     @torch.no_grad()
@@ -114,6 +122,8 @@ class PeftModel(nn.Module):
             return self.base_model.generate(input_ids, attention_mask=attention_mask, **kwargs)
         args = self._with_prompt({"input_ids": input_ids, "attention_mask": attention_mask})
         out = self.base_model.generate(args["input_ids"], attention_mask=args.get("attention_mask"), **kwargs)
+        if self.config.architecture == "encoder-decoder":
+            return out  # decoder ids: the virtual tokens were only in the encoder's input
         return out[:, self.peft_config.num_virtual_tokens:]
 
     # merging (LoRA) and summaries ---------------------------------------------------------------------
