@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +124,7 @@ class ModelConfig:
             if getattr(self, name) not in options:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is not supported; choose one of {', '.join(options)}")
 
+        _check_types(self)
         choose("architecture", ARCHITECTURES)
         choose("position", POSITIONS)
         choose("norm", NORMS)
@@ -131,6 +133,15 @@ class ModelConfig:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("n_kv_heads", "head_dim", "d_ff", "n_decoder_layers"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be a positive integer or null, got {getattr(self, name)!r}")
+        for name in ("position_offset", "n_experts", "type_vocab_size", "relative_buckets", "relative_max_distance"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)!r}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must lie in [0, 1], got {getattr(self, name)!r}")
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set head_dim or change one of them")
         if self.n_heads % self.kv_heads:
@@ -198,3 +209,22 @@ def get_preset(name: str, **overrides: Any) -> ModelConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
     return ModelConfig(**{**PRESETS[name], **overrides})
+
+
+def _check_types(cfg: ModelConfig) -> None:
+    """Each field holds the type its annotation names: config.json can put a string, a float or a
+    list where an integer belongs, and the builders would fail far from the cause."""
+    for f in dataclasses.fields(cfg):
+        value, kinds = getattr(cfg, f.name), str(f.type).replace(" ", "").split("|")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = (value is None and "None" in kinds
+              or "int" in kinds and number and isinstance(value, int)
+              or "float" in kinds and number and math.isfinite(value)
+              or "bool" in kinds and isinstance(value, bool)
+              or "str" in kinds and isinstance(value, str)
+              or any(k.startswith("dict") for k in kinds) and isinstance(value, dict)
+              # token ids: transformers allows a list (several end-of-sequence tokens)
+              or f.name.endswith("token_id") and isinstance(value, list) and value
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+        if not ok:
+            raise ConfigError(f"{f.name}={value!r} is not of type {' | '.join(kinds)}; fix that field")

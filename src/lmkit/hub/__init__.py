@@ -37,7 +37,7 @@ def _families() -> dict[str, ModuleType]:
 
 def family_of(model_type: str | None) -> ModuleType:
     families = _families()
-    if model_type not in families:
+    if not isinstance(model_type, str) or model_type not in families:
         raise ConfigError(f"config.json has model_type {model_type!r}, which lmkit does not load; supported: "
                           f"{', '.join(sorted(families))}")
     return families[model_type]
@@ -49,13 +49,19 @@ def load_config(path: str | Path) -> tuple[ModelConfig, dict]:
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a folder; pass a model folder holding config.json and model.safetensors")
     raw = read_json(folder / "config.json")
-    if "lmkit" in raw and "model_type" not in raw:
-        return ModelConfig.from_dict(raw["lmkit"]), raw
-    family = family_of(raw.get("model_type"))
     try:
+        if "lmkit" in raw and "model_type" not in raw:
+            if not isinstance(raw["lmkit"], dict):
+                raise ConfigError("its 'lmkit' entry must be a JSON object of ModelConfig fields")
+            return ModelConfig.from_dict(raw["lmkit"]), raw
+        family = family_of(raw.get("model_type"))
         return family.config_from_hf(raw), raw
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"{folder / 'config.json'} has a malformed field ({exc}); fix or regenerate it") from exc
+    except ConfigError as exc:
+        raise ConfigError(f"{folder / 'config.json'}: {exc}") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, ArithmeticError) as exc:
+        # values of the wrong JSON type reach the family's converter (a list where a number belongs, ...)
+        raise ConfigError(f"{folder / 'config.json'} has a malformed field ({type(exc).__name__}: {exc}); "
+                          "fix or regenerate it") from None
 
 
 def load_model(path: str | Path, dtype: torch.dtype | None = None):
