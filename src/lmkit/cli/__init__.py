@@ -11,7 +11,8 @@ import sys
 
 from lmkit.errors import LmkitError
 
-SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "distill", "prune", "quantize")
+SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "distill", "prune", "quantize",
+               "finetune", "search")
 
 
 def build_parser() -> argparse.ArgumentParser:
