@@ -175,3 +175,29 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
         tuned.save_adapter(out)
     atomic_write_json(Path(out) / "finetune.json", report)
     return report
+
+
+def add_peft_arguments(parser) -> None:
+    """The --peft flags of `lmkit finetune` (argparse), shared by its classification and causal-LM paths."""
+    from lmkit.peft.model import METHODS
+
+    g = parser.add_argument_group("parameter-efficient fine-tuning")
+    g.add_argument("--peft", choices=("full",) + METHODS, default="full",
+                   help="train everything (full, default) or only a PEFT method's parameters")
+    g.add_argument("--lora-r", type=int, default=8, metavar="R", help="LoRA / QLoRA rank (default 8)")
+    g.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA scale alpha (update = alpha/r B A)")
+    g.add_argument("--lora-dropout", type=float, default=0.0)
+    g.add_argument("--target-modules", nargs="+", metavar="NAME",
+                   help="layers LoRA/IA3 adapt, by name (q_proj v_proj, or the HF names; 're:REGEX' for a pattern)")
+    g.add_argument("--qlora-bits", type=int, choices=(4, 8), default=4, help="QLoRA base weights: 4 (NF4) or 8 bits")
+    g.add_argument("--virtual-tokens", type=int, default=16, metavar="N", help="prefix / prompt length")
+    g.add_argument("--bottleneck", type=int, default=16, metavar="N", help="adapter bottleneck width")
+
+
+def peft_settings(args) -> tuple[str, dict]:
+    """(method, settings for peft_for_task) from the parsed --peft flags."""
+    settings = dict(r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, bits=args.qlora_bits,
+                    num_virtual_tokens=args.virtual_tokens, bottleneck=args.bottleneck)
+    if args.target_modules:
+        settings["target_modules"] = list(args.target_modules)
+    return args.peft, settings
