@@ -227,3 +227,25 @@ def test_encoder_decoder_generation(method):
             nxt = peft(IDS[:1], decoder_input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)
             seq = torch.cat([seq, nxt], 1)
     assert torch.equal(out, seq)
+
+
+def test_adapter_and_ia3_formulas():
+    from lmkit.peft import BottleneckAdapter, IA3Linear
+
+    torch.manual_seed(0)
+    sub = torch.nn.Linear(8, 8)
+    adapter = BottleneckAdapter(sub, 8, 3)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(adapter(x), sub(x), rtol=0, atol=0)       # W_up = 0 at the start
+    with torch.no_grad():
+        adapter.adapter_up.weight.normal_()
+    h = sub(x)
+    want = h + adapter.adapter_up(torch.relu(adapter.adapter_down(h)))
+    torch.testing.assert_close(adapter(x), want)
+    base = torch.nn.Linear(8, 5)
+    out_scaled, in_scaled = IA3Linear(base, feedforward=False), IA3Linear(base, feedforward=True)
+    with torch.no_grad():
+        out_scaled.ia3_l.uniform_(0, 2)
+        in_scaled.ia3_l.uniform_(0, 2)
+    torch.testing.assert_close(out_scaled(x), base(x) * out_scaled.ia3_l)                 # l * (W x + b)
+    torch.testing.assert_close(in_scaled(x), (x * in_scaled.ia3_l) @ base.weight.t() + base.bias)  # W (l * a) + b
