@@ -187,6 +187,20 @@ PRESETS: dict[str, dict[str, Any]] = {
                              dropout=0.1, final_norm=False, embedding_scale=512 ** 0.5, family="transformer-2017"),
     "moe": dict(_LLAMA, vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2, max_seq_len=1024,
                 n_experts=8, n_experts_per_token=2, family="mixtral"),
+    # encoder-decoder (T5: relative buckets, pre-RMSNorm, unscaled scores, tied head scaled by d^-0.5; BART: post-norm)
+    "t5": dict(architecture="encoder-decoder", position="relative", norm="rmsnorm", norm_bias=False, norm_eps=1e-6,
+               bias=False, activation="relu", attention_scale=1.0, tie_embeddings=True, output_scale=512 ** -0.5,
+               vocab_size=32128, d_model=512, n_layers=6, n_heads=8, head_dim=64, d_ff=2048, max_seq_len=512,
+               dropout=0.1, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, family="t5"),
+    "bart": dict(architecture="encoder-decoder", position="learned", position_offset=2, norm_placement="post",
+                 final_norm=False, embedding_norm=True, activation="gelu", output_bias=True, vocab_size=50265,
+                 d_model=768, n_layers=6, n_heads=12, d_ff=3072, max_seq_len=1024, dropout=0.1, pad_token_id=1,
+                 bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, family="bart"),
+    "t5-tiny": dict(architecture="encoder-decoder", position="relative", norm="rmsnorm", norm_bias=False,
+                    norm_eps=1e-6, bias=False, activation="relu", attention_scale=1.0, tie_embeddings=True,
+                    output_scale=128 ** -0.5, vocab_size=2048, d_model=128, n_layers=3, n_heads=4, head_dim=32,
+                    d_ff=512, max_seq_len=64, relative_max_distance=64, dropout=0.0, pad_token_id=0,
+                    eos_token_id=1, family="t5"),  # decoder start: the pad token of the run's tokenizer
     # encoder-only (post-norm, LayerNorm after the embeddings, segment embeddings)
     "bert": dict(architecture="encoder", position="learned", norm_placement="post", embedding_norm=True,
                  final_norm=False, activation="gelu", norm_eps=1e-12, type_vocab_size=2, vocab_size=30522,

@@ -146,3 +146,131 @@ def next_sentence_loss(logits: torch.Tensor, labels: torch.Tensor) -> LossSum:
     """-sum log softmax(logits)[label] over pairs (B, 2) logits, count = number of pairs."""
     return LossSum(F.cross_entropy(logits.float(), labels.reshape(-1), reduction="sum"),
                    torch.tensor(labels.numel(), device=labels.device))
+
+
+# encoder-decoder objectives: teacher forcing, T5 span corruption, BART denoising ----------------------
+
+def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id: int) -> torch.Tensor:
+    """Teacher forcing: decoder inputs [start, y_0, ..., y_{T-2}] for targets y; ignored labels read as pad."""
+    inputs = labels.new_full(labels.shape, decoder_start_token_id)
+    inputs[:, 1:] = labels[:, :-1]
+    return inputs.masked_fill(inputs == IGNORE_INDEX, pad_token_id)
+
+
+def seq2seq_batch(sources: list[list[int]], targets: list[list[int]], pad_id: int,
+                  eos_id: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids and attention_mask of the sources, labels of the targets (+ EOS) with
+    IGNORE_INDEX at padding; the model reads the labels shifted right behind its decoder start token."""
+    if eos_id is not None:
+        targets = [list(t) + [eos_id] for t in targets]
+    S, T = max(1, max(map(len, sources))), max(1, max(map(len, targets)))
+    input_ids = torch.full((len(sources), S), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sources), S), dtype=torch.long)
+    labels = torch.full((len(targets), T), IGNORE_INDEX, dtype=torch.long)
+    for i, (s, t) in enumerate(zip(sources, targets)):
+        input_ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, :len(s)] = 1
+        labels[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def _random_segmentation(num_items: int, num_segments: int, generator: torch.Generator | None) -> list[int]:
+    """A uniformly random split of num_items into num_segments non-empty parts (their lengths)."""
+    cuts = torch.randperm(num_items - 1, generator=generator)[:num_segments - 1].sort()[0].tolist()
+    bounds = [0] + [c + 1 for c in cuts] + [num_items]
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def random_spans_noise_mask(length: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0,
+                            generator: torch.Generator | None = None) -> list[bool]:
+    """T5's noise mask: round(length * density) noise tokens in round(noise / mean span) spans, the spans
+    and the gaps between them of random lengths, starting with a gap. True marks noise."""
+    if length < 2:
+        return [False] * length
+    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
+    num_spans = min(num_spans, num_noise, length - num_noise)
+    noise = _random_segmentation(num_noise, num_spans, generator)
+    keep = _random_segmentation(length - num_noise, num_spans, generator)
+    mask: list[bool] = []
+    for k, n in zip(keep, noise):
+        mask += [False] * k + [True] * n
+    return mask
+
+
+def span_corruption(tokens: list[int], sentinel_ids: list[int], noise_density: float = 0.15,
+                    mean_noise_span_length: float = 3.0, generator: torch.Generator | None = None,
+                    eos_id: int | None = None) -> tuple[list[int], list[int]]:
+    """T5 span corruption: each noise span of the input becomes one sentinel; the target lists each
+    sentinel followed by the tokens it hides. Filling every sentinel of the input with its span
+    gives back `tokens`. With eos_id, the input ends with it (the target gets it from seq2seq_batch)."""
+    mask = random_spans_noise_mask(len(tokens), noise_density, mean_noise_span_length, generator)
+    inputs, targets, span = [], [], -1
+    for i, (token, noisy) in enumerate(zip(tokens, mask)):
+        if noisy and (i == 0 or not mask[i - 1]):
+            span += 1
+            if span >= len(sentinel_ids):
+                raise ValueError(f"span corruption needs more than {len(sentinel_ids)} sentinel tokens; add more "
+                                 "or use shorter sequences")
+            inputs.append(sentinel_ids[span])
+            targets.append(sentinel_ids[span])
+        (targets if noisy else inputs).append(token)
+    if eos_id is not None:
+        inputs.append(eos_id)
+    return inputs, targets
+
+
+def text_infilling(tokens: list[int], mask_id: int, mask_ratio: float = 0.3, poisson_lambda: float = 3.0,
+                   generator: torch.Generator | None = None) -> list[int]:
+    """BART text infilling: spans with Poisson(lambda) lengths cover ceil(ratio * n) tokens; each run of
+    masked tokens becomes one mask token, and a 0-length span inserts a mask token."""
+    n = len(tokens)
+    budget = math.ceil(n * mask_ratio)
+    if n == 0 or budget == 0:
+        return list(tokens)
+    masked, inserts, covered = [False] * n, set(), 0
+    rate = torch.tensor([poisson_lambda] * max(1, budget), dtype=torch.float)
+    lengths = torch.poisson(rate, generator=generator).long().tolist()
+    starts = torch.randint(n, (len(lengths),), generator=generator).tolist()
+    for length, start in zip(lengths, starts):
+        if covered >= budget:
+            break
+        if length == 0:
+            inserts.add(start)
+            continue
+        length = min(length, budget - covered)
+        for i in range(start, min(n, start + length)):
+            covered += not masked[i]
+            masked[i] = True
+    out: list[int] = []
+    for i, token in enumerate(tokens):
+        if i in inserts and not masked[i] and (not out or out[-1] != mask_id):
+            out.append(mask_id)
+        if masked[i]:
+            if not out or out[-1] != mask_id:
+                out.append(mask_id)
+        else:
+            out.append(token)
+    return out
+
+
+def token_deletion(tokens: list[int], ratio: float = 0.1, generator: torch.Generator | None = None) -> list[int]:
+    """BART token deletion: round(ratio * n) randomly chosen tokens removed; the model must find where."""
+    drop = set(torch.randperm(len(tokens), generator=generator)[:int(round(len(tokens) * ratio))].tolist())
+    return [t for i, t in enumerate(tokens) if i not in drop]
+
+
+def sentence_permutation(tokens: list[int], end_ids: set[int] | list[int],
+                         generator: torch.Generator | None = None) -> list[int]:
+    """BART sentence permutation: cut after every token in end_ids (full stops) and shuffle the sentences."""
+    ends = set(end_ids)
+    sentences, current = [], []
+    for t in tokens:
+        current.append(t)
+        if t in ends:
+            sentences.append(current)
+            current = []
+    if current:
+        sentences.append(current)
+    order = torch.randperm(len(sentences), generator=generator).tolist()
+    return [t for i in order for t in sentences[i]]

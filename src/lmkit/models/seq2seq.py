@@ -17,15 +17,7 @@ from lmkit.models.base import PreTrainedModel
 from lmkit.models.output import ModelOutput
 from lmkit.models.stack import Stack
 from lmkit.nn import Embeddings, KVCache
-
-IGNORE_INDEX = -100
-
-
-def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id: int) -> torch.Tensor:
-    """Decoder inputs for teacher forcing: [start, y_0, ..., y_{T-2}], ignored labels (-100) read as pad."""
-    inputs = labels.new_full(labels.shape, decoder_start_token_id)
-    inputs[:, 1:] = labels[:, :-1]
-    return inputs.masked_fill(inputs == IGNORE_INDEX, pad_token_id)
+from lmkit.objectives import IGNORE_INDEX, shift_right
 
 
 class Seq2SeqLM(PreTrainedModel, GenerationMixin):

@@ -68,3 +68,4 @@ def _clm_evaluate(model: torch.nn.Module, **kwargs: Any) -> dict[str, float]:
 register_objective(Objective("clm", "decoder", clm_batch, clm_loss, _clm_evaluate))
 
 from lmkit.train import masked as _masked  # noqa: E402,F401  (registers "mlm")
+from lmkit.train import denoise as _denoise  # noqa: E402,F401  (registers "span" and "denoise")

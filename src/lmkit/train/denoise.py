@@ -1,0 +1,103 @@
+"""`--objective span` (T5 span corruption) and `--objective denoise` (BART text infilling and sentence
+permutation): the packed rows of the corpus become (corrupted source, original or spans) pairs.
+
+Each step corrupts its rows afresh with the step's seeded generator (repeatable per seed and step);
+the encoder reads the corrupted row, the decoder is teacher-forced on the target, which ends with
+EOS. The loss is summed over target tokens and divided by their count. Validation uses one fixed
+corruption of the held-out rows. The run's tokenizer gets the sentinel / mask tokens (`prepare`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from lmkit.evaluate.perplexity import autocast
+from lmkit.objectives import (LossSum, next_token_loss, perplexity, sentence_permutation, seq2seq_batch, span_corruption,
+                              text_infilling)
+from lmkit.train.tasks import Objective, register_objective
+
+SENTINELS = [f"<extra_id_{i}>" for i in range(100)]
+MASK = "<mask>"
+EVAL_SEED = 4321
+
+
+class Denoising:
+    """Batch builder, loss and evaluation of one encoder-decoder denoising objective for one tokenizer."""
+
+    def __init__(self, kind: str, special_ids: list[int], end_ids: set[int]):
+        self.kind, self.special_ids, self.end_ids = kind, special_ids, end_ids
+
+    def corrupt(self, tokens: list[int], eos: int, generator: torch.Generator) -> tuple[list[int], list[int]]:
+        if self.kind == "span":
+            return span_corruption(tokens, self.special_ids, generator=generator, eos_id=eos)
+        source = text_infilling(sentence_permutation(tokens, self.end_ids, generator), self.special_ids[0],
+                                generator=generator)
+        return source + [eos], list(tokens)
+
+    def build_batch(self, rows: torch.Tensor, pad_id: int, generator: torch.Generator | None = None) -> dict:
+        """Rows BOS x_1..x_T (padded) -> corrupted sources and targets; BOS doubles as EOS, as in the trainer."""
+        sources, targets = [], []
+        for row in rows.tolist():
+            eos = row[0]
+            tokens = [t for t in row[1:] if t != pad_id]
+            s, t = self.corrupt(tokens, eos, generator)
+            sources.append(s)
+            targets.append(t)
+        batch = seq2seq_batch(sources, targets, pad_id, eos_id=int(rows[0, 0]))
+        return {k: v.to(rows.device) for k, v in batch.items()}
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[LossSum, torch.Tensor | None]:
+        out = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+        return next_token_loss(out.logits, batch["labels"]), getattr(out, "aux_loss", None)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, num_bytes: int,
+                 batch_size: int = 16, precision: str = "fp32", **_: Any) -> dict[str, float]:
+        """Target loss (nats per target token) under one fixed corruption of the held-out rows; bpb scales
+        the bytes by target tokens / row tokens (not comparable with a causal model's bpb)."""
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        generator = torch.Generator().manual_seed(EVAL_SEED)
+        pad = int(rows[mask == 0][0]) if bool((mask == 0).any()) else -1
+        total, count, tokens = 0.0, 0, 0
+        try:
+            for start in range(0, len(rows), batch_size):
+                r = rows[start:start + batch_size].to(device)
+                batch = self.build_batch(r, pad, generator)
+                with autocast(device, precision):
+                    ls = self.loss(model, batch)[0]
+                total += float(ls.sum)
+                count += int(ls.count)
+                tokens += int(mask[start:start + batch_size].sum())
+        finally:
+            model.train(was_training)
+        loss = total / max(count, 1)
+        scored_bytes = num_bytes * min(1.0, count / max(tokens, 1))
+        return {"loss": loss, "perplexity": perplexity(loss), "bpb": total / (math.log(2) * max(scored_bytes, 1e-9)),
+                "tokens": count, "bytes": num_bytes}
+
+
+class DenoisingObjective(Objective):
+    """The registered objective; `prepare(tokenizer)` adds its special tokens and returns the one to train with."""
+
+    def prepare(self, tokenizer: Any) -> Objective:
+        names = SENTINELS if self.name == "span" else [MASK]
+        missing = [n for n in names if tokenizer.token_to_id(n) is None]
+        if missing:
+            tokenizer.add_special_tokens(missing)
+        ids = [int(tokenizer.token_to_id(n)) for n in names]
+        # sentence ends: tokens that end in a full stop (byte-level BPE writes a newline as "Ċ")
+        ends = {i for t, i in tokenizer.get_vocab().items() if t.rstrip("Ċ\n").endswith((".", "!", "?"))}
+        task = Denoising(self.name, ids, ends)
+        return Objective(self.name, self.architecture, task.build_batch, task.loss, task.evaluate)
+
+
+def _unprepared(*_: Any, **__: Any):
+    raise RuntimeError("a denoising objective needs prepare(tokenizer) before use")
+
+
+register_objective(DenoisingObjective("span", "encoder-decoder", _unprepared, _unprepared, _unprepared))
+register_objective(DenoisingObjective("denoise", "encoder-decoder", _unprepared, _unprepared, _unprepared))

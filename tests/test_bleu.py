@@ -1,0 +1,77 @@
+"""BLEU equals the score sacrebleu's command prints; ROUGE equals Google's rouge-score."""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmkit.errors import LmkitError
+from lmkit.evaluate.bleu import corpus_bleu
+from lmkit.evaluate.rouge import corpus_rouge, lcs_length, rouge_scores
+
+HYPS = ["The cat sat on the mat.", "Ein Hund läuft über die Straße — schnell!", "", "a b c d e f g",
+        "naïve café costs 3,50 €", "identical line here", "short"]
+REFS = ["The cat is sitting on the mat.", "Ein Hund rennt über die Straße, schnell!", "something", "a b c d e f g h",
+        "the naïve café costs 3.50 €", "identical line here", "a much longer reference than the hypothesis"]
+REFS2 = ["A cat sat on a mat.", "Der Hund läuft schnell über die Straße!", "nothing", "a b c d e f g",
+         "café costs 3,50 €", "identical line", "short too"]
+
+
+def _cli(tmp_path: Path, hyps, *refs, extra=()) -> float:
+    (tmp_path / "hyp.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    names = []
+    for i, r in enumerate(refs):
+        (tmp_path / f"ref{i}.txt").write_text("\n".join(r) + "\n", encoding="utf-8")
+        names.append(str(tmp_path / f"ref{i}.txt"))
+    cmd = [sys.executable, "-m", "sacrebleu", *names, "-i", str(tmp_path / "hyp.txt"), "-b", "-w", "6", *extra]
+    return float(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip())
+
+
+def test_bleu_equals_sacrebleu_command(tmp_path):
+    assert corpus_bleu(HYPS, REFS).score == pytest.approx(_cli(tmp_path, HYPS, REFS), abs=1e-6)
+    two = corpus_bleu(HYPS, [REFS, REFS2]).score
+    assert two == pytest.approx(_cli(tmp_path, HYPS, REFS, REFS2), abs=1e-6)
+    assert two > corpus_bleu(HYPS, REFS).score  # a second reference can only add matches here
+    low = corpus_bleu(HYPS, REFS, lowercase=True).score
+    assert low == pytest.approx(_cli(tmp_path, HYPS, REFS, extra=("-lc",)), abs=1e-6)
+
+
+def test_bleu_properties():
+    lines = ["one two three four five", "six seven eight nine ten eleven"]
+    assert corpus_bleu(lines, lines).score == pytest.approx(100.0)
+    assert corpus_bleu(["x y z w"] * 2, lines).score == pytest.approx(0.0)
+    # brevity penalty: a correct but short hypothesis scores exp(1 - r / c) of the full precision
+    short = corpus_bleu(["one two three four"], ["one two three four five"])
+    assert short.precisions == pytest.approx([100.0] * 4)
+    assert short.bp == pytest.approx(2.718281828 ** (1 - 5 / 4))
+    with pytest.raises(LmkitError, match="reference"):
+        corpus_bleu(["a", "b"], ["a"])
+
+
+def test_rouge_equals_rouge_score():
+    rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer")
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=False)
+    rng = random.Random(0)
+    words = "the a cat dog sat ran on under mat rug quickly".split()
+    pairs = list(zip(HYPS, REFS)) + [(" ".join(rng.choices(words, k=rng.randint(0, 12))),
+                                      " ".join(rng.choices(words, k=rng.randint(1, 12)))) for _ in range(40)]
+    for hyp, ref in pairs:
+        ours = rouge_scores(hyp, ref)
+        theirs = scorer.score(ref, hyp)  # rouge-score takes (target, prediction)
+        for key in ours:
+            assert ours[key] == pytest.approx(theirs[key].fmeasure, abs=1e-12), (hyp, ref, key)
+    corpus = corpus_rouge([h for h, _ in pairs], [r for _, r in pairs])
+    mean = sum(scorer.score(r, h)["rougeL"].fmeasure for h, r in pairs) / len(pairs)
+    assert corpus["rougeL"] == pytest.approx(mean)
+
+
+def test_rouge_hand_computed():
+    # hyp "the cat sat", ref "the cat was sitting": unigrams 2/3, 2/4 -> F1 = 4/7; bigrams 1/2, 1/3 -> 2/5
+    s = rouge_scores("The cat sat.", "the cat was sitting")
+    assert s["rouge1"] == pytest.approx(4 / 7) and s["rouge2"] == pytest.approx(2 / 5)
+    assert lcs_length(list("ABCBDAB"), list("BDCABA")) == 4  # the textbook LCS example
+    assert rouge_scores("", "anything") == {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
+    assert rouge_scores("same words", "Same, words!")["rougeL"] == 1.0
