@@ -17,7 +17,7 @@ def register(subparsers) -> None:
     prep.add_argument("--workers", type=int, metavar="N", help="tokenizing processes (default: the CPU count)")
     prep.add_argument("--val-fraction", type=float, default=0.05, metavar="F",
                       help="share of documents (by id hash) in the validation split (default 0.05)")
-    prep.add_argument("--shard-mb", type=float, default=32, metavar="MB", help="text per shard in MB (default 32)")
+    prep.add_argument("--shard-mb", type=float, default=16, metavar="MB", help="text per shard in MB (default 16)")
     prep.add_argument("--separator", default="<|endoftext|>", metavar="TOKEN",
                       help="special token put before every document (default <|endoftext|>)")
     prep.add_argument("--overwrite", action="store_true", help="replace shards already in --out")

@@ -3,7 +3,7 @@
 Documents are read as a stream (text files in blocks, JSONL line by line), so memory stays flat
 however large the corpus is: the main process batches about `shard_bytes` of text, a pool of
 worker processes (each holding the tokenizer) encodes a batch and writes it as one shard, and
-at most two batches per worker are in flight. A document goes to the validation split when
+about one batch per worker is in flight. A document goes to the validation split when
 `split_hash(id) < val_fraction` (the rule of `Corpus.split`), so splits do not depend on order.
 The index is written last (atomically), and the folder is valid only once it exists.
 """
@@ -29,7 +29,8 @@ from lmkit.data.shards import DTYPES, FORMAT, INDEX, TOKENIZER, VERSION, file_sh
 from lmkit.data.tokenize import BOS, vocab_size_of
 from lmkit.errors import CorpusError, TokenizerError
 
-SHARD_BYTES = 32 << 20  # text per shard: about 8M tokens, 16 MB of uint16 ids
+SHARD_BYTES = 16 << 20  # text per shard: about 5M tokens, 10 MB of uint16 ids
+ENCODE_CHARS = 1 << 20  # text encoded at a time inside a worker
 BLOCK = 1 << 20
 
 
@@ -164,20 +165,30 @@ def _init_worker(tokenizer_path: str) -> None:
 
 
 def encode_shard(texts: list[str], bos_id: int, dtype: str, vocab_size: int) -> dict[str, np.ndarray]:
-    """{"tokens": sep d_1 sep d_2 ..., "doc_offsets", "doc_bytes"} of a batch (empty encodings dropped)."""
-    ids = encode_texts(_WORKER["tok"], texts)
-    keep = [i for i, x in enumerate(ids) if x]
-    lengths = np.array([len(ids[i]) + 1 for i in keep], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    tokens = np.empty(int(offsets[-1]), dtype=DTYPES[dtype][1])
-    for k, i in enumerate(keep):
-        row = np.asarray(ids[i], dtype=np.int64)
-        if row.size and (row.max() >= vocab_size or row.min() < 0):
-            raise TokenizerError(f"the tokenizer produced id {int(row.max())} outside its vocabulary of {vocab_size}")
-        tokens[offsets[k]] = bos_id
-        tokens[offsets[k] + 1:offsets[k + 1]] = row
-    nbytes = np.array([len(texts[i].encode("utf-8")) for i in keep], dtype=np.int64)
-    return {"tokens": tokens, "doc_offsets": offsets, "doc_bytes": nbytes}
+    """{"tokens": sep d_1 sep d_2 ..., "doc_offsets", "doc_bytes"} of a batch (empty encodings dropped).
+
+    Encoded ENCODE_CHARS of text at a time, each piece turned into compact arrays at once: Python
+    lists of ids cost ~36 bytes a token, so a whole shard as lists would need ~12x its text in memory.
+    """
+    pieces, lengths, nbytes, start = [], [], [], 0
+    while start < len(texts):
+        stop, size = start, 0
+        while stop < len(texts) and (stop == start or size < ENCODE_CHARS):
+            size += len(texts[stop])
+            stop += 1
+        for text, ids in zip(texts[start:stop], encode_texts(_WORKER["tok"], texts[start:stop])):
+            if not ids:
+                continue
+            row = np.asarray(ids, dtype=np.int64)
+            if row.max() >= vocab_size or row.min() < 0:
+                raise TokenizerError(f"the tokenizer produced id {int(row.max())} outside its vocabulary of {vocab_size}")
+            pieces.append(np.concatenate([[bos_id], row]).astype(DTYPES[dtype][1]))
+            lengths.append(len(row) + 1)
+            nbytes.append(len(text.encode("utf-8")))
+        start = stop
+    offsets = np.concatenate([[0], np.cumsum(np.array(lengths, dtype=np.int64))]).astype(np.int64)
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=DTYPES[dtype][1])
+    return {"tokens": tokens, "doc_offsets": offsets, "doc_bytes": np.array(nbytes, dtype=np.int64)}
 
 
 def _write_shard(out: str, split: str, number: int, texts: list[str], bos_id: int, dtype: str,
@@ -229,7 +240,7 @@ def prepare(corpus: Iterable[str], tokenizer: str | Path, out: str | Path, worke
             splits[split].append(_write_shard(str(out), split, number, texts, *args))
             return
         pending.append((split, pool.apply_async(_write_shard, (str(out), split, number, texts, *args))))
-        while len(pending) > 2 * workers:
+        while len(pending) > workers:  # bounded: about workers + 1 batches of text in flight
             done_split, result = pending.popleft()
             splits[done_split].append(result.get())
 

@@ -281,8 +281,15 @@ class ShardStream:
         return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
-def open_prepared(folder: str | Path, seq_len: int, verify: bool = True):
-    """(tokenizer, ShardStream of the train split, validation TokenizedCorpus) of a prepared folder."""
+MAX_VAL_TOKENS = 1 << 19
+
+
+def open_prepared(folder: str | Path, seq_len: int, verify: bool = True, max_val_tokens: int = MAX_VAL_TOKENS):
+    """(tokenizer, ShardStream of the train split, validation TokenizedCorpus) of a prepared folder.
+
+    Evaluation reads the first validation documents up to `max_val_tokens` ids (at least one document),
+    so memory and evaluation time stay bounded however large the corpus is.
+    """
     from lmkit.data.stream import TokenizedCorpus
     from lmkit.data.tokenize import vocab_size_of
     from lmkit.tokenizers import load_tokenizer
@@ -300,7 +307,13 @@ def open_prepared(folder: str | Path, seq_len: int, verify: bool = True):
     if not ds.has_split("validation"):
         raise _fail(Path(folder) / INDEX, "has no validation documents to evaluate on",
                     "prepare it again with --val-fraction above 0 (e.g. 0.05)")
-    ids, nbytes = zip(*ds.split("validation").documents())
+    docs, total = [], 0
+    for ids, n in ds.split("validation").documents():
+        if docs and total + len(ids) > max_val_tokens:
+            break
+        docs.append((ids, n))
+        total += len(ids)
+    ids, nbytes = zip(*docs)
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     val = TokenizedCorpus(np.concatenate(ids).astype(np.int32), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
                           np.array(nbytes, dtype=np.int64))
