@@ -3,9 +3,14 @@
 Model: GPT-2 shape, 4 layers, 4 heads, width 256, context 256, vocabulary 512.
 Training: tokens/s of forward + backward + AdamW at batch 16 x 256 tokens, fp32 and bf16 autocast.
 Generation: greedy tokens/s (new tokens only) at batch 1 and 8 from a 16-token prompt.
-Prints a markdown table with the ratio lmkit / transformers' best.
+Prints a markdown table with the ratio lmkit / transformers' best. The two models take turns
+(one training step or one generation run each) and the best time of each counts, so that both see
+the same load on a shared machine.
 
-    python bench/bench_decoder.py [--steps 6] [--new-tokens 128] [--compile]
+    python bench/bench_decoder.py [--steps 6] [--new-tokens 128] [--threads 1] [--compile]
+
+Both models use the same optimizer (torch.optim.AdamW, fused=True, which is also the default of
+transformers' Trainer) and the same thread count.
 """
 from __future__ import annotations
 
@@ -44,62 +49,62 @@ def autocast(bf16: bool):
     return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
-def train_speed(model, bf16: bool, steps: int, fused: bool, data: torch.Tensor) -> float:
-    """Tokens/s of forward + backward + AdamW, after two warm-up steps."""
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+class Trainer:
+    """One model's forward + backward + AdamW step at a given precision."""
 
-    def step(ids):
-        with autocast(bf16):
-            out = model(ids, labels=ids)
+    def __init__(self, model, bf16: bool, data: torch.Tensor):
+        self.model, self.bf16, self.data, self.i = model.train(), bf16, data, 0
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def step(self) -> None:
+        ids = self.data[self.i % len(self.data)]
+        self.i += 1
+        with autocast(self.bf16):
+            out = self.model(ids, labels=ids)
         out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for i in range(2):
-        step(data[i % len(data)])
-    start = time.perf_counter()
-    for i in range(steps):
-        step(data[i % len(data)])
-    elapsed = time.perf_counter() - start
-    model.eval()
-    return steps * data[0].numel() / elapsed
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
 
 
-def generate_speed(generate, batch: int, new_tokens: int, repeats: int = 2) -> tuple[float, torch.Tensor]:
-    """New tokens/s of greedy decoding (best of `repeats`), and the ids of the last run."""
-    g = torch.Generator().manual_seed(batch)
-    prompt = torch.randint(0, VOCAB, (batch, 16), generator=g)
-    generate(prompt, 4)  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = generate(prompt, new_tokens)
-        best = min(best, time.perf_counter() - start)
-    return batch * new_tokens / best, out
+def interleaved(runs: dict, rounds: int) -> dict:
+    """Best time of each callable over `rounds`, taking turns so that both see the same machine load."""
+    best = {name: float("inf") for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=6, help="timed training steps per setting")
+    ap.add_argument("--steps", type=int, default=6, help="timed training steps per model and setting (best counts)")
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5, help="timed generation runs per model (best counts)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for both (default 1: on a shared machine more threads spin against other jobs)")
     ap.add_argument("--compile", action="store_true", help="also time lmkit training under torch.compile")
     args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     hf = hf_model().eval()
     ours = lmkit_from(hf)
     data = torch.randint(0, VOCAB, (3, BATCH, CONTEXT))
     rows = []
 
-    # --- training: each model starts from the same weights for each setting
+    # --- training: each model starts from the same weights for each setting; steps alternate
     state_hf = {k: v.clone() for k, v in hf.state_dict().items()}
     state_ours = {k: v.clone() for k, v in ours.state_dict().items()}
     train = {}
     for bf16 in (False, True):
         hf.load_state_dict(state_hf)
-        train[("hf", bf16)] = train_speed(hf, bf16, args.steps, fused=False, data=data)
         ours.load_state_dict(state_ours)
-        train[("lmkit", bf16)] = train_speed(ours, bf16, args.steps, fused=True, data=data)
+        trainers = {"hf": Trainer(hf, bf16, data), "lmkit": Trainer(ours, bf16, data)}
+        interleaved({k: t.step for k, t in trainers.items()}, 2)  # warm-up
+        best = interleaved({k: t.step for k, t in trainers.items()}, args.steps)
+        for name, seconds in best.items():
+            train[(name, bf16)] = data[0].numel() / seconds
     hf_best = max(train[("hf", False)], train[("hf", True)])
     for bf16 in (False, True):
         name = "bf16 autocast" if bf16 else "fp32"
@@ -107,25 +112,35 @@ def main(argv: list[str] | None = None) -> None:
                      train[("lmkit", bf16)] / hf_best))
     if args.compile:
         ours.load_state_dict(state_ours)
-        compiled = torch.compile(ours)
+        trainer = Trainer(torch.compile(ours), True, data)
         start = time.perf_counter()
-        train_speed(compiled, True, 0, fused=True, data=data)
+        trainer.step()
         compile_s = time.perf_counter() - start
-        tps = train_speed(compiled, True, args.steps, fused=True, data=data)
+        tps = data[0].numel() / interleaved({"lmkit": trainer.step}, args.steps)["lmkit"]
         rows.append((f"training tokens/s (bf16, torch.compile; compile {compile_s:.0f} s)", hf_best, tps, tps / hf_best))
     ours.load_state_dict(state_ours)
     hf.load_state_dict(state_hf)
+    hf.eval()
+    ours.eval()
 
-    # --- greedy generation, fp32, same weights: outputs must agree
+    # --- greedy generation, fp32, same weights, alternating runs: outputs must agree
+    n = args.new_tokens
     for batch in (1, 8):
-        hf_tps, hf_ids = generate_speed(
-            lambda p, n: hf.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=n, min_new_tokens=n,
-                                     do_sample=False, pad_token_id=0), batch, args.new_tokens)
-        our_tps, our_ids = generate_speed(lambda p, n: ours.generate(p, max_new_tokens=n, pad_token_id=0), batch,
-                                          args.new_tokens)
-        same = "same ids" if torch.equal(hf_ids, our_ids) else "ids DIFFER"
-        rows.append((f"greedy generation tokens/s (batch {batch}, {args.new_tokens} new, {same})", hf_tps, our_tps,
-                     our_tps / hf_tps))
+        prompt = torch.randint(0, VOCAB, (batch, 16), generator=torch.Generator().manual_seed(batch))
+        outputs = {}
+
+        def run_hf():
+            outputs["hf"] = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
+                                        min_new_tokens=n, do_sample=False, pad_token_id=0)
+
+        def run_ours():
+            outputs["lmkit"] = ours.generate(prompt, max_new_tokens=n, pad_token_id=0)
+
+        interleaved({"hf": run_hf, "lmkit": run_ours}, 1)  # warm-up
+        best = interleaved({"hf": run_hf, "lmkit": run_ours}, args.repeats)
+        same = "same ids" if torch.equal(outputs["hf"], outputs["lmkit"]) else "ids DIFFER"
+        hf_tps, our_tps = batch * n / best["hf"], batch * n / best["lmkit"]
+        rows.append((f"greedy generation tokens/s (batch {batch}, {n} new, {same})", hf_tps, our_tps, our_tps / hf_tps))
 
     print(f"\nGPT-2 shape: {LAYERS} layers, {HEADS} heads, width {WIDTH}, context {CONTEXT}, vocabulary {VOCAB}; "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs\n")
@@ -133,8 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| --- | ---: | ---: | ---: |")
     for name, a, b, r in rows:
         print(f"| {name} | {a:,.0f} | {b:,.0f} | {r:.2f}x |")
-    print("\nTraining ratios are against transformers' best setting (fp32 or bf16). "
-          "lmkit trains with AdamW(fused=True); transformers with the default AdamW.")
+    print("\nTraining ratios are against transformers' best setting (fp32 or bf16); both use AdamW(fused=True).")
     sys.stdout.flush()
 
 

@@ -145,3 +145,36 @@ def test_kv_cache_grows_past_its_capacity_and_reorders_rows():
     cache.reorder(torch.tensor([2, 2, 0]))
     keys, _ = cache.update(0, torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 4))
     torch.testing.assert_close(keys[:, :, :70], torch.cat(ks, 2)[[2, 2, 0]])
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_eager_attention_used_for_bf16_training_equals_sdpa(n_kv_heads):
+    """The bf16-training path on CPU (matrix products, float32 softmax) computes SDPA's numbers."""
+    from lmkit.nn.attention import eager_attention
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 5, 8)
+    k, v = torch.randn(2, n_kv_heads, 7, 8), torch.randn(2, n_kv_heads, 7, 8)
+    F = torch.nn.functional
+    gqa = n_kv_heads != 4
+    # causal with 2 cached keys: query i sees keys 0..i+2
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 7, dtype=torch.bool).tril(2),
+                                              enable_gqa=gqa)
+    torch.testing.assert_close(eager_attention(q, k, v, None, True, None), expected, atol=1e-5, rtol=1e-5)
+    allowed = torch.rand(2, 1, 5, 7) > 0.3
+    allowed[..., 0] = True
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=0.3, enable_gqa=gqa)
+    torch.testing.assert_close(eager_attention(q, k, v, allowed, False, 0.3), expected, atol=1e-5, rtol=1e-5)
+    # a row that sees nothing is uniform, not NaN
+    allowed[0, 0, 1] = False
+    out = eager_attention(q, k, v, allowed, False, None)
+    torch.testing.assert_close(out[0, :, 1], v.repeat_interleave(4 // n_kv_heads, 1)[0].mean(-2))
+
+
+def test_bf16_autocast_training_matches_fp32():
+    att = attention(causal=True, n_kv_heads=2).train()
+    x = torch.randn(2, 16, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = att(x, is_causal=True)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), att(x, is_causal=True), atol=0.1, rtol=0.05)

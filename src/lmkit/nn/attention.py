@@ -14,6 +14,36 @@ from lmkit.config import ModelConfig
 from lmkit.nn.positions import apply_rotary
 
 
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, is_causal: bool,
+                    scale: float | None, dropout: float = 0.0) -> torch.Tensor:
+    """softmax(Q K^T * scale + mask) V written out in matrix products (CPU softmax accumulates in float32).
+
+    On CPU, for bf16 training, this is about twice as fast as SDPA's flash kernel (forward + backward);
+    it is what transformers' "eager" attention computes. Masked scores get the dtype's minimum, so a
+    row that sees nothing gets a uniform distribution instead of NaN.
+    """
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(q * scale, k.transpose(-1, -2))
+    low = torch.finfo(scores.dtype).min
+    if bias is not None and bias.dtype == torch.bool:
+        scores.masked_fill_(~bias, low)
+    elif bias is not None:
+        scores = scores + bias
+    elif is_causal:
+        t_q, t_k = scores.shape[-2:]
+        scores.add_(torch.full((t_q, t_k), low, dtype=scores.dtype, device=q.device).triu_(t_k - t_q + 1))
+    probs = torch.softmax(scores, dim=-1)
+    if dropout:
+        probs = F.dropout(probs, p=dropout)
+    return torch.matmul(probs, v)
+
+
 class KVCache:
     """Keys and values of past positions per layer, in buffers that grow by doubling.
 
@@ -132,7 +162,10 @@ class Attention(nn.Module):
         gqa = self.n_kv_heads != self.n_heads
         if bias is not None and bias.dtype != torch.bool and bias.dtype != q.dtype:
             bias = bias.to(q.dtype)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal and bias is None, scale=self.scale, enable_gqa=gqa)
+        dropout = self.dropout if self.training else 0.0
+        if q.device.type == "cpu" and q.dtype in _LOW_PRECISION and torch.is_grad_enabled() and T > 1:
+            out = eager_attention(q, k, v, bias, is_causal and bias is None, self.scale, dropout)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout,
+                                                 is_causal=is_causal and bias is None, scale=self.scale, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
