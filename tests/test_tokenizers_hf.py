@@ -168,3 +168,14 @@ def test_bpe_trainer_makes_the_merges_of_tokenizers():
     theirs = json.loads(hf.to_str())["model"]
     assert ours.model.vocab == theirs["vocab"]
     assert [list(m) for m in ours.model.merges] == [list(m) for m in theirs["merges"]]
+
+
+def test_gpt4_pattern_bpe_trained_here_loads_in_tokenizers(tmp_path):
+    ours = train_tokenizer(TRAIN, "bpe", 700, pattern="gpt4")
+    assert ours.engine() is not None
+    hf = tokenizers.Tokenizer.from_file(ours.save(tmp_path / "tokenizer.json"))
+    _same(ours, hf, ODD + HELD_OUT)
+    theirs = json.loads(_hf_trained("gpt4").to_str())["model"]  # same pre-tokenization and trainer rules
+    ours = train_tokenizer(TRAIN, "bpe", 700, pattern="gpt4", special_tokens=[])
+    assert ours.model.vocab == theirs["vocab"]
+    assert [list(m) for m in ours.model.merges] == [list(m) for m in theirs["merges"]]
