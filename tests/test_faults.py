@@ -190,3 +190,16 @@ def test_resume_without_a_checkpoint(assets, tmp_path, capsys):
     fails(capsys, ["train", "--preset", "tiny", "--corpus", str(assets / "corpus.txt"), "--out", str(out), "--resume"],
           out, "no checkpoint", "drop --resume")
     assert not out.exists()
+
+
+def test_nothing_is_ever_unpickled():
+    """Only safetensors and JSON are read: no pickle, and torch.load only with weights_only=True."""
+    import re
+
+    src = Path(lmkit.__file__).parent
+    for path in src.rglob("*.py"):
+        code = path.read_text(encoding="utf-8")
+        assert not re.search(r"^\s*(import pickle|from pickle|import dill|import joblib)", code, re.M), path
+        assert not re.search(r"\bpickle\.loads?\(|np\.load\(", code), path
+        for call in re.finditer(r"torch\.load\(([^)]*)\)", code):
+            assert "weights_only=True" in call.group(1), (path, call.group(0))
