@@ -178,3 +178,21 @@ def test_bf16_autocast_training_matches_fp32():
         low = att(x, is_causal=True)
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.float(), att(x, is_causal=True), atol=0.1, rtol=0.05)
+
+
+def test_fused_inference_projection_follows_weight_updates():
+    """Without gradients q/k/v come from one cached fused matrix; it must track in-place weight changes."""
+    att = attention(causal=True, n_kv_heads=2)
+    x = torch.randn(2, 5, 24)
+    with torch.no_grad():
+        before = att(x, is_causal=True)
+        torch.testing.assert_close(before, reference(att, x, torch.ones(5, 5, dtype=torch.bool).tril()),
+                                   atol=1e-5, rtol=1e-5)
+        att.k_proj.weight.mul_(2.0)  # an optimizer step or load_state_dict changes weights in place
+        att.v_proj.bias.add_(1.0)
+        after = att(x, is_causal=True)
+        torch.testing.assert_close(after, reference(att, x, torch.ones(5, 5, dtype=torch.bool).tril()),
+                                   atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(before, after)
+    with torch.enable_grad():
+        torch.testing.assert_close(att(x, is_causal=True), after, atol=1e-5, rtol=1e-5)
