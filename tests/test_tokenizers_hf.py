@@ -179,3 +179,15 @@ def test_gpt4_pattern_bpe_trained_here_loads_in_tokenizers(tmp_path):
     ours = train_tokenizer(TRAIN, "bpe", 700, pattern="gpt4", special_tokens=[])
     assert ours.model.vocab == theirs["vocab"]
     assert [list(m) for m in ours.model.merges] == [list(m) for m in theirs["merges"]]
+
+
+def test_save_pretrained_loads_in_transformers(minilm, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    ours, _ = minilm
+    ours.save_pretrained(tmp_path)
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert (auto.pad_token_id, auto.cls_token_id, auto.sep_token_id, auto.mask_token_id) == (0, 101, 102, 103)
+    for a, b in [("Hello, World!", None), ("naïve café", "北京 😀")]:
+        assert auto(a, b)["input_ids"] == ours.encode(a, pair=b)
+    batch = auto(["short", "a longer one here"], padding=True)
+    assert batch["input_ids"] == ours(["short", "a longer one here"], padding=True)["input_ids"]

@@ -12,6 +12,7 @@
           # {"input_ids", "attention_mask", "token_type_ids"}: lists of lists (a str gives plain lists)
     text = tok.decode(ids, skip_special_tokens=False)
     tok.save(path)                                    # tokenizer.json that `tokenizers` loads
+    tok.save_pretrained(folder)                       # + tokenizer_config.json: transformers.AutoTokenizer loads it
 
     tok.vocab_size (added tokens included), tok.token_to_id(s), tok.id_to_token(i), tok.tokenize(text),
     tok.bos_token_id / eos / pad / unk / mask / cls / sep _token_id (None where the tokenizer has none;

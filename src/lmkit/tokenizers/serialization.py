@@ -78,19 +78,44 @@ def load_tokenizer(path) -> Tokenizer:
                              "or restore the original file") from None
 
 
+def _write_json(path: Path, obj) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, ensure_ascii=False, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_pretrained(tok: Tokenizer, folder) -> list[str]:
+    """tokenizer.json plus tokenizer_config.json and special_tokens_map.json naming the special tokens, so
+    `transformers.AutoTokenizer.from_pretrained(folder)` loads it as a fast tokenizer."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    roles = {}
+    for role in ("bos", "eos", "unk", "pad", "mask", "cls", "sep"):
+        tid = getattr(tok, f"{role}_token_id")
+        if tid is not None:
+            roles[f"{role}_token"] = tok.id_to_token(tid)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **roles}
+    max_len = (tok.truncation or {}).get("max_length")
+    if max_len:
+        config["model_max_length"] = max_len
+    paths = [save_tokenizer(tok, folder / "tokenizer.json")]
+    for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", roles)):
+        _write_json(folder / name, obj)
+        paths.append(str(folder / name))
+    return paths
+
+
 def save_tokenizer(tok: Tokenizer, path) -> str:
     p = Path(path)
     if p.is_dir() or (not p.suffix and not p.exists()):
         p.mkdir(parents=True, exist_ok=True)
         p = p / "tokenizer.json"
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tokenizer.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(tokenizer_to_json(tok), f, ensure_ascii=False, indent=2)
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    _write_json(p, tokenizer_to_json(tok))
     return str(p)

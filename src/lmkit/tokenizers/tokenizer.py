@@ -278,6 +278,11 @@ class Tokenizer:
         from lmkit.tokenizers.serialization import save_tokenizer
         return save_tokenizer(self, path)
 
+    def save_pretrained(self, folder) -> list[str]:
+        """A folder `transformers.AutoTokenizer` loads: tokenizer.json, tokenizer_config.json, special_tokens_map.json."""
+        from lmkit.tokenizers.serialization import save_pretrained
+        return save_pretrained(self, folder)
+
     def __getstate__(self):
         return {"json": self.to_str(), "roles": self._roles}
 
