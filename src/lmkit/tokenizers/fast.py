@@ -78,6 +78,10 @@ def tiktoken_engine(tok) -> TiktokenEngine | None:
         ranks[nb], last = tid, tid
     if len(set(ranks.values())) != len(ranks):
         return None
+    if model.ignore_merges:  # HF then takes any whole word found in the vocabulary, tiktoken only ranked ones
+        added = {t.content for t in tok.added.tokens}
+        if any(_to_bytes(t) not in ranks for t in model.vocab if t not in added):
+            return None
     specials = {}
     for t in tok.added.tokens:
         if t.lstrip or t.rstrip or t.single_word:
