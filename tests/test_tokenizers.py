@@ -239,3 +239,23 @@ def test_add_special_tokens_gets_new_ids_and_is_never_split():
     assert ids == [n, n + 1, tok.token_to_id("<|endoftext|>")] and tok.vocab_size == n + 2
     assert tok.encode("a<extra_id_1>b")[1] == n + 1
     assert tok.decode(tok.encode("a<extra_id_0> b")) == "a<extra_id_0> b"
+
+
+def test_unigram_estep_is_exact_posterior_and_digamma():
+    from lmkit.tokenizers.trainers.unigram import _estep, _lattices, digamma
+    scores = {"a": -1.0, "b": -1.5, "ab": -2.2, "c": -2.0, "bc": -2.4, "abc": -4.1}
+    words = [("abc", 3), ("cab", 2), ("abcab", 1)]
+    expected, nll = _estep(scores, _lattices(words, scores, 16))
+    brute, z_total = Counter(), 0.0
+    for w, c in words:
+        segs = [s for s in _segmentations(w) if all(p in scores for p in s)]
+        weights = [math.exp(sum(scores[p] for p in s)) for s in segs]
+        z = sum(weights)
+        z_total -= c * math.log(z)
+        for s, wt in zip(segs, weights):
+            for p in s:
+                brute[p] += c * wt / z
+    assert all(math.isclose(expected[p], brute[p], rel_tol=1e-9) for p in scores)
+    assert math.isclose(nll, z_total, rel_tol=1e-9)  # the corpus NLL is -sum count * log Z
+    assert math.isclose(digamma(1.0), -0.5772156649015329, rel_tol=1e-13)  # -Euler-Mascheroni
+    assert all(math.isclose(digamma(x + 1), digamma(x) + 1 / x, rel_tol=1e-12) for x in (0.3, 2.5, 7.0, 40.0))

@@ -12,9 +12,9 @@ NEG_INF = float("-inf")
 
 
 def digamma(x: float) -> float:
-    """psi(x) by recurrence up to x >= 6 and the asymptotic series."""
+    """psi(x) by the recurrence psi(x) = psi(x + 1) - 1/x up to x >= 10, then the asymptotic series."""
     r = 0.0
-    while x < 6.0:
+    while x < 10.0:
         r -= 1.0 / x
         x += 1.0
     f = 1.0 / (x * x)
