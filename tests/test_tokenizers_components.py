@@ -142,3 +142,14 @@ def test_llama_style_bpe_with_byte_fallback():
         ids = hf.encode(s).ids
         assert ours.encode(s) == ids, s
         assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False), s
+
+
+@pytest.mark.parametrize("scheme", ["first", "always", "never"])
+def test_metaspace_prepend_scheme_around_special_tokens(scheme):
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "▁hello", "hello", "▁world", "world", "▁", "x", "▁x"])}
+    hf = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    hf.pre_tokenizer = P.Metaspace(prepend_scheme=scheme)
+    hf.add_special_tokens(["<s>"])
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    for s in ["<s>hello world", "hello<s>world", "hello <s> world", "<s> x", " hello", ""]:
+        assert ours.encode(s) == hf.encode(s).ids, s
