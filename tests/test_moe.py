@@ -10,6 +10,15 @@ from lmkit.nn.ffn import FeedForward
 from lmkit.nn.moe import MoEFeedForward, load_balancing_loss
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and the test machine's cores are shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def cfg(**kw):
     base = dict(vocab_size=61, d_model=24, n_layers=2, n_heads=4, activation="swiglu", bias=False, d_ff=40,
                 n_experts=5, n_experts_per_token=2, position="rope", norm="rmsnorm")
