@@ -15,7 +15,7 @@ import compress_setup as setup  # noqa: E402
 import lmkit  # noqa: E402
 from lmkit.compress import head_importance, prune_heads  # noqa: E402
 from lmkit.compress.prune import attention_modules  # noqa: E402
-from lmkit.compress.recipes import tokens_per_second  # noqa: E402
+from lmkit.compress.recipes import forward_flops_per_token, tokens_per_second  # noqa: E402
 
 
 def main() -> None:
@@ -44,13 +44,15 @@ def main() -> None:
         heads = sum(m.n_heads for m in attention_modules(model).values())
         rows.append({"pruned": sum(map(len, chosen.values())), "heads": f"{heads}/{total}",
                      "params": f"{model.num_parameters():,}", "loss": r["loss"], "acc": r["accuracy"],
-                     "speed": f"{tokens_per_second(model, probe):.0f}"})
+                     "mflops": f"{forward_flops_per_token(model, setup.SEQ_LEN) / 1e6:.2f}",
+                     "speed": f"{tokens_per_second(model, probe, repeats=5):.0f}"})
         print(rows[-1], flush=True)
     for r in rows:
         r["loss_s"], r["acc_s"] = f"{r['loss']:.3f}", f"{r['acc']:.3f}"
     print(f"\nimportance from 8 batches x 8 x {setup.SEQ_LEN} tokens ({seconds:.1f} s); validation of pydocs\n")
     print(setup.table(rows, [("pruned", "heads pruned"), ("heads", "heads left"), ("params", "parameters"),
-                             ("loss_s", "val loss"), ("acc_s", "next-token acc."), ("speed", "forward tokens/s")]))
+                             ("loss_s", "val loss"), ("acc_s", "next-token acc."), ("mflops", "MFLOPs/token (T=128)"),
+                             ("speed", "forward tokens/s (noisy)")]))
     import matplotlib
 
     matplotlib.use("Agg")

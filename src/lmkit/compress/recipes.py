@@ -59,6 +59,16 @@ def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 
     return report
 
 
+def forward_flops_per_token(model, context: int) -> float:
+    """Multiply-adds x 2 of one token's forward pass at a given context length: 2 per weight of every
+    linear layer, plus 4 * context * head_dim per attention head (scores q k^T and the sum over v)."""
+    from lmkit.compress.prune import attention_modules
+
+    linear = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
+    heads = sum(a.n_heads * a.head_dim for a in attention_modules(model).values())
+    return 2.0 * linear + 4.0 * context * heads
+
+
 @torch.no_grad()
 def tokens_per_second(model, rows: torch.Tensor, repeats: int = 3) -> float:
     """Forward-pass throughput over `rows` (best of `repeats`)."""
