@@ -169,7 +169,21 @@ def test_resume_and_out_folder_errors(corpus_file, tmp_path):
 
 
 @pytest.mark.parametrize("objective, message", [("mlm", "not available yet"), ("nope", "unknown objective")])
-def test_unknown_objectives(corpus_file, tmp_path, objective, message):
+def test_unknown_objectives(corpus_file, tmp_path, objective, message, monkeypatch):
+    from lmkit.train.tasks import OBJECTIVES
+
+    monkeypatch.delitem(OBJECTIVES, "mlm", raising=False)  # as before masked LM was registered
     with pytest.raises(TrainingError, match=message):
         Trainer(config(corpus_file, tmp_path / "o", objective=objective))
     assert not (tmp_path / "o").exists()
+
+
+def test_objective_must_fit_the_preset(corpus_file, tmp_path):
+    from lmkit.train.tasks import OBJECTIVES, Objective, clm_batch, clm_loss
+
+    OBJECTIVES["test-encoder"] = Objective("test-encoder", "encoder", clm_batch, clm_loss, None)
+    try:
+        with pytest.raises(TrainingError, match="trains encoder models, but preset 'tiny' is decoder"):
+            Trainer(config(corpus_file, tmp_path / "o", objective="test-encoder"))
+    finally:
+        del OBJECTIVES["test-encoder"]
