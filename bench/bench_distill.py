@@ -39,7 +39,7 @@ def main() -> None:
         torch.manual_seed(0)
         student = student_from_teacher(teacher)
         if kind == "scratch":
-            student.init_weights()
+            student = type(teacher)(student.config)  # fresh random weights, same shape
         t = time.perf_counter()
         if kind == "distill":
             distill_causal_lm(teacher, student, data.stream, data.pad, args.steps, args.batch_size, lr=1e-3,
