@@ -11,6 +11,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, model.safetensors, tokenizer.json)")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
                    help="corpus whose validation split is scored; default: the one the model was trained on, else pydocs")
+    p.add_argument("--pairs", metavar="PATH", help="text-to-text models: BLEU/ROUGE on (source, reference) pairs, .tsv or .jsonl")
+    p.add_argument("--task", choices=["numbers"], help="text-to-text models: the held-out set of a built-in task")
+    p.add_argument("--num-beams", type=int, default=1, help="beam search width for --pairs/--task (default greedy)")
     p.set_defaults(func=run)
 
 
@@ -26,6 +29,13 @@ def run(args: argparse.Namespace) -> int:
     model = lmkit.load_model(args.model)
     tokenizer = lmkit.load_tokenizer(args.model)
     check_fits(tokenizer, model.config.vocab_size, Path(args.model) / "tokenizer.json", args.model)
+    if args.pairs or args.task or model.config.architecture == "encoder-decoder":
+        from lmkit.evaluate.seq2seq import report_pairs, resolve_pairs
+
+        name, pairs = resolve_pairs(args.model, args.pairs, args.task)
+        print(f"{args.model} on {name} ({len(pairs)} pairs)")
+        print("\n".join(report_pairs(model, tokenizer, pairs, args.num_beams)))
+        return 0
     _, val = load_corpus(corpus).split(settings.get("val_fraction", 0.05))
     r = evaluate_text(model, tokenizer, val)
     print(f"{args.model} on {' '.join(corpus)} (validation split: {len(val)} documents, {r['bytes']} bytes, {r['tokens']} tokens)")

@@ -16,6 +16,7 @@ import torch
 
 from lmkit.config import get_preset
 from lmkit.data.cache import atomic_save_file
+from lmkit.hub.files import atomic_write_json
 from lmkit.models import build_model
 from lmkit.objectives import next_token_loss, seq2seq_batch
 from lmkit.train.metrics import MetricsLog, plot_losses
@@ -26,31 +27,17 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
-@torch.no_grad()
-def translate(model, tokenizer, sources: list[str], batch_size: int = 128, max_new_tokens: int = 24,
-              num_beams: int = 1) -> list[str]:
-    """Decoded outputs for `sources` (greedy, or beam search with num_beams > 1)."""
-    pad = model.config.pad_token_id
-    out = []
-    for start in range(0, len(sources), batch_size):
-        ids = _encode(tokenizer, sources[start:start + batch_size])
-        batch = seq2seq_batch(ids, [[0]] * len(ids), pad)
-        gen = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=max_new_tokens,
-                             num_beams=num_beams)
-        out += [tokenizer.decode(row.tolist(), skip_special_tokens=True) for row in gen]
-    return out
-
-
 def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokenizer, out: str | Path,
               preset: str = "t5-tiny", steps: int = 3000, time_budget: float | None = None, batch_size: int = 64,
-              lr: float = 3e-3, warmup_steps: int = 100, eval_every: int = 500, seed: int = 0,
-              log_every: int = 50, **overrides: Any) -> dict[str, Any]:
+              lr: float = 1e-3, warmup_steps: int = 100, eval_every: int = 500, seed: int = 0,
+              log_every: int = 50, task: str | None = None, **overrides: Any) -> dict[str, Any]:
     """Train `preset` on `train` pairs for `steps` (or until `time_budget` seconds); returns the last scores.
 
     out/ gets the model folder (config.json, model.safetensors, tokenizer.json), metrics.jsonl with
-    `step`, `loss`, and on evaluation steps `val_loss` and `bleu`, and loss_curve.png.
+    `step`, `loss`, and on evaluation steps `val_loss`, `bleu`, ROUGE and exact match, and loss_curve.png;
+    with `task` (a built-in task's name), task.json, so that `lmkit eval --model out` scores that task.
     """
-    from lmkit.evaluate.bleu import corpus_bleu
+    from lmkit.evaluate.seq2seq import evaluate_pairs
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -74,11 +61,9 @@ def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokeniz
         with torch.no_grad():
             logits = model(val["input_ids"], attention_mask=val["attention_mask"], labels=val["labels"]).logits
             val_loss = next_token_loss(logits, val["labels"]).mean.item()
-            hyps = translate(model, tokenizer, [s for s, _ in test])
+        scores = evaluate_pairs(model, tokenizer, test)
         model.train()
-        bleu = corpus_bleu(hyps, [t for _, t in test])
-        exact = sum(h == t for h, (_, t) in zip(hyps, test)) / len(test)
-        return {"val_loss": val_loss, "bleu": bleu.score, "exact_match": exact}
+        return {"val_loss": val_loss, **scores}
 
     while step < steps and (time_budget is None or time.perf_counter() - t0 < time_budget):
         set_lr(optimizer, lr_at(step, lr, warmup_steps, steps, lr * 0.05))
@@ -101,5 +86,7 @@ def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokeniz
     model.eval()
     model.save_pretrained(out)
     atomic_save_file(out / "tokenizer.json", lambda tmp: tokenizer.save(tmp))
+    if task is not None:  # `lmkit eval --model out` then scores the task's held-out set
+        atomic_write_json(out / "task.json", {"task": task})
     plot_losses(metrics.read(), out / "loss_curve.png", title=f"{preset} on numbers-to-words")
     return {"step": step, "elapsed": time.perf_counter() - t0, **result}
