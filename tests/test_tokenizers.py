@@ -259,3 +259,13 @@ def test_unigram_estep_is_exact_posterior_and_digamma():
     assert math.isclose(nll, z_total, rel_tol=1e-9)  # the corpus NLL is -sum count * log Z
     assert math.isclose(digamma(1.0), -0.5772156649015329, rel_tol=1e-13)  # -Euler-Mascheroni
     assert all(math.isclose(digamma(x + 1), digamma(x) + 1 / x, rel_tol=1e-12) for x in (0.3, 2.5, 7.0, 40.0))
+
+
+def test_added_token_that_is_also_a_merge_stays_whole(bpe):
+    word = max((t for t in bpe.model.vocab if len(t) > 3 and t.isalpha()), key=len)
+    tok = tokenizer_from_json(bpe.to_json())
+    tok.add_special_tokens([word])
+    text = f"x{word}y {word}"
+    assert tok.engine() is not None
+    assert tok.encode(text).count(tok.token_to_id(word)) == 2
+    assert tok.encode(text) == tok._encode_plain(text, python_only=True)

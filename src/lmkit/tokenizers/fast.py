@@ -86,14 +86,14 @@ def tiktoken_engine(tok) -> TiktokenEngine | None:
     for t in tok.added.tokens:
         if t.lstrip or t.rstrip or t.single_word:
             return None
-        if _to_bytes(t.content) in ranks and ranks[_to_bytes(t.content)] == t.id:
-            continue  # an added token that is also a plain vocabulary token
         specials[t.content] = t.id
     contents = list(specials)
     if any(a != b and a in b for a in contents for b in contents):
         return None  # tiktoken's special matching is leftmost-first, HF's leftmost-longest
-    if set(specials.values()) & set(ranks.values()):
-        return None
+    by_id = {tid: b for b, tid in ranks.items()}
+    for content, tid in specials.items():  # an added token may share its id only with its own bytes
+        if tid in by_id and by_id[tid] != _to_bytes(content):
+            return None
     try:
         enc = tiktoken.Encoding("lmkit", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
     except Exception:  # a regex fancy-regex rejects, or ranks tiktoken refuses: use the Python path
