@@ -15,6 +15,7 @@ from lmkit.nn.positions import apply_rotary
 
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
+_EAGER_MAX_SCORES = 1 << 26  # score matrices above this many entries (128 MB in bf16) go to SDPA's flash kernel
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, is_causal: bool,
@@ -163,7 +164,8 @@ class Attention(nn.Module):
         if bias is not None and bias.dtype != torch.bool and bias.dtype != q.dtype:
             bias = bias.to(q.dtype)
         dropout = self.dropout if self.training else 0.0
-        if q.device.type == "cpu" and q.dtype in _LOW_PRECISION and torch.is_grad_enabled() and T > 1:
+        if q.device.type == "cpu" and q.dtype in _LOW_PRECISION and torch.is_grad_enabled() and T > 1 \
+                and B * self.n_heads * T * k.shape[2] <= _EAGER_MAX_SCORES:
             out = eager_attention(q, k, v, bias, is_causal and bias is None, self.scale, dropout)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout,
