@@ -1,0 +1,56 @@
+"""`--objective span` and `--objective denoise` through the trainer: a small T5-style model on a slice of pydocs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import lmkit
+from lmkit.data import load_corpus
+from lmkit.objectives import IGNORE_INDEX
+from lmkit.train.config import TrainConfig
+from lmkit.train.denoise import MASK, SENTINELS
+from lmkit.train.trainer import Trainer
+
+SMALL = dict(d_model=32, n_layers=2, n_decoder_layers=2, n_heads=2, head_dim=16, d_ff=64, output_scale=32 ** -0.5)
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:30]
+    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
+    path.write_text("".join(json.dumps({"text": d.text}) + "\n" for d in docs), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("objective", ["span", "denoise"])
+def test_seq2seq_objectives_train_and_save(corpus_file, tmp_path, objective):
+    cfg = TrainConfig(preset="t5-tiny", objective=objective, corpus=[corpus_file], out=str(tmp_path / objective),
+                      max_steps=6, batch_size=8, seq_len=32, lr=3e-3, warmup_steps=1, vocab_size=400,
+                      precision="fp32", progress=False, model_overrides=SMALL)
+    trainer = Trainer(cfg)
+    special = SENTINELS if objective == "span" else [MASK]
+    ids = [trainer.tokenizer.token_to_id(t) for t in special]
+    assert None not in ids and max(ids) < trainer.model.config.vocab_size
+
+    rows = trainer.stream.rows(0, 0, 8)
+    batch = trainer.objective.build_batch(rows, trainer.pad_id, torch.Generator().manual_seed(0))
+    labels = batch["labels"]
+    lengths = (labels != IGNORE_INDEX).sum(1)
+    assert (labels[torch.arange(8), lengths - 1] == trainer.bos_id).all()  # targets end with EOS
+    if objective == "span":
+        assert torch.isin(batch["input_ids"], torch.tensor(ids)).any(1).all()  # every row has a sentinel
+        assert ((lengths - 1).float().mean() < 0.5 * (rows != trainer.pad_id).sum(1).float().mean())
+    else:
+        assert torch.isin(batch["input_ids"], torch.tensor(ids)).any(1).all()
+        real = rows[:, 1:] != trainer.pad_id
+        assert (lengths - 1).tolist() == real.sum(1).tolist()  # the target is the whole original row
+
+    result = trainer.fit()
+    metrics = [json.loads(line) for line in (tmp_path / objective / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["loss"] < metrics[0]["loss"] and "val_loss" in metrics[-1]
+    assert result["step"] == 6
+    model = lmkit.load_model(tmp_path / objective)
+    assert model.config.architecture == "encoder-decoder" and model.config.family == "t5"
+    assert model.config.decoder_start_token_id == trainer.pad_id
