@@ -129,3 +129,23 @@ def test_greedy_seq2seq(tmp_path, family):
         hf_model, pad = transformers.BartForConditionalGeneration(cfg), 1
     hf_model = _peaky(hf_model.eval(), 1.0)
     _check(hf_model, tmp_path, _source_inputs(pad), dict(num_beams=1), n_new=20)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3], ids=["sample", "beam-sample"])
+def test_seeded_sampling_t5(tmp_path, num_beams):
+    """Sampling (and beam sampling) draws the same tokens as transformers from the same seed."""
+    cfg = transformers.T5Config(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=3, num_decoder_layers=2,
+                                num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=6,
+                                decoder_start_token_id=0, dropout_rate=0.0, initializer_factor=0.3)
+    torch.manual_seed(0)
+    hf_model = transformers.T5ForConditionalGeneration(cfg).eval()
+    hf_model.save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    kwargs = _source_inputs(0)
+    common = dict(max_new_tokens=8, do_sample=True, top_k=20, top_p=0.9, temperature=0.8, num_beams=num_beams,
+                  eos_token_id=1, pad_token_id=0)
+    torch.manual_seed(7)
+    ref = hf_model.generate(**kwargs, **common)
+    torch.manual_seed(7)
+    got = ours.generate(kwargs["input_ids"], attention_mask=kwargs["attention_mask"], **common)
+    assert got.tolist() == ref.tolist()
