@@ -103,3 +103,34 @@ def test_pool_tokens_modes():
     assert SentenceEncoder._pooling_modes(legacy) == ("cls", "mean")  # the legacy concatenation order
     with pytest.raises(ConfigError):
         SentenceEncoder._pooling_modes({"pooling_mode": "median"})
+
+
+def test_top_k_ranks_by_cosine():
+    from lmkit.sentence import top_k
+
+    emb = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0], [-1.0, 0.0]])
+    hits = top_k(np.array([1.0, 0.1]), emb, k=3)
+    assert [i for i, _ in hits] == [0, 2, 1]
+    assert hits[0][1] == pytest.approx(1 / np.sqrt(1.01))
+    assert len(top_k(np.array([1.0, 0.0]), emb, k=10)) == 4
+
+
+def test_semantic_search_cli_finds_the_right_paragraph(minilm_path, tmp_path, monkeypatch, capsys):
+    import json
+
+    from lmkit.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    docs = {"cooking": "How to bake bread.\n\nMix flour, water, yeast and salt, knead the dough and let it rise.",
+            "sports": "The football match ended in a draw after extra time and a penalty shoot-out.",
+            "python": "A list comprehension builds a new list by applying an expression to each item."}
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in docs.items()), encoding="utf-8")
+    args = ["search", "--model", str(minilm_path), "--corpus", str(corpus), "--min-chars", "30", "--top-k", "2",
+            "--json", "--query", "making a loaf at home", "who won the soccer game"]
+    assert main(args) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["hits"][0]["id"] == "cooking#1" and lines[1]["hits"][0]["id"].startswith("sports")
+    assert len(lines[0]["hits"]) == 2 and lines[0]["hits"][0]["score"] >= lines[0]["hits"][1]["score"]
+    assert main(args) == 0  # from the cached index
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == lines

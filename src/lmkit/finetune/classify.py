@@ -39,6 +39,8 @@ class FinetuneConfig:
     val_fraction: float = 0.1
     seed: int = 0
     progress: bool = True
+    peft: str = "full"              # full, or a PEFT method (lora, qlora, prefix, prompt, adapter, ia3)
+    peft_settings: dict | None = None  # PeftConfig fields (r, alpha, target_modules, ...)
 
     def check(self) -> None:
         if not 1e-7 <= self.lr <= 1e-2:
@@ -123,6 +125,10 @@ def finetune(cfg: FinetuneConfig) -> dict:
     labels = {n: i for i, n in enumerate(names)}
     tok = load_tokenizer(cfg.model)
     model = classifier_from_pretrained(cfg.model, len(names), cfg.pooling, {str(i): n for i, n in enumerate(names)})
+    if cfg.peft != "full":  # frozen body + the method's parameters; the classifier is trained in full
+        from lmkit.peft.finetune import peft_for_task
+
+        model = peft_for_task(model, cfg.peft, **(cfg.peft_settings or {}))
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embeddings" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embeddings" not in n)]
@@ -174,7 +180,7 @@ def _save(model, tok, out: Path) -> None:
     """Model folder and tokenizer, written beside and then moved in, so a crash leaves the last best whole."""
     tmp = Path(tempfile.mkdtemp(prefix=".best.", dir=out))
     try:
-        model.save_pretrained(tmp)
+        model.save_adapter(tmp) if hasattr(model, "save_adapter") else model.save_pretrained(tmp)  # PEFT: the adapter
         tok.save(tmp / "tokenizer.json")
         for f in sorted(tmp.iterdir()):
             f.replace(out / f.name)

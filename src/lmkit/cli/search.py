@@ -1,0 +1,56 @@
+"""`lmkit search`: semantic search over a corpus's paragraphs with a sentence-transformers model (top k by cosine)."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("search", help="semantic search over corpus paragraphs", description=__doc__)
+    p.add_argument("--model", required=True, metavar="DIR", help="sentence-transformers folder (e.g. all-MiniLM-L6-v2)")
+    p.add_argument("--query", required=True, nargs="+", metavar="TEXT", help="one or more queries")
+    p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
+                   help="built-in corpus or text files (default: pydocs)")
+    p.add_argument("--top-k", type=int, default=5, metavar="K", help="passages to show per query (default 5)")
+    p.add_argument("--min-chars", type=int, default=40, metavar="N", help="shortest paragraph indexed (default 40)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N", help="paragraphs per batch (default 64)")
+    p.add_argument("--bf16", action="store_true", help="embed in bfloat16 (faster; cosines within ~1e-4)")
+    p.add_argument("--no-cache", action="store_true", help="re-embed the paragraphs instead of reusing the cache")
+    p.add_argument("--json", action="store_true", help="print results as JSON lines")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from lmkit.data import load_corpus
+    from lmkit.data.cache import cache_dir
+    from lmkit.errors import ConfigError
+    from lmkit.sentence import SemanticIndex, SentenceEncoder, paragraphs
+
+    if args.top_k < 1:
+        raise ConfigError("--top-k must be at least 1")
+    encoder = SentenceEncoder.from_pretrained(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+    corpus = load_corpus(args.corpus)
+    weights = sorted(Path(args.model).rglob("*.safetensors"))
+    key = json.dumps([str(Path(args.model).resolve()), [(str(w), w.stat().st_mtime_ns) for w in weights],
+                      corpus.fingerprint(), args.min_chars, args.bf16])
+    folder = cache_dir("search", hashlib.sha256(key.encode()).hexdigest()[:16])
+    if not args.no_cache and (folder / "passages.json").is_file():
+        index = SemanticIndex.load(encoder, folder)
+    else:
+        passages, ids = paragraphs(corpus, args.min_chars)
+        index = SemanticIndex.build(encoder, passages, ids, batch_size=args.batch_size)
+        index.save(folder)
+    for query in args.query:
+        hits = index.search(query, args.top_k)
+        if args.json:
+            print(json.dumps({"query": query, "hits": [{"score": s, "id": i, "text": t} for s, i, t in hits]}))
+            continue
+        print(f"query: {query}")
+        for rank, (score, pid, text) in enumerate(hits, 1):
+            print(f"  {rank}. {score:.4f}  {pid}  {text[:160]}{'...' if len(text) > 160 else ''}")
+    return 0
