@@ -257,8 +257,10 @@ class ShardStream:
     def _permutation(self, seed: int, epoch: int) -> np.ndarray:
         if self._perm is None or self._perm[:2] != (seed, epoch):
             rng = np.random.Generator(np.random.PCG64([seed & 0xFFFFFFFF, epoch, 0x1A2B]))
-            dtype = np.uint32 if self.num_rows < 1 << 32 else np.int64
-            self._perm = (seed, epoch, rng.permutation(self.num_rows).astype(dtype))
+            dtype = np.uint32 if self.num_rows < 1 << 32 else np.int64  # 4 bytes a row: 0.4% of uint16 ids at seq_len 512
+            order = np.arange(self.num_rows, dtype=dtype)
+            rng.shuffle(order)
+            self._perm = (seed, epoch, order)
         return self._perm[2]
 
     def row_indices(self, seed: int, first: int, count: int) -> list[int]:
