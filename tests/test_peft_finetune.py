@@ -59,3 +59,47 @@ def test_task_head_is_trained_in_full():
     trainable = {n for n, p in peft.named_parameters() if p.requires_grad}
     assert any("classifier" in n for n in trainable) and any("lora_A" in n for n in trainable)
     assert not any("pooler" in n or "embeddings" in n for n in trainable)
+
+
+def test_cli_clm_with_peft(folder, capsys):
+    from lmkit.cli import main
+
+    out = folder / "cli-prefix"
+    assert main(["finetune", "--task", "clm", "--model", str(folder / "model"), "--train", str(folder / "corpus.txt"),
+                 "--out", str(out), "--peft", "prefix", "--virtual-tokens", "4", "--max-steps", "3",
+                 "--batch-size", "2", "--max-length", "16"]) == 0
+    assert "--peft prefix" in capsys.readouterr().out
+    assert json.loads((out / "adapter_config.json").read_text())["peft_type"] == "LMKIT_PREFIX_TUNING"
+
+
+def test_cli_classification_with_lora(tmp_path, capsys):
+    import random
+
+    transformers = pytest.importorskip("transformers")
+    from lmkit.cli import main
+    from lmkit.finetune import classifier_from_pretrained, predict, read_examples
+
+    rng = random.Random(0)
+    rows = [{"text": f"{rng.choice(['the', 'a', 'my'])} {rng.choice(['apple', 'pear'] if i % 2 else ['saw', 'drill'])}",
+             "label": "fruit" if i % 2 else "tool"} for i in range(48)]
+    tok = lmkit.train_tokenizer([r["text"] for r in rows], kind="wordpiece", vocab_size=60)
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=24, max_position_embeddings=16)
+    transformers.BertModel(cfg).save_pretrained(tmp_path / "base")
+    tok.save(tmp_path / "base" / "tokenizer.json")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:40]), encoding="utf-8")
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[40:]), encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["finetune", "--model", str(tmp_path / "base"), "--train", str(tmp_path / "train.jsonl"),
+                 "--eval", str(tmp_path / "test.jsonl"), "--out", str(out), "--epochs", "2", "--batch-size", "8",
+                 "--peft", "lora", "--lora-r", "2", "--target-modules", "query", "value"]) == 0
+    best = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    raw = json.loads((out / "adapter_config.json").read_text())
+    assert raw["peft_type"] == "LORA" and raw["modules_to_save"] == ["classifier"]
+    # the saved adapter (LoRA + the trained classifier) reproduces the best epoch's accuracy
+    model = load_adapter(classifier_from_pretrained(tmp_path / "base", 2, "cls", {"0": "fruit", "1": "tool"}), out)
+    held = read_examples(tmp_path / "test.jsonl")
+    preds = predict(model, lmkit.load_tokenizer(tmp_path / "base"), held, {"fruit": 0, "tool": 1})
+    acc = sum(p == (0 if e.label == "fruit" else 1) for p, e in zip(preds, held)) / len(held)
+    assert abs(acc - best["accuracy"]) < 1e-9

@@ -1,4 +1,5 @@
-"""`lmkit finetune`: fine-tune a pretrained encoder for text classification (CSV or JSONL: text, text_pair, label)."""
+"""`lmkit finetune`: fine-tune a pretrained encoder for text classification (CSV or JSONL: text, text_pair, label),
+or, with --task clm, a causal LM on text (--train: a corpus name or text files); --peft picks a PEFT method."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,8 @@ def register(subparsers) -> None:
     p.add_argument("--eval", metavar="FILE", help="evaluation data (default: hold out --val-fraction of --train)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the best checkpoint and metrics.jsonl go")
     p.add_argument("--epochs", type=int, default=3, metavar="N", help="passes over the training data (default 3)")
-    p.add_argument("--lr", type=float, default=3e-5, metavar="X", help="peak learning rate (default 3e-5)")
+    p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default 3e-5; with --peft or --task clm "
+                   "the method's own default)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
     p.add_argument("--max-length", type=int, default=128, metavar="N", help="tokens per example, cut beyond (default 128)")
     p.add_argument("--pooling", choices=["cls", "mean"], default="cls", help="what the head reads (default cls)")
@@ -23,14 +25,39 @@ def register(subparsers) -> None:
     p.add_argument("--warmup-ratio", type=float, default=0.1, metavar="F", help="share of steps warming up (default 0.1)")
     p.add_argument("--weight-decay", type=float, default=0.01, metavar="X", help="AdamW weight decay (default 0.01)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
+    p.add_argument("--task", choices=["classify", "clm"], default="classify",
+                   help="classify (default), or clm: next-token fine-tuning of a causal LM on the text of --train")
+    p.add_argument("--max-steps", type=int, default=200, metavar="N", help="clm: optimizer steps (default 200)")
+    from lmkit.peft.finetune import add_peft_arguments
+
+    add_peft_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from lmkit.finetune import FinetuneConfig, finetune
+    from lmkit.peft.finetune import default_lr, peft_settings
 
-    best = finetune(FinetuneConfig(**{f: getattr(args, f) for f in FIELDS}))
+    method, settings = peft_settings(args)
+    if args.lr is None and (method != "full" or args.task == "clm"):
+        args.lr = default_lr(method, args.task)
+    if args.task == "clm":
+        return run_clm(args, method, settings)
+    best = finetune(FinetuneConfig(**{f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None},
+                                   peft=method, peft_settings=settings))
     print(f"lmkit finetune: best epoch {best['epoch']}: accuracy {best['accuracy']:.4f}, macro-F1 {best['macro_f1']:.4f}; "
           f"saved to {args.out}")
     print(json.dumps(best))
+    return 0
+
+
+def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
+    from lmkit.peft.finetune import finetune_causal_lm_folder
+
+    r = finetune_causal_lm_folder(args.model, args.out, method, [args.train], args.max_steps, args.batch_size,
+                                  args.max_length, args.lr, args.seed, **settings)
+    b, a = r["before"], r["after"]
+    print(f"lmkit finetune --task clm --peft {method}: {r['trainable']:,} of {r['total']:,} parameters trained "
+          f"({r['percent']:.2f}%) in {r['seconds']:.0f} s; validation loss {b['loss']:.4f} -> {a['loss']:.4f}, "
+          f"next-token accuracy {b['accuracy']:.4f} -> {a['accuracy']:.4f}; saved to {args.out}")
     return 0

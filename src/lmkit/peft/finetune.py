@@ -163,8 +163,7 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
         for p in tuned.parameters():
             p.requires_grad_(True)
     summary = trainable_summary(tuned)
-    default_lr = {"full": 1e-3, "prompt": 3e-2, "ia3": 3e-2, "prefix": 1e-2}.get(method, 3e-3)
-    history = train_causal_lm(tuned, data.stream, data.pad, steps, batch_size, lr or default_lr,
+    history = train_causal_lm(tuned, data.stream, data.pad, steps, batch_size, lr or default_lr(method, "clm"),
                               warmup_steps=min(20, steps // 10), seed=seed, log=log)
     after = data.evaluate(tuned)
     report = {"method": method, "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0,
@@ -201,3 +200,10 @@ def peft_settings(args) -> tuple[str, dict]:
     if args.target_modules:
         settings["target_modules"] = list(args.target_modules)
     return args.peft, settings
+
+
+def default_lr(method: str, task: str = "clm") -> float:
+    """Peak learning rates that suit each method (prompt-style methods train few, slow-moving parameters)."""
+    if method == "full":
+        return 3e-5 if task == "classify" else 1e-3
+    return {"prompt": 1e-2, "prefix": 1e-2, "ia3": 1e-2}.get(method, 1e-3 if task == "classify" else 3e-3)
