@@ -6,6 +6,7 @@ Prints a markdown table on the validation split of pydocs.   python bench/bench_
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -20,36 +21,46 @@ from lmkit.compress import DistillWeights, distill_causal_lm, student_from_teach
 from lmkit.peft.finetune import train_causal_lm  # noqa: E402
 
 
+RUNS = {
+    "distill": "student, distilled (alpha 2, beta 5, gamma 1, T 2)",
+    "init": "student, every-other-layer init, labels only",
+    "scratch": "student, random init, labels only",
+}
+
+
+def run(kind: str, teacher, data, steps: int, batch_size: int) -> dict:
+    torch.manual_seed(0)
+    student = student_from_teacher(teacher)
+    if kind == "scratch":
+        student = type(teacher)(student.config)  # fresh random weights, same shape
+    t = time.perf_counter()
+    if kind == "distill":
+        distill_causal_lm(teacher, student, data.stream, data.pad, steps, batch_size, lr=1e-3, warmup_steps=10,
+                          weights=DistillWeights())
+    else:
+        train_causal_lm(student, data.stream, data.pad, steps, batch_size, lr=1e-3 if kind == "init" else 3e-3,
+                        warmup_steps=10, weight_decay=0.1)
+    r = data.evaluate(student)
+    return dict(model=RUNS[kind], params=student.num_parameters(), **r, time=f"{time.perf_counter() - t:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS),
+                    help="which students to train (results are kept, so runs may go in separate processes)")
     args = ap.parse_args()
     folder = setup.base_model()
     data = setup.data(folder, "pydocs")
     teacher = lmkit.load_model(folder)
+    results = setup.BENCH_DIR / f"distill-{folder.name}-{args.steps}x{args.batch_size}"
+    results.mkdir(parents=True, exist_ok=True)
+    for kind in args.runs:
+        (results / f"{kind}.json").write_text(json.dumps(run(kind, teacher, data, args.steps, args.batch_size)))
     rt = data.evaluate(teacher)
     rows = [dict(model=f"teacher ({teacher.config.n_layers} layers)", params=teacher.num_parameters(), **rt, time="-")]
-    runs = {
-        "student, distilled (alpha 2, beta 5, gamma 1, T 2)": "distill",
-        "student, every-other-layer init, labels only": "init",
-        "student, random init, labels only": "scratch",
-    }
-    for label, kind in runs.items():
-        torch.manual_seed(0)
-        student = student_from_teacher(teacher)
-        if kind == "scratch":
-            student = type(teacher)(student.config)  # fresh random weights, same shape
-        t = time.perf_counter()
-        if kind == "distill":
-            distill_causal_lm(teacher, student, data.stream, data.pad, args.steps, args.batch_size, lr=1e-3,
-                              warmup_steps=10, weights=DistillWeights())
-        else:
-            train_causal_lm(student, data.stream, data.pad, args.steps, args.batch_size,
-                            lr=1e-3 if kind == "init" else 3e-3, warmup_steps=10, weight_decay=0.1)
-        r = data.evaluate(student)
-        rows.append(dict(model=label, params=student.num_parameters(), **r, time=f"{time.perf_counter() - t:.0f} s"))
-        print(rows[-1], flush=True)
+    rows += [json.loads((results / f"{k}.json").read_text()) for k in RUNS if (results / f"{k}.json").exists()]
     for r in rows:
         r["keep"] = f"{100 * r['accuracy'] / rt['accuracy']:.1f}%"
         r["params"] = f"{r['params']:,}"

@@ -21,7 +21,7 @@ SEQ_LEN = 128
 BASE = {"n_kv_heads": None, "d_model": 128, "n_heads": 8}  # the default preset, narrower, with full multi-head attention
 
 
-def base_model(steps: int = int(os.environ.get("LMKIT_BENCH_BASE_STEPS", "800")), preset: str = "default") -> Path:
+def base_model(steps: int = int(os.environ.get("LMKIT_BENCH_BASE_STEPS", "250")), preset: str = "default") -> Path:
     """Folder of the base model: 4 layers x 8 heads, d = 128, vocabulary 4096, trained on pydocs."""
     out = BENCH_DIR / f"base-{preset}-d128-{steps}"
     if (out / "model.safetensors").exists():
