@@ -65,6 +65,7 @@ CASES = [
     ("RobertaForQuestionAnswering", roberta_config, 1),
     ("DistilBertModel", distil_config, 0), ("DistilBertForMaskedLM", distil_config, 0),
     ("DistilBertForSequenceClassification", distil_config, 0), ("DistilBertForQuestionAnswering", distil_config, 0),
+    ("DistilBertForTokenClassification", distil_config, 0),
 ]
 
 
@@ -233,3 +234,30 @@ def test_lmkit_native_format_keeps_head(tmp_path):
     assert again.head == "token" and again.num_labels == 4
     ids = torch.randint(3, 50, (2, 6))
     torch.testing.assert_close(model(ids).logits, again(ids).logits)
+
+
+def test_unsupported_class_and_position_type_are_user_errors(tmp_path):
+    hf = transformers.BertModel(bert_config())
+    path = save_hf(hf, tmp_path)
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**raw, "architectures": ["BertForMultipleChoice"]}))
+    with pytest.raises(ConfigError, match="BertForMultipleChoice"):
+        lmkit.load_model(path)
+    (path / "config.json").write_text(json.dumps({**raw, "position_embedding_type": "relative_key"}))
+    with pytest.raises(ConfigError, match="absolute"):
+        lmkit.load_model(path)
+
+
+def test_transformers_4_style_config(tmp_path):
+    """A config.json as transformers 4.x wrote it (torch_dtype, gradient_checkpointing, no dtype) loads the same."""
+    hf = transformers.BertForMaskedLM(bert_config())
+    path = save_hf(hf, tmp_path)
+    raw = json.loads((path / "config.json").read_text())
+    raw.pop("dtype", None)
+    raw.update(torch_dtype="float32", transformers_version="4.30.2", gradient_checkpointing=False,
+               position_embedding_type="absolute", use_cache=True)
+    (path / "config.json").write_text(json.dumps(raw))
+    ids, mask, tt = batch(0, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(lmkit.load_model(path)(ids, mask, tt).logits, hf(ids, mask, tt).logits,
+                                   atol=1e-4, rtol=0)
