@@ -273,7 +273,3 @@ def pre_tokenizer_from_json(d: dict | None) -> PreTokenizer | None:
         return Sequence([pre_tokenizer_from_json(x) for x in d["pretokenizers"]])
     raise TokenizerError(f"unsupported pre_tokenizer type {kind!r} in tokenizer.json; lmkit reads ByteLevel, Whitespace, "
                          "WhitespaceSplit, BertPreTokenizer, Metaspace, Split, Punctuation and Sequence")
-
-
-def is_whitespace_only(text: str) -> bool:
-    return all(is_whitespace(c) for c in text)

@@ -21,6 +21,15 @@ ROLES = {  # role -> token names that take it, most common first
 CACHE_LIMIT = 200_000
 
 
+def _role_property(role: str) -> property:
+    def get(self):
+        return self._roles.get(role)
+
+    def set_(self, value):
+        self._roles[role] = value
+    return property(get, set_, doc=f"id of the {role} token, or None; settable")
+
+
 class Tokenizer:
     """A text <-> ids pipeline read from or written to Hugging Face's tokenizer.json."""
 
@@ -89,16 +98,13 @@ class Tokenizer:
                 candidates = [self.model.pieces[self.model.unk_id][0]]
             self._roles[role] = next((self.token_to_id(n) for n in candidates if self.token_to_id(n) is not None), None)
 
-    def _role(self, role):
-        return self._roles.get(role)
-
-    bos_token_id = property(lambda self: self._role("bos"), lambda self, v: self._roles.__setitem__("bos", v))
-    eos_token_id = property(lambda self: self._role("eos"), lambda self, v: self._roles.__setitem__("eos", v))
-    pad_token_id = property(lambda self: self._role("pad"), lambda self, v: self._roles.__setitem__("pad", v))
-    unk_token_id = property(lambda self: self._role("unk"), lambda self, v: self._roles.__setitem__("unk", v))
-    mask_token_id = property(lambda self: self._role("mask"), lambda self, v: self._roles.__setitem__("mask", v))
-    cls_token_id = property(lambda self: self._role("cls"), lambda self, v: self._roles.__setitem__("cls", v))
-    sep_token_id = property(lambda self: self._role("sep"), lambda self, v: self._roles.__setitem__("sep", v))
+    bos_token_id = _role_property("bos")
+    eos_token_id = _role_property("eos")
+    pad_token_id = _role_property("pad")
+    unk_token_id = _role_property("unk")
+    mask_token_id = _role_property("mask")
+    cls_token_id = _role_property("cls")
+    sep_token_id = _role_property("sep")
 
     @property
     def all_special_ids(self) -> list[int]:
