@@ -13,7 +13,9 @@ from lmkit.errors import TrainingError
 # Defaults per preset where the generic ones below do not fit; flags override them.
 RECIPES: dict[str, dict[str, Any]] = {
     "tiny": dict(batch_size=8, lr=3e-3, warmup_steps=10),
-    "default": dict(batch_size=16, lr=2e-3, warmup_steps=50),
+    # measured on pydocs (2 CPU cores): per token, batch 8 at 3e-3 matches batch 16 at 2e-3 and beats
+    # lr 1e-2 or batch 4; a narrower model (d=128/192, vocabulary 2048) is faster per token but learns less per token
+    "default": dict(batch_size=8, lr=3e-3, warmup_steps=50),
 }
 
 # Settings that change the numbers of a run: a resumed run must keep them.
