@@ -195,6 +195,8 @@ class Trainer:
         if self.rank != 0:
             return
         state = {"tokens_seen": self.tokens_seen, "elapsed": self.elapsed, "total_steps": self.total_steps,
+                 # the batch of step s is a function of (seed, s, rank, world size): the next step is the position
+                 "data_position": {"next_step": self.step, "seed": self.cfg.seed},
                  "train_config": self.cfg.to_dict(), "world_size": self.world_size, "rng": rngs[0], "rng_ranks": rngs}
         sharded = self.cfg.fsdp and self.world_size > 1
         save_checkpoint(self.out, self.step, model_sd if sharded else self.model, optim_sd, state,
