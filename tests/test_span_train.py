@@ -27,7 +27,7 @@ def corpus_file(tmp_path_factory):
 @pytest.mark.parametrize("objective", ["span", "denoise"])
 def test_seq2seq_objectives_train_and_save(corpus_file, tmp_path, objective):
     cfg = TrainConfig(preset="t5-tiny", objective=objective, corpus=[corpus_file], out=str(tmp_path / objective),
-                      max_steps=6, batch_size=8, seq_len=32, lr=3e-3, warmup_steps=1, vocab_size=400,
+                      max_steps=6, save_every=6, log_every=1, batch_size=8, seq_len=32, lr=3e-3, warmup_steps=1, vocab_size=400,
                       precision="fp32", progress=False, model_overrides=SMALL)
     trainer = Trainer(cfg)
     special = SENTINELS if objective == "span" else [MASK]
