@@ -25,12 +25,15 @@ RUNS = {
     "distill": "student, distilled (alpha 2, beta 5, gamma 1, T 2)",
     "init": "student, every-other-layer init, labels only",
     "scratch": "student, random init, labels only",
+    "teacher": "teacher (4 layers), trained the same extra steps (reference)",
 }
 
 
 def run(kind: str, teacher, data, steps: int, batch_size: int) -> dict:
     torch.manual_seed(0)
-    student = student_from_teacher(teacher)
+    student = student_from_teacher(teacher) if kind != "teacher" else type(teacher)(teacher.config)
+    if kind == "teacher":
+        student.load_state_dict(teacher.state_dict())
     if kind == "scratch":
         student = type(teacher)(student.config)  # fresh random weights, same shape
     t = time.perf_counter()
@@ -38,7 +41,7 @@ def run(kind: str, teacher, data, steps: int, batch_size: int) -> dict:
         distill_causal_lm(teacher, student, data.stream, data.pad, steps, batch_size, lr=1e-3, warmup_steps=10,
                           weights=DistillWeights())
     else:
-        train_causal_lm(student, data.stream, data.pad, steps, batch_size, lr=1e-3 if kind == "init" else 3e-3,
+        train_causal_lm(student, data.stream, data.pad, steps, batch_size, lr=3e-3 if kind == "scratch" else 1e-3,
                         warmup_steps=10, weight_decay=0.1)
     r = data.evaluate(student)
     return dict(model=RUNS[kind], params=student.num_parameters(), **r, time=f"{time.perf_counter() - t:.0f} s")
