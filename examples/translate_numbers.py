@@ -1,6 +1,6 @@
 """Train a small T5-style model (preset t5-tiny) to write numbers in English words, on the CPU.
 
-    python examples/translate_numbers.py --out runs/numbers --steps 2000
+    python examples/translate_numbers.py --out runs/numbers
 
 The task (lmkit.data.translation) pairs "translate numbers to words: 40517" with
 "forty thousand five hundred seventeen"; 20,000 training pairs, 500 held-out numbers never seen
@@ -20,11 +20,11 @@ import torch
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/numbers")
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for a model this small)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()

@@ -2,7 +2,7 @@
 
 "translate numbers to words: 40517" -> "forty thousand five hundred seventeen". Numbers go up to
 999,999, drawn with a uniform number of digits (1 to 6) so short and long ones are equally common;
-the held-out numbers never occur in the training set. The task carries its own word-level
+the held-out numbers (3 to 6 digits) never occur in the training set. The task carries its own word-level
 tokenizer (digits split one per token), saved as a tokenizer.json that `tokenizers` reads.
 """
 from __future__ import annotations
@@ -45,8 +45,8 @@ def number_to_words(n: int) -> str:
     return " ".join(words)
 
 
-def _sample(rng: random.Random) -> int:
-    digits = rng.randint(1, 6)
+def _sample(rng: random.Random, min_digits: int = 1) -> int:
+    digits = rng.randint(min_digits, 6)
     low = 0 if digits == 1 else 10 ** (digits - 1)
     return rng.randint(low, 10 ** digits - 1)
 
@@ -55,8 +55,8 @@ def make_pairs(n_train: int = 20000, n_test: int = 500, seed: int = 0) -> tuple[
     """(train, held-out) lists of (source, target); no number is in both."""
     rng = random.Random(seed)
     test: set[int] = set()
-    while len(test) < n_test:
-        test.add(_sample(rng))
+    while len(test) < n_test:  # 3 to 6 digits: the numbers below 100 (the words themselves) are all trained on
+        test.add(_sample(rng, min_digits=3))
     train = []
     while len(train) < n_train:
         n = _sample(rng)
