@@ -27,9 +27,13 @@ import time
 from pathlib import Path
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of a process and all its descendants, in MB (from /proc)."""
-    total, todo = 0, [pid]
+def tree_rss_mb(pid: int) -> tuple[float, float]:
+    """(resident memory, of it anonymous) of a process and all its descendants, in MB (from /proc).
+
+    The anonymous part is what the processes own; the rest is file-backed (shared libraries, pages of
+    the memory-mapped shards), which the kernel drops under memory pressure.
+    """
+    total, anon, todo = 0, 0, [pid]
     while todo:
         p = todo.pop()
         try:
@@ -37,27 +41,30 @@ def tree_rss_mb(pid: int) -> float:
                 for line in f:
                     if line.startswith("VmRSS:"):
                         total += int(line.split()[1])
+                    elif line.startswith("RssAnon:"):
+                        anon += int(line.split()[1])
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
                     todo.extend(int(c) for c in f.read().split())
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-    return total / 1024
+    return total / 1024, anon / 1024
 
 
-def run_measured(cmd: list[str]) -> tuple[float, float, str]:
-    """(seconds, peak MB of the process tree, output tail) of a command."""
+def run_measured(cmd: list[str]) -> tuple[float, tuple[float, float], str]:
+    """(seconds, (peak RSS, peak anonymous RSS) of the process tree in MB, output tail) of a command."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-    peak = 0.0
+    peak = (0.0, 0.0)
     out_lines: list[str] = []
     import threading
 
     reader = threading.Thread(target=lambda: out_lines.extend(proc.stdout), daemon=True)
     reader.start()
     while proc.poll() is None:
-        peak = max(peak, tree_rss_mb(proc.pid))
+        now = tree_rss_mb(proc.pid)
+        peak = (max(peak[0], now[0]), max(peak[1], now[1]))
         time.sleep(0.1)
     reader.join()
     seconds = time.perf_counter() - t0
@@ -115,6 +122,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--keep", metavar="DIR", help="work here and keep the files (default: a temporary folder)")
+    ap.add_argument("--reuse", action="store_true", help="with --keep: skip `prepare` where shards exist")
     args = ap.parse_args()
 
     import lmkit
@@ -136,8 +144,11 @@ def main() -> None:
             nbytes = sum(p.stat().st_size for p in corpus.glob("*.txt"))
             shards = work / f"shards-{mb:g}MB"
             lm = [sys.executable, "-m", "lmkit"]
-            t_prep, m_prep, _ = run_measured(lm + ["data", "prepare", "--corpus", str(corpus), "--tokenizer", str(tok_path),
-                                                   "--out", str(shards), "--workers", str(args.workers), "--overwrite"])
+            if args.reuse and (shards / "index.json").exists():
+                t_prep, m_prep = float("nan"), (float("nan"), float("nan"))
+            else:
+                t_prep, m_prep, _ = run_measured(lm + ["data", "prepare", "--corpus", str(corpus), "--tokenizer", str(tok_path),
+                                                       "--out", str(shards), "--workers", str(args.workers), "--overwrite"])
             index = json.loads((shards / "index.json").read_text())
             tokens = sum(s["num_tokens"] for s in index["splits"].values())
             run = work / f"run-{mb:g}MB"
@@ -155,11 +166,13 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\n{args.workers} tokenizing workers, train: tiny preset, {args.steps} steps of 16 x 128 tokens\n")
+    print("peak RSS of the process tree (main + workers), and in parentheses its anonymous part\n")
     print("| corpus | tokens | ids | shards | prepare | MB/s | `tokenizers` MB/s (ratio) | prepare peak RSS | train peak RSS |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['mb']:.0f} MB | {r['tokens'] / 1e6:.1f} M | {r['dtype']} | {r['shard_mb']:.0f} MB | {r['t_prep']:.0f} s | "
-              f"{r['rate']:.2f} | {r['ref']:.2f} ({r['rate'] / r['ref']:.2f}x) | {r['m_prep']:.0f} MB | {r['m_train']:.0f} MB |")
+              f"{r['rate']:.2f} | {r['ref']:.2f} ({r['rate'] / r['ref']:.2f}x) | {r['m_prep'][0]:.0f} ({r['m_prep'][1]:.0f}) MB "
+              f"| {r['m_train'][0]:.0f} ({r['m_train'][1]:.0f}) MB |")
 
 
 if __name__ == "__main__":
