@@ -85,7 +85,10 @@ def wrap_model(model: nn.Module, ctx: DistContext, fsdp: bool = False) -> nn.Mod
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    ddp = DDP(model, device_ids=ids, **_no_buffer_sync())
+    cfg = getattr(model, "config", None)
+    # routed experts and heads an objective leaves out (an encoder's pooler) get no gradient in some steps
+    unused = bool(getattr(cfg, "n_experts", 0)) or getattr(cfg, "architecture", "decoder") == "encoder"
+    ddp = DDP(model, device_ids=ids, find_unused_parameters=unused, **_no_buffer_sync())
     ddp.register_comm_hook(None, _sum_hook)
     return ddp
 
