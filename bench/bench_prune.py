@@ -5,6 +5,7 @@ Prints a markdown table and writes bench/prune_curve.png.   python bench/bench_p
 """
 from __future__ import annotations
 
+import random
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,17 @@ from lmkit.compress.prune import attention_modules  # noqa: E402
 from lmkit.compress.recipes import forward_flops_per_token, tokens_per_second  # noqa: E402
 
 
+def pick(order, n: int, importance) -> dict[str, list[int]]:
+    """The first n heads of `order` (score, module, head), leaving at least one head in every layer."""
+    chosen: dict[str, list[int]] = {}
+    for _, name, h in order:
+        if sum(map(len, chosen.values())) >= n:
+            break
+        if len(chosen.get(name, [])) < len(importance[name]) - 1:
+            chosen.setdefault(name, []).append(h)
+    return chosen
+
+
 def main() -> None:
     folder = setup.base_model()
     data = setup.data(folder, "pydocs")
@@ -27,31 +39,33 @@ def main() -> None:
     importance = head_importance(model, batches)
     seconds = time.perf_counter() - t
     order = sorted(((float(s[h]), name, h) for name, s in importance.items() for h in range(len(s))))
+    shuffled = list(order)
+    random.Random(0).shuffle(shuffled)
     total = sum(len(s) for s in importance.values())
     rows, probe = [], data.val_rows[:8, :-1]
-    done: dict[str, list[int]] = {}
     for n in (0, 4, 8, 12, 16, 20, 24, 28):
         model = lmkit.load_model(folder)
-        chosen: dict[str, list[int]] = {}
-        for _, name, h in order:  # the n least important, at least one head kept per layer
-            if sum(map(len, chosen.values())) >= n:
-                break
-            if len(chosen.get(name, [])) < len(importance[name]) - 1:
-                chosen.setdefault(name, []).append(h)
+        chosen = pick(order, n, importance)  # the n least important, at least one head kept per layer
         if chosen:
             prune_heads(model, chosen)
         r = data.evaluate(model)
+        baseline = lmkit.load_model(folder)  # the same number of heads, chosen at random
+        if n:
+            prune_heads(baseline, pick(shuffled, n, importance))
+        rand = data.evaluate(baseline)
         heads = sum(m.n_heads for m in attention_modules(model).values())
         rows.append({"pruned": sum(map(len, chosen.values())), "heads": f"{heads}/{total}",
                      "params": f"{model.num_parameters():,}", "loss": r["loss"], "acc": r["accuracy"],
                      "mflops": f"{forward_flops_per_token(model, setup.SEQ_LEN) / 1e6:.2f}",
-                     "speed": f"{tokens_per_second(model, probe, repeats=5):.0f}"})
+                     "speed": f"{tokens_per_second(model, probe, repeats=5):.0f}",
+                     "rand_loss": f"{rand['loss']:.3f}", "rand_acc": rand["accuracy"]})
         print(rows[-1], flush=True)
     for r in rows:
-        r["loss_s"], r["acc_s"] = f"{r['loss']:.3f}", f"{r['acc']:.3f}"
+        r["loss_s"], r["acc_s"], r["rand_acc_s"] = f"{r['loss']:.3f}", f"{r['acc']:.3f}", f"{r['rand_acc']:.3f}"
     print(f"\nimportance from 8 batches x 8 x {setup.SEQ_LEN} tokens ({seconds:.1f} s); validation of pydocs\n")
     print(setup.table(rows, [("pruned", "heads pruned"), ("heads", "heads left"), ("params", "parameters"),
-                             ("loss_s", "val loss"), ("acc_s", "next-token acc."), ("mflops", "MFLOPs/token (T=128)"),
+                             ("loss_s", "val loss"), ("acc_s", "next-token acc."),
+                             ("rand_loss", "val loss, random heads"), ("rand_acc_s", "acc., random heads"), ("mflops", "MFLOPs/token (T=128)"),
                              ("speed", "forward tokens/s (noisy)")]))
     import matplotlib
 
@@ -60,7 +74,9 @@ def main() -> None:
 
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot(1, 1, 1)
-    ax.plot([r["pruned"] for r in rows], [r["acc"] for r in rows], "o-")
+    ax.plot([r["pruned"] for r in rows], [r["acc"] for r in rows], "o-", label="least important first")
+    ax.plot([r["pruned"] for r in rows], [r["rand_acc"] for r in rows], "s--", label="random heads")
+    ax.legend()
     ax.set_xlabel(f"heads pruned (of {total})")
     ax.set_ylabel("next-token accuracy (pydocs validation)")
     ax.grid(alpha=0.3)
