@@ -221,8 +221,10 @@ class Trainer:
         eval_cost = time.perf_counter() - t
         per_step = sorted(step_times)[len(step_times) // 2]
         spent = self.elapsed + (time.perf_counter() - t_start)
-        # leave room for about ten evaluations and saves, and a 3% margin
-        left = 0.97 * self.cfg.time_budget - spent - 11 * (eval_cost + 0.2)
+        # up to ten evaluations (and saves), fewer when they would take over a tenth of the time; a 3% margin
+        left = 0.97 * self.cfg.time_budget - spent
+        self._n_evals = max(1, min(10, int(0.1 * left / (eval_cost + 0.2))))
+        left -= self._n_evals * (eval_cost + 0.2)
         self.total_steps = max(self.step + 1, self.step + int(left / per_step))
         if self.cfg.max_steps:
             self.total_steps = min(self.total_steps, self.cfg.max_steps)
@@ -258,7 +260,7 @@ class Trainer:
         t_start = time.perf_counter()
         step_times: list[float] = []
         last: dict[str, Any] = {}
-        self._eval_at_plan, self._planned_at = None, None
+        self._eval_at_plan, self._planned_at, self._n_evals = None, None, 10
         while self.total_steps is None or self.step < self.total_steps:
             t0 = time.perf_counter()
             loss = self.train_step(self.step)
@@ -275,7 +277,9 @@ class Trainer:
             if out_of_time:  # also while still measuring: the budget is spent
                 self.total_steps = self.step
             done = self.total_steps is not None and self.step >= self.total_steps
-            every = max(1, self.total_steps // 10) if self.total_steps else 0  # 0: a time budget not planned yet
+            # 0: a time budget not planned yet
+            every = max(1, (self.total_steps - self._planned_at[0]) // self._n_evals) if self._planned_at else \
+                max(1, self.total_steps // 10) if self.total_steps else 0
             save_every, eval_every = cfg.save_every or every, cfg.eval_every or cfg.save_every or every
             if self._eval_at_plan is not None:
                 result, self._eval_at_plan = self._eval_at_plan, None
