@@ -31,3 +31,7 @@ class GenerationError(LmkitError):
 
 class TrainingError(LmkitError):
     """A training run that cannot go on (NaN loss, nothing to resume from)."""
+
+
+class MetricError(LmkitError):
+    """Hypotheses and references that cannot be scored together (BLEU, ROUGE)."""

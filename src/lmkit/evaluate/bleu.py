@@ -7,11 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lmkit.errors import LmkitError
-
-
-class MetricError(LmkitError):
-    """Hypotheses and references that cannot be scored together."""
+from lmkit.errors import MetricError
 
 
 def _streams(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:

@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from typing import Sequence
 
-from lmkit.evaluate.bleu import MetricError
+from lmkit.errors import MetricError
 
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 
