@@ -103,3 +103,15 @@ def test_generate_starts_with_decoder_start_and_saves_as_t5(tmp_path):
     model.save_pretrained(tmp_path)
     again = lmkit.load_model(tmp_path)
     assert again.generate(src, max_new_tokens=6, num_beams=3, eos_token_id=1).tolist() == beams.tolist()
+
+
+def test_generate_arguments():
+    model = _model()
+    src = torch.randint(3, 71, (2, 5))
+    out = model.generate(src, max_new_tokens=3, decoder_start_token_id=7)
+    assert (out[:, 0] == 7).all()
+    prompt = torch.tensor([[0, 9], [0, 10]])
+    out = model.generate(src, max_new_tokens=3, decoder_input_ids=prompt, num_beams=2)
+    assert out[:, :2].tolist() == prompt.tolist()
+    with pytest.raises(lmkit.LmkitError, match="does not know"):
+        model.generate(src, max_new_tokens=3, forced_bos_token_id=3)

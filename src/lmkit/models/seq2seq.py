@@ -113,12 +113,17 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
 
     # --- decoding hooks of GenerationMixin ------------------------------------------------------
     def _generation_start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                          decoder_input_ids: torch.Tensor | None = None, **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
+                          decoder_input_ids: torch.Tensor | None = None, decoder_start_token_id: int | None = None,
+                          **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
         """Encode the source once; the output starts from decoder_start_token_id (or a given decoder prompt)."""
+        if model_kwargs:
+            from lmkit.errors import GenerationError
+
+            raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")
         memory = self.encode(input_ids, attention_mask)
         if decoder_input_ids is None:
-            decoder_input_ids = torch.full((input_ids.shape[0], 1), self.decoder_start_token_id,
-                                           dtype=torch.long, device=input_ids.device)
+            start = self.decoder_start_token_id if decoder_start_token_id is None else int(decoder_start_token_id)
+            decoder_input_ids = torch.full((input_ids.shape[0], 1), start, dtype=torch.long, device=input_ids.device)
         state = DecodingState(cache=KVCache(), attention_mask=attention_mask, extra={"memory": memory})
         return decoder_input_ids, state
 
