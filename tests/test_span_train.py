@@ -25,7 +25,7 @@ def corpus_file(tmp_path_factory):
 
 
 @pytest.mark.parametrize("objective", ["span", "denoise"])
-def test_seq2seq_objectives_train_and_save(corpus_file, tmp_path, objective):
+def test_seq2seq_objectives_train_and_save(corpus_file, tmp_path, objective, capsys):
     cfg = TrainConfig(preset="t5-tiny", objective=objective, corpus=[corpus_file], out=str(tmp_path / objective),
                       max_steps=6, save_every=6, log_every=1, batch_size=8, seq_len=32, lr=3e-3, warmup_steps=1, vocab_size=400,
                       precision="fp32", progress=False, model_overrides=SMALL)
@@ -54,3 +54,10 @@ def test_seq2seq_objectives_train_and_save(corpus_file, tmp_path, objective):
     model = lmkit.load_model(tmp_path / objective)
     assert model.config.architecture == "encoder-decoder" and model.config.family == "t5"
     assert model.config.decoder_start_token_id == trainer.pad_id
+    # `lmkit eval` on the run folder gives the run's last validation loss (same rows, same fixed corruption)
+    from lmkit.cli import main
+
+    capsys.readouterr()
+    assert main(["eval", "--model", str(tmp_path / objective)]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("loss"))
+    assert float(line.split()[1]) == pytest.approx(metrics[-1]["val_loss"], abs=1e-3)

@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     model = lmkit.load_model(args.model)
     tokenizer = lmkit.load_tokenizer(args.model)
     check_fits(tokenizer, model.config.vocab_size, Path(args.model) / "tokenizer.json", args.model)
-    if args.pairs or args.task or model.config.architecture == "encoder-decoder":
+    seq2seq_objective = settings.get("objective") if settings.get("objective") in ("span", "denoise") else None
+    if args.pairs or args.task or (model.config.architecture == "encoder-decoder" and not seq2seq_objective):
         from lmkit.evaluate.seq2seq import report_pairs, resolve_pairs
 
         name, pairs = resolve_pairs(args.model, args.pairs, args.task)
@@ -37,7 +38,12 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(report_pairs(model, tokenizer, pairs, args.num_beams)))
         return 0
     _, val = load_corpus(corpus).split(settings.get("val_fraction", 0.05))
-    r = evaluate_text(model, tokenizer, val)
+    if seq2seq_objective:  # a span / denoise run: target loss under the run's fixed corruption
+        from lmkit.train.denoise import evaluate_corpus
+
+        r = evaluate_corpus(model, tokenizer, val, seq2seq_objective, settings.get("seq_len"))
+    else:
+        r = evaluate_text(model, tokenizer, val)
     print(f"{args.model} on {' '.join(corpus)} (validation split: {len(val)} documents, {r['bytes']} bytes, {r['tokens']} tokens)")
     print(f"loss           {r['loss']:.4f} nats/token")
     print(f"perplexity     {r['perplexity']:.3f}")
