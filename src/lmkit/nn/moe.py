@@ -5,7 +5,8 @@ y = sum_{e in topk} g_e E_e(x), with g = softmax over the chosen logits only, wh
 Mixtral's softmax over all N followed by top-k and renormalisation (exp(l_e) / sum_chosen exp(l_j)).
 Load balancing (Switch Transformer eq. 4-6, transformers' form): L = N * sum_e f_e P_e, where
 f_e = (number of top-k assignments to e) / tokens and P_e = mean router probability of e.
-`aux_loss` = router_aux_loss_coef * L is what the training loss adds.
+`aux_loss` = router_aux_loss_coef * L is what the training loss adds; the model sums it over layers
+(transformers pools the counts of all layers before the product: the same number for one layer).
 """
 from __future__ import annotations
 
