@@ -61,3 +61,13 @@ def test_seq2seq_objectives_train_and_save(corpus_file, tmp_path, objective, cap
     assert main(["eval", "--model", str(tmp_path / objective)]) == 0
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("loss"))
     assert float(line.split()[1]) == pytest.approx(metrics[-1]["val_loss"], abs=1e-3)
+
+
+def test_cli_span_without_preset_uses_t5_tiny(corpus_file, tmp_path, monkeypatch):
+    from lmkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--objective", "span", "--corpus", corpus_file, "--max-steps", "1", "--batch-size", "2",
+                 "--seq-len", "24", "--precision", "fp32"]) == 0
+    model = lmkit.load_model(tmp_path / "runs" / "t5-tiny")
+    assert model.config.architecture == "encoder-decoder"

@@ -38,6 +38,8 @@ def register(subparsers) -> None:
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
     given = {f: getattr(args, f) for f in FLAGS if getattr(args, f) is not None}
+    if "preset" not in given and given.get("objective") in ("span", "denoise"):
+        given["preset"] = "t5-tiny"  # encoder-decoder objectives need an encoder-decoder model
     given.setdefault("out", f"runs/{given.get('preset', 'default')}")
     return TrainConfig(resume=args.resume, **given), set(given) - {"out"}
 
