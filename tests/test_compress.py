@@ -6,20 +6,12 @@ import torch
 import torch.nn.functional as F
 
 import lmkit
-from lmkit.compress import (DistillWeights, apply_head_layout, distillation_loss, head_importance, least_important,
+from lmkit.compress import (DistillWeights, distillation_loss, head_importance, least_important,
                             prune_attention, prune_heads, quantize_dynamic_int8, student_from_teacher, weight_bytes)
 from lmkit.compress.prune import head_gates
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.models import build_model
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and the test machine's cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 BASE = dict(vocab_size=47, d_model=32, n_layers=4, n_heads=4, max_seq_len=32)

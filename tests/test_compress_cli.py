@@ -28,13 +28,6 @@ def folder(tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def test_distill_cli(folder, capsys):
     out = folder / "student"

@@ -11,14 +11,6 @@ from lmkit.errors import ConfigError
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and the test machine's cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def hf_mixtral(layers=2, experts=4, k=2, seed=0):
     torch.manual_seed(seed)

@@ -1,7 +1,6 @@
 """Mixture-of-experts feed-forward: routing, equivalences and the load-balancing loss."""
 import math
 
-import pytest
 import torch
 
 from lmkit.config import ModelConfig, get_preset
@@ -9,14 +8,6 @@ from lmkit.models import CausalLM
 from lmkit.nn.ffn import FeedForward
 from lmkit.nn.moe import MoEFeedForward, load_balancing_loss
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and the test machine's cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def cfg(**kw):

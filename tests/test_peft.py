@@ -9,14 +9,6 @@ from lmkit.peft import (LoRALinear, QuantizedLinear, get_peft_model, load_adapte
 from lmkit.peft.quant import nf4_levels
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and the test machine's cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 COMMON = dict(vocab_size=53, d_model=32, n_layers=2, n_heads=4, max_seq_len=32, dropout=0.0, attention_dropout=0.0)
 FAMILIES = {
     "gpt2": dict(COMMON, family="gpt2", activation="gelu_tanh"),

@@ -27,13 +27,6 @@ def folder(tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.mark.parametrize("method", ["lora", "ia3"])
 def test_finetune_writes_an_adapter_that_reproduces_the_scores(folder, method):
