@@ -126,3 +126,25 @@ def test_bart_without_final_logits_bias(tmp_path):
         torch.testing.assert_close(ours(src, attention_mask=mask, decoder_input_ids=dec).logits,
                                    hf_model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
                                    atol=1e-4, rtol=1e-4)
+
+
+def test_bart_base_style_config():
+    """The keys of facebook/bart-base's config.json (legacy flags included) map onto the bart preset."""
+    from lmkit.config import get_preset
+    from lmkit.errors import ConfigError
+    from lmkit.hub.bart import config_from_hf
+
+    raw = {"activation_function": "gelu", "add_bias_logits": False, "add_final_layer_norm": False, "d_model": 768,
+           "decoder_attention_heads": 12, "decoder_ffn_dim": 3072, "decoder_layers": 6, "encoder_attention_heads": 12,
+           "encoder_ffn_dim": 3072, "encoder_layers": 6, "max_position_embeddings": 1024, "model_type": "bart",
+           "normalize_before": False, "normalize_embedding": True, "scale_embedding": False, "vocab_size": 50265,
+           "forced_bos_token_id": 0, "forced_eos_token_id": 2, "pad_token_id": 1, "bos_token_id": 0,
+           "eos_token_id": 2, "decoder_start_token_id": 2, "static_position_embeddings": False}
+    cfg = config_from_hf(raw)
+    preset = get_preset("bart")
+    for field in ("d_model", "n_layers", "decoder_layers", "n_heads", "d_ff", "max_seq_len", "position_offset",
+                  "norm_placement", "embedding_norm", "final_norm", "activation", "output_bias", "decoder_start_token_id"):
+        assert getattr(cfg, field) == getattr(preset, field), field
+    assert cfg.extra == {"forced_bos_token_id": 0, "forced_eos_token_id": 2}
+    with pytest.raises(ConfigError, match="normalize_before"):
+        config_from_hf({**raw, "normalize_before": True})

@@ -25,9 +25,11 @@ def config_from_hf(hf: dict) -> ModelConfig:
         if hf.get(a, 16 if "heads" in a else 4096) != hf.get(b, 16 if "heads" in b else 4096):
             raise ConfigError(f"BART with {a}={hf.get(a)} != {b}={hf.get(b)} is not supported by lmkit; "
                               "both stacks must have the same sizes")
-    for flag in ("normalize_before", "add_final_layer_norm", "normalize_embedding"):
-        if flag in hf and hf[flag] is not (flag == "normalize_embedding"):
-            raise ConfigError(f"BART option {flag}={hf[flag]} (an mBART variant) is not supported by lmkit")
+    # options of BART's relatives (mBART, Marian, BlenderBot) that the bart model_type also reads in old configs
+    for flag, plain in (("normalize_before", False), ("add_final_layer_norm", False), ("normalize_embedding", True),
+                        ("static_position_embeddings", False), ("add_bias_logits", False)):
+        if flag in hf and bool(hf[flag]) is not plain:
+            raise ConfigError(f"BART option {flag}={hf[flag]} (a BART variant) is not supported by lmkit")
     act = hf.get("activation_function", "gelu")
     if act not in _ACTS:
         raise ConfigError(f"BART activation_function {act!r} is not supported; use one of {', '.join(_ACTS)}")
