@@ -148,3 +148,24 @@ def test_bart_base_style_config():
     assert cfg.extra == {"forced_bos_token_id": 0, "forced_eos_token_id": 2}
     with pytest.raises(ConfigError, match="normalize_before"):
         config_from_hf({**raw, "normalize_before": True})
+
+
+def test_t5_small_and_flan_style_configs():
+    from lmkit.config import get_preset
+    from lmkit.hub.t5 import config_from_hf
+
+    t5_small = {"d_ff": 2048, "d_kv": 64, "d_model": 512, "decoder_start_token_id": 0, "dropout_rate": 0.1,
+                "eos_token_id": 1, "initializer_factor": 1.0, "layer_norm_epsilon": 1e-06, "model_type": "t5",
+                "n_positions": 512, "num_heads": 8, "num_layers": 6, "pad_token_id": 0,
+                "relative_attention_num_buckets": 32, "vocab_size": 32128}
+    cfg, preset = config_from_hf(t5_small), get_preset("t5")
+    for field in ("d_model", "n_layers", "decoder_layers", "n_heads", "dim_head", "d_ff", "activation", "norm", "norm_eps",
+                  "attention_scale", "tie_embeddings", "output_scale", "relative_buckets", "relative_max_distance",
+                  "decoder_start_token_id", "pad_token_id", "eos_token_id"):
+        assert getattr(cfg, field) == getattr(preset, field), field
+    flan = {**t5_small, "d_ff": 1024, "num_heads": 6, "num_layers": 8, "num_decoder_layers": 8,
+            "feed_forward_proj": "gated-gelu", "dense_act_fn": "gelu_new", "is_gated_act": True,
+            "tie_word_embeddings": False}
+    cfg = config_from_hf(flan)
+    assert cfg.activation == "geglu_tanh" and not cfg.tie_embeddings and cfg.output_scale == 1.0
+    assert cfg.decoder_layers == 8 and cfg.n_heads * cfg.dim_head == 384
