@@ -149,3 +149,24 @@ def test_seeded_sampling_t5(tmp_path, num_beams):
     torch.manual_seed(7)
     got = ours.generate(kwargs["input_ids"], attention_mask=kwargs["attention_mask"], **common)
     assert got.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_forced_bos_and_eos_bart(tmp_path, num_beams):
+    """forced_bos_token_id / forced_eos_token_id (BART's generation defaults) force what transformers forces."""
+    cfg = transformers.BartConfig(vocab_size=V, d_model=24, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
+                                  decoder_ffn_dim=40, max_position_embeddings=64, dropout=0.0, init_std=0.3,
+                                  forced_bos_token_id=0, forced_eos_token_id=2)
+    torch.manual_seed(0)
+    hf_model = transformers.BartForConditionalGeneration(cfg).eval()
+    hf_model.save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    kwargs = _source_inputs(1)
+    common = dict(max_new_tokens=6, num_beams=num_beams, eos_token_id=[2, 7], pad_token_id=1)
+    # forced_eos_token_id comes from its generation config (transformers 5 drops forced_bos_token_id there)
+    ref = hf_model.generate(**kwargs, do_sample=False, forced_bos_token_id=0, **common)
+    got = ours.generate(kwargs["input_ids"], attention_mask=kwargs["attention_mask"], forced_bos_token_id=0,
+                        forced_eos_token_id=2, **common)
+    assert got.tolist() == ref.tolist()
+    assert (got[:, 1] == 0).all() and got.shape[1] <= 7

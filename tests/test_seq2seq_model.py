@@ -114,4 +114,4 @@ def test_generate_arguments():
     out = model.generate(src, max_new_tokens=3, decoder_input_ids=prompt, num_beams=2)
     assert out[:, :2].tolist() == prompt.tolist()
     with pytest.raises(lmkit.LmkitError, match="does not know"):
-        model.generate(src, max_new_tokens=3, forced_bos_token_id=3)
+        model.generate(src, max_new_tokens=3, no_such_option=3)

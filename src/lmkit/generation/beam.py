@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lmkit.generation.logits import process
+from lmkit.generation.logits import force_tokens, process
 
 _NEG = -1.0e9
 
@@ -28,7 +28,8 @@ def _gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, max_new_tokens: int,
                 num_beams: int, length_penalty: float, early_stopping: bool | str, eos: list[int],
-                pad_token_id: int | None, min_new_tokens: int, options: dict, **model_kwargs) -> torch.Tensor:
+                pad_token_id: int | None, min_new_tokens: int, options: dict, forced: tuple = (None, []),
+                **model_kwargs) -> torch.Tensor:
     """The best hypothesis per row (B, prompt + generated); the model supplies the three decoding hooks."""
     start, state = model._generation_start(input_ids, attention_mask, **model_kwargs)
     if max_new_tokens == 0:
@@ -61,6 +62,8 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         if cur_len - prompt_len < min_new_tokens and eos:
             log_probs[:, eos] = -float("inf")
         log_probs = process(flat_running, log_probs, **options)
+        if forced[0] is not None or forced[1]:
+            log_probs = force_tokens(log_probs, cur_len, max_length, *forced)
         V = log_probs.shape[-1]
         total = (log_probs.view(B, k, V) + running_scores[:, :, None]).view(B, k * V)
 

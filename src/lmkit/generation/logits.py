@@ -63,3 +63,16 @@ def process(sequences: torch.Tensor, scores: torch.Tensor, *, do_sample: bool, t
         if top_p is not None and top_p < 1.0:
             scores = top_p_filter(scores, top_p)
     return scores
+
+
+def force_tokens(scores: torch.Tensor, cur_len: int, max_length: int, bos: int | None = None,
+                 eos: list[int] | tuple = ()) -> torch.Tensor:
+    """transformers' forced BOS / EOS: after a one-token sequence only `bos` may come; the token that
+    reaches max_length must be an EOS. The forced tokens get score 0, all others -inf."""
+    if bos is not None and cur_len == 1:
+        scores = torch.full_like(scores, NEG_INF)
+        scores[:, bos] = 0
+    if eos and cur_len == max_length - 1:
+        scores = torch.full_like(scores, NEG_INF)
+        scores[:, list(eos)] = 0
+    return scores

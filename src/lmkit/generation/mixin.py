@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from lmkit.errors import GenerationError
-from lmkit.generation.logits import process
+from lmkit.generation.logits import force_tokens, process
 
 
 @dataclass
@@ -77,7 +77,8 @@ class GenerationMixin:
                  top_p: float | None = None, length_penalty: float = 1.0, eos_token_id: int | list[int] | None = None,
                  pad_token_id: int | None = None, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
                  early_stopping: bool | str = False, min_new_tokens: int = 0, stop_strings: str | list[str] | None = None,
-                 tokenizer=None, streamer=None, **model_kwargs) -> torch.Tensor:
+                 tokenizer=None, streamer=None, forced_bos_token_id: int | None = None,
+                 forced_eos_token_id: int | list[int] | None = None, **model_kwargs) -> torch.Tensor:
         """Continue each row of `input_ids`; see transformers' `generate` for every argument."""
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
@@ -94,6 +95,7 @@ class GenerationMixin:
         options = dict(do_sample=do_sample, temperature=temperature, top_k=50 if top_k is None else top_k,
                        top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
         stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
+        forced = (forced_bos_token_id, _as_list(forced_eos_token_id))
         if stops and tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: pass tokenizer=... to generate")
         was_training = self.training
@@ -105,9 +107,9 @@ class GenerationMixin:
                 return beam_search(self, input_ids, attention_mask, max_new_tokens=max_new_tokens, num_beams=num_beams,
                                    length_penalty=length_penalty, early_stopping=early_stopping, eos=eos,
                                    pad_token_id=pad_token_id, min_new_tokens=min_new_tokens, options=options,
-                                   **model_kwargs)
+                                   forced=forced, **model_kwargs)
             return self._sample(input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options,
-                                stops, tokenizer, streamer, **model_kwargs)
+                                stops, tokenizer, streamer, forced=forced, **model_kwargs)
         finally:
             self.train(was_training)
 
@@ -123,7 +125,7 @@ class GenerationMixin:
                                   f"model's {limit} positions; lower max_new_tokens to {limit - input_ids.shape[1]}")
 
     def _sample(self, input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options, stops,
-                tokenizer, streamer, **model_kwargs) -> torch.Tensor:
+                tokenizer, streamer, forced=(None, []), **model_kwargs) -> torch.Tensor:
         """Greedy decoding, or sampling from the processed distribution when options['do_sample']."""
         sequences, state = self._generation_start(input_ids, attention_mask, **model_kwargs)
         batch, start = sequences.shape
@@ -147,6 +149,8 @@ class GenerationMixin:
                 scores[:, eos] = -float("inf")
             if processing:
                 scores = process(out[:, :length], scores, **options)
+            if forced[0] is not None or forced[1]:
+                scores = force_tokens(scores, length, start + max_new_tokens, *forced)
             if options["do_sample"]:
                 next_tokens = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
             else:
