@@ -1,0 +1,90 @@
+"""`lmkit generate`: continue a prompt with a saved model, streaming the text to the terminal.
+
+Greedy unless a sampling flag (--temperature, --top-k, --top-p) is given; --num-beams runs beam
+search. Models trained by `lmkit train` saw BOS at the start of every row, so their prompts get it
+too (--bos / --no-bos override).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="continue a prompt with a saved model", description=__doc__)
+    p.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, model.safetensors, tokenizer.json)")
+    p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue (the source text for encoder-decoder models)")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at this temperature (0: greedy)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, metavar="P", help="sample from the nucleus of mass P")
+    p.add_argument("--num-beams", type=int, default=1, metavar="B", help="beam search with B beams")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="X")
+    p.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling (repeatable output)")
+    p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
+                   help="put BOS before the prompt (default: when the folder holds an lmkit training run)")
+    p.set_defaults(func=run)
+
+
+class TerminalStreamer:
+    """Prints text as tokens arrive (the `streamer=` interface of generate: put(ids), end())."""
+
+    def __init__(self, tokenizer, skip_first: int, out=sys.stdout):
+        self.tokenizer, self.skip, self.out = tokenizer, skip_first, out
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def put(self, ids) -> None:
+        if self.skip:  # the prompt, already on the screen
+            self.skip = 0
+            return
+        self.ids.extend(ids.reshape(-1).tolist())
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # half of a multi-byte character: wait for the rest
+            return
+        self.out.write(text[self.printed:])
+        self.out.flush()
+        self.printed = len(text)
+
+    def end(self) -> None:
+        self.out.write("\n")
+        self.out.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import lmkit
+    from lmkit.errors import GenerationError
+    from lmkit.train.checkpoint import run_settings
+
+    if args.max_new_tokens < 0:
+        raise GenerationError("--max-new-tokens must be >= 0")
+    model = lmkit.load_model(args.model)
+    tok = lmkit.load_tokenizer(args.model)
+    cfg = model.config
+    sampling = any(v is not None for v in (args.top_k, args.top_p)) or bool(args.temperature)
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    options = dict(max_new_tokens=args.max_new_tokens, do_sample=sampling, num_beams=args.num_beams,
+                   temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
+                   repetition_penalty=args.repetition_penalty)
+    if cfg.architecture == "encoder-decoder":
+        ids = torch.tensor([tok.encode(args.prompt)])
+        out = model.generate(ids, **options)
+        print(tok.decode(out[0].tolist(), skip_special_tokens=True))
+        return 0
+    if cfg.architecture != "decoder":
+        raise GenerationError(f"{args.model} is an encoder model, which does not generate text; use a decoder or "
+                              f"encoder-decoder model")
+    bos = args.bos if args.bos is not None else run_settings(args.model) is not None
+    ids = tok.encode(args.prompt, add_special_tokens=False)
+    if bos and cfg.bos_token_id is not None:
+        ids = [cfg.bos_token_id] + ids
+    ids_tensor = torch.tensor([ids])
+    sys.stdout.write(args.prompt)
+    streamer = TerminalStreamer(tok, skip_first=1) if args.num_beams == 1 else None
+    out = model.generate(ids_tensor, streamer=streamer, **options)
+    if streamer is None:
+        print(tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True))
+    return 0
