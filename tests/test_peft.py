@@ -5,7 +5,7 @@ import torch
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.models import build_model
-from lmkit.peft import (LoRALinear, QuantizedLinear, get_peft_model, load_adapter, trainable_summary)
+from lmkit.peft import LoRALinear, QuantizedLinear, format_summary, get_peft_model, load_adapter, trainable_summary
 from lmkit.peft.quant import nf4_levels
 
 
@@ -116,6 +116,7 @@ def test_lora_targets_by_pattern_and_summary():
     s = peft.trainable_summary()
     assert s["trainable"] == 2 * (32 + 32)
     assert abs(s["percent"] - 100 * s["trainable"] / s["total"]) < 1e-9
+    assert format_summary(s) == f"trainable params: 128 || all params: {s['total']:,} || trainable%: {s['percent']:.4f}"
     with pytest.raises(ConfigError, match="target_modules"):
         get_peft_model(make("llama"), "lora", target_modules=["nothing_here"])
 
