@@ -10,7 +10,7 @@ FIELDS = ("model", "train", "out", "eval", "epochs", "lr", "batch_size", "max_le
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("finetune", help="fine-tune an encoder for text classification", description=__doc__)
+    p = subparsers.add_parser("finetune", help="fine-tune an encoder for classification, or a causal LM (--task clm); --peft METHOD", description=__doc__)
     p.add_argument("--model", required=True, metavar="DIR", help="pretrained encoder folder (config.json, weights, tokenizer.json)")
     p.add_argument("--train", required=True, metavar="FILE", help="training data: .csv with a header, or .jsonl")
     p.add_argument("--eval", metavar="FILE", help="evaluation data (default: hold out --val-fraction of --train)")
