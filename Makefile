@@ -24,7 +24,7 @@ test: venv
 	$(PY) -m pytest -n 2 --dist loadgroup tests
 
 bench: venv
-	$(PY) -m bench.run_all
+	for b in decoder tokenizers sentence; do $(PY) bench/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
