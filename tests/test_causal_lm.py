@@ -9,13 +9,6 @@ from lmkit.models import CausalLM, build_model
 from lmkit.nn import KVCache
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared machine's cores are not spun for nothing."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 SMALL = dict(vocab_size=53, d_model=24, n_layers=2, n_heads=4, max_seq_len=40)
 VARIANTS = {

@@ -19,13 +19,6 @@ from transformers.generation import logits_process as hf_proc  # noqa: E402
 VOCAB = 61
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared machine's cores are not spun for nothing."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def build(kind: str):

@@ -20,13 +20,6 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Llam
 VOCAB = 101  # not a multiple of 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared machine's cores are not spun for nothing."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 CASES = {
     "gpt2-d36-h3-gelu_new-tied": lambda: GPT2LMHeadModel(GPT2Config(
         vocab_size=VOCAB, n_embd=36, n_layer=2, n_head=3, n_positions=48, activation_function="gelu_new",

@@ -8,13 +8,6 @@ from lmkit.config import ModelConfig
 from lmkit.nn import Attention, KVCache, RotaryEmbedding, build_attention_bias
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared machine's cores are not spun for nothing."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def cfg(**kw) -> ModelConfig:

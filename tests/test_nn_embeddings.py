@@ -11,13 +11,6 @@ from lmkit.nn import Embeddings, RotaryEmbedding, apply_rotary, sinusoidal_table
 from lmkit.nn.positions import rope_inverse_frequencies
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared machine's cores are not spun for nothing."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def cfg(**kw) -> ModelConfig:

@@ -293,29 +293,15 @@ def clean_corpus(corpus: Corpus, config: CleanConfig | None = None) -> tuple[Cor
 def clean_files(specs: list[str], out: str, report_path: str | None = None,
                 config: CleanConfig | None = None) -> dict[str, Any]:
     """Clean corpus specs into a JSONL file ({"id", "text"} per line, written atomically) plus a JSON report."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    from lmkit.data.cache import atomic_write_json
+    from lmkit.atomic import atomic_open, atomic_write_json
     from lmkit.data.prepare import stream_documents
 
     kept, cleaner = clean_stream(lambda: stream_documents(specs), config)
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for doc in kept:
-                f.write(json.dumps({"id": doc.id, "text": doc.text}, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+    with atomic_open(out, "w", encoding="utf-8") as f:
+        for doc in kept:
+            f.write(json.dumps({"id": doc.id, "text": doc.text}, ensure_ascii=False) + "\n")
         if cleaner.docs_in == 0:
             raise CorpusError(f"corpus {' '.join(specs)!r} is empty (no non-blank text); give files that contain text")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     report = cleaner.report()
     atomic_write_json(report_path or f"{out}.report.json", report)
     return report

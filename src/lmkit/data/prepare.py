@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from safetensors.numpy import save as save_safetensors
 
-from lmkit.data.cache import atomic_write_bytes, atomic_write_json
+from lmkit.atomic import atomic_write_bytes, atomic_write_json
 from lmkit.data.corpus import CHUNK_CHARS, Document, _expand, split_hash
 from lmkit.data.shards import DTYPES, FORMAT, INDEX, TOKENIZER, VERSION, file_sha256, token_dtype
 from lmkit.data.tokenize import BOS, vocab_size_of

@@ -105,7 +105,7 @@ def predict(model, tok, examples: list[Example], labels: dict[str, int], batch_s
 
 def finetune(cfg: FinetuneConfig) -> dict:
     """Train, evaluate after every epoch, keep the best; returns the best epoch's metrics."""
-    from lmkit.hub.files import atomic_write_bytes
+    from lmkit.atomic import atomic_write_bytes
     from lmkit.tokenizers import load_tokenizer
     from tqdm.auto import tqdm
 

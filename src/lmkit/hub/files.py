@@ -1,57 +1,35 @@
 """Reading and writing Hugging Face model folders: config.json and (sharded) safetensors.
 
-Everything is written to a temporary name and renamed, so a crash never leaves half a file.
+Everything is written through `lmkit.atomic` (temporary name, fsync, rename), so a crash never
+leaves half a file.
 """
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from lmkit.atomic import atomic_save_file
+from lmkit.atomic import atomic_write_json as write_json
 from lmkit.errors import CheckpointError
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write data to path through a temporary file in the same folder and an atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    """JSON with sorted keys, as Hugging Face folders are written."""
+    write_json(path, obj, sort_keys=True)
 
 
 def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict | None = None) -> None:
     """save_file to a temporary name, then rename (tensors made contiguous and unshared first)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file({k: v.detach().contiguous().clone() if _shares(v, tensors) else v.detach().contiguous()
-                   for k, v in tensors.items()}, tmp, metadata=metadata or {"format": "pt"})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    tensors = {k: v.detach().contiguous().clone() if _shares(v, tensors) else v.detach().contiguous()
+               for k, v in tensors.items()}
+    atomic_save_file(path, lambda tmp: save_file(tensors, tmp, metadata=metadata or {"format": "pt"}))
 
 
 def _shares(t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> bool:

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from lmkit.atomic import atomic_write_json
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.decoders import decoder_from_json
 from lmkit.tokenizers.models import model_from_json
@@ -78,18 +77,6 @@ def load_tokenizer(path) -> Tokenizer:
                              "or restore the original file") from None
 
 
-def _write_json(path: Path, obj) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, ensure_ascii=False, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save_pretrained(tok: Tokenizer, folder) -> list[str]:
     """tokenizer.json plus tokenizer_config.json and special_tokens_map.json naming the special tokens, so
     `transformers.AutoTokenizer.from_pretrained(folder)` loads it as a fast tokenizer."""
@@ -106,7 +93,7 @@ def save_pretrained(tok: Tokenizer, folder) -> list[str]:
         config["model_max_length"] = max_len
     paths = [save_tokenizer(tok, folder / "tokenizer.json")]
     for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", roles)):
-        _write_json(folder / name, obj)
+        atomic_write_json(folder / name, obj)
         paths.append(str(folder / name))
     return paths
 
@@ -117,5 +104,5 @@ def save_tokenizer(tok: Tokenizer, path) -> str:
         p.mkdir(parents=True, exist_ok=True)
         p = p / "tokenizer.json"
     p.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(p, tokenizer_to_json(tok))
+    atomic_write_json(p, tokenizer_to_json(tok))
     return str(p)

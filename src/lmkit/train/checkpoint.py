@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from lmkit.data.cache import atomic_write_json, umask
+from lmkit.atomic import atomic_write_json, umask
 from lmkit.errors import CheckpointError
 
 CHECKPOINT_DIR = "checkpoint"

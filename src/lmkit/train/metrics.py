@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lmkit.data.cache import atomic_save_file, atomic_write_text
+from lmkit.atomic import atomic_save_file, atomic_write_text
 
 
 class MetricsLog:

@@ -20,7 +20,7 @@ import torch
 
 from lmkit.config import ModelConfig, get_preset
 from lmkit.data import load_corpus
-from lmkit.data.cache import atomic_save_file
+from lmkit.atomic import atomic_save_file
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.tokenize import corpus_tokenizer, special_ids, vocab_size_of
 from lmkit.errors import TrainingError

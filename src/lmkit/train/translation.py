@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from lmkit.config import get_preset
-from lmkit.data.cache import atomic_save_file
+from lmkit.atomic import atomic_save_file
 from lmkit.hub.files import atomic_write_json
 from lmkit.models import build_model
 from lmkit.objectives import next_token_loss, seq2seq_batch
