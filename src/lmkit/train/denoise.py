@@ -8,23 +8,22 @@ corruption of the held-out rows. The run's tokenizer gets the sentinel / mask to
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from lmkit.evaluate.perplexity import autocast
-from lmkit.objectives import (LossSum, next_token_loss, perplexity, sentence_permutation, seq2seq_batch, span_corruption,
+from lmkit.objectives import (LossSum, next_token_loss, sentence_permutation, seq2seq_batch, span_corruption,
                               text_infilling)
-from lmkit.train.tasks import Objective, register_objective
+from lmkit.train.tasks import FixedCorruptionEvaluation, Objective, register_objective
 
 SENTINELS = [f"<extra_id_{i}>" for i in range(100)]
 MASK = "<mask>"
-EVAL_SEED = 4321
 
 
-class Denoising:
+class Denoising(FixedCorruptionEvaluation):
     """Batch builder, loss and evaluation of one encoder-decoder denoising objective for one tokenizer."""
+
+    eval_seed = 4321
 
     def __init__(self, kind: str, special_ids: list[int], end_ids: set[int]):
         self.kind, self.special_ids, self.end_ids = kind, special_ids, end_ids
@@ -51,33 +50,6 @@ class Denoising:
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[LossSum, torch.Tensor | None]:
         out = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
         return next_token_loss(out.logits, batch["labels"]), getattr(out, "aux_loss", None)
-
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, num_bytes: int,
-                 batch_size: int = 16, precision: str = "fp32", **_: Any) -> dict[str, float]:
-        """Target loss (nats per target token) under one fixed corruption of the held-out rows; bpb scales
-        the bytes by target tokens / row tokens (not comparable with a causal model's bpb)."""
-        was_training = model.training
-        model.eval()
-        device = next(model.parameters()).device
-        generator = torch.Generator().manual_seed(EVAL_SEED)
-        pad = int(rows[mask == 0][0]) if bool((mask == 0).any()) else -1
-        total, count, tokens = 0.0, 0, 0
-        try:
-            for start in range(0, len(rows), batch_size):
-                r = rows[start:start + batch_size].to(device)
-                batch = self.build_batch(r, pad, generator)
-                with autocast(device, precision):
-                    ls = self.loss(model, batch)[0]
-                total += float(ls.sum)
-                count += int(ls.count)
-                tokens += int(mask[start:start + batch_size].sum())
-        finally:
-            model.train(was_training)
-        loss = total / max(count, 1)
-        scored_bytes = num_bytes * min(1.0, count / max(tokens, 1))
-        return {"loss": loss, "perplexity": perplexity(loss), "bpb": total / (math.log(2) * max(scored_bytes, 1e-9)),
-                "tokens": count, "bytes": num_bytes}
 
 
 class DenoisingObjective(Objective):

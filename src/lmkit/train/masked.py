@@ -8,20 +8,17 @@ only and divided by their count. Validation uses one fixed masking of the held-o
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from lmkit.evaluate.perplexity import autocast
-from lmkit.objectives import IGNORE_INDEX, LossSum, mask_tokens, masked_lm_loss, perplexity
-from lmkit.train.tasks import Objective, register_objective
+from lmkit.objectives import LossSum, mask_tokens, masked_lm_loss
+from lmkit.train.tasks import FixedCorruptionEvaluation, Objective, register_objective
 
 MASK = "<|mask|>"
-EVAL_SEED = 1234
 
 
-class MaskedLM:
+class MaskedLM(FixedCorruptionEvaluation):
     """Batch builder, loss and evaluation of masked-LM training for one tokenizer."""
 
     def __init__(self, mask_id: int, vocab_size: int, special_ids: tuple[int, ...], mlm_probability: float = 0.15):
@@ -39,35 +36,8 @@ class MaskedLM:
         out = model(batch["input_ids"], attention_mask=batch["attention_mask"])
         return masked_lm_loss(out.logits, batch["labels"]), getattr(out, "aux_loss", None)
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, num_bytes: int,
-                 batch_size: int = 16, precision: str = "fp32", **_: Any) -> dict[str, float]:
-        """Masked-token loss (nats per chosen token) on the held-out rows under one fixed masking.
-
-        bpb scales the bytes by the share of tokens scored (bits per byte of the masked text, taking
-        masked tokens to be as long as the average token): not comparable with a causal model's bpb.
-        """
-        was_training = model.training
-        model.eval()
-        device = next(model.parameters()).device
-        generator = torch.Generator().manual_seed(EVAL_SEED)
-        total, count, tokens = 0.0, 0, 0
-        pad = int(rows[mask == 0][0]) if bool((mask == 0).any()) else -1
-        try:
-            for start in range(0, len(rows), batch_size):
-                r = rows[start:start + batch_size].to(device)
-                batch = self.build_batch(r, pad, generator)
-                with autocast(device, precision):
-                    ls = self.loss(model, batch)[0]
-                total += float(ls.sum)
-                count += int(ls.count)
-                tokens += int(batch["attention_mask"].sum())
-        finally:
-            model.train(was_training)
-        loss = total / max(count, 1)
-        scored_bytes = num_bytes * count / max(tokens, 1)
-        return {"loss": loss, "perplexity": perplexity(loss), "bpb": total / (math.log(2) * max(scored_bytes, 1e-9)),
-                "tokens": count, "bytes": num_bytes}
+    def row_tokens(self, batch: dict, row_mask: torch.Tensor) -> int:
+        return int(batch["attention_mask"].sum())  # the rows as the model reads them (seq_len, not seq_len + 1)
 
 
 class MaskedLMObjective(Objective):

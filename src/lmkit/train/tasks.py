@@ -7,13 +7,14 @@ Register new ones with `register_objective`; the trainer needs nothing else.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from lmkit.errors import TrainingError
-from lmkit.objectives import IGNORE_INDEX, LossSum, next_token_loss, next_token_targets
+from lmkit.objectives import IGNORE_INDEX, LossSum, next_token_loss, next_token_targets, perplexity
 
 
 @dataclass
@@ -66,6 +67,48 @@ def _clm_evaluate(model: torch.nn.Module, **kwargs: Any) -> dict[str, float]:
 
 
 register_objective(Objective("clm", "decoder", clm_batch, clm_loss, _clm_evaluate))
+
+
+
+class FixedCorruptionEvaluation:
+    """Validation of a corrupting objective (MLM, span, denoise): its loss under one seeded corruption.
+
+    The class using it supplies `build_batch`, `loss`, `eval_seed` and `row_tokens(batch, row_mask)`
+    (how many tokens of the rows the scored targets stand for). bpb scales the bytes by scored targets
+    / row tokens, so it is not comparable with a causal model's bpb.
+    """
+
+    eval_seed = 1234
+
+    def row_tokens(self, batch: dict, row_mask: torch.Tensor) -> int:
+        return int(row_mask.sum())
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, num_bytes: int,
+                 batch_size: int = 16, precision: str = "fp32", **_: Any) -> dict[str, float]:
+        from lmkit.evaluate.perplexity import autocast
+
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        generator = torch.Generator().manual_seed(self.eval_seed)
+        pad = int(rows[mask == 0][0]) if bool((mask == 0).any()) else -1
+        total, count, tokens = 0.0, 0, 0
+        try:
+            for start in range(0, len(rows), batch_size):
+                batch = self.build_batch(rows[start:start + batch_size].to(device), pad, generator)
+                with autocast(device, precision):
+                    ls = self.loss(model, batch)[0]
+                total += float(ls.sum)
+                count += int(ls.count)
+                tokens += self.row_tokens(batch, mask[start:start + batch_size])
+        finally:
+            model.train(was_training)
+        loss = total / max(count, 1)
+        scored_bytes = num_bytes * min(1.0, count / max(tokens, 1))
+        return {"loss": loss, "perplexity": perplexity(loss), "bpb": total / (math.log(2) * max(scored_bytes, 1e-9)),
+                "tokens": count, "bytes": num_bytes}
+
 
 from lmkit.train import masked as _masked  # noqa: E402,F401  (registers "mlm")
 from lmkit.train import denoise as _denoise  # noqa: E402,F401  (registers "span" and "denoise")
