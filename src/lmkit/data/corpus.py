@@ -125,19 +125,27 @@ def read_text_file(path: Path, label: str) -> list[Document]:
 
 def read_jsonl(path: Path, label: str) -> list[Document]:
     """One document per line: an object with a string `text` (and optionally an `id`)."""
-    docs = []
-    for lineno, line in enumerate(_read_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorpusError(f"{str(path)!r} line {lineno} is not JSON ({exc.msg}); each line must be an object with a 'text' field") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-            raise CorpusError(f"{str(path)!r} line {lineno} has no string 'text' field; each line must look like {{\"text\": \"...\"}}")
-        if obj["text"].strip():
-            docs.append(Document(str(obj["id"]) if "id" in obj else f"{label}:{lineno}", obj["text"]))
-    return docs
+    lines = enumerate(_read_text(path).splitlines(), 1)
+    return [doc for lineno, line in lines if (doc := jsonl_document(path, label, lineno, line)) is not None]
+
+
+def jsonl_document(path: Path, label: str, lineno: int, line: str) -> Document | None:
+    """The document of one JSONL line (None for a blank line or blank text); bad lines are a CorpusError."""
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise CorpusError(f"{str(path)!r} line {lineno} is not JSON ({exc.msg}); each line must be an object with a 'text' field") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+        raise CorpusError(f"{str(path)!r} line {lineno} has no string 'text' field; each line must look like {{\"text\": \"...\"}}")
+    doc_id = str(obj["id"]) if "id" in obj else f"{label}:{lineno}"
+    try:
+        doc_id.encode("utf-8"), obj["text"].encode("utf-8")
+    except UnicodeEncodeError:
+        raise CorpusError(f"{str(path)!r} line {lineno} escapes a lone surrogate (\\ud800-\\udfff), which is not "
+                          "text; fix or drop that line") from None
+    return Document(doc_id, obj["text"]) if obj["text"].strip() else None
 
 
 def _expand(spec: str) -> list[Path]:

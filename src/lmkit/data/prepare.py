@@ -12,7 +12,6 @@ from __future__ import annotations
 import codecs
 import hashlib
 import inspect
-import json
 import multiprocessing as mp
 import os
 import re
@@ -24,7 +23,7 @@ import numpy as np
 from safetensors.numpy import save as save_safetensors
 
 from lmkit.atomic import atomic_write_bytes, atomic_write_json
-from lmkit.data.corpus import CHUNK_CHARS, Document, _expand, split_hash
+from lmkit.data.corpus import CHUNK_CHARS, Document, _expand, jsonl_document, split_hash
 from lmkit.data.shards import DTYPES, FORMAT, INDEX, TOKENIZER, VERSION, file_sha256, token_dtype
 from lmkit.data.tokenize import BOS, vocab_size_of
 from lmkit.errors import CorpusError, TokenizerError
@@ -97,32 +96,14 @@ def stream_jsonl(path: Path, label: str) -> Iterator[Document]:
         for raw in lines:
             for line in (raw + "\n").splitlines():
                 lineno += 1
-                doc = _jsonl_document(path, label, lineno, line)
+                doc = jsonl_document(path, label, lineno, line)
                 if doc is not None:
                     yield doc
     for line in rest.splitlines():
         lineno += 1
-        doc = _jsonl_document(path, label, lineno, line)
+        doc = jsonl_document(path, label, lineno, line)
         if doc is not None:
             yield doc
-
-
-def _jsonl_document(path: Path, label: str, lineno: int, line: str) -> Document | None:
-    if not line.strip():
-        return None
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise CorpusError(f"{str(path)!r} line {lineno} is not JSON ({exc.msg}); each line must be an object with a 'text' field") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-        raise CorpusError(f"{str(path)!r} line {lineno} has no string 'text' field; each line must look like {{\"text\": \"...\"}}")
-    doc_id = str(obj["id"]) if "id" in obj else f"{label}:{lineno}"
-    try:
-        doc_id.encode("utf-8"), obj["text"].encode("utf-8")
-    except UnicodeEncodeError:
-        raise CorpusError(f"{str(path)!r} line {lineno} escapes a lone surrogate (\\ud800-\\udfff), which is not "
-                          "text; fix or drop that line") from None
-    return Document(doc_id, obj["text"]) if obj["text"].strip() else None
 
 
 def stream_documents(specs: Iterable[str]) -> Iterator[Document]:
