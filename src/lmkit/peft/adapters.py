@@ -13,7 +13,7 @@ from torch import nn
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.nn.ffn import activation
-from lmkit.peft.names import find_modules, replace_module
+from lmkit.peft.names import WrappedLinear, find_modules, replace_module
 from lmkit.peft.quant import QuantizedLinear
 
 
@@ -57,7 +57,7 @@ def apply_adapters(model: nn.Module, bottleneck: int = 16, where: tuple[str, ...
     return names
 
 
-class IA3Linear(nn.Module):
+class IA3Linear(WrappedLinear):
     """A frozen linear layer whose output (or, for FFN layers, input) is scaled by a learned vector `ia3_l`."""
 
     def __init__(self, base_layer: nn.Module, feedforward: bool):
@@ -67,18 +67,6 @@ class IA3Linear(nn.Module):
         w = base_layer.weight
         size = base_layer.in_features if feedforward else base_layer.out_features
         self.ia3_l = nn.Parameter(torch.ones(size, device=w.device, dtype=w.dtype))
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base_layer.weight
-
-    @property
-    def in_features(self) -> int:
-        return self.base_layer.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base_layer.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.feedforward:

@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 from lmkit.errors import ConfigError
-from lmkit.peft.names import find_modules, replace_module
+from lmkit.peft.names import WrappedLinear, find_modules, replace_module
 from lmkit.peft.quant import QuantizedLinear
 
 
-class LoRALinear(nn.Module):
+class LoRALinear(WrappedLinear):
     """A frozen `base_layer` plus the low-rank update (alpha / r) B A; names follow the PEFT library."""
 
     def __init__(self, base_layer: nn.Module, r: int = 8, alpha: float = 16.0, dropout: float = 0.0):
@@ -33,18 +33,6 @@ class LoRALinear(nn.Module):
         nn.init.zeros_(self.lora_B.weight)
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.merged = False
-
-    @property
-    def in_features(self) -> int:
-        return self.base_layer.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base_layer.out_features
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base_layer.weight
 
     def delta_weight(self) -> torch.Tensor:
         """(alpha / r) B A, shaped like W."""

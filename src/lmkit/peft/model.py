@@ -90,7 +90,6 @@ class PeftModel(nn.Module):
     def _with_prompt(self, kwargs: dict) -> dict:
         ids = kwargs["input_ids"]
         virtual = self._virtual(ids)
-        P = virtual.shape[1]
         kwargs["input_ids"] = torch.cat([virtual, ids], dim=1)
         # labels of an encoder-decoder model belong to the decoder, which gets no virtual tokens
         decoder_only = self.config.architecture == "decoder"

@@ -82,3 +82,21 @@ def hf_param_names(model: nn.Module) -> dict[str, str]:
         return {n: n for n, _ in model.named_parameters()}
     rules = module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
     return {rule.ours[0]: rule.hf for rule in rules if len(rule.ours) == 1}
+
+
+class WrappedLinear(nn.Module):
+    """A module that stands in for a frozen linear `base_layer` and shows its weight and sizes."""
+
+    base_layer: nn.Module
+
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    @property
+    def in_features(self) -> int:
+        return self.base_layer.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base_layer.out_features
