@@ -125,7 +125,18 @@ def encode_many(tok, texts: list[str], num_workers: int | None = None) -> list[l
     global _WORKER_TOK
     _WORKER_TOK = tok
     # chunks of about equal character count keep both workers busy
-    chunks, cur, size, target = [], [], 0, max(1, total // (workers * 4))
+    chunks = chunk_by_chars(texts, max(1, total // (workers * 4)))
+    try:
+        with ctx.Pool(workers) as pool:
+            parts = pool.map(_worker_encode, chunks)
+    finally:
+        _WORKER_TOK = None
+    return [ids for part in parts for ids in part]
+
+
+def chunk_by_chars(texts, target: int) -> list[list[str]]:
+    """Consecutive texts grouped into chunks of about `target` characters (for a worker pool)."""
+    chunks, cur, size = [], [], 0
     for t in texts:
         cur.append(t)
         size += len(t)
@@ -134,9 +145,4 @@ def encode_many(tok, texts: list[str], num_workers: int | None = None) -> list[l
             cur, size = [], 0
     if cur:
         chunks.append(cur)
-    try:
-        with ctx.Pool(workers) as pool:
-            parts = pool.map(_worker_encode, chunks)
-    finally:
-        _WORKER_TOK = None
-    return [ids for part in parts for ids in part]
+    return chunks

@@ -121,23 +121,16 @@ class Tokenizer:
         if len(cache) > CACHE_LIMIT:
             cache.clear()
         if type(pre) is ByteLevel:  # cache keys are the words before the byte mapping
-            words = pre.raw_split(text)
-            try:
-                return list(chain.from_iterable(map(cache.__getitem__, words)))
-            except KeyError:
-                tokenize = self.model.tokenize_ids
-                for w in words:
-                    if w not in cache:
-                        cache[w] = tokenize(byte_level(w))
+            words, mapped = pre.raw_split(text), byte_level
         else:
-            words = pre.split(text, first) if pre is not None else ([text] if text else [])
-            try:
-                return list(chain.from_iterable(map(cache.__getitem__, words)))
-            except KeyError:
-                tokenize = self.model.tokenize_ids
-                for w in words:
-                    if w not in cache:
-                        cache[w] = tokenize(w)
+            words, mapped = (pre.split(text, first) if pre is not None else ([text] if text else [])), None
+        try:
+            return list(chain.from_iterable(map(cache.__getitem__, words)))
+        except KeyError:
+            tokenize = self.model.tokenize_ids
+            for w in words:
+                if w not in cache:
+                    cache[w] = tokenize(mapped(w) if mapped else w)
         return list(chain.from_iterable(map(cache.__getitem__, words)))
 
     def _encode_plain(self, text: str, python_only: bool = False) -> list[int]:

@@ -6,6 +6,7 @@ import os
 from collections import Counter
 
 from lmkit.errors import TokenizerError
+from lmkit.tokenizers.fast import chunk_by_chars
 from lmkit.tokenizers.pre_tokenizers import ByteLevel, byte_level
 
 PARALLEL_MIN_CHARS = 2 << 20
@@ -48,16 +49,7 @@ def count_words(tok, texts, num_workers: int | None = None) -> dict[str, int]:
         import multiprocessing as mp
         global _WORKER
         _WORKER = tok
-        step = max(1, total // (workers * 8))
-        chunks, cur, size = [], [], 0
-        for t in texts:
-            cur.append(t)
-            size += len(t)
-            if size >= step:
-                chunks.append(cur)
-                cur, size = [], 0
-        if cur:
-            chunks.append(cur)
+        chunks = chunk_by_chars(texts, max(1, total // (workers * 8)))
         try:
             with mp.get_context("fork").Pool(workers) as pool:
                 counts = Counter()
