@@ -3,6 +3,7 @@
 Arguments mean what transformers' `generate` makes them mean: top_k defaults to 50 when sampling
 (top_k=0 turns it off), pad_token_id defaults to eos_token_id, finished rows are padded, and a
 decoder-only model returns prompt + continuation with left-padded prompts positioned as if alone.
+Token ids left unset (eos, pad, forced BOS/EOS) come from the loaded folder's generation_config.json.
 """
 from __future__ import annotations
 
@@ -89,9 +90,16 @@ class GenerationMixin:
         if max_new_tokens < 0:
             raise GenerationError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self._check_context(input_ids, max_new_tokens)
-        eos = _as_list(eos_token_id if eos_token_id is not None else self.config.eos_token_id)
+        defaults = getattr(self, "generation_defaults", {})  # a loaded folder's generation_config.json
+        eos = _as_list(next((v for v in (eos_token_id, defaults.get("eos_token_id"), self.config.eos_token_id)
+                             if v is not None), None))
         if pad_token_id is None:
-            pad_token_id = self.config.pad_token_id if self.config.pad_token_id is not None else (eos[0] if eos else 0)
+            pad_token_id = next((v for v in (defaults.get("pad_token_id"), self.config.pad_token_id) if v is not None),
+                                eos[0] if eos else 0)
+        if forced_bos_token_id is None:
+            forced_bos_token_id = defaults.get("forced_bos_token_id")
+        if forced_eos_token_id is None:
+            forced_eos_token_id = defaults.get("forced_eos_token_id")
         options = dict(do_sample=do_sample, temperature=temperature, top_k=50 if top_k is None else top_k,
                        top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
         stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])

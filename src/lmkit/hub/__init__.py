@@ -94,7 +94,21 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None):
     if really_missing:
         raise CheckpointError(f"{folder} lacks tensors {', '.join(really_missing[:5])}")
     model = model.to(dtype) if dtype is not None else model.float()
+    model.generation_defaults = generation_defaults(folder)
     return model.eval()
+
+
+# generation_config.json keys that `generate` takes as defaults, as transformers does when they are unset
+GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id")
+
+
+def generation_defaults(folder: Path) -> dict:
+    """The token-id defaults of a folder's generation_config.json (empty when it has none)."""
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    raw = read_json(path)
+    return {k: raw[k] for k in GENERATION_DEFAULT_KEYS if raw.get(k) is not None}
 
 
 def _is_tied(model, key: str) -> bool:
@@ -125,6 +139,8 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
     raw.setdefault("transformers_version", "4.46.0")
     write_weights(folder, tensors, max_shard_bytes)
     atomic_write_json(folder / "config.json", raw)
+    if getattr(model, "generation_defaults", None):
+        atomic_write_json(folder / "generation_config.json", dict(model.generation_defaults))
 
 
 def _untie(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
