@@ -9,6 +9,26 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+def _write_small_pydocs(path, n: int = 30, ids: bool = True) -> list:
+    """Write n mid-sized pydocs documents as JSONL (with or without their ids) and return them."""
+    import json
+
+    from lmkit.data import load_corpus
+
+    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:n]
+    rows = ({"id": d.id, "text": d.text} if ids else {"text": d.text} for d in docs)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return docs
+
+
+
+@pytest.fixture(scope="session")
+def small_pydocs():
+    """`small_pydocs(path, n=30, ids=True)`: a small real corpus file for training tests."""
+    return _write_small_pydocs

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from lmkit.data.clean import CleanConfig, LSHIndex, MinHasher, clean_corpus, jaccard, shingles
 from lmkit.data.corpus import Corpus, Document, load_corpus

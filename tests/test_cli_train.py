@@ -5,7 +5,6 @@ import sys
 
 import pytest
 
-from lmkit.data import load_corpus
 
 
 def lmkit(*args, cwd):
@@ -13,10 +12,9 @@ def lmkit(*args, cwd):
 
 
 @pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory):
-    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:30]
+def corpus_file(tmp_path_factory, small_pydocs):
     path = tmp_path_factory.mktemp("cli") / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": d.text}) + "\n" for d in docs), encoding="utf-8")
+    small_pydocs(path, 30, ids=False)
     return str(path)
 
 

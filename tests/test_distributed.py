@@ -7,7 +7,6 @@ import sys
 import pytest
 
 import lmkit
-from lmkit.data import load_corpus
 from lmkit.data.prepare import prepare
 
 FLAGS = ["--preset", "tiny", "--max-steps", "4", "--batch-size", "8", "--seq-len", "32", "--save-every", "2",
@@ -15,10 +14,9 @@ FLAGS = ["--preset", "tiny", "--max-steps", "4", "--batch-size", "8", "--seq-len
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
+def shards(tmp_path_factory, small_pydocs):
     root = tmp_path_factory.mktemp("dist")
-    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:30]
-    (root / "c.jsonl").write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs), encoding="utf-8")
+    docs = small_pydocs(root / "c.jsonl", 30)
     tok = lmkit.train_tokenizer([d.text for d in docs], kind="bpe", vocab_size=320,
                                 special_tokens=["<|endoftext|>", "<|pad|>"])
     tok.save(str(root / "tok.json"))

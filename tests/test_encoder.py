@@ -204,7 +204,10 @@ def test_heads_losses():
     torch.testing.assert_close(out.loss, ((out.logits.squeeze(-1) - torch.tensor([0.5, -1.0])) ** 2).mean())
     qa = Encoder(cfg, head="qa")
     out = qa(ids, start_positions=torch.tensor([1, 2]), end_positions=torch.tensor([3, 4]))
-    assert out.start_logits.shape == (2, 6) and out.loss.ndim == 0
+    assert out.start_logits.shape == (2, 6)
+    ce = torch.nn.functional.cross_entropy
+    expected = (ce(out.start_logits, torch.tensor([1, 2])) + ce(out.end_logits, torch.tensor([3, 4]))) / 2
+    torch.testing.assert_close(out.loss, expected)  # transformers' QA loss: mean of start and end CE
     pre = Encoder(cfg, head="pretraining")
     labels = torch.full_like(ids, -100)
     labels[0, 2] = 7

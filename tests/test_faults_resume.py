@@ -12,7 +12,6 @@ import pytest
 
 import lmkit
 from lmkit.cli import main
-from lmkit.data import load_corpus
 from lmkit.data.prepare import prepare
 
 FLAGS = ["--preset", "tiny", "--batch-size", "8", "--seq-len", "32", "--save-every", "2", "--log-every", "1",
@@ -20,10 +19,9 @@ FLAGS = ["--preset", "tiny", "--batch-size", "8", "--seq-len", "32", "--save-eve
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def data(tmp_path_factory, small_pydocs):
     root = tmp_path_factory.mktemp("faults")
-    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:30]
-    (root / "c.jsonl").write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs), encoding="utf-8")
+    docs = small_pydocs(root / "c.jsonl", 30)
     tok = lmkit.train_tokenizer([d.text for d in docs], kind="bpe", vocab_size=300,
                                 special_tokens=["<|endoftext|>", "<|pad|>"])
     tok.save(str(root / "tok.json"))

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import lmkit
-from lmkit.data import load_corpus
 from lmkit.objectives import IGNORE_INDEX
 from lmkit.train.config import TrainConfig
 from lmkit.train.tasks import get_objective
@@ -17,10 +16,9 @@ SMALL = dict(d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, attention_
 
 
 @pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory):
-    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:40]
+def corpus_file(tmp_path_factory, small_pydocs):
     path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
-    path.write_text("".join(json.dumps({"text": d.text}) + "\n" for d in docs), encoding="utf-8")
+    small_pydocs(path, 40, ids=False)
     return str(path)
 
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import lmkit
-from lmkit.config import ModelConfig
 from lmkit.models.seq2seq import Seq2SeqLM
 
 transformers = pytest.importorskip("transformers")

@@ -1,6 +1,5 @@
 """Token shards: prepare (serial and parallel), the index, memory-mapped reading, rows per rank."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import lmkit
 from lmkit.data import prepare as prep
-from lmkit.data.corpus import Corpus, Document, chunk_text, read_jsonl, read_text_file, split_hash
+from lmkit.data.corpus import chunk_text, read_jsonl, split_hash
 from lmkit.data.shards import ShardDataset, ShardStream, read_header, token_dtype
 
 SPECIAL = ["<|endoftext|>", "<|pad|>"]

@@ -14,11 +14,10 @@ from lmkit.train.optim import lr_at, param_groups
 
 
 @pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory):
+def corpus_file(tmp_path_factory, small_pydocs):
     """About 60 KB of pydocs (small documents) as JSONL: a fast, fixed training corpus."""
-    docs = [d for d in load_corpus("pydocs") if 300 < len(d.text) < 3000][:40]
     path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
-    path.write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs), encoding="utf-8")
+    small_pydocs(path, 40)
     return str(path)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import Rule, layer_rules, rename
+from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
 
 MODEL_TYPES = ("bart",)
 # checkpoints that store the table under the stacks' names only; BartModel has no "model." prefix
@@ -30,9 +30,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
                         ("static_position_embeddings", False), ("add_bias_logits", False)):
         if flag in hf and bool(hf[flag]) is not plain:
             raise ConfigError(f"BART option {flag}={hf[flag]} (a BART variant) is not supported by lmkit")
-    act = hf.get("activation_function", "gelu")
-    if act not in _ACTS:
-        raise ConfigError(f"BART activation_function {act!r} is not supported; use one of {', '.join(_ACTS)}")
+    act = hf_activation(hf, "activation_function", "gelu", _ACTS, "BART")
     d = hf.get("d_model", 1024)
     return ModelConfig(
         family="bart", architecture="encoder-decoder", vocab_size=hf.get("vocab_size", 50265), d_model=d,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import Rule, layer_rules, rename
+from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
 
 MODEL_TYPES = ("bert",)
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
@@ -81,9 +81,7 @@ def num_labels_of(hf: dict) -> int:
 
 def encoder_config_from_hf(hf: dict, family: str, **fields) -> ModelConfig:
     """The settings BERT-like configs share (BERT and RoBERTa spell them alike)."""
-    act = hf.get("hidden_act", "gelu")
-    if act not in ACTIVATIONS:
-        raise ConfigError(f"{family} hidden_act {act!r} is not supported; use one of {', '.join(ACTIVATIONS)}")
+    act = hf_activation(hf, "hidden_act", "gelu", ACTIVATIONS, family)
     kind = hf.get("position_embedding_type", "absolute")
     if kind not in ("absolute", None):
         raise ConfigError(f"{family} position_embedding_type={kind!r} is not supported; lmkit loads 'absolute' only")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmkit.errors import CheckpointError
+from lmkit.errors import CheckpointError, ConfigError
 
 
 @dataclass(frozen=True)
@@ -71,3 +71,11 @@ def layer_rules(n_layers: int, table: list[tuple], ours_prefix: str, hf_prefix: 
             ours_names = tuple(ours_prefix.format(i=i) + o.format(i=i) for o in (ours if isinstance(ours, tuple) else (ours,)))
             rules.append(Rule(ours_names, hf_prefix.format(i=i) + hf.format(i=i), transpose))
     return rules
+
+
+def hf_activation(hf: dict, key: str, default: str, table: dict, family: str) -> str:
+    """The config's activation name under `key`, checked against the names `table` maps to lmkit's."""
+    act = hf.get(key, default)
+    if act not in table:
+        raise ConfigError(f"{family} {key} {act!r} is not supported; use one of {', '.join(table)}")
+    return act

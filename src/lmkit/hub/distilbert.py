@@ -11,7 +11,7 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.bert import ACTIVATIONS, EncoderFormat, build_encoder, check_encoder, format_rules, labels_to_hf, linear, \
     num_labels_of, with_architecture
-from lmkit.hub.convert import Rule
+from lmkit.hub.convert import Rule, hf_activation
 
 MODEL_TYPES = ("distilbert",)
 _EMBEDDINGS = [("tokens.weight", "embeddings.word_embeddings.weight"),
@@ -37,9 +37,7 @@ ALIASES = (("distilbert.", ""), ("embeddings.", "distilbert.embeddings."), ("tra
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
-    act = hf.get("activation", "gelu")
-    if act not in ACTIVATIONS:
-        raise ConfigError(f"DistilBERT activation {act!r} is not supported; use one of {', '.join(ACTIVATIONS)}")
+    act = hf_activation(hf, "activation", "gelu", ACTIVATIONS, "DistilBERT")
     extra = {"num_labels": num_labels_of(hf), "classifier_dropout": hf.get("seq_classif_dropout", 0.2)}
     if hf.get("id2label"):
         extra["id2label"] = {str(k): v for k, v in hf["id2label"].items()}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import Rule, layer_rules, rename
+from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
 
 MODEL_TYPES = ("gpt2",)
 ALIASES = (("transformer.", ""),)
@@ -18,9 +18,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
             raise ConfigError(f"GPT-2 option {flag}=true is not supported by lmkit; set it to false to load")
     if hf.get("scale_attn_weights") is False:
         raise ConfigError("GPT-2 option scale_attn_weights=false is not supported by lmkit")
-    act = hf.get("activation_function", "gelu_new")
-    if act not in _ACTIVATIONS:
-        raise ConfigError(f"GPT-2 activation_function {act!r} is not supported; use one of {', '.join(_ACTIVATIONS)}")
+    act = hf_activation(hf, "activation_function", "gelu_new", _ACTIVATIONS, "GPT-2")
     d = hf.get("n_embd", 768)
     return ModelConfig(
         family="gpt2", architecture="decoder", vocab_size=hf.get("vocab_size", 50257), d_model=d,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import Rule, layer_rules, rename
+from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
 
 MODEL_TYPES = ("llama",)
 ALIASES = (("model.", ""),)
@@ -35,9 +35,7 @@ def rope_to_hf(cfg: ModelConfig) -> dict:
 
 
 def config_from_hf(hf: dict, family: str = "llama", **extra) -> ModelConfig:
-    act = hf.get("hidden_act", "silu")
-    if act not in ACTIVATIONS:
-        raise ConfigError(f"{family} hidden_act {act!r} is not supported; use one of {', '.join(ACTIVATIONS)}")
+    act = hf_activation(hf, "hidden_act", "silu", ACTIVATIONS, family)
     if hf.get("pretraining_tp", 1) not in (1, None):
         raise ConfigError("pretraining_tp > 1 is not supported; set it to 1 (it does not change the weights)")
     theta, scaling = rope_from_hf(hf)
