@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from lmkit.errors import GenerationError
+from lmkit.generation.decode_plan import DecodePlan
+from lmkit.nn import build_attention_bias
 from lmkit.generation.logits import force_tokens, process
 
 
@@ -55,13 +57,23 @@ class GenerationMixin:
         padded = state.extra.get("padded")
         if padded is None:
             padded = state.extra["padded"] = mask is not None and not bool(mask.all())
+        plan = None
+        if past and tokens.shape[1] == 1:
+            plan = state.extra.get("plan", False)
+            if plan is False:
+                plan = state.extra["plan"] = DecodePlan.build(self, tokens.shape[0])
         if not padded:
+            if plan is not None:
+                return plan.step(tokens, state.cache, tokens.new_full(tokens.shape, past), None)
             out = self(tokens, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
             return out.logits[:, -1]
         if past:
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], tokens.shape[1])], dim=1)
             state.attention_mask = mask
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, past:past + tokens.shape[1]]
+        if plan is not None:
+            bias, _ = build_attention_bias(mask, tokens.shape[0], 1, past + 1, True, torch.bool, tokens.device)
+            return plan.step(tokens, state.cache, positions, bias)
         out = self(tokens, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
                    use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]

@@ -1,0 +1,217 @@
+"""A lean one-token decoding step for decoder-only models, used by `generate` after the prompt.
+
+One new token per row runs through the same math as `CausalLM.forward` (embeddings, then per block
+x + Attn(LN(x)) and x + FFN(LN(x)) or the post-/sandwich-norm forms, the final norm, the LM head),
+but as a flat list of tensor operations on weights gathered (and, for models up to RELAYOUT_LIMIT
+bytes, laid out for the CPU kernel that is fastest at the batch size) until they change: no module
+calls, hooks or mask building per layer. At batch 1 the framework overhead of those calls was about
+half the time of a small model's step. Models with parts the plan does not cover (mixtures of
+experts, LoRA or quantized projections, relative position bias, forward hooks, a subclass with its
+own forward) return None from `DecodePlan.build` and decode through the modules.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmkit.nn import Attention, Block, Embeddings, FeedForward, KVCache, LayerNorm, RMSNorm, apply_rotary
+from lmkit.nn.ffn import activation
+from lmkit.nn.norms import rms_norm
+
+Norm = tuple  # (weight, bias or None, eps, is_rms)
+
+
+def _norm_spec(module: nn.Module | None) -> Norm | None:
+    if module is None:
+        return None
+    if type(module) is RMSNorm:
+        return (module.weight, None, module.eps, True)
+    return (module.weight, module.bias, module.eps, False)
+
+
+def _apply_norm(spec: Norm, x: torch.Tensor) -> torch.Tensor:
+    weight, bias, eps, is_rms = spec
+    if is_rms:
+        return rms_norm(x, weight, eps)
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _hooked(module: nn.Module | None) -> bool:
+    return module is not None and bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+RELAYOUT_LIMIT = 1 << 28  # bytes of weights a plan may copy into faster layouts; bigger models use theirs as they are
+Projection = tuple  # (function, extra arguments): function(x, *arguments) = x W^T + b
+
+
+def _addmm_t(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x @ weight_t if bias is None else torch.addmm(bias, x, weight_t)
+
+
+def _split_matvec(x: torch.Tensor, weight_chunks: torch.Tensor, bias_chunks: torch.Tensor | None) -> torch.Tensor:
+    """One row times W^T as n matrix products over n slices of the outputs, which torch runs on n threads."""
+    n = weight_chunks.shape[0]
+    rows = x.expand(n, 1, x.shape[-1])
+    y = torch.bmm(rows, weight_chunks) if bias_chunks is None else torch.baddbmm(bias_chunks, rows, weight_chunks)
+    return y.view(1, -1)
+
+
+def _onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _onednn_usable() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def projection(weight: torch.Tensor, bias: torch.Tensor | None, batch: int, relayout: bool) -> Projection:
+    """x W^T + b for `batch` rows through the CPU kernel measured fastest for that case (bench/bench_decoder.py):
+    one row on n > 1 threads: the outputs cut in n slices, one batched product (a matrix-vector product
+    alone runs on one core, and at batch 1 the weights' memory traffic is the cost); one row on one
+    thread, more outputs than inputs: W^T contiguous (MKL's gemv); several rows, float32: W packed for
+    oneDNN's blocked matrix product; otherwise torch's linear on W as it is."""
+    if not relayout or weight.device.type != "cpu":
+        return F.linear, (weight, bias)
+    n = torch.get_num_threads()
+    out_features, in_features = weight.shape
+    if batch == 1 and n > 1 and out_features % n == 0:
+        chunks = weight.t().reshape(in_features, n, out_features // n).permute(1, 0, 2).contiguous()
+        return _split_matvec, (chunks, None if bias is None else bias.detach().reshape(n, 1, -1))
+    if batch > 1 and weight.dtype == torch.float32 and _onednn_usable():
+        return _onednn_linear, (torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch), bias)
+    if weight.shape[0] > weight.shape[1]:
+        return _addmm_t, (weight.t().contiguous(), bias)
+    return F.linear, (weight, bias)
+
+
+def _joined(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[W_1; W_2; ...] and the joined biases: several projections of one input as one matrix product."""
+    weight = torch.cat([m.weight for m in linears]).detach()
+    bias = torch.cat([m.bias for m in linears]).detach() if linears[0].bias is not None else None
+    return weight, bias
+
+
+_PLANS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()  # model -> (key, plan)
+
+
+class DecodePlan:
+    """Weights of a decoder-only model gathered for `step`; `DecodePlan.build(model, batch)` makes one."""
+
+    def __init__(self, model: nn.Module, batch: int):
+        config = model.config
+        stack = model.decoder
+        relayout = sum(p.numel() * p.element_size() for p in model.parameters()) <= RELAYOUT_LIMIT
+        self.embeddings = stack.embeddings
+        self.rotary = stack.rotary
+        self.interleaved = config.rope_interleaved
+        self.placement = config.norm_placement
+        self.act = activation(config.activation)
+        self.output_scale = config.output_scale
+        self.final_norm = _norm_spec(stack.norm)
+        self.lm_head = projection(model.lm_head.weight.detach(), model.lm_head.bias, batch, relayout)
+        self.layers = []
+        for block in stack.layers:
+            attn, ffn = block.self_attn.sublayer, block.mlp.sublayer
+            if relayout:
+                qkv = projection(*_joined(attn.q_proj, attn.k_proj, attn.v_proj), batch, relayout)
+            else:
+                qkv = (_addmm_t, attn._fused_qkv())
+            self.layers.append((
+                (attn.n_heads, attn.n_kv_heads, attn.head_dim),
+                _norm_spec(block.self_attn.norm), _norm_spec(block.self_attn.post_norm), qkv,
+                projection(attn.o_proj.weight.detach(), attn.o_proj.bias, batch, relayout), attn.scale,
+                _norm_spec(block.mlp.norm), _norm_spec(block.mlp.post_norm),
+                None if ffn.gate_proj is None else projection(ffn.gate_proj.weight.detach(), ffn.gate_proj.bias,
+                                                              batch, relayout),
+                projection(ffn.up_proj.weight.detach(), ffn.up_proj.bias, batch, relayout),
+                projection(ffn.down_proj.weight.detach(), ffn.down_proj.bias, batch, relayout),
+            ))
+
+    @classmethod
+    def build(cls, model: nn.Module, batch: int) -> "DecodePlan | None":
+        """The plan for `batch` rows, or None when the model has a part the plan does not reproduce exactly.
+
+        A model keeps its latest plan until its weights change (in place or replaced) or the batch
+        size or thread count does."""
+        from lmkit.models.causal_lm import CausalLM
+        from lmkit.models.stack import Stack
+
+        config = model.config
+        if type(model).forward is not CausalLM.forward or model.training or config.architecture != "decoder" \
+                or config.n_experts or type(model.decoder) is not Stack:
+            return None
+        stack = model.decoder
+        emb = stack.embeddings
+        if stack.relative_bias is not None or emb.token_types is not None or type(emb) is not Embeddings \
+                or type(model.lm_head) is not nn.Linear:
+            return None
+        modules = [model, stack, emb, emb.tokens, emb.positions, emb.norm, stack.rotary, stack.norm, model.lm_head]
+        for block in stack.layers:
+            attn, ffn = block.self_attn.sublayer, block.mlp.sublayer
+            if type(block) is not Block or block.cross_attn is not None or type(attn) is not Attention \
+                    or type(ffn) is not FeedForward:
+                return None
+            norms = (block.self_attn.norm, block.self_attn.post_norm, block.mlp.norm, block.mlp.post_norm)
+            linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.gate_proj, ffn.up_proj, ffn.down_proj)
+            if any(m is not None and type(m) not in (LayerNorm, RMSNorm) for m in norms) \
+                    or any(m is not None and type(m) is not nn.Linear for m in linears):
+                return None
+            modules += [block, block.self_attn, block.mlp, attn, ffn, *norms, *linears]
+        if any(_hooked(m) for m in modules):
+            return None
+        key = (batch, torch.get_num_threads(),
+               tuple((p.data_ptr(), 0 if p.is_inference() else p._version) for p in model.parameters()))
+        cached = _PLANS.get(model)
+        if cached is None or cached[0] != key:
+            cached = _PLANS[model] = (key, cls(model, batch))
+        return cached[1]
+
+    def step(self, tokens: torch.Tensor, cache: KVCache, position_ids: torch.Tensor,
+             bias: torch.Tensor | None) -> torch.Tensor:
+        """Logits (B, V) of the next token after `tokens` (B, 1) at `position_ids` (B, 1); appends to `cache`.
+
+        `bias` is the boolean attention mask (B, 1, 1, past + 1) of padded batches, else None.
+        """
+        B = tokens.shape[0]
+        x = self.embeddings(tokens, position_ids=position_ids)[:, 0]
+        rope = self.rotary(position_ids, x.dtype) if self.rotary is not None else None
+        pre = self.placement != "post"
+        for i, ((heads, kv_heads, head_dim), norm1, post1, (qkv, qkv_args), (o, o_args), scale, norm2, post2, gate,
+                (up, up_args), (down, down_args)) in enumerate(self.layers):
+            q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+            h = _apply_norm(norm1, x) if pre else x
+            q, k, v = qkv(h, *qkv_args).split((q_dim, kv_dim, kv_dim), dim=-1)
+            q = q.view(B, heads, 1, head_dim)
+            k = k.view(B, kv_heads, 1, head_dim)
+            v = v.view(B, kv_heads, 1, head_dim)
+            if rope is not None:
+                q = apply_rotary(q, *rope, self.interleaved)
+                k = apply_rotary(k, *rope, self.interleaved)
+            k, v = cache.update(i, k, v)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
+                                               enable_gqa=kv_heads != heads)
+            x = _residual(x, o(a.reshape(B, q_dim), *o_args), norm1, post1, pre)
+            h = _apply_norm(norm2, x) if pre else x
+            if gate is None:
+                h = self.act(up(h, *up_args))
+            else:
+                h = self.act(gate[0](h, *gate[1])) * up(h, *up_args)
+            x = _residual(x, down(h, *down_args), norm2, post2, pre)
+        if self.final_norm is not None:
+            x = _apply_norm(self.final_norm, x)
+        if self.output_scale != 1.0:
+            x = x * self.output_scale
+        head, head_args = self.lm_head
+        return head(x, *head_args)
+
+
+def _residual(x: torch.Tensor, f: torch.Tensor, norm: Norm, post_norm: Norm | None, pre: bool) -> torch.Tensor:
+    """x + F (pre-norm), x + LN'(F) (sandwich) or LN(x + F) (post-norm)."""
+    if not pre:
+        return _apply_norm(norm, x + f)
+    if post_norm is not None:
+        f = _apply_norm(post_norm, f)
+    return f.add_(x)

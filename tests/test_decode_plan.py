@@ -1,0 +1,205 @@
+"""The lean decoding step (generation/decode_plan.py) computes what the modules compute.
+
+Each case feeds a prompt through the modules, then one more token through `DecodePlan.step`, and
+compares the logits with a full forward pass over prompt + token; `generate` with and without the
+plan must choose the same ids (greedy, seeded sampling, beam search, padded batches). Models the
+plan does not reproduce (mixtures of experts, LoRA, forward hooks) must decode through the modules.
+"""
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmkit import CausalLM, get_preset
+from lmkit.generation import decode_plan
+from lmkit.generation.decode_plan import DecodePlan, projection
+from lmkit.nn import KVCache
+
+SMALL = dict(vocab_size=53, max_seq_len=64)
+CONFIGS = {
+    "gpt2-odd": get_preset("gpt2", d_model=40, n_layers=3, n_heads=5, **SMALL),
+    "llama-gqa": get_preset("llama", d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, **SMALL),
+    "llama-mqa-linear-rope": get_preset("llama", d_model=32, n_layers=2, n_heads=4, n_kv_heads=1,
+                                        rope_scaling={"type": "linear", "factor": 2.0}, **SMALL),
+    "llama-dynamic-rope": get_preset("llama", d_model=32, n_layers=2, n_heads=2, n_kv_heads=2,
+                                     rope_scaling={"type": "dynamic", "factor": 2.0}, **{**SMALL, "max_seq_len": 12}),
+    "transformer-2017": get_preset("transformer-2017", d_model=36, n_layers=2, n_heads=3, **SMALL),
+    "sandwich-no-bias": get_preset("gpt2", d_model=32, n_layers=2, n_heads=4, norm_placement="sandwich", bias=False,
+                                   output_scale=0.5, **SMALL),
+}
+
+
+def model_for(config) -> CausalLM:
+    torch.manual_seed(0)
+    model = CausalLM(config).eval()
+    with torch.no_grad():  # peaky but not degenerate next-token distributions
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    return model
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def without_plan(monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(DecodePlan, "build", classmethod(lambda cls, model, batch: None))
+        yield
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", list(CONFIGS))
+@torch.inference_mode()
+def test_one_plan_step_equals_the_full_forward_pass(name, batch, n_threads):
+    model = model_for(CONFIGS[name])
+    ids = torch.randint(0, 53, (batch, 9), generator=torch.Generator().manual_seed(batch))
+    with threads(n_threads):
+        plan = DecodePlan.build(model, batch)
+        assert plan is not None
+        cache = KVCache()
+        model(ids[:, :-1], past_key_values=cache, use_cache=True)
+        got = plan.step(ids[:, -1:], cache, torch.full((batch, 1), 8), None)
+        want = model(ids).logits[:, -1]
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    assert cache.get_seq_length() == 9
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@torch.inference_mode()
+def test_a_plan_step_on_a_left_padded_batch_equals_the_masked_forward_pass(name):
+    model = model_for(CONFIGS[name])
+    ids = torch.randint(0, 53, (3, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :5] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with threads(2):
+        plan = DecodePlan.build(model, 3)
+        cache = KVCache()
+        model(ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache,
+              use_cache=True)
+        from lmkit.nn import build_attention_bias
+
+        bias, _ = build_attention_bias(mask, 3, 1, 8, True, torch.bool, ids.device)
+        got = plan.step(ids[:, -1:], cache, positions[:, -1:], bias)
+        want = model(ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gpt2-odd", "llama-gqa", "transformer-2017"])
+@pytest.mark.parametrize("options", [dict(), dict(do_sample=True, top_k=10), dict(num_beams=3)],
+                         ids=["greedy", "sampling", "beams"])
+def test_generate_chooses_the_same_ids_with_and_without_the_plan(name, options, monkeypatch):
+    model = model_for(CONFIGS[name])
+    ids = torch.randint(0, 53, (2, 6), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    runs = []
+    for use_plan in (True, False):
+        with threads(2), (contextlib.nullcontext() if use_plan else without_plan(monkeypatch)):
+            torch.manual_seed(5)
+            runs.append(model.generate(ids, attention_mask=mask, max_new_tokens=14, eos_token_id=[], **options))
+            torch.manual_seed(5)
+            runs.append(model.generate(ids[:1], max_new_tokens=14, eos_token_id=[], **options))
+    assert torch.equal(runs[0], runs[2]) and torch.equal(runs[1], runs[3])
+
+
+@torch.inference_mode()
+def test_a_bfloat16_model_decodes_through_the_plan_too():
+    model = model_for(CONFIGS["llama-gqa"]).to(torch.bfloat16)
+    ids = torch.randint(0, 53, (2, 9), generator=torch.Generator().manual_seed(4))
+    plan = DecodePlan.build(model, 2)
+    cache = KVCache()
+    model(ids[:, :-1], past_key_values=cache, use_cache=True)
+    got = plan.step(ids[:, -1:], cache, torch.full((2, 1), 8), None)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), model(ids).logits[:, -1].float(), atol=0.1, rtol=0.02)
+
+
+@pytest.mark.parametrize("batch, n_threads", [(1, 1), (1, 2), (4, 2), (1, 3)])
+@pytest.mark.parametrize("shape", [(24, 40), (40, 24), (7, 16)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_every_projection_kernel_computes_x_w_transposed_plus_b(batch, n_threads, shape, with_bias):
+    torch.manual_seed(0)
+    weight, bias = torch.randn(shape), torch.randn(shape[0]) if with_bias else None
+    x = torch.randn(batch, shape[1])
+    with threads(n_threads):
+        fn, args = projection(weight, bias, batch, relayout=True)
+        got = fn(x, *args)
+    torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+
+
+def test_models_the_plan_does_not_reproduce_decode_through_their_modules():
+    from lmkit.peft import apply_ia3, apply_lora, apply_prefix, quantize_linears
+
+    moe = CausalLM(get_preset("moe", d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, **SMALL)).eval()
+    assert DecodePlan.build(moe, 1) is None
+    for wrap in (lambda m: apply_lora(m, ["q_proj", "v_proj"], r=2), lambda m: apply_lora(m, ["down_proj"], r=2),
+                 apply_ia3, quantize_linears, lambda m: apply_prefix(m, 3)):
+        model = model_for(CONFIGS["llama-gqa"])
+        wrap(model)
+        assert DecodePlan.build(model.eval(), 1) is None
+    hooked = model_for(CONFIGS["gpt2-odd"])
+    calls = []
+    hooked.decoder.layers[1].mlp.sublayer.register_forward_hook(lambda m, i, o: calls.append(1))
+    assert DecodePlan.build(hooked, 1) is None
+    hooked.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=4, eos_token_id=[])
+    assert len(calls) == 4  # the prompt, then every new token but the last went through the hooked module
+    assert DecodePlan.build(model_for(CONFIGS["gpt2-odd"]).train(), 1) is None
+
+
+def test_a_head_pruned_model_decodes_through_the_plan(monkeypatch):
+    from lmkit.compress.prune import prune_heads
+
+    model = model_for(CONFIGS["llama-gqa"])
+    prune_heads(model, {"decoder.layers.0.self_attn.sublayer": [0, 1, 2]})
+    ids = torch.randint(0, 53, (2, 5), generator=torch.Generator().manual_seed(6))
+    assert DecodePlan.build(model, 2) is not None
+    with_plan = model.generate(ids, max_new_tokens=8, eos_token_id=[])
+    with without_plan(monkeypatch):
+        assert torch.equal(with_plan, model.generate(ids, max_new_tokens=8, eos_token_id=[]))
+
+
+def test_big_models_keep_their_weights_as_they_are(monkeypatch):
+    monkeypatch.setattr(decode_plan, "RELAYOUT_LIMIT", 0)
+    model = model_for(CONFIGS["gpt2-odd"])
+    plan = DecodePlan.build(model, 1)
+    fn, (weight, _) = plan.layers[0][4]  # o_proj
+    assert fn is F.linear and weight.data_ptr() == model.decoder.layers[0].self_attn.sublayer.o_proj.weight.data_ptr()
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.inference_mode():
+        cache = KVCache()
+        model(ids[:, :-1], past_key_values=cache, use_cache=True)
+        torch.testing.assert_close(plan.step(ids[:, -1:], cache, torch.full((1, 1), 3), None),
+                                   model(ids).logits[:, -1], atol=2e-5, rtol=1e-5)
+
+
+def test_a_plan_follows_weights_changed_in_place_or_replaced(monkeypatch):
+    model = model_for(CONFIGS["gpt2-odd"])
+    ids = torch.tensor([[3, 4, 5, 6]])
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        with_plan = model.generate(ids, max_new_tokens=10, eos_token_id=[])
+        with without_plan(monkeypatch):
+            return with_plan, model.generate(ids, max_new_tokens=10, eos_token_id=[])
+
+    first = both()
+    with torch.no_grad():
+        model.decoder.layers[0].mlp.sublayer.up_proj.weight.mul_(-1)
+    second = both()
+    model.decoder.layers[1].self_attn.sublayer.q_proj.weight = torch.nn.Parameter(torch.randn(40, 40))
+    third = both()
+    assert not torch.equal(first[0], second[0]) and not torch.equal(second[0], third[0])
+    for with_plan, modules in (first, second, third):
+        assert torch.equal(with_plan, modules)
