@@ -158,6 +158,8 @@ class Attention(nn.Module):
                 cos, sin = rope
                 q = apply_rotary(q, cos, sin, self.config.rope_interleaved)
                 k = apply_rotary(k, cos, sin, self.config.rope_interleaved)
+                if q.dtype != v.dtype:  # under autocast the rotation ran in float32; attend in v's precision
+                    q, k = q.to(v.dtype), k.to(v.dtype)
             if cache is not None:
                 k, v = cache.update(layer, k, v)
         gqa = self.n_kv_heads != self.n_heads
