@@ -164,6 +164,24 @@ def test_eager_attention_used_for_bf16_training_equals_sdpa(n_kv_heads):
     torch.testing.assert_close(out[0, :, 1], v.repeat_interleave(4 // n_kv_heads, 1)[0].mean(-2))
 
 
+@pytest.mark.parametrize("length", [256, 300, 515])
+def test_long_causal_eager_attention_skips_the_masked_quarter_exactly(length):
+    """Query halves: values and gradients equal SDPA's causal attention (odd lengths included)."""
+    from lmkit.nn.attention import _CAUSAL_SPLIT, eager_attention
+
+    assert length >= _CAUSAL_SPLIT
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, length, 8, requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, 2, length, 8)
+    got = eager_attention(q, k, v, None, True, None)
+    got_grads = torch.autograd.grad(got, (q, k, v), grad)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    want_grads = torch.autograd.grad(want, (q, k, v), grad)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_bf16_autocast_training_matches_fp32():
     att = attention(causal=True, n_kv_heads=2).train()
     x = torch.randn(2, 16, 24)
