@@ -13,13 +13,13 @@ V = 53
 # tiny random models repeat themselves; a repetition penalty or n-gram blocking keeps the beams apart
 SETTINGS = [
     dict(num_beams=3, length_penalty=1.0, early_stopping=False, repetition_penalty=1.5),
-    dict(num_beams=4, length_penalty=2.0, early_stopping=True, repetition_penalty=1.5),
+    dict(num_beams=4, length_penalty=2.0, early_stopping=True, repetition_penalty=1.5, num_return_sequences=2),
     dict(num_beams=3, length_penalty=0.5, early_stopping="never", repetition_penalty=1.5),
     dict(num_beams=2, length_penalty=-1.0, early_stopping=False, no_repeat_ngram_size=1),
     dict(num_beams=5, length_penalty=1.0, early_stopping=True, min_new_tokens=4, no_repeat_ngram_size=2,
-         repetition_penalty=1.2),
+         repetition_penalty=1.2, num_return_sequences=5),
 ]
-IDS = ["k3", "k4-lp2-early", "k3-never", "k2-ngram2", "k5-min4-ngram3"]
+IDS = ["k3", "k4-lp2-early-return2", "k3-never", "k2-ngram2", "k5-min4-ngram3-return5"]
 
 
 def _peaky(model, scale: float):
@@ -31,6 +31,7 @@ def _peaky(model, scale: float):
 
 def _pick_eos(model, kwargs, n_new, setting):
     """Two tokens on the beams' own paths, so that hypotheses finish at EOS at different lengths."""
+    setting = {k: v for k, v in setting.items() if k != "num_return_sequences"}
     out = model.generate(**kwargs, max_new_tokens=n_new, do_sample=False, eos_token_id=None, pad_token_id=1,
                          **setting)[:, -n_new:]
     eos = []

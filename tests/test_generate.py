@@ -78,6 +78,23 @@ def test_seeded_sampling_draws_the_same_ids_as_transformers(pair, options):
         assert torch.equal(got, expected), (seed, options)
 
 
+@pytest.mark.parametrize("options", [dict(top_k=10), dict(top_p=0.9, temperature=0.7)], ids=["top_k", "top_p"])
+def test_num_return_sequences_samples_like_transformers(pair, options):
+    hf, ours = pair
+    ids, mask = prompts()
+    common = dict(max_new_tokens=9, do_sample=True, num_return_sequences=3, pad_token_id=0, **options)
+    torch.manual_seed(11)
+    ref = hf.generate(ids, attention_mask=mask, **common)
+    torch.manual_seed(11)
+    got = ours.generate(ids, attention_mask=mask, **common)
+    assert got.shape[0] == 9 and got.tolist() == ref.tolist()
+    assert len({tuple(r) for r in got[:3, 7:].tolist()}) > 1  # three different samples of the first prompt
+    with pytest.raises(GenerationError, match="greedy decoding returns one sequence"):
+        ours.generate(ids, num_return_sequences=2)
+    with pytest.raises(GenerationError, match="at most num_beams"):
+        ours.generate(ids, num_beams=2, num_return_sequences=3)
+
+
 @pytest.mark.parametrize("options", [dict(repetition_penalty=1.5), dict(no_repeat_ngram_size=2),
                                      dict(repetition_penalty=0.7, no_repeat_ngram_size=3)])
 def test_greedy_with_penalties_matches_transformers(pair, options):

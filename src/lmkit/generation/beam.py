@@ -29,11 +29,12 @@ def _gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, max_new_tokens: int,
                 num_beams: int, length_penalty: float, early_stopping: bool | str, eos: list[int],
                 pad_token_id: int | None, min_new_tokens: int, options: dict, forced: tuple = (None, []),
-                **model_kwargs) -> torch.Tensor:
-    """The best hypothesis per row (B, prompt + generated); the model supplies the three decoding hooks."""
+                num_return_sequences: int = 1, **model_kwargs) -> torch.Tensor:
+    """The n = num_return_sequences best hypotheses per row, best first (B * n, prompt + generated); the model
+    supplies the three decoding hooks."""
     start, state = model._generation_start(input_ids, attention_mask, **model_kwargs)
     if max_new_tokens == 0:
-        return start
+        return start.repeat_interleave(num_return_sequences, dim=0)
     B, prompt_len = start.shape
     k, device = num_beams, start.device
     model._generation_reorder(state, torch.arange(B, device=device).repeat_interleave(k))
@@ -120,5 +121,6 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         if not bool(improvable.any()) or all_full or bool(hits.all()):
             break
 
-    length = prompt_len + int(final_lengths[:, 0].max())
-    return finals[:, 0, :length]
+    n = num_return_sequences
+    length = prompt_len + int(final_lengths[:, :n].max())
+    return finals[:, :n, :length].reshape(B * n, length)

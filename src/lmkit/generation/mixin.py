@@ -91,10 +91,22 @@ class GenerationMixin:
                  pad_token_id: int | None = None, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
                  early_stopping: bool | str = False, min_new_tokens: int = 0, stop_strings: str | list[str] | None = None,
                  tokenizer=None, streamer=None, forced_bos_token_id: int | None = None,
-                 forced_eos_token_id: int | list[int] | None = None, **model_kwargs) -> torch.Tensor:
-        """Continue each row of `input_ids`; see transformers' `generate` for every argument."""
+                 forced_eos_token_id: int | list[int] | None = None, num_return_sequences: int = 1,
+                 **model_kwargs) -> torch.Tensor:
+        """Continue each row of `input_ids`; see transformers' `generate` for every argument.
+
+        With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output continue prompt i: n samples,
+        or the n best beams (best first)."""
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        if num_return_sequences < 1:
+            raise GenerationError(f"num_return_sequences must be >= 1, got {num_return_sequences}")
+        if num_return_sequences > 1 and num_beams == 1 and not do_sample:
+            raise GenerationError(f"greedy decoding returns one sequence per prompt, not {num_return_sequences}; "
+                                  f"sample (do_sample=True) or use num_beams >= {num_return_sequences}")
+        if num_beams > 1 and num_return_sequences > num_beams:
+            raise GenerationError(f"num_return_sequences ({num_return_sequences}) must be at most num_beams "
+                                  f"({num_beams})")
         if do_sample and temperature <= 0:
             raise GenerationError(f"temperature must be > 0 when sampling, got {temperature}; use do_sample=False for greedy")
         if top_p is not None and not 0 < top_p <= 1:
@@ -127,7 +139,13 @@ class GenerationMixin:
                 return beam_search(self, input_ids, attention_mask, max_new_tokens=max_new_tokens, num_beams=num_beams,
                                    length_penalty=length_penalty, early_stopping=early_stopping, eos=eos,
                                    pad_token_id=pad_token_id, min_new_tokens=min_new_tokens, options=options,
-                                   forced=forced, **model_kwargs)
+                                   forced=forced, num_return_sequences=num_return_sequences, **model_kwargs)
+            if num_return_sequences > 1:  # n samples of each prompt: its row repeated n times, as transformers does
+                n, rows = num_return_sequences, input_ids.shape[0]
+                input_ids = input_ids.repeat_interleave(n, dim=0)
+                attention_mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
+                model_kwargs = {k: v.repeat_interleave(n, dim=0) if torch.is_tensor(v) and v.dim() and v.shape[0] == rows
+                                else v for k, v in model_kwargs.items()}
             return self._sample(input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options,
                                 stops, tokenizer, streamer, forced=forced, **model_kwargs)
         finally:
