@@ -68,8 +68,10 @@ def test_accumulation_equals_a_bigger_batch(corpus_file, tmp_path):
     whole = Trainer(config(corpus_file, tmp_path / "a", batch_size=8))
     accum = Trainer(config(corpus_file, tmp_path / "b", batch_size=8, micro_batch_size=2))
     assert whole.train_step(0) == pytest.approx(accum.train_step(0), rel=1e-6)
+    # Adam's first step moves every weight by about lr (1.5e-3 here) whatever its gradient's size, so a gradient
+    # near zero summed in another order may move a weight a little differently: 1e-5 is 1% of a step
     for p, q in zip(whole.model.parameters(), accum.model.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5)
 
 
 def test_same_flags_and_seed_give_the_same_run(corpus_file, tmp_path):

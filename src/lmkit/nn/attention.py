@@ -135,13 +135,21 @@ class Attention(nn.Module):
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v (B, T, heads * head_dim); one matrix product instead of three when no gradient is needed."""
-        fused = None if torch.is_grad_enabled() else self._fused_qkv()
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        if torch.is_grad_enabled():
+            mods = (self.q_proj, self.k_proj, self.v_proj)
+            if any(type(m) is not nn.Linear or m._forward_hooks or m._forward_pre_hooks for m in mods):
+                return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            # training: one product with [W_q; W_k; W_v] (joined each step, so gradients reach each weight)
+            weight = torch.cat([m.weight for m in mods])
+            bias = torch.cat([m.bias for m in mods]) if self.q_proj.bias is not None else None
+            return F.linear(x, weight, bias).split((q_dim, kv_dim, kv_dim), dim=-1)
+        fused = self._fused_qkv()
         if fused is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         weight_t, bias = fused
         flat = x.reshape(-1, x.shape[-1])
         qkv = flat @ weight_t if bias is None else torch.addmm(bias, flat, weight_t)
-        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         return qkv.view(x.shape[0], x.shape[1], -1).split((q_dim, kv_dim, kv_dim), dim=-1)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
