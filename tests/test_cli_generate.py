@@ -48,3 +48,19 @@ def test_prompt_longer_than_context_is_one_clear_line(run_dir):
     res = generate(run_dir, "--prompt", "word " * 400, "--max-new-tokens", "4")
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "context" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_num_return_sequences_prints_the_library_samples_one_after_another(run_dir):
+    prompt = "Return the"
+    res = generate(run_dir, "--prompt", prompt, "--max-new-tokens", "10", "--top-k", "20", "--seed", "3",
+                   "--num-return-sequences", "3")
+    assert res.returncode == 0, res.stderr
+    model, tok = lmkit.load_model(run_dir), lmkit.load_tokenizer(run_dir)
+    ids = torch.tensor([[model.config.bos_token_id] + tok.encode(prompt, add_special_tokens=False)])
+    torch.manual_seed(3)
+    out = model.generate(ids, max_new_tokens=10, do_sample=True, top_k=20, num_return_sequences=3)
+    expected = "".join(f"--- {i + 1} of 3\n{prompt}{tok.decode(row[ids.shape[1]:].tolist(), skip_special_tokens=True)}\n"
+                       for i, row in enumerate(out))
+    assert res.stdout == expected
+    bad = generate(run_dir, "--prompt", prompt, "--num-return-sequences", "2")  # greedy: one sequence only
+    assert bad.returncode == 2 and "greedy decoding returns one sequence" in bad.stderr

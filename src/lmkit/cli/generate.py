@@ -20,6 +20,8 @@ def register(subparsers) -> None:
     p.add_argument("--top-p", type=float, default=None, metavar="P", help="sample from the nucleus of mass P")
     p.add_argument("--num-beams", type=int, default=1, metavar="B", help="beam search with B beams")
     p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="X")
+    p.add_argument("--num-return-sequences", type=int, default=1, metavar="N",
+                   help="N continuations (samples, or the N best beams), printed one after another")
     p.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling (repeatable output)")
     p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
                    help="put BOS before the prompt (default: when the folder holds an lmkit training run)")
@@ -68,11 +70,13 @@ def run(args: argparse.Namespace) -> int:
         torch.manual_seed(args.seed)
     options = dict(max_new_tokens=args.max_new_tokens, do_sample=sampling, num_beams=args.num_beams,
                    temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
-                   repetition_penalty=args.repetition_penalty)
+                   repetition_penalty=args.repetition_penalty, num_return_sequences=args.num_return_sequences)
+    n = args.num_return_sequences
     if cfg.architecture == "encoder-decoder":
         ids = torch.tensor([tok.encode(args.prompt)])
         out = model.generate(ids, **options)
-        print(tok.decode(out[0].tolist(), skip_special_tokens=True))
+        for i, row in enumerate(out.tolist()):
+            print(_heading(i, n) + tok.decode(row, skip_special_tokens=True))
         return 0
     if cfg.architecture != "decoder":
         raise GenerationError(f"{args.model} is an encoder model, which does not generate text; use a decoder or "
@@ -82,9 +86,18 @@ def run(args: argparse.Namespace) -> int:
     if bos and cfg.bos_token_id is not None:
         ids = [cfg.bos_token_id] + ids
     ids_tensor = torch.tensor([ids])
+    if n > 1:  # several continuations: printed whole, one after another
+        out = model.generate(ids_tensor, **options)
+        for i, row in enumerate(out[:, len(ids):].tolist()):
+            print(_heading(i, n) + args.prompt + tok.decode(row, skip_special_tokens=True))
+        return 0
     sys.stdout.write(args.prompt)
     streamer = TerminalStreamer(tok, skip_first=1) if args.num_beams == 1 else None
     out = model.generate(ids_tensor, streamer=streamer, **options)
     if streamer is None:
         print(tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True))
     return 0
+
+
+def _heading(i: int, n: int) -> str:
+    return f"--- {i + 1} of {n}\n" if n > 1 else ""
