@@ -203,3 +203,19 @@ def test_a_plan_follows_weights_changed_in_place_or_replaced(monkeypatch):
     assert not torch.equal(first[0], second[0]) and not torch.equal(second[0], third[0])
     for with_plan, modules in (first, second, third):
         assert torch.equal(with_plan, modules)
+
+
+@torch.inference_mode()
+def test_a_plan_step_under_bfloat16_autocast_equals_the_modules_under_autocast():
+    model = model_for(CONFIGS["llama-gqa"])
+    ids = torch.randint(0, 53, (2, 9), generator=torch.Generator().manual_seed(8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plan = DecodePlan.build(model, 2)
+        cache = KVCache()
+        model(ids[:, :-1], past_key_values=cache, use_cache=True)
+        got = plan.step(ids[:, -1:], cache, torch.full((2, 1), 8), None)
+        module_cache = KVCache()
+        model(ids[:, :-1], past_key_values=module_cache, use_cache=True)
+        want = model(ids[:, -1:], past_key_values=module_cache, use_cache=True).logits[:, -1]
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=0.1, rtol=0.02)  # a few bf16 steps apart

@@ -71,8 +71,9 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None, batch: int, rela
     """x W^T + b for `batch` rows through the CPU kernel measured fastest for that case (bench/bench_decoder.py):
     one row on n > 1 threads: the outputs cut in n slices, one batched product (a matrix-vector product
     alone runs on one core, and at batch 1 the weights' memory traffic is the cost); one row on one
-    thread, more outputs than inputs: W^T contiguous (MKL's gemv); several rows, float32: W packed for
-    oneDNN's blocked matrix product; otherwise torch's linear on W as it is."""
+    thread, more outputs than inputs: W^T contiguous (MKL's gemv); several rows, float32 (no autocast, which
+    the packed product would bypass): W packed for oneDNN's blocked matrix product; otherwise torch's
+    linear on W as it is."""
     if not relayout or weight.device.type != "cpu":
         return F.linear, (weight, bias)
     n = torch.get_num_threads()
@@ -80,7 +81,7 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None, batch: int, rela
     if batch == 1 and n > 1 and out_features % n == 0:
         chunks = weight.t().reshape(in_features, n, out_features // n).permute(1, 0, 2).contiguous()
         return _split_matvec, (chunks, None if bias is None else bias.detach().reshape(n, 1, -1))
-    if batch > 1 and weight.dtype == torch.float32 and _onednn_usable():
+    if batch > 1 and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and _onednn_usable():
         return _onednn_linear, (torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch), bias)
     if weight.shape[0] > weight.shape[1]:
         return _addmm_t, (weight.t().contiguous(), bias)
@@ -135,7 +136,7 @@ class DecodePlan:
         """The plan for `batch` rows, or None when the model has a part the plan does not reproduce exactly.
 
         A model keeps its latest plan until its weights change (in place or replaced) or the batch
-        size or thread count does."""
+        size, thread count or autocast setting does."""
         from lmkit.models.causal_lm import CausalLM
         from lmkit.models.stack import Stack
 
@@ -162,7 +163,7 @@ class DecodePlan:
             modules += [block, block.self_attn, block.mlp, attn, ffn, *norms, *linears]
         if any(_hooked(m) for m in modules):
             return None
-        key = (batch, torch.get_num_threads(),
+        key = (batch, torch.get_num_threads(), torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
                tuple((p.data_ptr(), 0 if p.is_inference() else p._version) for p in model.parameters()))
         cached = _PLANS.get(model)
         if cached is None or cached[0] != key:
@@ -190,6 +191,8 @@ class DecodePlan:
             if rope is not None:
                 q = apply_rotary(q, *rope, self.interleaved)
                 k = apply_rotary(k, *rope, self.interleaved)
+                if q.dtype != v.dtype:  # as in Attention.forward: under autocast the rotation ran in float32
+                    q, k = q.to(v.dtype), k.to(v.dtype)
             k, v = cache.update(i, k, v)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
                                                enable_gqa=kv_heads != heads)
