@@ -14,8 +14,8 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.decode_plan import DecodePlan
-from lmkit.nn import build_attention_bias
 from lmkit.generation.logits import force_tokens, process
+from lmkit.nn import build_attention_bias
 
 
 @dataclass

@@ -119,11 +119,11 @@ class Attention(nn.Module):
 
     def _fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """[W_q; W_k; W_v]^T (d, q + 2 kv) and the joined biases, rebuilt whenever a weight changes; None
-        when a projection is not a plain nn.Linear (LoRA, quantized layers keep their own forward).
+        when a projection is not a plain nn.Linear or has hooks (LoRA, quantized layers keep their own forward).
 
         Stored transposed: x @ W^T with W^T contiguous is the faster matrix-vector product on CPU."""
         mods = (self.q_proj, self.k_proj, self.v_proj)
-        if type(mods[0]) is not nn.Linear or type(mods[1]) is not nn.Linear or type(mods[2]) is not nn.Linear:
+        if not self._plain_qkv():
             return None
         key = tuple((p.data_ptr(), 0 if p.is_inference() else p._version, p.dtype)
                     for m in mods for p in (m.weight, m.bias) if p is not None)
@@ -133,14 +133,19 @@ class Attention(nn.Module):
             self._fused = (key, weight, bias)
         return self._fused[1], self._fused[2]
 
+    def _plain_qkv(self) -> bool:
+        """q/k/v projections are plain nn.Linear layers without hooks, so one joined product may replace them."""
+        return all(type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks)
+                   for m in (self.q_proj, self.k_proj, self.v_proj))
+
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v (B, T, heads * head_dim); one matrix product instead of three when no gradient is needed."""
+        """q, k, v (B, T, heads * head_dim) from one matrix product with [W_q; W_k; W_v] when the projections
+        are plain: joined each step when gradients are needed, cached (transposed) at inference."""
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         if torch.is_grad_enabled():
-            mods = (self.q_proj, self.k_proj, self.v_proj)
-            if any(type(m) is not nn.Linear or m._forward_hooks or m._forward_pre_hooks for m in mods):
+            if not self._plain_qkv():
                 return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            # training: one product with [W_q; W_k; W_v] (joined each step, so gradients reach each weight)
+            mods = (self.q_proj, self.k_proj, self.v_proj)
             weight = torch.cat([m.weight for m in mods])
             bias = torch.cat([m.bias for m in mods]) if self.q_proj.bias is not None else None
             return F.linear(x, weight, bias).split((q_dim, kv_dim, kv_dim), dim=-1)
