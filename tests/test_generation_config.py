@@ -1,4 +1,4 @@
-"""`generate` takes unset token ids (eos, pad, forced BOS/EOS) from a folder's generation_config.json,
+"""`generate` takes unset arguments (token ids, sampling and beam settings) from a folder's generation_config.json,
 as transformers does: a BART folder forces EOS at the last step with no argument given."""
 import json
 
@@ -48,3 +48,36 @@ def test_explicit_argument_wins_and_defaults_survive_saving(bart_folder, tmp_pat
     assert free[:, :-1].tolist() == forced[:, :-1].tolist()
     model.save_pretrained(tmp_path)
     assert lmkit.load_model(tmp_path).generation_defaults == model.generation_defaults
+
+
+@pytest.mark.parametrize("settings", [
+    dict(do_sample=True, top_k=5, temperature=0.7, max_new_tokens=6, repetition_penalty=1.3),
+    dict(do_sample=True, top_p=0.8, top_k=0, num_return_sequences=2, max_new_tokens=5),
+    dict(num_beams=3, length_penalty=0.5, no_repeat_ngram_size=2, num_return_sequences=2, max_new_tokens=7),
+], ids=["top-k", "top-p-two-each", "beams"])
+def test_sampling_and_beam_settings_of_the_folder_apply_when_unset(settings, tmp_path):
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=61, n_embd=24, n_layer=2, n_head=2, n_positions=64)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, **settings)
+    hf.save_pretrained(tmp_path)
+    model = lmkit.load_model(tmp_path)
+    ids = torch.randint(3, 61, (2, 5), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(7)
+    theirs = hf.generate(ids, attention_mask=torch.ones_like(ids))
+    torch.manual_seed(7)
+    ours = model.generate(ids)
+    assert ours.tolist() == theirs.tolist()
+    assert ours.shape[0] == 2 * settings.get("num_return_sequences", 1)
+    greedy = model.generate(ids, do_sample=False, num_beams=1, num_return_sequences=1)  # arguments win
+    assert greedy.tolist() == hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1,
+                                          num_return_sequences=1).tolist()
+
+
+def test_unknown_generate_arguments_are_one_clear_error(bart_folder):
+    from lmkit.errors import GenerationError
+
+    torch.manual_seed(0)
+    model = lmkit.CausalLM(lmkit.get_preset("tiny")).eval()
+    with pytest.raises(GenerationError, match="does not know: max_new_token"):
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_token=4)

@@ -3,7 +3,7 @@
 Arguments mean what transformers' `generate` makes them mean: top_k defaults to 50 when sampling
 (top_k=0 turns it off), pad_token_id defaults to eos_token_id, finished rows are padded, and a
 decoder-only model returns prompt + continuation with left-padded prompts positioned as if alone.
-Token ids left unset (eos, pad, forced BOS/EOS) come from the loaded folder's generation_config.json.
+Arguments left unset (token ids, sampling and beam settings) come from the loaded folder's generation_config.json.
 """
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ class GenerationMixin:
         """(sequences the output starts from, state); the first step consumes all of `sequences`."""
         from lmkit.nn import KVCache
 
+        if model_kwargs:
+            raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         return input_ids, DecodingState(cache=KVCache(), attention_mask=attention_mask)
@@ -85,18 +87,36 @@ class GenerationMixin:
 
     # --- the public entry point ----------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 32,
-                 do_sample: bool = False, num_beams: int = 1, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, length_penalty: float = 1.0, eos_token_id: int | list[int] | None = None,
-                 pad_token_id: int | None = None, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
-                 early_stopping: bool | str = False, min_new_tokens: int = 0, stop_strings: str | list[str] | None = None,
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 max_new_tokens: int | None = None, do_sample: bool | None = None, num_beams: int | None = None,
+                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                 length_penalty: float | None = None, eos_token_id: int | list[int] | None = None,
+                 pad_token_id: int | None = None, repetition_penalty: float | None = None,
+                 no_repeat_ngram_size: int | None = None, early_stopping: bool | str | None = None,
+                 min_new_tokens: int | None = None, stop_strings: str | list[str] | None = None,
                  tokenizer=None, streamer=None, forced_bos_token_id: int | None = None,
-                 forced_eos_token_id: int | list[int] | None = None, num_return_sequences: int = 1,
+                 forced_eos_token_id: int | list[int] | None = None, num_return_sequences: int | None = None,
                  **model_kwargs) -> torch.Tensor:
         """Continue each row of `input_ids`; see transformers' `generate` for every argument.
 
-        With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output continue prompt i: n samples,
-        or the n best beams (best first)."""
+        An argument left unset takes the loaded folder's generation_config.json value, else transformers'
+        default (max_new_tokens: 32). With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
+        continue prompt i: n samples, or the n best beams (best first)."""
+        defaults = getattr(self, "generation_defaults", {})  # a loaded folder's generation_config.json
+
+        def setting(name: str, value, fallback):
+            return value if value is not None else defaults.get(name, fallback)
+
+        max_new_tokens = setting("max_new_tokens", max_new_tokens, 32)
+        do_sample, num_beams = setting("do_sample", do_sample, False), setting("num_beams", num_beams, 1)
+        temperature, top_k, top_p = setting("temperature", temperature, 1.0), setting("top_k", top_k, None), \
+            setting("top_p", top_p, None)
+        length_penalty, early_stopping = setting("length_penalty", length_penalty, 1.0), \
+            setting("early_stopping", early_stopping, False)
+        repetition_penalty = setting("repetition_penalty", repetition_penalty, 1.0)
+        no_repeat_ngram_size = setting("no_repeat_ngram_size", no_repeat_ngram_size, 0)
+        min_new_tokens = setting("min_new_tokens", min_new_tokens, 0)
+        num_return_sequences = setting("num_return_sequences", num_return_sequences, 1)
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         if num_return_sequences < 1:
@@ -114,7 +134,6 @@ class GenerationMixin:
         if max_new_tokens < 0:
             raise GenerationError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self._check_context(input_ids, max_new_tokens)
-        defaults = getattr(self, "generation_defaults", {})  # a loaded folder's generation_config.json
         eos = _as_list(next((v for v in (eos_token_id, defaults.get("eos_token_id"), self.config.eos_token_id)
                              if v is not None), None))
         if pad_token_id is None:

@@ -99,11 +99,14 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None):
 
 
 # generation_config.json keys that `generate` takes as defaults, as transformers does when they are unset
-GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id")
+GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id",
+                           "max_new_tokens", "min_new_tokens", "do_sample", "num_beams", "temperature", "top_k",
+                           "top_p", "repetition_penalty", "no_repeat_ngram_size", "length_penalty", "early_stopping",
+                           "num_return_sequences")
 
 
 def generation_defaults(folder: Path) -> dict:
-    """The token-id defaults of a folder's generation_config.json (empty when it has none)."""
+    """The generate defaults of a folder's generation_config.json (empty when it has none)."""
     path = Path(folder) / "generation_config.json"
     if not path.is_file():
         return {}
