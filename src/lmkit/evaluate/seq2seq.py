@@ -26,7 +26,7 @@ def translate(model, tokenizer, sources: Sequence[str], batch_size: int = 128, m
             mask[i, :len(row)] = 1
         device = next(model.parameters()).device
         gen = model.generate(input_ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                             num_beams=num_beams)
+                             num_beams=num_beams, do_sample=False, num_return_sequences=1)  # whatever the folder says
         out += [tokenizer.decode(row.tolist(), skip_special_tokens=True).strip() for row in gen]
     return out
 
