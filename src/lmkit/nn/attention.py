@@ -15,7 +15,7 @@ from lmkit.nn.positions import apply_rotary
 
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
-_CAUSAL_SPLIT = 256  # causal self-attention over at least this many positions is computed in two halves
+_CAUSAL_SPLIT = 128  # causal self-attention over at least this many positions is computed in query halves
 _EAGER_MAX_SCORES = 1 << 26  # score matrices above this many entries (128 MB in bf16) go to SDPA's flash kernel
 
 
