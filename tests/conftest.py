@@ -27,8 +27,16 @@ def _write_small_pydocs(path, n: int = 30, ids: bool = True) -> list:
     return docs
 
 
-
 @pytest.fixture(scope="session")
 def small_pydocs():
     """`small_pydocs(path, n=30, ids=True)`: a small real corpus file for training tests."""
     return _write_small_pydocs
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory, request) -> str:
+    """A JSONL training corpus of the test module's CORPUS_DOCS (default 30) pydocs documents, with their
+    ids when the module sets CORPUS_IDS = True."""
+    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
+    _write_small_pydocs(path, getattr(request.module, "CORPUS_DOCS", 30), ids=getattr(request.module, "CORPUS_IDS", False))
+    return str(path)

@@ -6,16 +6,8 @@ import sys
 import pytest
 
 
-
 def lmkit(*args, cwd):
     return subprocess.run([sys.executable, "-m", "lmkit", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory, small_pydocs):
-    path = tmp_path_factory.mktemp("cli") / "docs.jsonl"
-    small_pydocs(path, 30, ids=False)
-    return str(path)
 
 
 def test_train_resume_and_eval(corpus_file, tmp_path):

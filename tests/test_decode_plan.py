@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from lmkit import CausalLM, get_preset
 from lmkit.generation import decode_plan
 from lmkit.generation.decode_plan import DecodePlan, projection
-from lmkit.nn import KVCache
+from lmkit.nn import KVCache, build_attention_bias
 
 SMALL = dict(vocab_size=53, max_seq_len=64)
 CONFIGS = {
@@ -89,8 +89,6 @@ def test_a_plan_step_on_a_left_padded_batch_equals_the_masked_forward_pass(name)
         cache = KVCache()
         model(ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache,
               use_cache=True)
-        from lmkit.nn import build_attention_bias
-
         bias, _ = build_attention_bias(mask, 3, 1, 8, True, torch.bool, ids.device)
         got = plan.step(ids[:, -1:], cache, positions[:, -1:], bias)
         want = model(ids, attention_mask=mask, position_ids=positions).logits[:, -1]
@@ -105,6 +103,9 @@ def test_generate_chooses_the_same_ids_with_and_without_the_plan(name, options, 
     ids = torch.randint(0, 53, (2, 6), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
+    steps = []
+    step = DecodePlan.step
+    monkeypatch.setattr(DecodePlan, "step", lambda self, *a: steps.append(1) or step(self, *a))
     runs = []
     for use_plan in (True, False):
         with threads(2), (contextlib.nullcontext() if use_plan else without_plan(monkeypatch)):
@@ -113,6 +114,7 @@ def test_generate_chooses_the_same_ids_with_and_without_the_plan(name, options, 
             torch.manual_seed(5)
             runs.append(model.generate(ids[:1], max_new_tokens=14, eos_token_id=[], **options))
     assert torch.equal(runs[0], runs[2]) and torch.equal(runs[1], runs[3])
+    assert len(steps) == 2 * 13  # with the plan, every token after the first came from DecodePlan.step
 
 
 @torch.inference_mode()
@@ -137,6 +139,13 @@ def test_every_projection_kernel_computes_x_w_transposed_plus_b(batch, n_threads
     with threads(n_threads):
         fn, args = projection(weight, bias, batch, relayout=True)
         got = fn(x, *args)
+    if batch == 1 and n_threads > 1 and shape[0] % n_threads == 0:
+        expected = decode_plan._split_matvec
+    elif batch > 1:
+        expected = decode_plan._onednn_linear
+    else:
+        expected = decode_plan._addmm_t if shape[0] > shape[1] else F.linear
+    assert fn is expected  # each case takes the kernel the docstring names
     torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
 
 

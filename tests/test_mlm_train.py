@@ -13,13 +13,7 @@ from lmkit.train.tasks import get_objective
 from lmkit.train.trainer import Trainer
 
 SMALL = dict(d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, attention_dropout=0.0)
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory, small_pydocs):
-    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
-    small_pydocs(path, 40, ids=False)
-    return str(path)
+CORPUS_DOCS = 40  # the corpus_file fixture (conftest.py)
 
 
 @pytest.mark.parametrize("preset", ["bert", "roberta"])

@@ -15,13 +15,6 @@ from lmkit.train.trainer import Trainer
 SMALL = dict(d_model=32, n_layers=2, n_decoder_layers=2, n_heads=2, head_dim=16, d_ff=64, output_scale=32 ** -0.5)
 
 
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory, small_pydocs):
-    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
-    small_pydocs(path, 30, ids=False)
-    return str(path)
-
-
 @pytest.mark.parametrize("objective", ["span", "denoise"])
 def test_seq2seq_objectives_train_and_save(corpus_file, tmp_path, objective, capsys):
     cfg = TrainConfig(preset="t5-tiny", objective=objective, corpus=[corpus_file], out=str(tmp_path / objective),

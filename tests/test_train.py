@@ -11,14 +11,7 @@ from lmkit.errors import TrainingError
 from lmkit.models import CausalLM
 from lmkit.train import TrainConfig, Trainer
 from lmkit.train.optim import lr_at, param_groups
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory, small_pydocs):
-    """About 60 KB of pydocs (small documents) as JSONL: a fast, fixed training corpus."""
-    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
-    small_pydocs(path, 40)
-    return str(path)
+CORPUS_DOCS, CORPUS_IDS = 40, True  # the corpus_file fixture (conftest.py): about 60 KB of pydocs
 
 
 def config(corpus_file, out, **kw):
