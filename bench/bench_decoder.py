@@ -83,7 +83,8 @@ def interleaved(runs: dict, rounds: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=6, help="timed training steps per model and setting (best counts)")
+    ap.add_argument("--steps", type=int, default=20,
+                    help="timed training steps per model and setting (best counts; more steps ride out a noisy machine)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5, help="timed generation runs per model (best counts)")
     ap.add_argument("--threads", type=int, default=1,

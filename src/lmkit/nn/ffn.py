@@ -10,11 +10,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmkit.config import ModelConfig
+from lmkit.nn.kernels import gelu_tanh
 
 _ACT = {
     "relu": F.relu, "reglu": F.relu,
     "gelu": F.gelu, "geglu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": gelu_tanh, "geglu_tanh": gelu_tanh,
     "silu": F.silu, "swiglu": F.silu,
 }
 

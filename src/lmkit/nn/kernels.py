@@ -1,0 +1,89 @@
+"""GELU (tanh form) as one compiled CPU kernel for bf16 and fp16 activations.
+
+gelu_tanh(x) = 0.5 x (1 + tanh(k (x + c x^3))) = x sigmoid(z),  z = 2k (x + c x^3),  k = sqrt(2/pi), c = 0.044715
+d gelu_tanh / dx = s + x s (1 - s) 2k (1 + 3 c x^2),  s = sigmoid(z).
+
+ATen evaluates tanh in bf16 at about a nanosecond per element on CPU, a third of a GPT-2 training
+step's element-wise time. The sigmoid form, compiled by inductor into one pass (float32 inside,
+one rounding to the input's dtype), is about 2.3x faster forward and backward. For |x| < 2.5 it gives
+ATen's bf16 numbers but for the last bit of fewer than 1 in 10,000 elements; further left, where ATen's
+0.5 x (1 + tanh) cancels, it is the closer of the two to the exact value. Without a working
+compiler (or with LMKIT_COMPILE_KERNELS=0) ATen's own GELU is used.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+_TWO_K = 2 * math.sqrt(2 / math.pi)
+_TWO_KC = _TWO_K * 0.044715
+_MIN_ELEMENTS = 1 << 14  # below this the compiled call's overhead outweighs the faster arithmetic
+_log = logging.getLogger(__name__)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _forward(x: torch.Tensor) -> torch.Tensor:
+    f = _wide(x)
+    return (f * torch.sigmoid(f * (_TWO_K + _TWO_KC * f * f))).to(x.dtype)
+
+
+def _backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    f = _wide(x)
+    f2 = f * f
+    s = torch.sigmoid(f * (_TWO_K + _TWO_KC * f2))
+    return (_wide(grad) * (s + f * s * (1 - s) * (_TWO_K + 3 * _TWO_KC * f2))).to(grad.dtype)
+
+
+_compiled: tuple | None = None  # (forward, backward) once compiled, () when compiling is off or failed
+
+
+def compiled_kernels() -> tuple:
+    """(forward, backward) compiled by inductor on first use; () when that is not possible here."""
+    global _compiled
+    if _compiled is None:
+        _compiled = ()
+        if os.environ.get("LMKIT_COMPILE_KERNELS", "1") != "0":
+            try:
+                fwd = torch.compile(_forward, dynamic=True, fullgraph=True)
+                bwd = torch.compile(_backward, dynamic=True, fullgraph=True)
+                probe = torch.linspace(-6, 6, 4099, dtype=torch.bfloat16)
+                with torch.no_grad():  # compile now, in the grad mode of every later call
+                    fwd(probe)
+                    bwd(probe, probe)
+                _compiled = (fwd, bwd)
+            except Exception as err:  # no C++ compiler, or inductor unavailable: ATen's GELU it is
+                _log.info("compiled GELU unavailable (%s); using ATen's", err)
+    return _compiled
+
+
+class _GeluTanh(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return compiled_kernels()[0](x.view(-1)).view(x.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        with torch.no_grad():
+            return compiled_kernels()[1](grad.contiguous().view(-1), x.view(-1)).view(x.shape)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """F.gelu(x, approximate="tanh"), through the compiled kernel for large contiguous bf16/fp16 CPU tensors."""
+    if (x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu" and x.is_contiguous()
+            and x.numel() >= _MIN_ELEMENTS and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and not torch._C._functorch.is_functorch_wrapped_tensor(x) and compiled_kernels()):
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _GeluTanh.apply(x)
+        with torch.no_grad():
+            return compiled_kernels()[0](x.view(-1)).view(x.shape)
+    return F.gelu(x, approximate="tanh")

@@ -1,0 +1,85 @@
+"""The compiled GELU (tanh form): its math in float64, agreement with ATen in bf16, and its fallbacks."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmkit.nn import kernels
+from lmkit.nn.kernels import gelu_tanh
+
+
+def test_sigmoid_form_is_the_tanh_gelu_and_its_derivative():
+    x = torch.linspace(-12, 12, 2001, dtype=torch.float64, requires_grad=True)
+    want = F.gelu(x, approximate="tanh")
+    (want_grad,) = torch.autograd.grad(want.sum(), x)
+    torch.testing.assert_close(kernels._forward(x.detach()), want.detach(), atol=1e-13, rtol=1e-12)
+    torch.testing.assert_close(kernels._backward(torch.ones_like(x), x.detach()), want_grad, atol=1e-12, rtol=1e-12)
+    grad = torch.randn_like(x)
+    torch.testing.assert_close(kernels._backward(grad, x.detach()), grad * want_grad, atol=1e-12, rtol=1e-12)
+
+
+def _compiled_or_skip():
+    if not kernels.compiled_kernels():
+        pytest.skip("no working inductor/C++ compiler here: gelu_tanh is ATen's GELU")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_compiled_gelu_agrees_with_aten_in_low_precision(dtype):
+    """One rounding of the float32 result: ATen's numbers for |x| < 2.5 but for the last bit of rare elements;
+    in the negative tail, where ATen's 0.5 x (1 + tanh) cancels, at least as close to the float64 truth."""
+    _compiled_or_skip()
+    torch.manual_seed(0)
+    x = (torch.randn(3, 77, 211) * 3).to(dtype).requires_grad_()
+    y = gelu_tanh(x)
+    assert y.grad_fn is not None and "GeluTanh" in type(y.grad_fn).__name__
+    ref_x = x.detach().clone().requires_grad_()
+    ref = F.gelu(ref_x, approximate="tanh")
+    grad = torch.randn_like(y)
+    (got,) = torch.autograd.grad(y, x, grad)
+    (want,) = torch.autograd.grad(ref, ref_x, grad)
+    core = x.detach().abs() < 2.5
+    assert (y != ref)[core].float().mean() < 1e-3
+    assert (got != want)[core].float().mean() < 1e-3
+    exact_x = x.detach().double().requires_grad_()
+    exact = F.gelu(exact_x, approximate="tanh")
+    (exact_grad,) = torch.autograd.grad(exact, exact_x, grad.double())
+    for ours, aten, truth in ((y, ref, exact), (got, want, exact_grad)):
+        ours_err, aten_err = (ours.double() - truth).abs(), (aten.double() - truth).abs()
+        assert ours_err.mean() <= aten_err.mean()
+        assert ours_err.max() <= aten_err.max()
+    with torch.no_grad():
+        torch.testing.assert_close(gelu_tanh(x), y.detach(), rtol=0, atol=0)
+
+
+def test_gelu_training_step_of_a_gpt2_block_under_autocast():
+    """A bf16 GPT-2 feed-forward trains through the compiled GELU: gradients match ATen's to bf16 precision."""
+    _compiled_or_skip()
+    from lmkit.config import ModelConfig
+    from lmkit.nn import FeedForward
+
+    torch.manual_seed(0)
+    ffn = FeedForward(ModelConfig(d_model=64, n_heads=4, n_layers=1, vocab_size=32, activation="gelu_tanh"))
+    x = torch.randn(4, 70, 64)
+    grads = []
+    for enabled in ("1", "0"):
+        kernels._compiled = None
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("LMKIT_COMPILE_KERNELS", enabled)
+            ffn.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                ffn(x).float().square().mean().backward()
+        grads.append([p.grad.clone() for p in ffn.parameters()])
+    kernels._compiled = None
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0.02, atol=1e-4)
+
+
+def test_falls_back_to_aten_exactly(monkeypatch):
+    x = torch.randn(64, 300).bfloat16()
+    ref = F.gelu(x, approximate="tanh")
+    assert torch.equal(gelu_tanh(x.t()), F.gelu(x.t(), approximate="tanh"))  # not contiguous
+    assert torch.equal(gelu_tanh(x[:2]), ref[:2])  # too small to gain
+    assert torch.equal(gelu_tanh(x.float()), F.gelu(x.float(), approximate="tanh"))  # float32 keeps ATen's numbers
+    monkeypatch.setenv("LMKIT_COMPILE_KERNELS", "0")
+    monkeypatch.setattr(kernels, "_compiled", None)
+    assert kernels.compiled_kernels() == ()
+    assert torch.equal(gelu_tanh(x), ref)
