@@ -29,6 +29,7 @@ from lmkit.models import build_model
 from lmkit.train import distributed as D
 from lmkit.train.checkpoint import latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint, set_rng_state
 from lmkit.train.config import RUN_DEFINING, TrainConfig
+from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
 from lmkit.train.tasks import get_objective
@@ -66,6 +67,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, explicit: set[str] | None = None, rank: int = 0, world_size: int = 1,
                  device: str | torch.device = "cpu"):
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # large activations stay in the heap between steps (see host_memory)
         self.ctx = D.DistContext(rank, world_size, self.device.index or 0, self.device,
                                  torch.distributed.get_backend() if world_size > 1 else None)
         self.out = Path(cfg.out)
