@@ -65,6 +65,34 @@ def test_rmsnorm_formula_scale_invariance_and_no_centring():
     torch.testing.assert_close(norm(const), norm.weight[None], atol=1e-5, rtol=0)  # not beta: no centring
 
 
+def test_rmsnorm_closed_form_backward():
+    """RMSNorm's hand-written backward against finite differences, and against autograd of the formula."""
+    from lmkit.nn.norms import RMSNormFunction, rms_norm
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, w: RMSNormFunction.apply(a, w, 1e-3), (x, weight))
+    norm = RMSNorm(7, eps=1e-3).double()
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    grad = torch.randn(2, 3, 7, dtype=torch.float64)
+    got = torch.autograd.grad(norm(x), (x, norm.weight), grad)
+    want = torch.autograd.grad(rms_norm(x, weight, 1e-3), (x, weight), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # bf16 activations (a model cast to bf16): the same numbers as autograd through the float32 formula
+    norm16 = RMSNorm(64).bfloat16()
+    x16 = (torch.randn(5, 64) * 3).bfloat16().requires_grad_()
+    g16 = torch.randn(5, 64).bfloat16()
+    got = torch.autograd.grad(norm16(x16), (x16, norm16.weight), g16)
+    ref_x = x16.detach().clone().requires_grad_()
+    want = torch.autograd.grad(rms_norm(ref_x, norm16.weight, 1e-6), (ref_x, norm16.weight), g16)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)
+
+
 def test_rmsnorm_computes_in_float32_for_bf16_inputs():
     torch.manual_seed(0)
     norm = RMSNorm(64).bfloat16()

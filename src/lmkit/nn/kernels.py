@@ -19,26 +19,24 @@ import os
 import torch
 import torch.nn.functional as F
 
+from lmkit.nn.norms import widen
+
 _TWO_K = 2 * math.sqrt(2 / math.pi)
 _TWO_KC = _TWO_K * 0.044715
 _MIN_ELEMENTS = 1 << 14  # below this the compiled call's overhead outweighs the faster arithmetic
 _log = logging.getLogger(__name__)
 
 
-def _wide(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
 def _forward(x: torch.Tensor) -> torch.Tensor:
-    f = _wide(x)
+    f = widen(x)
     return (f * torch.sigmoid(f * (_TWO_K + _TWO_KC * f * f))).to(x.dtype)
 
 
 def _backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    f = _wide(x)
+    f = widen(x)
     f2 = f * f
     s = torch.sigmoid(f * (_TWO_K + _TWO_KC * f2))
-    return (_wide(grad) * (s + f * s * (1 - s) * (_TWO_K + 3 * _TWO_KC * f2))).to(grad.dtype)
+    return (widen(grad) * (s + f * s * (1 - s) * (_TWO_K + 3 * _TWO_KC * f2))).to(grad.dtype)
 
 
 _compiled: tuple | None = None  # (forward, backward) once compiled, () when compiling is off or failed
