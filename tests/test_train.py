@@ -142,6 +142,31 @@ def test_time_budget_fixes_a_step_count(corpus_file, tmp_path):
     assert state["total_steps"] == trainer.total_steps == state["step"]
 
 
+def test_replanned_time_budget_keeps_its_evaluations_apart(corpus_file, tmp_path, monkeypatch):
+    """A run whose step count is re-fitted after each evaluation (the machine got faster) still
+    evaluates about `_n_evals` times: the next evaluation comes `every` steps after the last one, not
+    at the next multiple of a changed `every` (which used to fall a few steps after an evaluation)."""
+    plan, replan = Trainer._plan, Trainer._replan
+
+    def five_evaluations(self, t_start, step_times):
+        plan(self, t_start, step_times)
+        self._n_evals = 5
+
+    def faster(self, t_start):
+        replan(self, t_start)
+        self.total_steps = int(self.total_steps * 1.3)
+
+    monkeypatch.setattr(Trainer, "_plan", five_evaluations)
+    monkeypatch.setattr(Trainer, "_replan", faster)
+    trainer = Trainer(config(corpus_file, tmp_path / "t", max_steps=None, time_budget=4.0, save_every=None))
+    trainer.fit()
+    evaluated = [step for step, _, val in losses(tmp_path / "t") if val is not None]
+    assert len(evaluated) >= 3
+    assert len(evaluated) <= trainer._n_evals + 2  # the planning evaluation, n_evals spaced ones, the last
+    gaps = [b - a for a, b in zip(evaluated[:-1], evaluated[1:-1])]  # the last one comes when the time is up
+    assert min(gaps) >= max(gaps) / 4, evaluated
+
+
 # errors --------------------------------------------------------------------------------------------
 
 def test_nan_loss_stops_with_a_training_error(corpus_file, tmp_path):

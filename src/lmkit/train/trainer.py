@@ -264,6 +264,7 @@ class Trainer:
         step_times: list[float] = []
         last: dict[str, Any] = {}
         self._eval_at_plan, self._planned_at, self._n_evals = None, None, 10
+        last_eval = last_save = self.step
         while self.total_steps is None or self.step < self.total_steps:
             t0 = time.perf_counter()
             loss = self.train_step(self.step)
@@ -283,13 +284,19 @@ class Trainer:
             # 0: a time budget not planned yet
             every = max(1, (self.total_steps - self._planned_at[0]) // self._n_evals) if self._planned_at else \
                 max(1, self.total_steps // 10) if self.total_steps else 0
-            save_every, eval_every = cfg.save_every or every, cfg.eval_every or cfg.save_every or every
+            # --eval-every / --save-every: at multiples of N; otherwise `every` steps after the last one (a
+            # replanned run changes `every`, and multiples of the new value would come right after an evaluation)
+            eval_due = self.step % (cfg.eval_every or cfg.save_every) == 0 if cfg.eval_every or cfg.save_every \
+                else every and self.step - last_eval >= every
+            save_due = self.step % cfg.save_every == 0 if cfg.save_every else every and self.step - last_save >= every
             if self._eval_at_plan is not None:
                 result, self._eval_at_plan = self._eval_at_plan, None
-            elif done or (eval_every and self.step % eval_every == 0):
+            elif done or eval_due:
                 result = self.evaluate()
             else:
                 result = None
+            if result is not None:
+                last_eval = self.step
             if result is not None and not done and cfg.time_budget is not None and self._planned_at is not None:
                 self._replan(t_start)
                 bar.total = self.total_steps
@@ -303,7 +310,8 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tok_per_s']:.0f}",
                             **({"val_bpb": f"{result['bpb']:.3f}"} if result else {}))
-            if done or (save_every and self.step % save_every == 0):
+            if done or save_due:
+                last_save = self.step
                 self.elapsed += time.perf_counter() - t_start
                 t_start = time.perf_counter()
                 self.save()
