@@ -46,7 +46,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """rms_norm with its backward in closed form (4x faster than autograd's chain of a dozen ops):
+    """rms_norm with its backward in closed form (fwd + bwd 1.4x faster than autograd's chain of ops):
     x^ = x r, r = (mean(x^2) + eps)^(-1/2); dgamma = sum over rows of dy x^;
     dx = r (dx^ - x^ mean(dx^ x^)) with dx^ = dy gamma."""
 

@@ -286,9 +286,9 @@ class Trainer:
                 max(1, self.total_steps // 10) if self.total_steps else 0
             # --eval-every / --save-every: at multiples of N; otherwise `every` steps after the last one (a
             # replanned run changes `every`, and multiples of the new value would come right after an evaluation)
-            eval_due = self.step % (cfg.eval_every or cfg.save_every) == 0 if cfg.eval_every or cfg.save_every \
-                else every and self.step - last_eval >= every
-            save_due = self.step % cfg.save_every == 0 if cfg.save_every else every and self.step - last_save >= every
+            fixed_eval = cfg.eval_every or cfg.save_every
+            eval_due = self.step % fixed_eval == 0 if fixed_eval else bool(every) and self.step - last_eval >= every
+            save_due = self.step % cfg.save_every == 0 if cfg.save_every else bool(every) and self.step - last_save >= every
             if self._eval_at_plan is not None:
                 result, self._eval_at_plan = self._eval_at_plan, None
             elif done or eval_due:
