@@ -38,10 +38,3 @@ def test_freed_large_tensors_are_reused_without_page_faults():
     # the freed block is handed out again (the host may still reclaim idle pages now and then)
     assert tuned_faults < pages // 4
 
-
-def test_malloc_tuning_can_be_turned_off(monkeypatch):
-    from lmkit.train import host_memory
-
-    monkeypatch.setattr(host_memory, "_done", None)
-    monkeypatch.setenv("LMKIT_MALLOC_TUNING", "0")
-    assert host_memory.keep_freed_memory() is False

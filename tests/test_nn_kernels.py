@@ -50,25 +50,28 @@ def test_compiled_gelu_agrees_with_aten_in_low_precision(dtype):
         torch.testing.assert_close(gelu_tanh(x), y.detach(), rtol=0, atol=0)
 
 
-def test_gelu_training_step_of_a_gpt2_block_under_autocast():
-    """A bf16 GPT-2 feed-forward trains through the compiled GELU: gradients match ATen's to bf16 precision."""
+def test_gelu_training_step_of_a_gpt2_block_under_autocast(monkeypatch):
+    """A bf16 GPT-2 feed-forward trains through the compiled GELU (and, switched off, through ATen's):
+    the gradients of the two agree to bf16 precision."""
     _compiled_or_skip()
     from lmkit.config import ModelConfig
     from lmkit.nn import FeedForward
 
+    calls = []
+    apply = kernels._GeluTanh.apply
+    monkeypatch.setattr(kernels._GeluTanh, "apply", lambda x: calls.append(x.dtype) or apply(x))
     torch.manual_seed(0)
     ffn = FeedForward(ModelConfig(d_model=64, n_heads=4, n_layers=1, vocab_size=32, activation="gelu_tanh"))
     x = torch.randn(4, 70, 64)
     grads = []
     for enabled in ("1", "0"):
-        kernels._compiled = None
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("LMKIT_COMPILE_KERNELS", enabled)
-            ffn.zero_grad()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                ffn(x).float().square().mean().backward()
+        monkeypatch.setattr(kernels, "_compiled", None)
+        monkeypatch.setenv("LMKIT_COMPILE_KERNELS", enabled)
+        ffn.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ffn(x).float().square().mean().backward()
         grads.append([p.grad.clone() for p in ffn.parameters()])
-    kernels._compiled = None
+        assert calls == [torch.bfloat16]  # the compiled kernel ran in the first pass only
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=0.02, atol=1e-4)
 

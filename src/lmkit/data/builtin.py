@@ -19,8 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
-from lmkit.data.cache import cache_dir
 from lmkit.atomic import atomic_write_json
+from lmkit.data.cache import cache_dir
 from lmkit.data.corpus import Corpus, Document
 from lmkit.errors import CorpusError
 

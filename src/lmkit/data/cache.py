@@ -5,7 +5,6 @@ import os
 from pathlib import Path
 
 
-
 def cache_dir(*parts: str) -> Path:
     """`$XDG_CACHE_HOME/lmkit/...`, or `~/.cache/lmkit/...` when XDG_CACHE_HOME is unset."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 
-from lmkit.data.cache import cache_dir
 from lmkit.atomic import atomic_save_file
+from lmkit.data.cache import cache_dir
 from lmkit.data.corpus import Corpus
 from lmkit.data.tokenize import tokenizer_sha
 from lmkit.errors import CorpusError, TrainingError

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lmkit.data.cache import cache_dir
 from lmkit.atomic import atomic_save_file
+from lmkit.data.cache import cache_dir
 from lmkit.data.corpus import Corpus
 from lmkit.errors import TokenizerError
 

@@ -12,8 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from lmkit.atomic import atomic_save_file
-from lmkit.atomic import atomic_write_json as write_json
+from lmkit.atomic import atomic_save_file, atomic_write_json as write_json
 from lmkit.errors import CheckpointError
 
 WEIGHTS = "model.safetensors"
