@@ -105,6 +105,23 @@ def test_greedy_with_penalties_matches_transformers(pair, options):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("options", [dict(), dict(num_beams=3), dict(do_sample=True, top_k=0, num_return_sequences=2)],
+                         ids=["greedy", "beams", "sampling"])
+def test_repetition_penalty_skips_left_padding_like_transformers(pair, options):
+    """transformers' penalty does not count a row's left padding as seen, whatever ids fill it: here the pads
+    hold the very tokens the rows go on to pick, which a penalty over the whole row would push down."""
+    hf, ours = pair
+    ids, mask = prompts()
+    free = ours.generate(ids, attention_mask=mask, max_new_tokens=7, eos_token_id=[])[:, 7:]
+    ids = torch.where(mask == 0, free, ids)
+    common = dict(max_new_tokens=10, repetition_penalty=2.0, pad_token_id=0, **options)
+    torch.manual_seed(4)
+    expected = hf.generate(ids, attention_mask=mask, **{"do_sample": False, **common})
+    torch.manual_seed(4)
+    got = ours.generate(ids, attention_mask=mask, **common)
+    assert got.tolist() == expected.tolist()
+
+
 def test_eos_stops_rows_and_pads_them_like_transformers(pair):
     hf, ours = pair
     ids, mask = prompts()

@@ -143,8 +143,12 @@ class GenerationMixin:
             forced_bos_token_id = defaults.get("forced_bos_token_id")
         if forced_eos_token_id is None:
             forced_eos_token_id = defaults.get("forced_eos_token_id")
+        prompt_padding = None  # the repetition penalty skips each row's left padding, as transformers' does
+        if repetition_penalty != 1.0 and attention_mask is not None and self.config.architecture == "decoder":
+            prompt_padding = (attention_mask.reshape(input_ids.shape) != 0).int().argmax(dim=1)
         options = dict(do_sample=do_sample, temperature=temperature, top_k=50 if top_k is None else top_k,
-                       top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+                       top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                       prompt_padding=prompt_padding)
         stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
         forced = (forced_bos_token_id, _as_list(forced_eos_token_id))
         if stops and tokenizer is None:
@@ -163,6 +167,8 @@ class GenerationMixin:
                 n, rows = num_return_sequences, input_ids.shape[0]
                 input_ids = input_ids.repeat_interleave(n, dim=0)
                 attention_mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
+                if prompt_padding is not None:
+                    options["prompt_padding"] = prompt_padding.repeat_interleave(n)
                 model_kwargs = {k: v.repeat_interleave(n, dim=0) if torch.is_tensor(v) and v.dim() and v.shape[0] == rows
                                 else v for k, v in model_kwargs.items()}
             return self._sample(input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options,
