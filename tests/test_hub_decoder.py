@@ -40,6 +40,13 @@ CASES = {
         num_key_value_heads=3, head_dim=10, attention_bias=True, mlp_bias=True, max_position_embeddings=64,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 16}, bos_token_id=1, eos_token_id=2)),
+    "llama-mqa-5h-tanh-gelu": lambda: LlamaForCausalLM(LlamaConfig(  # GeGLU with the tanh approximation
+        vocab_size=VOCAB, hidden_size=40, intermediate_size=36, num_hidden_layers=2, num_attention_heads=5,
+        num_key_value_heads=1, hidden_act="gelu_pytorch_tanh", max_position_embeddings=64, bos_token_id=1,
+        eos_token_id=2)),
+    "gpt2-d28-h4-relu-unscaled": lambda: GPT2LMHeadModel(GPT2Config(  # scale_attn_weights=false: softmax(Q K^T)
+        vocab_size=VOCAB, n_embd=28, n_layer=2, n_head=4, n_positions=48, activation_function="relu",
+        scale_attn_weights=False, bos_token_id=0, eos_token_id=0)),
 }
 
 
@@ -239,7 +246,8 @@ def test_missing_weights_and_missing_tensor(good_folder, tmp_path):
         lmkit.load_model(tmp_path / "nowhere")
 
 
-def test_unsupported_gpt2_option(good_folder):
-    rewrite_config(good_folder, lambda raw: raw.update(reorder_and_upcast_attn=True))
-    with pytest.raises(ConfigError, match="reorder_and_upcast_attn"):
+@pytest.mark.parametrize("option", ["reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx"])
+def test_unsupported_gpt2_option(good_folder, option):
+    rewrite_config(good_folder, lambda raw: raw.update({option: True}))
+    with pytest.raises(ConfigError, match=option):
         lmkit.load_model(good_folder)

@@ -11,7 +11,9 @@ from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
 MODEL_TYPES = ("llama",)
 ALIASES = (("model.", ""),)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu", "relu": "reglu"}
+# hidden_act -> gated FFN; the tanh approximations of GELU are their own activation (they differ by up to 1e-3)
+ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh",
+               "gelu_new": "geglu_tanh", "gelu_fast": "geglu_tanh", "relu": "reglu"}
 
 
 def rope_from_hf(hf: dict) -> tuple[float, dict | None]:
