@@ -137,6 +137,17 @@ def test_eos_stops_rows_and_pads_them_like_transformers(pair):
     assert first <= 3 and set(row[first + 1:]) <= {0}  # finished rows get pad_token_id
 
 
+def test_unset_length_is_transformers_default(pair):
+    """Without max_new_tokens (argument or folder): 20 new tokens, fewer where the 64 positions run out."""
+    hf, ours = pair
+    ids, mask = prompts()
+    long = torch.randint(3, VOCAB, (2, 50), generator=torch.Generator().manual_seed(4))
+    for prompt, m, new in ((ids, mask, 20), (long, None, 14)):
+        expected = hf.generate(prompt, attention_mask=m, do_sample=False, pad_token_id=0, eos_token_id=None)
+        got = ours.generate(prompt, attention_mask=m, pad_token_id=0, eos_token_id=[])
+        assert got.tolist() == expected.tolist() and got.shape[1] == prompt.shape[1] + new
+
+
 def test_a_padded_batch_generates_each_row_as_if_alone(pair):
     _, ours = pair
     ids, mask = prompts()

@@ -100,14 +100,15 @@ class GenerationMixin:
         """Continue each row of `input_ids`; see transformers' `generate` for every argument.
 
         An argument left unset takes the loaded folder's generation_config.json value, else transformers'
-        default (max_new_tokens: 32). With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
+        default (max_new_tokens: up to generation_config.json's max_length in all, else 20, within the
+        model's positions). With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
         continue prompt i: n samples, or the n best beams (best first)."""
         defaults = getattr(self, "generation_defaults", {})  # a loaded folder's generation_config.json
 
         def setting(name: str, value, fallback):
             return value if value is not None else defaults.get(name, fallback)
 
-        max_new_tokens = setting("max_new_tokens", max_new_tokens, 32)
+        max_new_tokens = setting("max_new_tokens", max_new_tokens, None)
         do_sample, num_beams = setting("do_sample", do_sample, False), setting("num_beams", num_beams, 1)
         temperature, top_k, top_p = setting("temperature", temperature, 1.0), setting("top_k", top_k, None), \
             setting("top_p", top_p, None)
@@ -119,6 +120,8 @@ class GenerationMixin:
         num_return_sequences = setting("num_return_sequences", num_return_sequences, 1)
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        if max_new_tokens is None:
+            max_new_tokens = self._default_new_tokens(input_ids, defaults.get("max_length"))
         if num_return_sequences < 1:
             raise GenerationError(f"num_return_sequences must be >= 1, got {num_return_sequences}")
         if num_return_sequences > 1 and num_beams == 1 and not do_sample:
@@ -175,6 +178,19 @@ class GenerationMixin:
                                 stops, tokenizer, streamer, forced=forced, **model_kwargs)
         finally:
             self.train(was_training)
+
+    def _default_new_tokens(self, input_ids: torch.Tensor, max_length: int | None) -> int:
+        """transformers' length when max_new_tokens is unset: max_length tokens in all (prompt, or decoder start,
+        included), else 20 new ones, capped at max_position_embeddings in all where the model has positions."""
+        start = input_ids.shape[1] if self.config.architecture == "decoder" else 1
+        if max_length is None:
+            max_length = start + 20
+            if self.config.architecture == "decoder" or self.config.position == "learned":
+                max_length = min(max_length, self.config.max_seq_len)
+        if max_length <= start:
+            raise GenerationError(f"the prompt has {start} tokens but generation stops at max_length {max_length} "
+                                  f"tokens in all; pass max_new_tokens=N (or shorten the prompt)")
+        return max_length - start
 
     def _check_context(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
         limit = self.config.max_seq_len

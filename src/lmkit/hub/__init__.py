@@ -100,7 +100,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None):
 
 # generation_config.json keys that `generate` takes as defaults, as transformers does when they are unset
 GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id",
-                           "max_new_tokens", "min_new_tokens", "do_sample", "num_beams", "temperature", "top_k",
+                           "max_new_tokens", "max_length", "min_new_tokens", "do_sample", "num_beams", "temperature", "top_k",
                            "top_p", "repetition_penalty", "no_repeat_ngram_size", "length_penalty", "early_stopping",
                            "num_return_sequences")
 
