@@ -148,6 +148,19 @@ def test_unset_length_is_transformers_default(pair):
         assert got.tolist() == expected.tolist() and got.shape[1] == prompt.shape[1] + new
 
 
+def test_pad_tokens_without_an_attention_mask_are_padding_like_transformers(pair):
+    """No attention_mask: as transformers does, pad_token_id marks padding, unless it is also an EOS token."""
+    hf, ours = pair
+    ids, mask = prompts()  # the left padding holds token 0
+    for kw in (dict(pad_token_id=0), dict(pad_token_id=0, eos_token_id=[0, 2])):
+        expected = hf.generate(ids, do_sample=False, max_new_tokens=8, **kw)
+        got = ours.generate(ids, max_new_tokens=8, **kw)
+        assert got.tolist() == expected.tolist(), kw
+    assert got.tolist() != ours.generate(ids, attention_mask=mask, max_new_tokens=8, **kw).tolist()
+    assert ours.generate(ids, max_new_tokens=8, pad_token_id=0).tolist() == \
+        ours.generate(ids, attention_mask=mask, max_new_tokens=8, pad_token_id=0).tolist()
+
+
 def test_a_padded_batch_generates_each_row_as_if_alone(pair):
     _, ours = pair
     ids, mask = prompts()

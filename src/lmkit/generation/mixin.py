@@ -141,7 +141,12 @@ class GenerationMixin:
                              if v is not None), None))
         if pad_token_id is None:
             pad_token_id = next((v for v in (defaults.get("pad_token_id"), self.config.pad_token_id) if v is not None),
-                                eos[0] if eos else 0)
+                                None)
+        if attention_mask is None and self.config.architecture == "decoder" and pad_token_id is not None \
+                and pad_token_id not in eos and bool((input_ids == pad_token_id).any()):
+            attention_mask = (input_ids != pad_token_id).long()  # as transformers infers it: pads are padding
+        if pad_token_id is None:
+            pad_token_id = eos[0] if eos else 0
         if forced_bos_token_id is None:
             forced_bos_token_id = defaults.get("forced_bos_token_id")
         if forced_eos_token_id is None:
