@@ -52,7 +52,10 @@ CASES = {
 
 def hf_model(name: str):
     torch.manual_seed(0)
-    m = CASES[name]()
+    return randomized(CASES[name]())
+
+
+def randomized(m):
     with torch.no_grad():  # larger weights than the default init, so mismatches show
         for n, p in m.named_parameters():
             if p.dim() > 1:
@@ -167,6 +170,29 @@ def test_v4_and_v5_style_llama_configs_give_the_same_model(name, tmp_path):
         assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"]
         back = AutoModelForCausalLM.from_pretrained(out).eval()
         torch.testing.assert_close(back(ids, attention_mask=left).logits, expected, atol=1e-4, rtol=0)
+
+
+def test_dynamic_ntk_rope_past_the_context_matches_transformers(tmp_path):
+    """Dynamic NTK RoPE grows its base once positions outrun max_position_embeddings (8 here), so prompts longer
+    than that generate, left-padded too, with the frequencies transformers recomputes at every step."""
+    torch.manual_seed(0)
+    randomized(LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=8, rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+        bos_token_id=1, eos_token_id=2))).save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    ids, left, _ = batch()  # 9 tokens > 8 positions
+
+    def fresh():  # transformers' dynamic RoPE keeps the longest length it has seen, so one model per call
+        return AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+
+    for mask in (None, left):
+        with torch.no_grad():
+            torch.testing.assert_close(ours(ids, attention_mask=mask).logits, fresh()(ids, attention_mask=mask).logits,
+                                       atol=1e-4, rtol=0)
+        expected = fresh().generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=8, pad_token_id=0)
+        assert got.tolist() == expected.tolist()
 
 
 def test_gpt2_base_model_names_without_prefix_load(tmp_path):

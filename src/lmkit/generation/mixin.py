@@ -201,7 +201,9 @@ class GenerationMixin:
         limit = self.config.max_seq_len
         if self.config.architecture != "decoder":
             return
-        if input_ids.shape[1] > limit:
+        scaling = self.config.rope_scaling or {}
+        dynamic = self.config.position == "rope" and scaling.get("rope_type", scaling.get("type")) == "dynamic"
+        if input_ids.shape[1] > limit and not dynamic:  # dynamic NTK RoPE grows its base past the context instead
             raise GenerationError(f"the prompt has {input_ids.shape[1]} tokens but the model's context is {limit}; "
                                   f"shorten the prompt")
         if self.config.position in ("learned", "sinusoidal") and input_ids.shape[1] + max_new_tokens > limit:
