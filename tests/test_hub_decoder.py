@@ -2,7 +2,8 @@
 
 Logits agree within 1e-4 (padded rows too, left and right padding), greedy generations are equal,
 folders lmkit writes (single or sharded) load in transformers with the same logits, both the
-transformers 4.x (`rope_theta`/`rope_scaling`) and 5.x (`rope_parameters`) config.json styles load,
+transformers 4.x (`rope_theta`/`rope_scaling`) and 5.x (`rope_parameters`) config.json styles load (RoPE
+scaling linear, dynamic, llama3 and yarn),
 and damaged folders raise one clear LmkitError.
 """
 import json
@@ -40,6 +41,11 @@ CASES = {
         num_key_value_heads=3, head_dim=10, attention_bias=True, mlp_bias=True, max_position_embeddings=64,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 16}, bos_token_id=1, eos_token_id=2)),
+    "llama-gqa-yarn-mscale": lambda: LlamaForCausalLM(LlamaConfig(  # YaRN scales cos/sin by its attention factor
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=1000.0,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 16,
+                      "mscale": 0.707, "mscale_all_dim": 1.0}, bos_token_id=1, eos_token_id=2)),
     "llama-mqa-5h-tanh-gelu": lambda: LlamaForCausalLM(LlamaConfig(  # GeGLU with the tanh approximation
         vocab_size=VOCAB, hidden_size=40, intermediate_size=36, num_hidden_layers=2, num_attention_heads=5,
         num_key_value_heads=1, hidden_act="gelu_pytorch_tanh", max_position_embeddings=64, bos_token_id=1,
