@@ -27,6 +27,10 @@ def sinusoidal_table(n_positions: int, dim: int, base: float = 10000.0) -> torch
 def _yarn(inv_freq: torch.Tensor, dim: int, theta: float, factor: float, scaling: dict) -> torch.Tensor:
     """YaRN: inv_freq / factor for the dimensions that turn fewer than beta_slow times over the original
     context, inv_freq as it is for those that turn more than beta_fast times, a linear ramp in between."""
+    if scaling.get("original_max_position_embeddings") is None:
+        from lmkit.errors import ConfigError
+
+        raise ConfigError("YaRN RoPE scaling needs original_max_position_embeddings (the context it stretches)")
     old_len = float(scaling["original_max_position_embeddings"])
 
     def dim_of(turns: float) -> float:  # the dimension whose wavelength fits `turns` times in the original context
@@ -94,6 +98,8 @@ class RotaryEmbedding(nn.Module):
         self.dim = config.dim_head
         self.theta = config.rope_theta
         self.scaling = config.rope_scaling or {}
+        if self.scaling.get("rope_type", self.scaling.get("type")) == "yarn":  # by default YaRN stretches max_seq_len
+            self.scaling = {"original_max_position_embeddings": config.max_seq_len, **self.scaling}
         self.max_seq_len = config.max_seq_len
         self.interleaved = config.rope_interleaved
         self.register_buffer("inv_freq", rope_inverse_frequencies(self.dim, self.theta, self.scaling), persistent=False)
