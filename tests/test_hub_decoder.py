@@ -221,6 +221,30 @@ def test_load_in_bfloat16(tmp_path):
         assert (ours(ids).logits.float() - hf(ids).logits).abs().max() < 0.15
 
 
+def test_dtype_auto_and_names_as_transformers_takes_them(tmp_path):
+    """dtype="auto" reads config.json's dtype (5.x) or torch_dtype (4.x), as transformers' default does; names work."""
+    hf = hf_model("gpt2-d36-h3-gelu_new-tied").to(torch.bfloat16)
+    hf.save_pretrained(tmp_path)
+    ids, left, _ = batch()
+    with torch.no_grad():
+        theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+        assert theirs.dtype == torch.bfloat16
+        expected = theirs(ids, attention_mask=left).logits.float()
+        assert lmkit.load_model(tmp_path).dtype == torch.float32  # lmkit's default stays float32
+        for dtype in ("auto", "bfloat16", torch.bfloat16):
+            ours = lmkit.load_model(tmp_path, dtype=dtype)
+            assert ours.dtype == torch.bfloat16
+            assert (ours(ids, attention_mask=left).logits.float() - expected).abs().max() < 0.05
+        def as_v4_float16(raw):
+            del raw["dtype"]
+            raw["torch_dtype"] = "float16"
+
+        rewrite_config(tmp_path, as_v4_float16)
+        assert lmkit.load_model(tmp_path, dtype="auto").dtype == torch.float16
+        with pytest.raises(ConfigError, match="int8"):
+            lmkit.load_model(tmp_path, dtype="int8")
+
+
 # --- bad input -----------------------------------------------------------------------------------
 
 @pytest.fixture
