@@ -105,6 +105,23 @@ def test_greedy_with_penalties_matches_transformers(pair, options):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("options", [dict(), dict(num_beams=3), dict(do_sample=True, top_k=0, num_return_sequences=2)],
+                         ids=["greedy", "beams", "sampling"])
+def test_repetition_penalty_skips_left_padding_like_transformers(pair, options):
+    """transformers' penalty does not count a row's left padding as seen, whatever ids fill it: here the pads
+    hold the very tokens the rows go on to pick, which a penalty over the whole row would push down."""
+    hf, ours = pair
+    ids, mask = prompts()
+    free = ours.generate(ids, attention_mask=mask, max_new_tokens=7, eos_token_id=[])[:, 7:]
+    ids = torch.where(mask == 0, free, ids)
+    common = dict(max_new_tokens=10, repetition_penalty=2.0, pad_token_id=0, **options)
+    torch.manual_seed(4)
+    expected = hf.generate(ids, attention_mask=mask, **{"do_sample": False, **common})
+    torch.manual_seed(4)
+    got = ours.generate(ids, attention_mask=mask, **common)
+    assert got.tolist() == expected.tolist()
+
+
 def test_eos_stops_rows_and_pads_them_like_transformers(pair):
     hf, ours = pair
     ids, mask = prompts()
@@ -118,6 +135,30 @@ def test_eos_stops_rows_and_pads_them_like_transformers(pair):
     row = got[1, 7:].tolist()
     first = row.index(eos)
     assert first <= 3 and set(row[first + 1:]) <= {0}  # finished rows get pad_token_id
+
+
+def test_unset_length_is_transformers_default(pair):
+    """Without max_new_tokens (argument or folder): 20 new tokens, fewer where the 64 positions run out."""
+    hf, ours = pair
+    ids, mask = prompts()
+    long = torch.randint(3, VOCAB, (2, 50), generator=torch.Generator().manual_seed(4))
+    for prompt, m, new in ((ids, mask, 20), (long, None, 14)):
+        expected = hf.generate(prompt, attention_mask=m, do_sample=False, pad_token_id=0, eos_token_id=None)
+        got = ours.generate(prompt, attention_mask=m, pad_token_id=0, eos_token_id=[])
+        assert got.tolist() == expected.tolist() and got.shape[1] == prompt.shape[1] + new
+
+
+def test_pad_tokens_without_an_attention_mask_are_padding_like_transformers(pair):
+    """No attention_mask: as transformers does, pad_token_id marks padding, unless it is also an EOS token."""
+    hf, ours = pair
+    ids, mask = prompts()  # the left padding holds token 0
+    for kw in (dict(pad_token_id=0), dict(pad_token_id=0, eos_token_id=[0, 2])):
+        expected = hf.generate(ids, do_sample=False, max_new_tokens=8, **kw)
+        got = ours.generate(ids, max_new_tokens=8, **kw)
+        assert got.tolist() == expected.tolist(), kw
+    assert got.tolist() != ours.generate(ids, attention_mask=mask, max_new_tokens=8, **kw).tolist()
+    assert ours.generate(ids, max_new_tokens=8, pad_token_id=0).tolist() == \
+        ours.generate(ids, attention_mask=mask, max_new_tokens=8, pad_token_id=0).tolist()
 
 
 def test_a_padded_batch_generates_each_row_as_if_alone(pair):

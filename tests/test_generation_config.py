@@ -74,6 +74,31 @@ def test_sampling_and_beam_settings_of_the_folder_apply_when_unset(settings, tmp
                                           num_return_sequences=1).tolist()
 
 
+def test_max_length_of_the_folder_counts_the_prompt(bart_folder, tmp_path):
+    """generation_config.json's max_length bounds prompt + continuation (the decoder start for BART), as in
+    transformers; it survives saving, and a prompt that already fills it is one clear error."""
+    from lmkit.errors import GenerationError
+
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=61, n_embd=24, n_layer=2, n_head=2,
+                                                              n_positions=64)).eval()
+    hf.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, max_length=12)
+    hf.save_pretrained(tmp_path)
+    model = lmkit.load_model(tmp_path)
+    ids = torch.randint(3, 61, (2, 5), generator=torch.Generator().manual_seed(1))
+    ours = model.generate(ids)
+    assert ours.shape[1] <= 12 and ours.tolist() == hf.generate(ids, attention_mask=torch.ones_like(ids)).tolist()
+    model.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "generation_config.json").read_text())["max_length"] == 12
+    with pytest.raises(GenerationError, match="max_length"):
+        model.generate(torch.randint(3, 61, (1, 12)))
+
+    folder, bart = bart_folder  # no max_length: 20 new tokens after the decoder start
+    src = torch.randint(3, 61, (2, 6), generator=torch.Generator().manual_seed(2))
+    got = lmkit.load_model(folder).generate(src)
+    assert got.tolist() == bart.generate(src, attention_mask=torch.ones_like(src)).tolist()
+
+
 def test_unknown_generate_arguments_are_one_clear_error(bart_folder):
     from lmkit.errors import GenerationError
 

@@ -2,7 +2,8 @@
 
 Logits agree within 1e-4 (padded rows too, left and right padding), greedy generations are equal,
 folders lmkit writes (single or sharded) load in transformers with the same logits, both the
-transformers 4.x (`rope_theta`/`rope_scaling`) and 5.x (`rope_parameters`) config.json styles load,
+transformers 4.x (`rope_theta`/`rope_scaling`) and 5.x (`rope_parameters`) config.json styles load (RoPE
+scaling linear, dynamic, llama3 and yarn),
 and damaged folders raise one clear LmkitError.
 """
 import json
@@ -40,12 +41,27 @@ CASES = {
         num_key_value_heads=3, head_dim=10, attention_bias=True, mlp_bias=True, max_position_embeddings=64,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 16}, bos_token_id=1, eos_token_id=2)),
+    "llama-gqa-yarn-mscale": lambda: LlamaForCausalLM(LlamaConfig(  # YaRN scales cos/sin by its attention factor
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=1000.0,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 16,
+                      "mscale": 0.707, "mscale_all_dim": 1.0}, bos_token_id=1, eos_token_id=2)),
+    "llama-mqa-5h-tanh-gelu": lambda: LlamaForCausalLM(LlamaConfig(  # GeGLU with the tanh approximation
+        vocab_size=VOCAB, hidden_size=40, intermediate_size=36, num_hidden_layers=2, num_attention_heads=5,
+        num_key_value_heads=1, hidden_act="gelu_pytorch_tanh", max_position_embeddings=64, bos_token_id=1,
+        eos_token_id=2)),
+    "gpt2-d28-h4-relu-unscaled": lambda: GPT2LMHeadModel(GPT2Config(  # scale_attn_weights=false: softmax(Q K^T)
+        vocab_size=VOCAB, n_embd=28, n_layer=2, n_head=4, n_positions=48, activation_function="relu",
+        scale_attn_weights=False, bos_token_id=0, eos_token_id=0)),
 }
 
 
 def hf_model(name: str):
     torch.manual_seed(0)
-    m = CASES[name]()
+    return randomized(CASES[name]())
+
+
+def randomized(m):
     with torch.no_grad():  # larger weights than the default init, so mismatches show
         for n, p in m.named_parameters():
             if p.dim() > 1:
@@ -162,6 +178,29 @@ def test_v4_and_v5_style_llama_configs_give_the_same_model(name, tmp_path):
         torch.testing.assert_close(back(ids, attention_mask=left).logits, expected, atol=1e-4, rtol=0)
 
 
+def test_dynamic_ntk_rope_past_the_context_matches_transformers(tmp_path):
+    """Dynamic NTK RoPE grows its base once positions outrun max_position_embeddings (8 here), so prompts longer
+    than that generate, left-padded too, with the frequencies transformers recomputes at every step."""
+    torch.manual_seed(0)
+    randomized(LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=8, rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+        bos_token_id=1, eos_token_id=2))).save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    ids, left, _ = batch()  # 9 tokens > 8 positions
+
+    def fresh():  # transformers' dynamic RoPE keeps the longest length it has seen, so one model per call
+        return AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+
+    for mask in (None, left):
+        with torch.no_grad():
+            torch.testing.assert_close(ours(ids, attention_mask=mask).logits, fresh()(ids, attention_mask=mask).logits,
+                                       atol=1e-4, rtol=0)
+        expected = fresh().generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=8, pad_token_id=0)
+        assert got.tolist() == expected.tolist()
+
+
 def test_gpt2_base_model_names_without_prefix_load(tmp_path):
     """A GPT2Model folder (no `transformer.` prefix, no lm_head) loads as a tied CausalLM."""
     hf = hf_model("gpt2-d36-h3-gelu_new-tied")
@@ -180,6 +219,30 @@ def test_load_in_bfloat16(tmp_path):
     ids, _, _ = batch()
     with torch.no_grad():
         assert (ours(ids).logits.float() - hf(ids).logits).abs().max() < 0.15
+
+
+def test_dtype_auto_and_names_as_transformers_takes_them(tmp_path):
+    """dtype="auto" reads config.json's dtype (5.x) or torch_dtype (4.x), as transformers' default does; names work."""
+    hf = hf_model("gpt2-d36-h3-gelu_new-tied").to(torch.bfloat16)
+    hf.save_pretrained(tmp_path)
+    ids, left, _ = batch()
+    with torch.no_grad():
+        theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+        assert theirs.dtype == torch.bfloat16
+        expected = theirs(ids, attention_mask=left).logits.float()
+        assert lmkit.load_model(tmp_path).dtype == torch.float32  # lmkit's default stays float32
+        for dtype in ("auto", "bfloat16", torch.bfloat16):
+            ours = lmkit.load_model(tmp_path, dtype=dtype)
+            assert ours.dtype == torch.bfloat16
+            assert (ours(ids, attention_mask=left).logits.float() - expected).abs().max() < 0.05
+        def as_v4_float16(raw):
+            del raw["dtype"]
+            raw["torch_dtype"] = "float16"
+
+        rewrite_config(tmp_path, as_v4_float16)
+        assert lmkit.load_model(tmp_path, dtype="auto").dtype == torch.float16
+        with pytest.raises(ConfigError, match="int8"):
+            lmkit.load_model(tmp_path, dtype="int8")
 
 
 # --- bad input -----------------------------------------------------------------------------------
@@ -239,7 +302,8 @@ def test_missing_weights_and_missing_tensor(good_folder, tmp_path):
         lmkit.load_model(tmp_path / "nowhere")
 
 
-def test_unsupported_gpt2_option(good_folder):
-    rewrite_config(good_folder, lambda raw: raw.update(reorder_and_upcast_attn=True))
-    with pytest.raises(ConfigError, match="reorder_and_upcast_attn"):
+@pytest.mark.parametrize("option", ["reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx"])
+def test_unsupported_gpt2_option(good_folder, option):
+    rewrite_config(good_folder, lambda raw: raw.update({option: True}))
+    with pytest.raises(ConfigError, match=option):
         lmkit.load_model(good_folder)

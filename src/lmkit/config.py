@@ -39,7 +39,7 @@ class ModelConfig:
     position_skip_padding: bool = False    # RoBERTa: positions count non-pad tokens only; pads get -1 (+ offset)
     sinusoidal_base: float = 10000.0
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None       # {"type": "linear"|"ntk"|"llama3", "factor": f, ...}
+    rope_scaling: dict | None = None       # {"type": "linear"|"ntk"|"dynamic"|"llama3"|"yarn", "factor": f, ...}
     rope_interleaved: bool = False         # False: rotate halves (HF LLaMA); True: adjacent pairs
     relative_buckets: int = 32             # T5 relative attention bias
     relative_max_distance: int = 128

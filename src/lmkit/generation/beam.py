@@ -43,6 +43,8 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     keep = max(2, 1 + len(eos)) * k
     top_k_mask = torch.arange(keep, device=device) < k
     eos_t = torch.tensor(eos, device=device) if eos else None
+    if options.get("prompt_padding") is not None:  # one entry per beam
+        options = {**options, "prompt_padding": options["prompt_padding"].repeat_interleave(k)}
 
     running = torch.full((B, k, max_length), fill, dtype=torch.long, device=device)
     running[:, :, :prompt_len] = start[:, None]

@@ -10,11 +10,20 @@ import torch
 NEG_INF = -float("inf")
 
 
-def repetition_penalty(sequences: torch.Tensor, scores: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL's penalty: a seen token's logit is divided by `penalty` if positive, multiplied if negative."""
-    seen = torch.gather(scores, 1, sequences)
+def repetition_penalty(sequences: torch.Tensor, scores: torch.Tensor, penalty: float,
+                       prompt_padding: torch.Tensor | None = None) -> torch.Tensor:
+    """CTRL's penalty: a seen token's logit is divided by `penalty` if positive, multiplied if negative.
+
+    As in transformers, the first prompt_padding[b] positions of row b (its left padding) are not seen."""
+    vocab = scores.shape[-1]
+    if prompt_padding is not None:
+        positions = torch.arange(sequences.shape[1], device=sequences.device)
+        sequences = sequences.masked_fill(positions < prompt_padding[:, None], vocab)
+    padded = torch.nn.functional.pad(scores, (0, 1))  # column `vocab` absorbs the skipped positions
+    sequences = sequences.clamp(max=vocab)
+    seen = torch.gather(padded, 1, sequences)
     seen = torch.where(seen < 0, seen * penalty, seen / penalty)
-    return scores.scatter(1, sequences, seen)
+    return padded.scatter(1, sequences, seen)[:, :vocab]
 
 
 def no_repeat_ngram(sequences: torch.Tensor, scores: torch.Tensor, n: int) -> torch.Tensor:
@@ -49,10 +58,11 @@ def top_p_filter(scores: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def process(sequences: torch.Tensor, scores: torch.Tensor, *, do_sample: bool, temperature: float,
-            top_k: int | None, top_p: float | None, repetition: float, no_repeat_ngram_size: int) -> torch.Tensor:
-    """All processors the arguments ask for, in transformers' order."""
+            top_k: int | None, top_p: float | None, repetition: float, no_repeat_ngram_size: int,
+            prompt_padding: torch.Tensor | None = None) -> torch.Tensor:
+    """All processors the arguments ask for, in transformers' order (prompt_padding: left pads per row)."""
     if repetition != 1.0:
-        scores = repetition_penalty(sequences, scores, repetition)
+        scores = repetition_penalty(sequences, scores, repetition, prompt_padding)
     if no_repeat_ngram_size:
         scores = no_repeat_ngram(sequences, scores, no_repeat_ngram_size)
     if do_sample:

@@ -100,14 +100,15 @@ class GenerationMixin:
         """Continue each row of `input_ids`; see transformers' `generate` for every argument.
 
         An argument left unset takes the loaded folder's generation_config.json value, else transformers'
-        default (max_new_tokens: 32). With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
+        default (max_new_tokens: up to generation_config.json's max_length in all, else 20, within the
+        model's positions). With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
         continue prompt i: n samples, or the n best beams (best first)."""
         defaults = getattr(self, "generation_defaults", {})  # a loaded folder's generation_config.json
 
         def setting(name: str, value, fallback):
             return value if value is not None else defaults.get(name, fallback)
 
-        max_new_tokens = setting("max_new_tokens", max_new_tokens, 32)
+        max_new_tokens = setting("max_new_tokens", max_new_tokens, None)
         do_sample, num_beams = setting("do_sample", do_sample, False), setting("num_beams", num_beams, 1)
         temperature, top_k, top_p = setting("temperature", temperature, 1.0), setting("top_k", top_k, None), \
             setting("top_p", top_p, None)
@@ -119,6 +120,8 @@ class GenerationMixin:
         num_return_sequences = setting("num_return_sequences", num_return_sequences, 1)
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        if max_new_tokens is None:
+            max_new_tokens = self._default_new_tokens(input_ids, defaults.get("max_length"))
         if num_return_sequences < 1:
             raise GenerationError(f"num_return_sequences must be >= 1, got {num_return_sequences}")
         if num_return_sequences > 1 and num_beams == 1 and not do_sample:
@@ -138,13 +141,22 @@ class GenerationMixin:
                              if v is not None), None))
         if pad_token_id is None:
             pad_token_id = next((v for v in (defaults.get("pad_token_id"), self.config.pad_token_id) if v is not None),
-                                eos[0] if eos else 0)
+                                None)
+        if attention_mask is None and self.config.architecture == "decoder" and pad_token_id is not None \
+                and pad_token_id not in eos and bool((input_ids == pad_token_id).any()):
+            attention_mask = (input_ids != pad_token_id).long()  # as transformers infers it: pads are padding
+        if pad_token_id is None:
+            pad_token_id = eos[0] if eos else 0
         if forced_bos_token_id is None:
             forced_bos_token_id = defaults.get("forced_bos_token_id")
         if forced_eos_token_id is None:
             forced_eos_token_id = defaults.get("forced_eos_token_id")
+        prompt_padding = None  # the repetition penalty skips each row's left padding, as transformers' does
+        if repetition_penalty != 1.0 and attention_mask is not None and self.config.architecture == "decoder":
+            prompt_padding = (attention_mask.reshape(input_ids.shape) != 0).int().argmax(dim=1)
         options = dict(do_sample=do_sample, temperature=temperature, top_k=50 if top_k is None else top_k,
-                       top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+                       top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                       prompt_padding=prompt_padding)
         stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
         forced = (forced_bos_token_id, _as_list(forced_eos_token_id))
         if stops and tokenizer is None:
@@ -163,6 +175,8 @@ class GenerationMixin:
                 n, rows = num_return_sequences, input_ids.shape[0]
                 input_ids = input_ids.repeat_interleave(n, dim=0)
                 attention_mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
+                if prompt_padding is not None:
+                    options["prompt_padding"] = prompt_padding.repeat_interleave(n)
                 model_kwargs = {k: v.repeat_interleave(n, dim=0) if torch.is_tensor(v) and v.dim() and v.shape[0] == rows
                                 else v for k, v in model_kwargs.items()}
             return self._sample(input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options,
@@ -170,11 +184,26 @@ class GenerationMixin:
         finally:
             self.train(was_training)
 
+    def _default_new_tokens(self, input_ids: torch.Tensor, max_length: int | None) -> int:
+        """transformers' length when max_new_tokens is unset: max_length tokens in all (prompt, or decoder start,
+        included), else 20 new ones, capped at max_position_embeddings in all where the model has positions."""
+        start = input_ids.shape[1] if self.config.architecture == "decoder" else 1
+        if max_length is None:
+            max_length = start + 20
+            if self.config.architecture == "decoder" or self.config.position == "learned":
+                max_length = min(max_length, self.config.max_seq_len)
+        if max_length <= start:
+            raise GenerationError(f"the prompt has {start} tokens but generation stops at max_length {max_length} "
+                                  f"tokens in all; pass max_new_tokens=N (or shorten the prompt)")
+        return max_length - start
+
     def _check_context(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
         limit = self.config.max_seq_len
         if self.config.architecture != "decoder":
             return
-        if input_ids.shape[1] > limit:
+        scaling = self.config.rope_scaling or {}
+        dynamic = self.config.position == "rope" and scaling.get("rope_type", scaling.get("type")) == "dynamic"
+        if input_ids.shape[1] > limit and not dynamic:  # dynamic NTK RoPE grows its base past the context instead
             raise GenerationError(f"the prompt has {input_ids.shape[1]} tokens but the model's context is {limit}; "
                                   f"shorten the prompt")
         if self.config.position in ("learned", "sinusoidal") and input_ids.shape[1] + max_new_tokens > limit:

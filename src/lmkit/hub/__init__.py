@@ -64,12 +64,14 @@ def load_config(path: str | Path) -> tuple[ModelConfig, dict]:
                           "fix or regenerate it") from None
 
 
-def load_model(path: str | Path, dtype: torch.dtype | None = None):
-    """A model in eval mode from a Hugging Face format folder (float32 unless dtype is given)."""
+def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
+    """A model in eval mode from a Hugging Face format folder: float32 unless dtype is given (a torch dtype, its
+    name such as "bfloat16", or "auto" for config.json's dtype / torch_dtype, as transformers takes them)."""
     from lmkit.models import build_model
 
     folder = Path(path)
     config, raw = load_config(folder)
+    dtype = _resolve_dtype(dtype, raw)
     family = None if "lmkit" in raw and "model_type" not in raw else family_of(raw.get("model_type"))
     model = build_model(config) if family is None or not hasattr(family, "build") else family.build(config, raw)
     if config.extra.get("attention_heads"):  # a model whose heads were pruned: per-layer head counts
@@ -98,9 +100,21 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None):
     return model.eval()
 
 
+def _resolve_dtype(dtype: torch.dtype | str | None, raw: dict) -> torch.dtype | None:
+    if dtype == "auto":
+        dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    if isinstance(dtype, str):
+        resolved = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+            raise ConfigError(f"dtype {dtype!r} is not a floating-point torch dtype; pass e.g. torch.bfloat16, "
+                              f"'float16' or 'auto' (the dtype config.json names)")
+        dtype = resolved
+    return dtype
+
+
 # generation_config.json keys that `generate` takes as defaults, as transformers does when they are unset
 GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id",
-                           "max_new_tokens", "min_new_tokens", "do_sample", "num_beams", "temperature", "top_k",
+                           "max_new_tokens", "max_length", "min_new_tokens", "do_sample", "num_beams", "temperature", "top_k",
                            "top_p", "repetition_penalty", "no_repeat_ngram_size", "length_penalty", "early_stopping",
                            "num_return_sequences")
 

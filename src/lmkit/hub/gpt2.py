@@ -13,11 +13,13 @@ _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
-    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
-        if hf.get(flag):
-            raise ConfigError(f"GPT-2 option {flag}=true is not supported by lmkit; set it to false to load")
-    if hf.get("scale_attn_weights") is False:
-        raise ConfigError("GPT-2 option scale_attn_weights=false is not supported by lmkit")
+    if hf.get("scale_attn_by_inverse_layer_idx"):
+        raise ConfigError("GPT-2 option scale_attn_by_inverse_layer_idx=true (scores of layer i scaled by 1/(i+1)) is not "
+                          "supported by lmkit, and setting it to false would change the model's outputs; such a model "
+                          "cannot be loaded")
+    if hf.get("reorder_and_upcast_attn"):
+        raise ConfigError("GPT-2 option reorder_and_upcast_attn=true is not supported by lmkit; set it to false to load "
+                          "(in float32 it computes the same scores)")
     act = hf_activation(hf, "activation_function", "gelu_new", _ACTIVATIONS, "GPT-2")
     d = hf.get("n_embd", 768)
     return ModelConfig(
@@ -25,6 +27,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         n_layers=hf.get("n_layer", 12), n_heads=hf.get("n_head", 12), d_ff=hf.get("n_inner") or 4 * d,
         max_seq_len=hf.get("n_positions", 1024), position="learned", norm="layernorm", norm_placement="pre",
         norm_eps=hf.get("layer_norm_epsilon", 1e-5), activation=_ACTIVATIONS[act], bias=True,
+        attention_scale=None if hf.get("scale_attn_weights", True) else 1.0,  # false: softmax(Q K^T), no 1/sqrt(d)
         tie_embeddings=hf.get("tie_word_embeddings", True), bos_token_id=hf.get("bos_token_id", 50256),
         eos_token_id=hf.get("eos_token_id", 50256), pad_token_id=hf.get("pad_token_id"),
         dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
@@ -34,9 +37,11 @@ def config_from_hf(hf: dict) -> ModelConfig:
 def config_to_hf(cfg: ModelConfig) -> dict:
     act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}.get(cfg.activation)
     if act is None or cfg.position != "learned" or cfg.norm != "layernorm" or cfg.norm_placement != "pre" \
-            or cfg.gated or cfg.kv_heads != cfg.n_heads or not cfg.bias:
+            or cfg.gated or cfg.kv_heads != cfg.n_heads or not cfg.bias or cfg.dim_head * cfg.n_heads != cfg.d_model \
+            or cfg.attention_scale not in (None, 1.0, cfg.dim_head ** -0.5):
         raise ConfigError("this model does not fit the GPT-2 format (needs learned positions, pre-LayerNorm, a plain "
-                          "FFN, biases and full multi-head attention); save it with family='llama' or as lmkit config")
+                          "FFN, biases, full multi-head attention of d_model / n_heads per head and a score scale of "
+                          "1/sqrt(head_dim) or 1); save it with family='llama' or as lmkit config")
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
         "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.ffn_dim,
@@ -44,7 +49,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
         "attn_pdrop": cfg.attention_dropout, "initializer_range": cfg.init_std,
         "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id, "scale_attn_weights": True, "use_cache": True,
+        "pad_token_id": cfg.pad_token_id, "scale_attn_weights": cfg.attention_scale != 1.0 or cfg.dim_head == 1, "use_cache": True,
     }
 
 

@@ -11,7 +11,9 @@ from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
 MODEL_TYPES = ("llama",)
 ALIASES = (("model.", ""),)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu", "relu": "reglu"}
+# hidden_act -> gated FFN; the tanh approximations of GELU are their own activation (they differ by up to 1e-3)
+ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh",
+               "gelu_new": "geglu_tanh", "gelu_fast": "geglu_tanh", "relu": "reglu"}
 
 
 def rope_from_hf(hf: dict) -> tuple[float, dict | None]:
@@ -20,8 +22,12 @@ def rope_from_hf(hf: dict) -> tuple[float, dict | None]:
     theta = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))
     scaling = params or dict(hf.get("rope_scaling") or {})
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind not in ("default", "linear", "dynamic", "llama3"):
-        raise ConfigError(f"RoPE scaling {kind!r} is not supported by lmkit (linear, dynamic and llama3 are)")
+    if kind not in ("default", "linear", "dynamic", "llama3", "yarn"):
+        raise ConfigError(f"RoPE scaling {kind!r} is not supported by lmkit (linear, dynamic, llama3 and yarn are)")
+    if kind != "default" and scaling.get("factor") is None:
+        raise ConfigError(f"RoPE scaling {kind!r} needs a 'factor'; add it to rope_scaling / rope_parameters")
+    if kind == "yarn":  # transformers' default for the context YaRN stretches
+        scaling.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
     return theta, (scaling if kind != "default" else None)
 
 

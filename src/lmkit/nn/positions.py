@@ -24,8 +24,46 @@ def sinusoidal_table(n_positions: int, dim: int, base: float = 10000.0) -> torch
     return table.float()
 
 
+def _yarn(inv_freq: torch.Tensor, dim: int, theta: float, factor: float, scaling: dict) -> torch.Tensor:
+    """YaRN: inv_freq / factor for the dimensions that turn fewer than beta_slow times over the original
+    context, inv_freq as it is for those that turn more than beta_fast times, a linear ramp in between."""
+    if scaling.get("original_max_position_embeddings") is None:
+        from lmkit.errors import ConfigError
+
+        raise ConfigError("YaRN RoPE scaling needs original_max_position_embeddings (the context it stretches)")
+    old_len = float(scaling["original_max_position_embeddings"])
+
+    def dim_of(turns: float) -> float:  # the dimension whose wavelength fits `turns` times in the original context
+        return dim * math.log(old_len / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(scaling.get("beta_fast") or 32), dim_of(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    keep = 1 - ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
+
+
+def rope_attention_factor(scaling: dict | None) -> float:
+    """The factor on cos and sin: YaRN's attention_factor (0.1 ln(factor) + 1 unless given); 1 otherwise."""
+    scaling = scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling.get("factor", 1.0))
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    return mscale(m) / mscale(m_all) if m and m_all else mscale()
+
+
 def rope_inverse_frequencies(dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
-    """inv_freq[m] = theta^(-2m/dim), adjusted by linear, NTK-aware or llama3 scaling."""
+    """inv_freq[m] = theta^(-2m/dim), adjusted by linear, NTK-aware, llama3 or YaRN scaling."""
     scaling = dict(scaling or {})
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     factor = float(scaling.get("factor", 1.0))
@@ -43,10 +81,12 @@ def rope_inverse_frequencies(dim: int, theta: float, scaling: dict | None = None
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
         inv_freq = torch.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        inv_freq = _yarn(inv_freq, dim, theta, factor, scaling)
     elif kind not in ("default", "ntk", "ntk-aware", "dynamic"):
         from lmkit.errors import ConfigError
 
-        raise ConfigError(f"RoPE scaling {kind!r} is not supported; use linear, ntk, dynamic or llama3")
+        raise ConfigError(f"RoPE scaling {kind!r} is not supported; use linear, ntk, dynamic, llama3 or yarn")
     return inv_freq
 
 
@@ -58,9 +98,12 @@ class RotaryEmbedding(nn.Module):
         self.dim = config.dim_head
         self.theta = config.rope_theta
         self.scaling = config.rope_scaling or {}
+        if self.scaling.get("rope_type", self.scaling.get("type")) == "yarn":  # by default YaRN stretches max_seq_len
+            self.scaling = {"original_max_position_embeddings": config.max_seq_len, **self.scaling}
         self.max_seq_len = config.max_seq_len
         self.interleaved = config.rope_interleaved
         self.register_buffer("inv_freq", rope_inverse_frequencies(self.dim, self.theta, self.scaling), persistent=False)
+        self.attention_factor = rope_attention_factor(self.scaling)
 
     def _dynamic_inv_freq(self, seq_len: int) -> torch.Tensor:
         """Dynamic NTK: grow the base once the sequence outruns the trained context."""
@@ -77,6 +120,8 @@ class RotaryEmbedding(nn.Module):
             inv_freq = self._dynamic_inv_freq(int(position_ids.max()) + 1)
         angles = position_ids[..., None].float() * inv_freq.float()
         emb = angles.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((angles, angles), dim=-1)
+        if self.attention_factor != 1.0:
+            return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
