@@ -20,7 +20,7 @@ SAMPLES = [
     "Hello, World! It's 2024; naïve café ÅNGSTRÖM ﬁ ①",
     "  leading   and trailing  \t\n", "北京欢迎你 東京 한국어 ḱṷṓn", "don't__stop-me now 3.14 +=== ...",
     "a\u00a0b\u2003c\u3000d\u200be\r\nf", "x\u0301y\u0308z Ａｂｃ", "😀👍🏽 👩‍👩‍👧 🇫🇷", "", " ", "▁already▁metaspace",
-    "def f(x):\n    return x ** 2  # square\n\n\n", "1234567 12 1 a1b22c333",
+    "def f(x):\n    return x ** 2  # square\n\n\n", "1234567 12 1 a1b22c333", "ΟΔΥΣΣΕΥΣ ΣΑΣ. aΣ İ",
 ]
 
 
@@ -153,3 +153,26 @@ def test_metaspace_prepend_scheme_around_special_tokens(scheme):
     ours = tokenizer_from_json(json.loads(hf.to_str()))
     for s in ["<s>hello world", "hello<s>world", "hello <s> world", "<s> x", " hello", ""]:
         assert ours.encode(s) == hf.encode(s).ids, s
+
+
+def test_added_tokens_found_on_the_text_alone_and_skipped_by_string():
+    """HF finds added tokens before stripping: an rstrip that swallows the space a later match starts with does
+    not hide it. Ids are HF's (model id of the content, else the next free one), empty contents are ignored, and
+    skip_special_tokens drops every id whose string is a special token's content."""
+    hf = _wordlevel()
+    hf.add_tokens([tokenizers.AddedToken(" x", rstrip=True, normalized=False),
+                   tokenizers.AddedToken(" y", lstrip=True, rstrip=True, normalized=False)])
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    for s in [" x x", "a x x  x", " y y", "a  y y  y b"]:
+        assert ours.encode(s) == hf.encode(s).ids, s
+    d = json.loads(_wordlevel().to_str())
+    flags = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
+    d["added_tokens"] = [{"id": 40, "content": "<z>", "special": True, **flags},
+                         {"id": 3, "content": "", "special": True, **flags},
+                         {"id": 0, "content": "hello", "special": True, **flags}]
+    hf, ours = tokenizers.Tokenizer.from_str(json.dumps(d)), tokenizer_from_json(d)
+    for s in ["hello <z> world", "<z>hello<z>", ""]:
+        assert ours.encode(s) == hf.encode(s).ids, s
+    ids = [15, 6, 7, 0]
+    for skip in (False, True):
+        assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)

@@ -43,7 +43,7 @@ class AddedVocabulary:
         self._rebuild()
 
     def add(self, token: AddedToken, rebuild: bool = True) -> None:
-        if any(t.content == token.content for t in self.tokens):
+        if not token.content or any(t.content == token.content for t in self.tokens):  # HF ignores both
             return
         self.tokens.append(token)
         if rebuild:
@@ -56,8 +56,9 @@ class AddedVocabulary:
         # HF decodes a normalized added token to its normalized form
         self.id_to_content = {t.id: (self.normalizer.normalize(t.content) if t.normalized and self.normalizer
                                      else t.content) for t in self.tokens}
-        # HF skips a special token on decode by its decoded string, so a normalized one that changes is kept
-        self.skip_ids = {t.id for t in self.tokens if t.special and self.id_to_content[t.id] == t.content}
+        # HF skips on decode any token whose string is the content of a special token, so a normalized special
+        # token that changes is kept, and any id that decodes to a special token's content is dropped
+        self.special_contents = {t.content for t in self.tokens if t.special}
         raw = [t for t in self.tokens if not t.normalized]
         norm = [t for t in self.tokens if t.normalized]
         self._raw = (_pattern([t.content for t in raw]), {t.content: t for t in raw})
@@ -69,25 +70,28 @@ class AddedVocabulary:
 
     @staticmethod
     def _find(text: str, pattern, table) -> list[tuple[int, int, int]]:
-        """Non-overlapping (start, end, id) matches, with lstrip/rstrip/single_word applied."""
+        """(start, end, id) of each match, with lstrip/rstrip/single_word applied as HF's find_matches: matches
+        are found on the text alone (an rstrip that swallows the space a later match starts with does not
+        hide that match), and lstrip never reaches back past the previous token's end."""
         out, pos, floor = [], 0, 0
         while pattern is not None:
             m = pattern.search(text, pos)
             if m is None:
                 break
             s, e = m.span()
+            pos = e
             tok = table[m.group()]
             if tok.single_word and ((s > 0 and _WORD.match(text[s - 1])) or (e < len(text) and _WORD.match(text[e]))):
-                pos = e
                 continue
             if tok.lstrip:
-                while s > floor and is_whitespace(text[s - 1]):
+                while s > 0 and is_whitespace(text[s - 1]):
                     s -= 1
+                s = max(s, floor)
             if tok.rstrip:
                 while e < len(text) and is_whitespace(text[e]):
                     e += 1
             out.append((s, e, tok.id))
-            pos = floor = e
+            floor = e
         return out
 
     def split(self, text: str) -> list[tuple[str, int | None, bool]]:
@@ -122,7 +126,20 @@ class AddedVocabulary:
         return [t.to_json() for t in sorted(self.tokens, key=lambda t: t.id)]
 
     @classmethod
-    def from_json(cls, items: list[dict], normalizer=None) -> AddedVocabulary:
+    def from_json(cls, items: list[dict], normalizer=None, model=None) -> AddedVocabulary:
+        """Tokens from tokenizer.json. Given the model, ids are the ones HF gives when it loads the file, not the
+        stored ones: the model's id of the content, else the next id after the vocabulary and the added tokens
+        so far (HF warns when they differ; a file it wrote itself always agrees)."""
         toks = [AddedToken(d["content"], d["id"], d.get("single_word", False), d.get("lstrip", False),
                            d.get("rstrip", False), d.get("normalized", False), d.get("special", False)) for d in items]
+        if model is not None:
+            size, given = len(model.vocab), {}
+            for t in toks:
+                if not t.content:
+                    continue
+                tid = given.get(t.content, model.token_to_id(t.content))
+                if tid is None:
+                    top = max(given.values(), default=None)
+                    tid = size if top is None or (top < size and size) else top + 1
+                t.id = given[t.content] = tid
         return cls(toks, normalizer)

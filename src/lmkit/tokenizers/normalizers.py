@@ -44,11 +44,17 @@ class NFKD(_UnicodeForm):
     type_name = form = "NFKD"
 
 
+def lowercase(text: str) -> str:
+    """Each character's full lowercase mapping on its own, as Rust's `char::to_lowercase`: Python's `str.lower`
+    also applies the context rule Final_Sigma (word-final capital sigma to `ς`), which HF does not."""
+    return text.replace("\u03a3", "\u03c3").lower()
+
+
 class Lowercase(Normalizer):
     type_name = "Lowercase"
 
     def normalize(self, text: str) -> str:
-        return text.lower()
+        return lowercase(text)
 
 
 def strip_accents(text: str) -> str:
@@ -159,7 +165,7 @@ class BertNormalizer(Normalizer):
         if do_strip and not text.isascii():
             text = unicodedata.normalize("NFD", text).translate(self._marks)
         if self.lowercase:
-            text = text.lower()
+            text = lowercase(text)
         return text
 
     def to_json(self) -> dict:

@@ -19,8 +19,9 @@ def tokenizer_from_json(d: dict, special_tokens_map: dict | None = None) -> Toke
     if not isinstance(d, dict) or "model" not in d:
         raise TokenizerError("not a tokenizer.json: it has no \"model\" entry")
     normalizer = normalizer_from_json(d.get("normalizer"))
-    added = AddedVocabulary.from_json(d.get("added_tokens") or [], normalizer).tokens
-    return Tokenizer(model_from_json(d["model"]), normalizer, pre_tokenizer_from_json(d.get("pre_tokenizer")),
+    model = model_from_json(d["model"])
+    added = AddedVocabulary.from_json(d.get("added_tokens") or [], normalizer, model).tokens
+    return Tokenizer(model, normalizer, pre_tokenizer_from_json(d.get("pre_tokenizer")),
                      post_processor_from_json(d.get("post_processor")), decoder_from_json(d.get("decoder")),
                      added, d.get("truncation"), d.get("padding"), special_tokens_map)
 

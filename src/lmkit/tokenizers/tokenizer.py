@@ -236,15 +236,14 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of `ids`; special tokens are kept unless skip_special_tokens."""
         tokens = []
-        special = self.added.skip_ids
+        special = self.added.special_contents if skip_special_tokens else ()
         for i in ids:
             i = int(i)
-            if skip_special_tokens and i in special:
-                continue
             t = self.id_to_token(i)
             if t is None:
                 raise TokenizerError(f"id {i} is not in the vocabulary (size {self.vocab_size})")
-            tokens.append(t)
+            if t not in special:
+                tokens.append(t)
         return self.decoder.decode(tokens) if self.decoder is not None else " ".join(tokens)
 
     def decode_batch(self, batch, skip_special_tokens: bool = False) -> list[str]:
