@@ -20,7 +20,7 @@ SAMPLES = [
     "Hello, World! It's 2024; naïve café ÅNGSTRÖM ﬁ ①",
     "  leading   and trailing  \t\n", "北京欢迎你 東京 한국어 ḱṷṓn", "don't__stop-me now 3.14 +=== ...",
     "a\u00a0b\u2003c\u3000d\u200be\r\nf", "x\u0301y\u0308z Ａｂｃ", "😀👍🏽 👩‍👩‍👧 🇫🇷", "", " ", "▁already▁metaspace",
-    "def f(x):\n    return x ** 2  # square\n\n\n", "1234567 12 1 a1b22c333", "ΟΔΥΣΣΕΥΣ ΣΑΣ. aΣ İ",
+    "def f(x):\n    return x ** 2  # square\n\n\n", "1234567 12 1 a1b22c333 ½²٣Ⅻ", "ΟΔΥΣΣΕΥΣ ΣΑΣ. aΣ İ",
 ]
 
 
@@ -32,7 +32,8 @@ def state(component) -> dict:
     N.NFC(), N.NFD(), N.NFKC(), N.NFKD(), N.Lowercase(), N.Sequence([N.NFD(), N.StripAccents()]),
     N.BertNormalizer(), N.BertNormalizer(lowercase=False), N.BertNormalizer(strip_accents=True, lowercase=False),
     N.BertNormalizer(clean_text=False, handle_chinese_chars=False), N.Sequence([N.NFKC(), N.Lowercase()]),
-    N.Strip(), N.Replace("a", "b"), N.Prepend("▁"),
+    N.Strip(), N.Replace("a", "b"), N.Prepend("▁"), N.Replace(Regex(r"\s+"), " "), N.Replace(Regex(r"^ +| +$"), ""),
+    N.Replace(Regex(r"e*"), "-"), N.Replace("", "|"),
 ], ids=lambda h: json.dumps(state(h))[:60])
 def test_normalizers(hf):
     ours = normalizer_from_json(state(hf))
@@ -47,7 +48,9 @@ def test_normalizers(hf):
     P.Metaspace(split=False), P.Metaspace(replacement="_"),
     *[P.Split(Regex(r"\d+"), b, invert=inv) for b in ("removed", "isolated", "merged_with_previous",
                                                       "merged_with_next", "contiguous") for inv in (False, True)],
-    P.Split(" ", "removed"), P.Split(Regex(GPT4_PATTERN), "isolated"),
+    P.Split(" ", "removed"), P.Split(Regex(GPT4_PATTERN), "isolated"), P.Split(Regex(r"^ +|:$"), "isolated"),
+    P.Digits(individual_digits=True), P.Digits(), P.CharDelimiterSplit("e"), P.FixedLength(3),
+    P.Sequence([P.Digits(individual_digits=True), P.Whitespace()]),
     P.Sequence([P.WhitespaceSplit(), P.Punctuation()]),
     P.Sequence([P.Split(Regex(GPT4_PATTERN), "isolated"), P.ByteLevel(add_prefix_space=False, use_regex=False)]),
 ], ids=lambda h: json.dumps(state(h))[:70])
@@ -65,7 +68,8 @@ TOKENS = [["▁Hello", "▁wor", "ld", "!", "▁", "▁x"], ["Hello", "##wor", "
 @pytest.mark.parametrize("hf", [D.ByteLevel(), D.WordPiece(), D.WordPiece(cleanup=False), D.Metaspace(),
                                 D.Metaspace(prepend_scheme="never"), D.BPEDecoder(), D.Fuse(),
                                 D.Sequence([D.Metaspace(), D.Fuse()]), D.ByteFallback(), D.Strip(" ", 1, 2),
-                                D.Sequence([D.Replace("▁", " "), D.ByteFallback(), D.Fuse(), D.Strip(" ", 1, 0)])],
+                                D.Sequence([D.Replace("▁", " "), D.ByteFallback(), D.Fuse(), D.Strip(" ", 1, 0)]),
+                                D.Replace(Regex("▁+|#{2,}"), " ")],
                          ids=lambda h: state(h)["type"])
 def test_decoders(hf):
     ours = decoder_from_json(state(hf))

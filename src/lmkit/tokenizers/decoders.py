@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.chars import CHAR_TO_BYTE
+from lmkit.tokenizers.normalizers import replacer
 
 
 class Decoder:
@@ -121,17 +122,16 @@ class Fuse(Decoder):
 
 
 class Replace(Decoder):
-    """Replace a literal string in every token (Llama's `▁` -> ' ')."""
+    """Replace every match of a literal string or a regex in every token (Llama's `▁` -> ' ')."""
 
     type_name = "Replace"
 
     def __init__(self, pattern: dict, content: str):
-        if "String" not in pattern:
-            raise TokenizerError("Replace decoder with a Regex pattern is not supported; use a String pattern")
         self.pattern, self.content = pattern, content
+        self._replace = replacer(pattern, content)
 
     def decode_chain(self, tokens: list[str]) -> list[str]:
-        return [t.replace(self.pattern["String"], self.content) for t in tokens]
+        return [self._replace(t) for t in tokens]
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "pattern": self.pattern, "content": self.content}

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 
+import regex
+
 from lmkit.tokenizers.chars import CHAR_TO_BYTE
 from lmkit.tokenizers.models.bpe import BPE
 from lmkit.tokenizers.pre_tokenizers import GPT2_PATTERN, ByteLevel, Sequence, Split
 
 PARALLEL_MIN_CHARS = 1 << 20  # below this, starting processes costs more than it saves
+_ANCHOR = regex.compile(r"(?<![\[\\])\^|(?<!\\)\$")
 
 
 class TiktokenEngine:
@@ -34,7 +37,8 @@ def _pattern(pre) -> str | None:
     if type(pre) is Sequence and len(pre.pretokenizers) == 2:
         split, bl = pre.pretokenizers
         if (type(split) is Split and "Regex" in split.pattern and split.behavior == "Isolated" and not split.invert
-                and type(bl) is ByteLevel and not bl.use_regex and not bl.add_prefix_space):
+                and type(bl) is ByteLevel and not bl.use_regex and not bl.add_prefix_space
+                and not _ANCHOR.search(split.pattern["Regex"])):  # tiktoken's ^ and $ are not per line
             return split.pattern["Regex"]
     return None
 

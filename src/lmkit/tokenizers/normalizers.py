@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import unicodedata
 
+import regex
+
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.chars import is_cjk, is_control, is_whitespace
 
@@ -89,18 +91,45 @@ class Strip(Normalizer):
         return {"type": self.type_name, "strip_left": self.left, "strip_right": self.right}
 
 
+# HF's regexes are Oniguruma's Ruby syntax, where ^ and $ match at every line start and end
+ONIG_FLAGS = regex.MULTILINE
+
+
+def replacer(pattern: dict, content: str):
+    """str -> str replacing every match of HF's pattern, {"String": literal} or {"Regex": expression}."""
+    if not isinstance(pattern, dict) or not ({"String", "Regex"} & set(pattern)):
+        raise TokenizerError(f"Replace pattern must be {{'String': ...}} or {{'Regex': ...}}, not {pattern!r}")
+    if "String" in pattern:
+        literal = pattern["String"]
+        return lambda text: text.replace(literal, content) if text else text  # HF: nothing matches in ""
+    try:
+        compiled = regex.compile(pattern["Regex"], ONIG_FLAGS)
+    except regex.error as exc:
+        raise TokenizerError(f"Replace regex {pattern['Regex']!r} does not compile: {exc}") from exc
+
+    def sub(text: str) -> str:
+        out, prev = [], -1
+        for m in compiled.finditer(text):
+            s, e = m.span()
+            if s == e == prev:  # Rust's rule: no empty match right where the previous match ended
+                continue
+            out += (text[max(prev, 0):s], content)
+            prev = e
+        return "".join(out) + text[max(prev, 0):] if out else text
+    return lambda text: sub(text) if text else text
+
+
 class Replace(Normalizer):
-    """Replace every occurrence of a literal string (HF `Replace` with a String pattern)."""
+    """Replace every match of a literal string or a regex (HF `Replace`)."""
 
     type_name = "Replace"
 
     def __init__(self, pattern: dict, content: str):
-        if "String" not in pattern:
-            raise TokenizerError("Replace normalizer with a Regex pattern is not supported; use a String pattern")
         self.pattern, self.content = pattern, content
+        self._replace = replacer(pattern, content)
 
     def normalize(self, text: str) -> str:
-        return text.replace(self.pattern["String"], self.content)
+        return self._replace(text)
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "pattern": self.pattern, "content": self.content}
@@ -207,4 +236,4 @@ def normalizer_from_json(d: dict | None) -> Normalizer | None:
     if kind == "Prepend":
         return Prepend(d["prepend"])
     raise TokenizerError(f"unsupported normalizer type {kind!r} in tokenizer.json; lmkit reads NFC, NFD, NFKC, NFKD, "
-                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace (String), Prepend and Sequence")
+                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace, Prepend and Sequence")

@@ -5,10 +5,13 @@ input (Metaspace's prepend_scheme "first" needs it). Behaviour follows Hugging F
 """
 from __future__ import annotations
 
+import unicodedata
+
 import regex
 
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.chars import BYTE_TO_CHAR, WHITESPACE_CLASS, is_punctuation, is_whitespace
+from lmkit.tokenizers.normalizers import ONIG_FLAGS
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # the same language with the contractions factored (tiktoken's spelling): about 10% faster in `regex`
@@ -197,7 +200,7 @@ class Split(PreTokenizer):
             compiled = regex.compile(regex.escape(pattern["String"]))
         elif "Regex" in pattern:
             try:
-                compiled = regex.compile(pattern["Regex"])
+                compiled = regex.compile(pattern["Regex"], ONIG_FLAGS)
             except regex.error as exc:
                 raise TokenizerError(f"Split pre-tokenizer regex {pattern['Regex']!r} does not compile: {exc}") from exc
         else:
@@ -216,6 +219,23 @@ class Split(PreTokenizer):
         return {"type": self.type_name, "pattern": self.pattern, "behavior": self.behavior, "invert": self.invert}
 
 
+def char_spans(text: str, is_match) -> list[tuple[int, int, bool]]:
+    """Each character that `is_match` accepts as its own span, the runs between them as one span each."""
+    spans: list[tuple[int, int, bool]] = []
+    for i, c in enumerate(text):
+        m = is_match(c)
+        if spans and not m and not spans[-1][2]:
+            spans[-1] = (spans[-1][0], i + 1, False)
+        else:
+            spans.append((i, i + 1, m))
+    return spans
+
+
+def is_numeric(c: str) -> bool:
+    """Rust's `char::is_numeric`: general categories Nd, Nl and No."""
+    return unicodedata.category(c) in ("Nd", "Nl", "No")
+
+
 class Punctuation(PreTokenizer):
     type_name = "Punctuation"
 
@@ -223,17 +243,59 @@ class Punctuation(PreTokenizer):
         self.behavior = behavior
 
     def split(self, text: str, first: bool = True) -> list[str]:
-        spans = [(i, i + 1, is_punctuation(c)) for i, c in enumerate(text)]
-        merged: list[tuple[int, int, bool]] = []
-        for s, e, m in spans:  # runs of non-punctuation stay one piece
-            if merged and not m and not merged[-1][2]:
-                merged[-1] = (merged[-1][0], e, False)
-            else:
-                merged.append((s, e, m))
-        return split_spans(text, merged, self.behavior)
+        return split_spans(text, char_spans(text, is_punctuation), self.behavior)
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "behavior": self.behavior}
+
+
+class Digits(PreTokenizer):
+    """Numeric characters apart from the rest: each one alone (individual_digits) or runs of them together."""
+
+    type_name = "Digits"
+
+    def __init__(self, individual_digits: bool = False):
+        self.individual_digits = individual_digits
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        return split_spans(text, char_spans(text, is_numeric), "Isolated" if self.individual_digits else "Contiguous")
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "individual_digits": self.individual_digits}
+
+
+class CharDelimiterSplit(PreTokenizer):
+    """Split on one character, which is dropped."""
+
+    type_name = "CharDelimiterSplit"
+
+    def __init__(self, delimiter: str):
+        if not isinstance(delimiter, str) or len(delimiter) != 1:
+            raise TokenizerError(f"CharDelimiterSplit delimiter must be one character, not {delimiter!r}")
+        self.delimiter = delimiter
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        return [w for w in text.split(self.delimiter) if w]
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "delimiter": self.delimiter}
+
+
+class FixedLength(PreTokenizer):
+    """Pieces of `length` characters (the last one shorter)."""
+
+    type_name = "FixedLength"
+
+    def __init__(self, length: int = 5):
+        if not isinstance(length, int) or length < 1:
+            raise TokenizerError(f"FixedLength length must be a positive integer, not {length!r}")
+        self.length = length
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        return [text[i:i + self.length] for i in range(0, len(text), self.length)]
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "length": self.length}
 
 
 class Sequence(PreTokenizer):
@@ -269,7 +331,14 @@ def pre_tokenizer_from_json(d: dict | None) -> PreTokenizer | None:
         return Split(d["pattern"], d.get("behavior", "Isolated"), d.get("invert", False))
     if kind == "Punctuation":
         return Punctuation(d.get("behavior", "Isolated"))
+    if kind == "Digits":
+        return Digits(d.get("individual_digits", False))
+    if kind == "CharDelimiterSplit":
+        return CharDelimiterSplit(d["delimiter"])
+    if kind == "FixedLength":
+        return FixedLength(d.get("length", 5))
     if kind == "Sequence":
         return Sequence([pre_tokenizer_from_json(x) for x in d["pretokenizers"]])
     raise TokenizerError(f"unsupported pre_tokenizer type {kind!r} in tokenizer.json; lmkit reads ByteLevel, Whitespace, "
-                         "WhitespaceSplit, BertPreTokenizer, Metaspace, Split, Punctuation and Sequence")
+                         "WhitespaceSplit, BertPreTokenizer, Metaspace, Split, Punctuation, Digits, CharDelimiterSplit, "
+                         "FixedLength and Sequence")
