@@ -33,7 +33,7 @@ def state(component) -> dict:
     N.BertNormalizer(), N.BertNormalizer(lowercase=False), N.BertNormalizer(strip_accents=True, lowercase=False),
     N.BertNormalizer(clean_text=False, handle_chinese_chars=False), N.Sequence([N.NFKC(), N.Lowercase()]),
     N.Strip(), N.Replace("a", "b"), N.Prepend("▁"), N.Replace(Regex(r"\s+"), " "), N.Replace(Regex(r"^ +| +$"), ""),
-    N.Replace(Regex(r"e*"), "-"), N.Replace("", "|"),
+    N.Replace(Regex(r"e*"), "-"), N.Replace("", "|"), N.Nmt(), N.ByteLevel(),
 ], ids=lambda h: json.dumps(state(h))[:60])
 def test_normalizers(hf):
     ours = normalizer_from_json(state(hf))

@@ -10,7 +10,7 @@ import unicodedata
 import regex
 
 from lmkit.errors import TokenizerError
-from lmkit.tokenizers.chars import is_cjk, is_control, is_whitespace
+from lmkit.tokenizers.chars import LATIN1_TO_BYTELEVEL, is_cjk, is_control, is_whitespace
 
 
 class Normalizer:
@@ -148,6 +148,29 @@ class Prepend(Normalizer):
         return {"type": self.type_name, "prepend": self.prepend}
 
 
+class ByteLevel(Normalizer):
+    """GPT-2's byte-level map as a normalizer: UTF-8 bytes, each shown as one printable character."""
+
+    type_name = "ByteLevel"
+
+    def normalize(self, text: str) -> str:
+        return text.encode("utf-8").decode("latin-1").translate(LATIN1_TO_BYTELEVEL)
+
+
+_NMT_DROP = [*range(0x01, 0x09), 0x0B, *range(0x0E, 0x20), 0x7F, 0x8F, 0x9F]
+_NMT_SPACE = [0x09, 0x0A, 0x0C, 0x0D, 0x1680, *range(0x200B, 0x2010), 0x2028, 0x2029, 0x2581, 0xFEFF, 0xFFFD]
+
+
+class Nmt(Normalizer):
+    """SentencePiece's nmt_nfkc cleanup without the NFKC: drop control characters, map odd spaces to ' '."""
+
+    type_name = "Nmt"
+    _table = {**dict.fromkeys(_NMT_DROP), **dict.fromkeys(_NMT_SPACE, " ")}
+
+    def normalize(self, text: str) -> str:
+        return text.translate(self._table)
+
+
 class _CharTable(dict):
     """A str.translate table that fills itself: translate runs in C, `rule` only sees each new character."""
 
@@ -222,8 +245,10 @@ def normalizer_from_json(d: dict | None) -> Normalizer | None:
     if d is None:
         return None
     kind = d.get("type")
-    if kind in ("NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents"):
-        return {"NFC": NFC, "NFD": NFD, "NFKC": NFKC, "NFKD": NFKD, "Lowercase": Lowercase, "StripAccents": StripAccents}[kind]()
+    simple = {"NFC": NFC, "NFD": NFD, "NFKC": NFKC, "NFKD": NFKD, "Lowercase": Lowercase, "StripAccents": StripAccents,
+              "ByteLevel": ByteLevel, "Nmt": Nmt}
+    if kind in simple:
+        return simple[kind]()
     if kind == "BertNormalizer":
         return BertNormalizer(d.get("clean_text", True), d.get("handle_chinese_chars", True),
                               d.get("strip_accents"), d.get("lowercase", True))
@@ -236,4 +261,4 @@ def normalizer_from_json(d: dict | None) -> Normalizer | None:
     if kind == "Prepend":
         return Prepend(d["prepend"])
     raise TokenizerError(f"unsupported normalizer type {kind!r} in tokenizer.json; lmkit reads NFC, NFD, NFKC, NFKD, "
-                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace, Prepend and Sequence")
+                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace, Prepend, ByteLevel, Nmt and Sequence")
