@@ -21,6 +21,7 @@ SAMPLES = [
     "  leading   and trailing  \t\n", "北京欢迎你 東京 한국어 ḱṷṓn", "don't__stop-me now 3.14 +=== ...",
     "a\u00a0b\u2003c\u3000d\u200be\r\nf", "x\u0301y\u0308z Ａｂｃ", "😀👍🏽 👩‍👩‍👧 🇫🇷", "", " ", "▁already▁metaspace",
     "def f(x):\n    return x ** 2  # square\n\n\n", "1234567 12 1 a1b22c333 ½²٣Ⅻ", "ΟΔΥΣΣΕΥΣ ΣΑΣ. aΣ İ",
+    "नमस्ते दुनिया ক্ষ বাংলা \u0488x",
 ]
 
 
@@ -48,7 +49,8 @@ def test_normalizers(hf):
     P.Metaspace(split=False), P.Metaspace(replacement="_"),
     *[P.Split(Regex(r"\d+"), b, invert=inv) for b in ("removed", "isolated", "merged_with_previous",
                                                       "merged_with_next", "contiguous") for inv in (False, True)],
-    P.Split(" ", "removed"), P.Split(Regex(GPT4_PATTERN), "isolated"), P.Split(Regex(r"^ +|:$"), "isolated"),
+    P.Split(" ", "removed"), P.Split(Regex(GPT4_PATTERN), "isolated"),
+    P.Split(Regex(r"^ +|:$"), "isolated"),
     P.Digits(individual_digits=True), P.Digits(), P.CharDelimiterSplit("e"), P.FixedLength(3),
     P.Sequence([P.Digits(individual_digits=True), P.Whitespace()]),
     P.Sequence([P.WhitespaceSplit(), P.Punctuation()]),

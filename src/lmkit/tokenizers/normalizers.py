@@ -60,8 +60,9 @@ class Lowercase(Normalizer):
 
 
 def strip_accents(text: str) -> str:
-    """Drop nonspacing marks (category Mn); the caller decomposes first (NFD) to expose them."""
-    return "".join(c for c in text if unicodedata.category(c) != "Mn")
+    """Drop every combining mark (categories Mn, Mc and Me, HF's `is_combining_mark`); the caller decomposes
+    first (NFD) to expose them. BertNormalizer's strip_accents drops only Mn."""
+    return "".join(c for c in text if unicodedata.category(c)[0] != "M")
 
 
 class StripAccents(Normalizer):
@@ -70,7 +71,7 @@ class StripAccents(Normalizer):
     type_name = "StripAccents"
 
     def normalize(self, text: str) -> str:
-        return strip_accents(text)
+        return strip_accents(text) if not text.isascii() else text
 
 
 class Strip(Normalizer):
