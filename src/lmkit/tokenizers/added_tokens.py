@@ -139,7 +139,6 @@ class AddedVocabulary:
                     continue
                 tid = given.get(t.content, model.token_to_id(t.content))
                 if tid is None:
-                    top = max(given.values(), default=None)
-                    tid = size if top is None or (top < size and size) else top + 1
+                    tid = max([size, *(i + 1 for i in given.values())])  # the next id after all given so far
                 t.id = given[t.content] = tid
         return cls(toks, normalizer)
