@@ -55,3 +55,19 @@ def test_nan_loss_is_one_clear_last_line_and_leaves_nothing(corpus_file, tmp_pat
     assert last.startswith("lmkit: error: ") and "became nan" in last and "lower --lr" in last, r.stderr
     assert r.stderr.count("lmkit: error") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_eval_elsewhere_names_the_training_corpus_it_cannot_read(corpus_file, tmp_path, monkeypatch, capsys):
+    from lmkit.cli import main
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "small.jsonl").write_text(open(corpus_file, encoding="utf-8").read(), encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "a")
+    assert main(["train", "--preset", "tiny", "--corpus", "small.jsonl", "--out", "run", "--max-steps", "1",
+                 "--batch-size", "2", "--seq-len", "16", "--precision", "fp32"]) == 0
+    monkeypatch.chdir(tmp_path / "b")
+    capsys.readouterr()
+    assert main(["eval", "--model", str(tmp_path / "a" / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lmkit: error: the corpus") and "pass --corpus" in err and "\n" not in err, err

@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     import lmkit
     from lmkit.data import load_corpus
     from lmkit.data.tokenize import check_fits
+    from lmkit.errors import CorpusError
     from lmkit.evaluate import evaluate_text
     from lmkit.train.checkpoint import run_settings
 
@@ -45,10 +46,17 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.data.builtin import BUILTIN
 
     held_out = args.corpus and args.corpus != settings.get("corpus") and not all(s in BUILTIN for s in args.corpus)
+    try:
+        text = load_corpus(corpus)
+    except CorpusError as exc:
+        if args.corpus:
+            raise
+        raise CorpusError(f"the corpus {args.model} was trained on cannot be read from here ({exc}); "
+                          "pass --corpus, or run from the folder the training ran in") from None
     if held_out:  # text the model never trained on: every document counts (a single file is enough)
-        val, part = load_corpus(corpus), "all"
+        val, part = text, "all"
     else:
-        val, part = load_corpus(corpus).split(settings.get("val_fraction", 0.05))[1], "validation split:"
+        val, part = text.split(settings.get("val_fraction", 0.05))[1], "validation split:"
     if seq2seq_objective:  # a span / denoise run: target loss under the run's fixed corruption
         from lmkit.train.denoise import evaluate_corpus
 
