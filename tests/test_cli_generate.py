@@ -64,3 +64,32 @@ def test_num_return_sequences_prints_the_library_samples_one_after_another(run_d
     assert res.stdout == expected
     bad = generate(run_dir, "--prompt", prompt, "--num-return-sequences", "2")  # greedy: one sequence only
     assert bad.returncode == 2 and "greedy decoding returns one sequence" in bad.stderr
+
+
+def test_default_length_fits_a_short_context(run_dir):
+    """The run's context is 32 learned positions: without --max-new-tokens the continuation stops there
+    (64 new tokens would not fit), instead of failing."""
+    res = generate(run_dir, "--prompt", "The")
+    assert res.returncode == 0, res.stderr
+    model, tok = lmkit.load_model(run_dir), lmkit.load_tokenizer(run_dir)
+    ids = torch.tensor([[model.config.bos_token_id] + tok.encode("The", add_special_tokens=False)])
+    out = model.generate(ids, max_new_tokens=32 - ids.shape[1])
+    assert res.stdout.rstrip("\n") == "The" + tok.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", "word " * 400], "context"),
+    (["--prompt", "hi", "--max-new-tokens", "100"], "lower max_new_tokens"),
+    (["--prompt", "", "--no-bos"], "the prompt is empty"),
+    (["--prompt", "hi", "--top-k", "-1"], "--top-k must be >= 0"),
+    (["--prompt", "hi", "--num-beams", "0"], "--num-beams must be >= 1"),
+    (["--prompt", "hi", "--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
+])
+def test_bad_arguments_are_one_line_and_print_no_prompt(run_dir, args, message, capsys):
+    from lmkit.cli import main
+
+    assert main(["generate", "--model", str(run_dir), *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # the prompt is echoed only once generation has passed its checks
+    err = captured.err.strip()
+    assert err.startswith("lmkit: error: ") and "\n" not in err and message in err, err

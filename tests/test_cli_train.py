@@ -33,6 +33,10 @@ def test_train_resume_and_eval(corpus_file, tmp_path):
     (["--corpus", "empty.txt"], "is empty"),
     (["--resume"], "holds no checkpoint"),
     (["--objective", "mlm"], "--objective mlm"),  # "not available yet", or not for the default (decoder) preset
+    (["--lr", "inf"], "--lr must be a positive number"),
+    (["--time-budget", "inf"], "--time-budget must be a positive number"),
+    (["--max-steps", "0"], "--max-steps must be"),
+    (["--out", "empty.txt/run"], "is a file, not a folder"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, message):
     (tmp_path / "empty.txt").write_text("\n\n")
@@ -41,3 +45,29 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, messag
     assert r.stderr.startswith("lmkit: error: ") and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_nan_loss_is_one_clear_last_line_and_leaves_nothing(corpus_file, tmp_path):
+    r = lmkit("train", "--preset", "tiny", "--corpus", corpus_file, "--out", "out", "--max-steps", "4", "--batch-size", "4",
+              "--seq-len", "32", "--precision", "fp32", "--lr", "1e30", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]  # after the progress bar, which is closed first
+    assert last.startswith("lmkit: error: ") and "became nan" in last and "lower --lr" in last, r.stderr
+    assert r.stderr.count("lmkit: error") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_elsewhere_names_the_training_corpus_it_cannot_read(corpus_file, tmp_path, monkeypatch, capsys):
+    from lmkit.cli import main
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "small.jsonl").write_text(open(corpus_file, encoding="utf-8").read(), encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "a")
+    assert main(["train", "--preset", "tiny", "--corpus", "small.jsonl", "--out", "run", "--max-steps", "1",
+                 "--batch-size", "2", "--seq-len", "16", "--precision", "fp32"]) == 0
+    monkeypatch.chdir(tmp_path / "b")
+    capsys.readouterr()
+    assert main(["eval", "--model", str(tmp_path / "a" / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lmkit: error: the corpus") and "pass --corpus" in err and "\n" not in err, err

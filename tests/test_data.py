@@ -70,6 +70,8 @@ def test_builtin_corpus_is_deterministic_and_cached_atomically(tmp_path, monkeyp
     files[0].write_text("{ damaged")                                     # a damaged cache is rebuilt
     assert [d.text for d in builtin_corpus("pydocs")] == ["y"] and calls == [1]
     assert json.loads(files[0].read_text())["documents"] == [["x", "y"]]
+    files[0].write_text(json.dumps({"name": "pydocs", "documents": [["x", "edited"]]}))  # valid JSON, wrong content
+    assert [d.text for d in builtin_corpus("pydocs")] == ["y"] and calls == [1, 1]
 
 
 def test_pycode_is_stdlib_source():
@@ -91,6 +93,12 @@ def test_text_files_globs_folders_and_jsonl(tmp_path):
     assert [d.text for d in corpus] == ["first paragraph\n\nsecond one\n", "héllo wörld ✓", "one", "two"]
     assert corpus.documents[3].id == "x"
     assert corpus.documents[2].id.endswith("c.jsonl:1")
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    (tmp_path / "bom.txt").write_bytes("\ufeffhello".encode("utf-8"))
+    (tmp_path / "bom.jsonl").write_bytes("\ufeff".encode("utf-8") + json.dumps({"text": "one"}).encode("utf-8"))
+    assert [d.text for d in load_corpus([str(tmp_path / "bom.txt"), str(tmp_path / "bom.jsonl")])] == ["hello", "one"]
 
 
 def test_chunking_cuts_only_at_blank_lines():

@@ -117,6 +117,21 @@ def test_empty_or_non_utf8_corpus(assets, tmp_path, capsys, content, needles):
     assert not (tmp_path / "clean.jsonl").exists()
 
 
+def test_eval_scores_a_held_out_file_whole(assets, tmp_path, capsys):
+    """A file the model never trained on is held out already: all of it is scored, even one short document
+    (a train/validation split would need two)."""
+    (tmp_path / "held_out.txt").write_text(TEXT, encoding="utf-8")
+    assert main(["eval", "--model", str(assets / "model"), "--corpus", str(tmp_path / "held_out.txt")]) == 0
+    out = capsys.readouterr().out
+    assert "(all 1 documents" in out and "bits per byte" in out
+
+
+def test_unwritable_output_path_is_one_line(assets, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    fails(capsys, ["tokenizer", "train", "--kind", "bpe", "--vocab-size", "300", "--no-progress",
+                   "--corpus", str(assets / "corpus.txt"), "--out", str(tmp_path / "file" / "tok.json")], "cannot use")
+
+
 # shards -------------------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -167,6 +167,12 @@ def test_replanned_time_budget_keeps_its_evaluations_apart(corpus_file, tmp_path
     assert min(gaps) >= max(gaps) / 4, evaluated
 
 
+def test_max_steps_below_the_calibration_steps_of_a_time_budget(corpus_file, tmp_path):
+    """--max-steps caps a --time-budget run even before the budget's first steps have been timed."""
+    result = Trainer(config(corpus_file, tmp_path / "t", max_steps=2, time_budget=600.0, save_every=None)).fit()
+    assert result["step"] == 2 and [step for step, _, _ in losses(tmp_path / "t")] == [1, 2]
+
+
 # errors --------------------------------------------------------------------------------------------
 
 def test_nan_loss_stops_with_a_training_error(corpus_file, tmp_path):
@@ -176,6 +182,26 @@ def test_nan_loss_stops_with_a_training_error(corpus_file, tmp_path):
     with pytest.raises(TrainingError, match="loss became nan at step 1"):
         trainer.fit()
     assert not (tmp_path / "n" / "checkpoint").exists()
+
+
+def test_diverged_run_saves_nothing(corpus_file, tmp_path):
+    """An absurd learning rate ruins the weights in one step: the evaluation after it stops the run before
+    a checkpoint of those weights is written, and a run that never saved leaves no --out folder behind."""
+    with pytest.raises(TrainingError, match="validation loss became nan at step 1; lower --lr"):
+        Trainer(config(corpus_file, tmp_path / "n", lr=1e30, save_every=1)).fit()
+    assert not (tmp_path / "n").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    with pytest.raises(TrainingError, match="loss became nan"):
+        Trainer(config(corpus_file, tmp_path / "mine", lr=1e30, save_every=1)).fit()
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]  # a folder it did not make stays
+
+
+def test_out_that_is_a_file(corpus_file, tmp_path):
+    (tmp_path / "f").write_text("x")
+    for out in (tmp_path / "f", tmp_path / "f" / "run"):
+        with pytest.raises(TrainingError, match="is a file, not a folder"):
+            Trainer(config(corpus_file, out))
 
 
 def test_resume_and_out_folder_errors(corpus_file, tmp_path):

@@ -40,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     except LmkitError as exc:
         print(f"lmkit: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user named: a bug
+            raise
+        print(f"lmkit: error: cannot use {exc.filename}: {exc.strerror or exc}; check the path, its permissions "
+              "and the free disk space", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("lmkit: interrupted", file=sys.stderr)
         return 130

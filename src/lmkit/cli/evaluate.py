@@ -1,4 +1,8 @@
-"""`lmkit eval`: loss, perplexity and bits per byte of a model on a corpus's validation split."""
+"""`lmkit eval`: loss, perplexity and bits per byte of a model on a corpus.
+
+The corpus the model was trained on, and a built-in corpus, are scored on their validation split
+(the numbers training reports); any other text is held out already and is scored whole.
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +14,8 @@ def register(subparsers) -> None:
                               description=__doc__)
     p.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, model.safetensors, tokenizer.json)")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
-                   help="corpus whose validation split is scored; default: the one the model was trained on, else pydocs")
+                   help="text to score: its validation split if the model was trained on it or it is built in, "
+                        "else all of it; default: the corpus the model was trained on, else pydocs")
     p.add_argument("--pairs", metavar="PATH", help="text-to-text models: BLEU/ROUGE on (source, reference) pairs, .tsv or .jsonl")
     p.add_argument("--task", choices=["numbers"], help="text-to-text models: the held-out set of a built-in task")
     p.add_argument("--num-beams", type=int, default=1, help="beam search width for --pairs/--task (default greedy)")
@@ -21,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     import lmkit
     from lmkit.data import load_corpus
     from lmkit.data.tokenize import check_fits
+    from lmkit.errors import CorpusError
     from lmkit.evaluate import evaluate_text
     from lmkit.train.checkpoint import run_settings
 
@@ -37,14 +43,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.model} on {name} ({len(pairs)} pairs)")
         print("\n".join(report_pairs(model, tokenizer, pairs, args.num_beams)))
         return 0
-    _, val = load_corpus(corpus).split(settings.get("val_fraction", 0.05))
+    from lmkit.data.builtin import BUILTIN
+
+    held_out = args.corpus and args.corpus != settings.get("corpus") and not all(s in BUILTIN for s in args.corpus)
+    try:
+        text = load_corpus(corpus)
+    except CorpusError as exc:
+        if args.corpus:
+            raise
+        raise CorpusError(f"the corpus {args.model} was trained on cannot be read from here ({exc}); "
+                          "pass --corpus, or run from the folder the training ran in") from None
+    if held_out:  # text the model never trained on: every document counts (a single file is enough)
+        val, part = text, "all"
+    else:
+        val, part = text.split(settings.get("val_fraction", 0.05))[1], "validation split:"
     if seq2seq_objective:  # a span / denoise run: target loss under the run's fixed corruption
         from lmkit.train.denoise import evaluate_corpus
 
         r = evaluate_corpus(model, tokenizer, val, seq2seq_objective, settings.get("seq_len"))
     else:
         r = evaluate_text(model, tokenizer, val)
-    print(f"{args.model} on {' '.join(corpus)} (validation split: {len(val)} documents, {r['bytes']} bytes, {r['tokens']} tokens)")
+    print(f"{args.model} on {' '.join(corpus)} ({part} {len(val)} documents, {r['bytes']} bytes, {r['tokens']} tokens)")
     print(f"loss           {r['loss']:.4f} nats/token")
     print(f"perplexity     {r['perplexity']:.3f}")
     print(f"bits per byte  {r['bpb']:.4f}")

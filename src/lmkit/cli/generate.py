@@ -14,7 +14,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="continue a prompt with a saved model", description=__doc__)
     p.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, model.safetensors, tokenizer.json)")
     p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue (the source text for encoder-decoder models)")
-    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help="tokens to generate (default: 64, or what fits in the model's context)")
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at this temperature (0: greedy)")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens")
     p.add_argument("--top-p", type=float, default=None, metavar="P", help="sample from the nucleus of mass P")
@@ -31,14 +32,16 @@ def register(subparsers) -> None:
 class TerminalStreamer:
     """Prints text as tokens arrive (the `streamer=` interface of generate: put(ids), end())."""
 
-    def __init__(self, tokenizer, skip_first: int, out=sys.stdout):
-        self.tokenizer, self.skip, self.out = tokenizer, skip_first, out
+    def __init__(self, tokenizer, prompt: str, out=sys.stdout):
+        self.tokenizer, self.prompt, self.out = tokenizer, prompt, out
         self.ids: list[int] = []
         self.printed = 0
 
     def put(self, ids) -> None:
-        if self.skip:  # the prompt, already on the screen
-            self.skip = 0
+        if self.prompt is not None:  # the first put is the prompt's ids: generation passed its checks
+            self.out.write(self.prompt)
+            self.out.flush()
+            self.prompt = None
             return
         self.ids.extend(ids.reshape(-1).tolist())
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
@@ -60,16 +63,22 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.errors import GenerationError
     from lmkit.train.checkpoint import run_settings
 
-    if args.max_new_tokens < 0:
-        raise GenerationError("--max-new-tokens must be >= 0")
+    if args.max_new_tokens is not None and args.max_new_tokens < 0:
+        raise GenerationError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.top_k is not None and args.top_k < 0:
+        raise GenerationError(f"--top-k must be >= 0 (0 turns it off), got {args.top_k}")
+    if args.num_beams < 1:
+        raise GenerationError(f"--num-beams must be >= 1 (1: no beam search), got {args.num_beams}")
+    if not args.repetition_penalty > 0:
+        raise GenerationError(f"--repetition-penalty must be > 0 (1: none), got {args.repetition_penalty}")
     model = lmkit.load_model(args.model)
     tok = lmkit.load_tokenizer(args.model)
     cfg = model.config
     sampling = any(v is not None for v in (args.top_k, args.top_p)) or bool(args.temperature)
     if args.seed is not None:
         torch.manual_seed(args.seed)
-    options = dict(max_new_tokens=args.max_new_tokens, do_sample=sampling, num_beams=args.num_beams,
-                   temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
+    options = dict(max_new_tokens=64 if args.max_new_tokens is None else args.max_new_tokens, do_sample=sampling,
+                   num_beams=args.num_beams, temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
                    repetition_penalty=args.repetition_penalty, num_return_sequences=args.num_return_sequences)
     n = args.num_return_sequences
     if cfg.architecture == "encoder-decoder":
@@ -85,17 +94,22 @@ def run(args: argparse.Namespace) -> int:
     ids = tok.encode(args.prompt, add_special_tokens=False)
     if bos and cfg.bos_token_id is not None:
         ids = [cfg.bos_token_id] + ids
-    ids_tensor = torch.tensor([ids])
+    if not ids:
+        raise GenerationError("the prompt is empty and no BOS token starts it; give --prompt some text"
+                              + (", or drop --no-bos" if cfg.bos_token_id is not None else ""))
+    if args.max_new_tokens is None and cfg.position in ("learned", "sinusoidal") and len(ids) < cfg.max_seq_len:
+        # the default stops where the position table ends (RoPE models may run past their training context)
+        options["max_new_tokens"] = min(options["max_new_tokens"], cfg.max_seq_len - len(ids))
+    ids_tensor = torch.tensor([ids], dtype=torch.long)
     if n > 1:  # several continuations: printed whole, one after another
         out = model.generate(ids_tensor, **options)
         for i, row in enumerate(out[:, len(ids):].tolist()):
             print(_heading(i, n) + args.prompt + tok.decode(row, skip_special_tokens=True))
         return 0
-    sys.stdout.write(args.prompt)
-    streamer = TerminalStreamer(tok, skip_first=1) if args.num_beams == 1 else None
+    streamer = TerminalStreamer(tok, args.prompt) if args.num_beams == 1 else None
     out = model.generate(ids_tensor, streamer=streamer, **options)
     if streamer is None:
-        print(tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True))
+        print(args.prompt + tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True))
     return 0
 
 

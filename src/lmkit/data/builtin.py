@@ -5,7 +5,8 @@ docstring of the standard library, read with `ast` (one document per module: eac
 under its dotted name). `pycode`: the standard library's source, one document per module.
 Test folders, `site-packages` and files that do not parse are left out. Files are visited in
 sorted order, so the corpus is a deterministic function of the interpreter; it is cached as
-JSON under the user's cache folder, keyed by the Python version and the stdlib path.
+JSON under the user's cache folder, keyed by the Python version and the stdlib path, with the
+corpus fingerprint that a cached copy must match to be used.
 """
 from __future__ import annotations
 
@@ -116,12 +117,17 @@ def builtin_corpus(name: str, use_cache: bool = True) -> Corpus:
     if use_cache and path.exists():
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return Corpus(name, [Document(i, t) for i, t in data["documents"]])
+            corpus = Corpus(name, [Document(i, t) for i, t in data["documents"]])
+            if data["name"] == name and data["fingerprint"] == corpus.fingerprint():
+                return corpus
         except (ValueError, KeyError, TypeError):
-            pass  # a damaged cache file is rebuilt below
+            pass
+        # a damaged (or edited) cache file is rebuilt below
     docs = BUILTIN[name]()
     if not docs:
         raise CorpusError(f"built-in corpus {name!r} came out empty: this Python has no standard library sources at {stdlib_root()}")
+    corpus = Corpus(name, docs)
     if use_cache:
-        atomic_write_json(path, {"name": name, "python": sys.version, "documents": [[d.id, d.text] for d in docs]}, indent=None)
-    return Corpus(name, docs)
+        atomic_write_json(path, {"name": name, "python": sys.version, "fingerprint": corpus.fingerprint(),
+                                 "documents": [[d.id, d.text] for d in docs]}, indent=None)
+    return corpus

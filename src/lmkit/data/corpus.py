@@ -99,7 +99,7 @@ def _read_text(path: Path) -> str:
     except OSError as exc:
         raise CorpusError(f"cannot read corpus file {str(path)!r}: {exc.strerror}") from None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark (Windows editors) is not text
     except UnicodeDecodeError as exc:
         raise CorpusError(f"corpus file {str(path)!r} is not UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
                           "convert it, e.g. `iconv -f latin1 -t utf-8`") from None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +75,8 @@ class TrainConfig:
     def check(self) -> None:
         def positive(name: str) -> None:
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise TrainingError(f"--{name.replace('_', '-')} must be positive, got {value}")
+            if value is not None and not 0 < value < math.inf:
+                raise TrainingError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
 
         for name in ("max_steps", "time_budget", "batch_size", "micro_batch_size", "seq_len", "lr", "log_every",
                      "save_every", "eval_every", "eval_batch_size"):

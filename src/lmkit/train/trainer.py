@@ -27,7 +27,8 @@ from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import autocast
 from lmkit.models import build_model
 from lmkit.train import distributed as D
-from lmkit.train.checkpoint import latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint, set_rng_state
+from lmkit.train.checkpoint import (checkpoints, latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
+                                    set_rng_state)
 from lmkit.train.config import RUN_DEFINING, TrainConfig
 from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
@@ -72,6 +73,9 @@ class Trainer:
         self.ctx = D.DistContext(rank, world_size, self.device.index or 0, self.device,
                                  torch.distributed.get_backend() if world_size > 1 else None)
         self.out = Path(cfg.out)
+        blocker = next((p for p in (self.out, *self.out.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise TrainingError(f"--out {self.out}: {blocker} is a file, not a folder; choose another --out")
         self.checkpoint = latest_checkpoint(self.out) if self.out.exists() else None
         if cfg.resume:
             if self.checkpoint is None:
@@ -159,14 +163,16 @@ class Trainer:
         mean = self._all_reduce(nats).item() / max(count, 1)
         if not math.isfinite(mean):
             self.optimizer.zero_grad(set_to_none=True)
-            raise TrainingError(f"the training loss became {mean} at step {step + 1}; lower --lr (now {cfg.lr}), "
-                                "or use --precision fp32")
+            raise TrainingError(f"the training loss became {mean} at step {step + 1}; " + self._divergence_hint())
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.tokens_seen += int(count)
         return mean
+
+    def _divergence_hint(self) -> str:
+        return f"lower --lr (now {self.cfg.lr})" + (", or use --precision fp32" if self.cfg.precision == "bf16" else "")
 
     # evaluation and saving ---------------------------------------------------------------------------
     def evaluate(self, precision: str | None = None) -> dict[str, float]:
@@ -254,12 +260,37 @@ class Trainer:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
-        self.out.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
-            atomic_save_file(self.out / "tokenizer.json", lambda tmp: self.tokenizer.save(tmp))
-            self.metrics.truncate(self.step) if cfg.resume else self.metrics.reset()
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not cfg.progress or self.rank != 0,
-                   unit="step", dynamic_ncols=True, leave=True)
+        created = not self.out.exists()
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TrainingError(f"cannot create --out {self.out} ({exc.strerror}); choose another --out") from None
+        bar = None
+        try:
+            if self.rank == 0:
+                atomic_save_file(self.out / "tokenizer.json", lambda tmp: self.tokenizer.save(tmp))
+                self.metrics.truncate(self.step) if cfg.resume else self.metrics.reset()
+            bar = tqdm(total=self.total_steps, initial=self.step, disable=not cfg.progress or self.rank != 0,
+                       unit="step", dynamic_ncols=True, leave=True)
+            return self._loop(bar)
+        except BaseException:
+            if self.rank == 0 and not cfg.resume and not checkpoints(self.out):
+                self._discard(created)  # a run that never saved leaves nothing behind
+            raise
+        finally:
+            if bar is not None:
+                bar.close()  # before the CLI prints an error, so that the error is a line of its own
+
+    def _discard(self, created: bool) -> None:
+        """Remove what a new run wrote before its first save (the whole --out folder if the run made it)."""
+        if created:
+            shutil.rmtree(self.out, ignore_errors=True)
+        else:
+            for name in ("tokenizer.json", "metrics.jsonl"):
+                (self.out / name).unlink(missing_ok=True)
+
+    def _loop(self, bar) -> dict[str, Any]:
+        cfg = self.cfg
         t_start = time.perf_counter()
         step_times: list[float] = []
         last: dict[str, Any] = {}
@@ -280,6 +311,8 @@ class Trainer:
                 out_of_time = bool(D.broadcast_float(out_of_time, self.ctx))
             if out_of_time:  # also while still measuring: the budget is spent
                 self.total_steps = self.step
+            if self.total_steps is None and cfg.max_steps is not None and self.step >= cfg.max_steps:
+                self.total_steps = self.step  # --max-steps below the time budget's calibration steps
             done = self.total_steps is not None and self.step >= self.total_steps
             # 0: a time budget not planned yet
             every = max(1, (self.total_steps - self._planned_at[0]) // self._n_evals) if self._planned_at else \
@@ -297,6 +330,9 @@ class Trainer:
                 result = None
             if result is not None:
                 last_eval = self.step
+                if not math.isfinite(result["loss"]):  # the weights are ruined: saving them would only mislead
+                    raise TrainingError(f"the validation loss became {result['loss']} at step {self.step}; "
+                                        + self._divergence_hint())
             if result is not None and not done and cfg.time_budget is not None and self._planned_at is not None:
                 self._replan(t_start)
                 bar.total = self.total_steps
@@ -315,7 +351,6 @@ class Trainer:
                 self.elapsed += time.perf_counter() - t_start
                 t_start = time.perf_counter()
                 self.save()
-        bar.close()
         return {"step": self.step, "train_tokens": self.tokens_seen, "elapsed": self.elapsed, **last}
 
 
