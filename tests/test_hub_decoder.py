@@ -7,6 +7,8 @@ scaling linear, dynamic, llama3 and yarn),
 and damaged folders raise one clear LmkitError.
 """
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -266,6 +268,25 @@ def test_malformed_config_json(good_folder):
     (good_folder / "config.json").write_text('["gpt2"]')
     with pytest.raises(CheckpointError, match="JSON object"):
         lmkit.load_model(good_folder)
+
+
+def test_a_config_that_does_not_belong_to_the_weights_is_refused_before_allocating(good_folder):
+    """A bare {"model_type": "llama"} means transformers' 7B defaults: refused by counting, not by running out of memory."""
+    (good_folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(CheckpointError, match="6,738,415,616 parameters but the weights hold .*does not belong"):
+        lmkit.load_model(good_folder)
+
+
+def test_saved_files_have_the_usual_mode(tmp_path):
+    """Written atomically through temporary files, yet with the mode the umask gives (safetensors writes 0600)."""
+    old = os.umask(0o022)
+    try:
+        hf_model("llama-gqa-6h-2kv-untied").save_pretrained(tmp_path / "hf")
+        lmkit.load_model(tmp_path / "hf").save_pretrained(tmp_path / "ours")
+    finally:
+        os.umask(old)
+    for name in ("model.safetensors", "config.json"):
+        assert stat.S_IMODE((tmp_path / "ours" / name).stat().st_mode) == 0o644, name
 
 
 def test_malformed_field_in_config(good_folder):

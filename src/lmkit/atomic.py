@@ -62,3 +62,4 @@ def atomic_save_file(path: str | os.PathLike, save: Callable[[str], None]) -> No
     with _temporary_beside(path) as (fd, tmp):
         os.close(fd)
         save(str(tmp))
+        os.chmod(tmp, 0o666 & ~umask())  # the saver may have replaced the file (safetensors writes it 0600)

@@ -67,18 +67,17 @@ def load_config(path: str | Path) -> tuple[ModelConfig, dict]:
 def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
     """A model in eval mode from a Hugging Face format folder: float32 unless dtype is given (a torch dtype, its
     name such as "bfloat16", or "auto" for config.json's dtype / torch_dtype, as transformers takes them)."""
-    from lmkit.models import build_model
-
     folder = Path(path)
     config, raw = load_config(folder)
     dtype = _resolve_dtype(dtype, raw)
     family = None if "lmkit" in raw and "model_type" not in raw else family_of(raw.get("model_type"))
-    model = build_model(config) if family is None or not hasattr(family, "build") else family.build(config, raw)
+    hf = read_weights(folder)
+    _check_weights_fit(config, family, raw, hf, folder)
+    model = _build(config, family, raw)
     if config.extra.get("attention_heads"):  # a model whose heads were pruned: per-layer head counts
         from lmkit.compress.prune import apply_head_layout
 
         apply_head_layout(model)
-    hf = read_weights(folder)
     expected = model.state_dict()
     if family is None:
         state = {k: hf[k] for k in expected if k in hf}
@@ -98,6 +97,27 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
     model = model.to(dtype) if dtype is not None else model.float()
     model.generation_defaults = generation_defaults(folder)
     return model.eval()
+
+
+def _build(config: ModelConfig, family, raw: dict):
+    from lmkit.models import build_model
+
+    return build_model(config) if family is None or not hasattr(family, "build") else family.build(config, raw)
+
+
+def _check_weights_fit(config: ModelConfig, family, raw: dict, hf: dict[str, torch.Tensor], folder: Path) -> None:
+    """Refuse, before allocating anything, a config.json that asks for far more parameters than the weights hold
+    (a bare {"model_type": "llama"} would otherwise build transformers' 7B defaults and exhaust memory)."""
+    try:
+        with torch.device("meta"):
+            needed = sum(p.numel() for p in _build(config, family, raw).parameters())
+    except Exception:  # a family that cannot be built on the meta device: the shape checks later still apply
+        return
+    stored = sum(t.numel() for t in hf.values())
+    if needed > 4 * stored + 10_000_000:
+        raise CheckpointError(f"{folder / 'config.json'} describes a model of {needed:,} parameters but the weights "
+                              f"hold {stored:,} values: config.json does not belong to these weights (fields missing "
+                              f"or wrong); restore the config.json saved with them")
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None, raw: dict) -> torch.dtype | None:
