@@ -36,6 +36,14 @@ def test_greedy_cli_equals_library_with_bos(run_dir):
     assert res.stdout.rstrip("\n") == expected
 
 
+def test_temperature_zero_is_greedy_beside_top_k(run_dir):
+    greedy = generate(run_dir, "--prompt", "def", "--max-new-tokens", "16")
+    runs = [generate(run_dir, "--prompt", "def", "--max-new-tokens", "16", "--temperature", "0", "--top-k", "50",
+                     "--seed", str(s)) for s in (1, 2)]
+    assert greedy.returncode == 0 and all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert runs[0].stdout == runs[1].stdout == greedy.stdout
+
+
 def test_seeded_sampling_repeats_and_differs_across_seeds(run_dir):
     runs = [generate(run_dir, "--prompt", "def", "--max-new-tokens", "16", "--temperature", "1.5", "--seed", str(s))
             for s in (1, 1, 2)]

@@ -248,6 +248,12 @@ def test_bad_arguments_raise_generation_errors(pair):
         ours.generate(ids, do_sample=True, top_p=1.5)
     with pytest.raises(GenerationError, match="max_new_tokens"):
         ours.generate(ids, max_new_tokens=-1)
+    for bad, name in ((dict(num_beams=0), "num_beams"), (dict(do_sample=True, top_k=-1), "top_k"),
+                      (dict(repetition_penalty=0.0), "repetition_penalty")):
+        with pytest.raises(GenerationError, match=name):  # transformers refuses each of these too
+            ours.generate(ids, max_new_tokens=2, **bad)
+    with pytest.raises(GenerationError, match="empty"):
+        ours.generate(ids[:, :0], max_new_tokens=2)
     if ours.config.position == "learned":  # no positions left for the continuation
         with pytest.raises(GenerationError, match="max_new_tokens"):
             ours.generate(ids, max_new_tokens=60)

@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     model = lmkit.load_model(args.model)
     tok = lmkit.load_tokenizer(args.model)
     cfg = model.config
-    sampling = any(v is not None for v in (args.top_k, args.top_p)) or bool(args.temperature)
+    # --temperature 0 means greedy even beside --top-k/--top-p, as its help says
+    sampling = args.temperature != 0 and (any(v is not None for v in (args.top_k, args.top_p)) or bool(args.temperature))
     if args.seed is not None:
         torch.manual_seed(args.seed)
     options = dict(max_new_tokens=64 if args.max_new_tokens is None else args.max_new_tokens, do_sample=sampling,

@@ -136,6 +136,14 @@ class GenerationMixin:
             raise GenerationError(f"top_p must lie in (0, 1], got {top_p}")
         if max_new_tokens < 0:
             raise GenerationError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if num_beams < 1:
+            raise GenerationError(f"num_beams must be >= 1, got {num_beams}")
+        if top_k is not None and top_k < 0:
+            raise GenerationError(f"top_k must be >= 0 (0 turns it off), got {top_k}")
+        if repetition_penalty <= 0:
+            raise GenerationError(f"repetition_penalty must be > 0 (1.0 turns it off), got {repetition_penalty}")
+        if input_ids.shape[-1] == 0:
+            raise GenerationError("the prompt is empty; give at least one token (for a model trained here, its BOS token)")
         self._check_context(input_ids, max_new_tokens)
         eos = _as_list(next((v for v in (eos_token_id, defaults.get("eos_token_id"), self.config.eos_token_id)
                              if v is not None), None))
