@@ -135,3 +135,17 @@ def test_missing_paths_and_bad_jsonl(tmp_path):
     with pytest.raises(CorpusError, match="line 2 is not JSON"):
         load_corpus(str(bad))
     assert issubclass(CorpusError, LmkitError)
+
+
+def test_a_cached_tokenizer_without_the_special_tokens_is_retrained(tmp_path, monkeypatch):
+    from lmkit.data.tokenize import SPECIAL_TOKENS, corpus_tokenizer
+    from lmkit.tokenizers import train_tokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    corpus = Corpus("toy", [Document(str(i), f"def f{i}(x): return x * {i}\n") for i in range(40)])
+    first = corpus_tokenizer(corpus, 300)
+    (cached,) = (tmp_path / "lmkit" / "tokenizers").iterdir()
+    train_tokenizer(corpus.texts(), kind="bpe", vocab_size=300).save(str(cached))  # parses, lacks the specials
+    again = corpus_tokenizer(corpus, 300)
+    assert all(again.token_to_id(t) is not None for t in SPECIAL_TOKENS)
+    assert again.encode("def f7(x)") == first.encode("def f7(x)")

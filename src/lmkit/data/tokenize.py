@@ -66,9 +66,11 @@ def corpus_tokenizer(corpus: Corpus, vocab_size: int, kind: str = "bpe", use_cac
     path = cache_dir("tokenizers") / f"{kind}-{vocab_size}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if use_cache and path.exists():
         try:
-            return load_tokenizer(path)
+            cached = load_tokenizer(path)
+            if all(cached.token_to_id(t) is not None for t in SPECIAL_TOKENS):
+                return cached
         except TokenizerError:
-            pass  # a damaged cache entry is retrained below
+            pass  # a damaged cache entry (or one without the special tokens) is retrained below
     tok = train_tokenizer(corpus.texts(), kind=kind, vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS))
     if use_cache:
         atomic_save_file(path, lambda tmp: tok.save(tmp))
