@@ -96,12 +96,13 @@ class GenerationMixin:
                  min_new_tokens: int | None = None, stop_strings: str | list[str] | None = None,
                  tokenizer=None, streamer=None, forced_bos_token_id: int | None = None,
                  forced_eos_token_id: int | list[int] | None = None, num_return_sequences: int | None = None,
-                 **model_kwargs) -> torch.Tensor:
+                 max_length: int | None = None, min_length: int | None = None, **model_kwargs) -> torch.Tensor:
         """Continue each row of `input_ids`; see transformers' `generate` for every argument.
 
         An argument left unset takes the loaded folder's generation_config.json value, else transformers'
         default (max_new_tokens: up to generation_config.json's max_length in all, else 20, within the
-        model's positions). With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
+        model's positions). max_length and min_length count the prompt (for encoder-decoders, the decoder's
+        start token), and max_new_tokens / min_new_tokens win over them, as in transformers. With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
         continue prompt i: n samples, or the n best beams (best first)."""
         defaults = getattr(self, "generation_defaults", {})  # a loaded folder's generation_config.json
 
@@ -121,7 +122,11 @@ class GenerationMixin:
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         if max_new_tokens is None:
-            max_new_tokens = self._default_new_tokens(input_ids, defaults.get("max_length"))
+            max_new_tokens = self._default_new_tokens(input_ids, setting("max_length", max_length, None))
+        min_length = setting("min_length", min_length, 0)
+        if min_length:  # a total length: as many new tokens as the prompt leaves short of it
+            start = input_ids.shape[1] if self.config.architecture == "decoder" else 1
+            min_new_tokens = max(min_new_tokens, min_length - start)
         if num_return_sequences < 1:
             raise GenerationError(f"num_return_sequences must be >= 1, got {num_return_sequences}")
         if num_return_sequences > 1 and num_beams == 1 and not do_sample:

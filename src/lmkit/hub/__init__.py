@@ -134,9 +134,9 @@ def _resolve_dtype(dtype: torch.dtype | str | None, raw: dict) -> torch.dtype | 
 
 # generation_config.json keys that `generate` takes as defaults, as transformers does when they are unset
 GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id",
-                           "max_new_tokens", "max_length", "min_new_tokens", "do_sample", "num_beams", "temperature", "top_k",
-                           "top_p", "repetition_penalty", "no_repeat_ngram_size", "length_penalty", "early_stopping",
-                           "num_return_sequences")
+                           "max_new_tokens", "max_length", "min_new_tokens", "min_length", "do_sample", "num_beams",
+                           "temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size", "length_penalty",
+                           "early_stopping", "num_return_sequences")
 
 
 def generation_defaults(folder: Path) -> dict:
