@@ -266,6 +266,8 @@ def test_bad_arguments_raise_generation_errors(pair):
                       (dict(repetition_penalty=0.0), "repetition_penalty")):
         with pytest.raises(GenerationError, match=name):  # transformers refuses each of these too
             ours.generate(ids, max_new_tokens=2, **bad)
+    with pytest.raises(GenerationError, match="streamer"):
+        ours.generate(ids, max_new_tokens=2, num_beams=2, streamer=object())
     with pytest.raises(GenerationError, match="empty"):
         ours.generate(ids[:, :0], max_new_tokens=2)
     if ours.config.position == "learned":  # no positions left for the continuation

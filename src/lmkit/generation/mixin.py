@@ -143,6 +143,8 @@ class GenerationMixin:
             raise GenerationError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if num_beams < 1:
             raise GenerationError(f"num_beams must be >= 1, got {num_beams}")
+        if streamer is not None and num_beams > 1:
+            raise GenerationError("a streamer cannot follow beam search (as in transformers); use num_beams=1")
         if top_k is not None and top_k < 0:
             raise GenerationError(f"top_k must be >= 0 (0 turns it off), got {top_k}")
         if repetition_penalty <= 0:
