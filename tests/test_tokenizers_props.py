@@ -4,7 +4,7 @@ import json
 
 import pydoc_data.topics
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmkit.tokenizers import tokenizer_from_json, train_tokenizer
@@ -59,8 +59,6 @@ def test_same_ids_as_tokenizers(kind, text):
     if key not in TOKS:
         TOKS[key] = tokenizers.Tokenizer.from_str(t.to_str())
     hf = TOKS[key]
-    if t.normalizer is not None:  # skip characters whose Unicode tables differ between Python and HF's crates
-        assume(all(t.normalizer.normalize(c) == hf.normalizer.normalize_str(c) for c in text))
     mine, theirs = t.encode(text), hf.encode(text).ids
     if kind == "unigram" and mine != theirs:  # a Viterbi tie: both segmentations score the same
         s = [t.model.score([t.id_to_token(i) for i in ids]) for ids in (mine, theirs)]
@@ -100,7 +98,6 @@ def _minilm():
 def test_real_bert_vocabulary_same_ids_on_any_text(text, pair):
     pytest.importorskip("tokenizers")
     ours, hf = _minilm()
-    assume(all(ours.normalizer.normalize(c) == hf.normalizer.normalize_str(c) for c in text + (pair or "")))
     enc = hf.encode(text, pair) if pair is not None else hf.encode(text)
     mine = ours.encode_plus(text, pair=pair)
     assert (mine.ids, mine.type_ids) == (enc.ids, enc.type_ids)

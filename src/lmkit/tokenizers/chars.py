@@ -2,10 +2,67 @@
 
 Python's `str.isspace` also counts U+001C..U+001F as space; Unicode's White_Space property (what Rust's
 `char::is_whitespace` tests) does not, so the set is spelled out here.
+
+HF's tables are of other Unicode versions than Python's `unicodedata` and the `regex` module: `hf_unicode`
+lists the code points where they disagree, and the functions here answer as HF does.
 """
 from __future__ import annotations
 
+import re
 import unicodedata
+
+from lmkit.tokenizers import hf_unicode as _hf
+
+
+def _chars(ranges) -> frozenset[str]:
+    return frozenset(chr(cp) for lo, hi in ranges for cp in range(lo, hi + 1))
+
+
+def _class(ranges) -> str:
+    """A regex character class of the ranges."""
+    return "[" + "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges) + "]"
+
+
+_BERT_CONTROL_FLIP = _chars(_hf.BERT_CONTROL_FLIP)
+_BERT_MN_FLIP = _chars(_hf.BERT_MN_FLIP)
+_COMBINING_MARK_FLIP = _chars(_hf.COMBINING_MARK_FLIP)
+_NUMERIC_FLIP = _chars(_hf.NUMERIC_FLIP)
+_PUNCTUATION_FLIP = _chars(_hf.PUNCTUATION_FLIP)
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+def _finder(ranges):
+    """A fast test for any code point of the ranges in a text: `re` checks a BMP class with a bitmap, while a
+    class with astral ranges is checked range by range, so that part runs only on texts with astral chars."""
+    bmp = [(lo, min(hi, 0xFFFF)) for lo, hi in ranges if lo <= 0xFFFF]
+    astral = [(max(lo, 0x10000), hi) for lo, hi in ranges if hi > 0xFFFF]
+    bmp_search = re.compile(_class(bmp)).search if bmp else lambda text: None
+    astral_search = re.compile(_class(astral)).search if astral else lambda text: None
+
+    def found(text: str) -> bool:
+        return not text.isascii() and (bmp_search(text) is not None or (
+            _ASTRAL.search(text) is not None and astral_search(text) is not None))
+    return found
+
+
+def _merge(cps) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for cp in sorted(cps):
+        if out and out[-1][1] == cp - 1:
+            out[-1][1] = cp
+        else:
+            out.append([cp, cp])
+    return [(lo, hi) for lo, hi in out]
+
+
+_NORM_UNKNOWN = re.compile(_class(_hf.NORM_UNKNOWN) + "+")
+_has_norm_unknown = _finder(_hf.NORM_UNKNOWN)
+_REGEX_UNKNOWN = re.compile(_class(_hf.REGEX_UNKNOWN))
+_has_regex_unknown = _finder(_hf.REGEX_UNKNOWN)
+_has_lower_extra = _finder(_merge(_hf.LOWERCASE))
+_LOWER_TABLE = dict(_hf.LOWERCASE)
+# unassigned in every Unicode version so far: what Oniguruma makes of the code points in REGEX_UNKNOWN
+UNASSIGNED = "\u0378"
 
 WHITESPACE = frozenset(
     "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
@@ -26,17 +83,65 @@ def is_whitespace(c: str) -> bool:
 
 
 def is_control(c: str) -> bool:
-    """BERT's control class: categories Cc, Cf, Cs, Co except tab, newline and carriage return. Unassigned
-    code points (Cn) are kept, as HF does: Python's Unicode tables may predate characters HF knows."""
+    """BERT's control class: categories Cc, Cf, Cs, Co except tab, newline and carriage return, in HF's
+    (older) category table. Unassigned code points (Cn) are kept."""
     if c in "\t\n\r":
         return False
     cat = unicodedata.category(c)
-    return cat[0] == "C" and cat != "Cn"
+    return (cat[0] == "C" and cat != "Cn") != (c in _BERT_CONTROL_FLIP)
+
+
+def is_bert_mark(c: str) -> bool:
+    """BertNormalizer's accent test: category Mn in HF's (older) category table."""
+    return (unicodedata.category(c) == "Mn") != (c in _BERT_MN_FLIP)
+
+
+def is_combining_mark(c: str) -> bool:
+    """StripAccents' test: categories Mn, Mc, Me in HF's normalization crate (older than Python's tables)."""
+    return (unicodedata.category(c)[0] == "M") != (c in _COMBINING_MARK_FLIP)
+
+
+def is_numeric(c: str) -> bool:
+    """Rust's `char::is_numeric`: general categories Nd, Nl and No, in Rust's (newer) tables."""
+    return (unicodedata.category(c) in ("Nd", "Nl", "No")) != (c in _NUMERIC_FLIP)
+
+
+def normalize(form: str, text: str) -> str:
+    """unicodedata.normalize as HF's normalization crate does it: code points it does not know stay as they are
+    and, being starters that compose with nothing, cut the text into stretches normalized on their own."""
+    if text.isascii():
+        return text
+    if not _has_norm_unknown(text):
+        return unicodedata.normalize(form, text)
+    out, prev = [], 0
+    for m in _NORM_UNKNOWN.finditer(text):
+        out += (unicodedata.normalize(form, text[prev:m.start()]), m.group())
+        prev = m.end()
+    out.append(unicodedata.normalize(form, text[prev:]))
+    return "".join(out)
+
+
+def lower_extra(text: str) -> str:
+    """Lowercase the characters Rust's `char::to_lowercase` knows and Python's `str.lower` does not."""
+    return text.translate(_LOWER_TABLE) if _has_lower_extra(text) else text
+
+
+def onig_view(text: str) -> str:
+    """`text` with the code points Oniguruma (HF's regex engine) leaves unassigned but the `regex` module
+    classifies replaced by an unassigned one, one for one: match on this, slice the original."""
+    if not _has_regex_unknown(text):
+        return text
+    return _REGEX_UNKNOWN.sub(UNASSIGNED, text)
+
+
+def has_regex_unknown(pattern: str) -> bool:
+    return _has_regex_unknown(pattern)
 
 
 def is_punctuation(c: str) -> bool:
-    """BERT's punctuation: ASCII punctuation (which includes symbols like `$` and `+`) or Unicode category P*."""
-    return c in _ASCII_PUNCT or unicodedata.category(c)[0] == "P"
+    """BERT's punctuation: ASCII punctuation (which includes symbols like `$` and `+`) or Unicode category P*, in
+    HF's (older) category table."""
+    return (c in _ASCII_PUNCT or unicodedata.category(c)[0] == "P") != (c in _PUNCTUATION_FLIP)
 
 
 def is_cjk(c: str) -> bool:

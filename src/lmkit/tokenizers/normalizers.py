@@ -5,12 +5,12 @@ the same JSON, `normalizer_from_json` reads it.
 """
 from __future__ import annotations
 
-import unicodedata
 
 import regex
 
 from lmkit.errors import TokenizerError
-from lmkit.tokenizers.chars import LATIN1_TO_BYTELEVEL, is_cjk, is_control, is_whitespace
+from lmkit.tokenizers.chars import (LATIN1_TO_BYTELEVEL, has_regex_unknown, is_bert_mark, is_cjk, is_combining_mark,
+                                    is_control, is_whitespace, lower_extra, normalize, onig_view)
 
 
 class Normalizer:
@@ -27,7 +27,7 @@ class _UnicodeForm(Normalizer):
     form = ""
 
     def normalize(self, text: str) -> str:
-        return unicodedata.normalize(self.form, text)
+        return normalize(self.form, text)
 
 
 class NFC(_UnicodeForm):
@@ -48,8 +48,9 @@ class NFKD(_UnicodeForm):
 
 def lowercase(text: str) -> str:
     """Each character's full lowercase mapping on its own, as Rust's `char::to_lowercase`: Python's `str.lower`
-    also applies the context rule Final_Sigma (word-final capital sigma to `ς`), which HF does not."""
-    return text.replace("\u03a3", "\u03c3").lower()
+    also applies the context rule Final_Sigma (word-final capital sigma to `ς`), which HF does not, and does not
+    know the case pairs of recent Unicode versions, which Rust does."""
+    return lower_extra(text.replace("\u03a3", "\u03c3").lower())
 
 
 class Lowercase(Normalizer):
@@ -59,10 +60,25 @@ class Lowercase(Normalizer):
         return lowercase(text)
 
 
+class _CharTable(dict):
+    """A str.translate table that fills itself: translate runs in C, `rule` only sees each new character."""
+
+    def __init__(self, rule):
+        super().__init__()
+        self.rule = rule
+
+    def __missing__(self, cp: int):
+        out = self[cp] = self.rule(chr(cp))
+        return out
+
+
+_COMBINING_MARKS = _CharTable(lambda c: None if is_combining_mark(c) else c)
+
+
 def strip_accents(text: str) -> str:
     """Drop every combining mark (categories Mn, Mc and Me, HF's `is_combining_mark`); the caller decomposes
     first (NFD) to expose them. BertNormalizer's strip_accents drops only Mn."""
-    return "".join(c for c in text if unicodedata.category(c)[0] != "M")
+    return text.translate(_COMBINING_MARKS)
 
 
 class StripAccents(Normalizer):
@@ -96,6 +112,12 @@ class Strip(Normalizer):
 ONIG_FLAGS = regex.MULTILINE
 
 
+def regex_view(pattern: str):
+    """What a compiled HF pattern should match on: the text as Oniguruma classifies it (`onig_view`), unless
+    the pattern itself names a character Oniguruma does not know."""
+    return (lambda text: text) if has_regex_unknown(pattern) else onig_view
+
+
 def replacer(pattern: dict, content: str):
     """str -> str replacing every match of HF's pattern, {"String": literal} or {"Regex": expression}."""
     if not isinstance(pattern, dict) or not ({"String", "Regex"} & set(pattern)):
@@ -107,10 +129,11 @@ def replacer(pattern: dict, content: str):
         compiled = regex.compile(pattern["Regex"], ONIG_FLAGS)
     except regex.error as exc:
         raise TokenizerError(f"Replace regex {pattern['Regex']!r} does not compile: {exc}") from exc
+    view = regex_view(pattern["Regex"])
 
     def sub(text: str) -> str:
         out, prev = [], -1
-        for m in compiled.finditer(text):
+        for m in compiled.finditer(view(text)):
             s, e = m.span()
             if s == e == prev:  # Rust's rule: no empty match right where the previous match ended
                 continue
@@ -172,17 +195,6 @@ class Nmt(Normalizer):
         return text.translate(self._table)
 
 
-class _CharTable(dict):
-    """A str.translate table that fills itself: translate runs in C, `rule` only sees each new character."""
-
-    def __init__(self, rule):
-        super().__init__()
-        self.rule = rule
-
-    def __missing__(self, cp: int):
-        out = self[cp] = self.rule(chr(cp))
-        return out
-
 
 class BertNormalizer(Normalizer):
     """BERT's cleanup: drop NUL, U+FFFD and control chars and map whitespace to ' ' (clean_text), put spaces
@@ -197,7 +209,7 @@ class BertNormalizer(Normalizer):
         self.strip_accents = strip_accents
         self.lowercase = lowercase
         self._table = _CharTable(self._char)
-        self._marks = _CharTable(lambda c: None if unicodedata.category(c) == "Mn" else c)
+        self._marks = _CharTable(lambda c: None if is_bert_mark(c) else c)
 
     def _char(self, c: str) -> str:
         out = c
@@ -216,7 +228,7 @@ class BertNormalizer(Normalizer):
                 text = text.translate(self._table)
         do_strip = self.strip_accents if self.strip_accents is not None else self.lowercase
         if do_strip and not text.isascii():
-            text = unicodedata.normalize("NFD", text).translate(self._marks)
+            text = normalize("NFD", text).translate(self._marks)
         if self.lowercase:
             text = lowercase(text)
         return text

@@ -5,13 +5,13 @@ input (Metaspace's prepend_scheme "first" needs it). Behaviour follows Hugging F
 """
 from __future__ import annotations
 
-import unicodedata
 
 import regex
 
 from lmkit.errors import TokenizerError
-from lmkit.tokenizers.chars import BYTE_TO_CHAR, WHITESPACE_CLASS, is_punctuation, is_whitespace
-from lmkit.tokenizers.normalizers import ONIG_FLAGS
+from lmkit.tokenizers.chars import (BYTE_TO_CHAR, WHITESPACE_CLASS, is_numeric, is_punctuation, is_whitespace,
+                                    onig_view)
+from lmkit.tokenizers.normalizers import ONIG_FLAGS, regex_view
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # the same language with the contractions factored (tiktoken's spelling): about 10% faster in `regex`
@@ -103,7 +103,12 @@ class ByteLevel(PreTokenizer):
         """Words before the byte mapping (cache keys for the fast path)."""
         if self.add_prefix_space and text and not text.startswith(" "):
             text = " " + text
-        return self._re.findall(text) if self.use_regex else ([text] if text else [])
+        if not self.use_regex:
+            return [text] if text else []
+        view = onig_view(text)
+        if view is text:
+            return self._re.findall(text)
+        return [text[m.start():m.end()] for m in self._re.finditer(view)]
 
     def split(self, text: str, first: bool = True) -> list[str]:
         return [byte_level(p) for p in self.raw_split(text)]
@@ -120,7 +125,10 @@ class Whitespace(PreTokenizer):
     _re = regex.compile(r"\w+|[^\w\s]+")
 
     def split(self, text: str, first: bool = True) -> list[str]:
-        return self._re.findall(text)
+        view = onig_view(text)
+        if view is text:
+            return self._re.findall(text)
+        return [text[m.start():m.end()] for m in self._re.finditer(view)]
 
 
 class WhitespaceSplit(PreTokenizer):
@@ -208,12 +216,13 @@ class Split(PreTokenizer):
         if behavior not in BEHAVIORS:
             raise TokenizerError(f"unknown split behavior {behavior!r}; use one of {', '.join(BEHAVIORS)}")
         self.pattern, self.behavior, self.invert, self._re = pattern, behavior, invert, compiled
+        self._view = regex_view(pattern["Regex"]) if "Regex" in pattern else (lambda text: text)
 
     def split(self, text: str, first: bool = True) -> list[str]:
+        spans = match_spans(self._re, self._view(text), self.invert)  # spans of the view are spans of text
         if self.behavior == "Isolated" and not self.invert:
-            spans = match_spans(self._re, text)
             return [text[s:e] for s, e, _ in spans]
-        return split_spans(text, match_spans(self._re, text, self.invert), self.behavior)
+        return split_spans(text, spans, self.behavior)
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "pattern": self.pattern, "behavior": self.behavior, "invert": self.invert}
@@ -229,11 +238,6 @@ def char_spans(text: str, is_match) -> list[tuple[int, int, bool]]:
         else:
             spans.append((i, i + 1, m))
     return spans
-
-
-def is_numeric(c: str) -> bool:
-    """Rust's `char::is_numeric`: general categories Nd, Nl and No."""
-    return unicodedata.category(c) in ("Nd", "Nl", "No")
 
 
 class Punctuation(PreTokenizer):
