@@ -5,7 +5,6 @@ input (Metaspace's prepend_scheme "first" needs it). Behaviour follows Hugging F
 """
 from __future__ import annotations
 
-
 import regex
 
 from lmkit.errors import TokenizerError
