@@ -39,10 +39,8 @@ class Stack(nn.Module):
         if position_ids is None:
             device = (input_ids if input_ids is not None else inputs_embeds).device
             position_ids = torch.arange(past, past + T, device=device)[None].expand(B, T)
-        if inputs_embeds is None:
-            h = self.embeddings(input_ids, position_ids=position_ids, token_type_ids=token_type_ids)
-        else:
-            h = inputs_embeds
+        h = self.embeddings(input_ids, position_ids=position_ids, token_type_ids=token_type_ids,
+                            inputs_embeds=inputs_embeds)
         dtype, device = h.dtype, h.device
         if self.relative_bias is None:
             bias, is_causal = build_attention_bias(attention_mask, B, T, past + T, self.causal, dtype, device)

@@ -30,14 +30,19 @@ class Embeddings(nn.Module):
         self.norm = build_norm(config) if config.embedding_norm else None
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.tokens(input_ids)
-        if self.config.embedding_scale != 1.0:
-            h = h * self.config.embedding_scale
+    def forward(self, input_ids: torch.Tensor | None, position_ids: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """scale * W_E[ids] (or inputs_embeds as given, in place of the token lookup, as transformers takes them)
+        plus positions and segments, then the embedding norm."""
+        if inputs_embeds is None:
+            h = self.tokens(input_ids)
+            if self.config.embedding_scale != 1.0:
+                h = h * self.config.embedding_scale
+        else:
+            h = inputs_embeds
         if self.config.position in ("learned", "sinusoidal"):
             if position_ids is None:
-                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+                position_ids = torch.arange(h.shape[1], device=h.device)[None]
             if self.config.position_offset:
                 position_ids = position_ids + self.config.position_offset
             if int(position_ids.max()) >= self.config.max_seq_len + self.config.position_offset:
@@ -52,7 +57,7 @@ class Embeddings(nn.Module):
                 h = h + self.sinusoidal[position_ids].to(h.dtype)
         if self.token_types is not None:
             if token_type_ids is None:
-                token_type_ids = torch.zeros_like(input_ids)
+                token_type_ids = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
             h = h + self.token_types(token_type_ids)
         if self.norm is not None:
             h = self.norm(h)
