@@ -264,3 +264,54 @@ def test_transformers_4_style_config(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(lmkit.load_model(path)(ids, mask, tt).logits, hf(ids, mask, tt).logits,
                                    atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch,make", [("BertModel", bert_config), ("RobertaModel", roberta_config),
+                                       ("DistilBertModel", distil_config)])
+def test_inputs_embeds_get_positions_segments_and_norm(tmp_path, arch, make):
+    """inputs_embeds replace only the token lookup: positions (RoBERTa's from pad + 1), segments and the
+    embedding LayerNorm still apply, as in transformers."""
+    hf = getattr(transformers, arch)(make())
+    ours = lmkit.load_model(save_hf(hf, tmp_path))
+    ids, mask, _ = batch(hf.config.pad_token_id)
+    embeds = torch.randn(*ids.shape, 36, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = hf(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+        got = ours(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch,make", [("BertForSequenceClassification", bert_config),
+                                       ("RobertaForSequenceClassification", roberta_config),
+                                       ("DistilBertForSequenceClassification", distil_config)])
+@pytest.mark.parametrize("problem_type,num_labels,float_labels", [
+    (None, 4, True), ("multi_label_classification", 4, True), ("regression", 3, True),
+    ("single_label_classification", 4, False), (None, 1, True)])
+def test_sequence_loss_follows_problem_type(tmp_path, arch, make, problem_type, num_labels, float_labels):
+    """The loss transformers picks: problem_type from config.json, else MSE for one label, cross-entropy for
+    integer labels, BCE-with-logits (multi-label) for float labels; problem_type survives the round trip."""
+    hf = getattr(transformers, arch)(make(num_labels=num_labels, problem_type=problem_type))
+    ours = lmkit.load_model(save_hf(hf, tmp_path))
+    ids, mask, _ = batch(hf.config.pad_token_id)
+    g = torch.Generator().manual_seed(4)
+    if not float_labels:
+        labels = torch.randint(0, num_labels, (3,), generator=g)
+    elif problem_type == "regression" or num_labels == 1:
+        labels = torch.randn(3, num_labels, generator=g).squeeze(-1)
+    else:
+        labels = (torch.rand(3, num_labels, generator=g) > 0.5).float()
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
+        got = ours(input_ids=ids, attention_mask=mask, labels=labels).loss
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    ours.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text()).get("problem_type") == problem_type
+
+
+def test_unknown_problem_type_is_a_config_error(tmp_path):
+    path = save_hf(transformers.BertForSequenceClassification(bert_config()), tmp_path)
+    raw = json.loads((path / "config.json").read_text())
+    raw["problem_type"] = "ranking"
+    (path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="problem_type 'ranking'"):
+        lmkit.load_model(path)

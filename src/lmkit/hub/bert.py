@@ -73,6 +73,17 @@ ALIASES = (("bert.", ""), ("embeddings.", "bert.embeddings."), ("encoder.", "ber
            ("pooler.", "bert.pooler.")) + FORMAT.aliases
 
 
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+def problem_type_of(hf: dict) -> str | None:
+    """config.json's problem_type (which loss the sequence head trains with), checked."""
+    kind = hf.get("problem_type")
+    if kind is not None and kind not in PROBLEM_TYPES:
+        raise ConfigError(f"problem_type {kind!r} is not supported; use one of {', '.join(PROBLEM_TYPES)}")
+    return kind
+
+
 def num_labels_of(hf: dict) -> int:
     if hf.get("id2label"):
         return len(hf["id2label"])
@@ -87,7 +98,8 @@ def encoder_config_from_hf(hf: dict, family: str, **fields) -> ModelConfig:
         raise ConfigError(f"{family} position_embedding_type={kind!r} is not supported; lmkit loads 'absolute' only")
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise ConfigError(f"this {family} config is a decoder (is_decoder/add_cross_attention); lmkit loads encoders only")
-    extra = {"classifier_dropout": hf.get("classifier_dropout"), "num_labels": num_labels_of(hf)}
+    extra = {"classifier_dropout": hf.get("classifier_dropout"), "num_labels": num_labels_of(hf),
+             "problem_type": problem_type_of(hf)}
     if hf.get("id2label"):
         extra["id2label"] = {str(k): v for k, v in hf["id2label"].items()}
     values = dict(
@@ -124,7 +136,7 @@ def labels_to_hf(cfg: ModelConfig) -> dict:
     n = int(cfg.extra.get("num_labels", 2))
     id2label = cfg.extra.get("id2label") or {str(i): f"LABEL_{i}" for i in range(n)}
     return {"id2label": id2label, "label2id": {v: int(k) for k, v in id2label.items()},
-            "classifier_dropout": cfg.extra.get("classifier_dropout")}
+            "classifier_dropout": cfg.extra.get("classifier_dropout"), "problem_type": cfg.extra.get("problem_type")}
 
 
 def encoder_config_to_hf(cfg: ModelConfig, family: str, max_positions: int) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.bert import ACTIVATIONS, EncoderFormat, build_encoder, check_encoder, format_rules, labels_to_hf, linear, \
-    num_labels_of, with_architecture
+    num_labels_of, problem_type_of, with_architecture
 from lmkit.hub.convert import Rule, hf_activation
 
 MODEL_TYPES = ("distilbert",)
@@ -38,7 +38,8 @@ ALIASES = (("distilbert.", ""), ("embeddings.", "distilbert.embeddings."), ("tra
 
 def config_from_hf(hf: dict) -> ModelConfig:
     act = hf_activation(hf, "activation", "gelu", ACTIVATIONS, "DistilBERT")
-    extra = {"num_labels": num_labels_of(hf), "classifier_dropout": hf.get("seq_classif_dropout", 0.2)}
+    extra = {"num_labels": num_labels_of(hf), "classifier_dropout": hf.get("seq_classif_dropout", 0.2),
+             "problem_type": problem_type_of(hf)}
     if hf.get("id2label"):
         extra["id2label"] = {str(k): v for k, v in hf["id2label"].items()}
     return ModelConfig(

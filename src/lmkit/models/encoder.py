@@ -119,7 +119,16 @@ class Encoder(PreTrainedModel):
         return out
 
     def _sequence_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean squared error for one output (regression), else cross-entropy over the classes."""
-        if self.num_labels == 1:
-            return F.mse_loss(logits.squeeze(-1).float(), labels.float().reshape(-1))
+        """By config.extra["problem_type"], else as transformers infers it: mean squared error for one output or
+        "regression", cross-entropy over the classes for integer labels, else per-class sigmoid BCE (multi-label)."""
+        kind = self.config.extra.get("problem_type")
+        if kind is None:
+            kind = "regression" if self.num_labels == 1 else "single_label_classification" \
+                if labels.dtype in (torch.long, torch.int) else "multi_label_classification"
+        if kind == "regression":
+            if self.num_labels == 1:
+                return F.mse_loss(logits.squeeze(-1).float(), labels.float().reshape(-1))
+            return F.mse_loss(logits.float(), labels.float())
+        if kind == "multi_label_classification":
+            return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
         return F.cross_entropy(logits.float(), labels.reshape(-1))
