@@ -168,3 +168,20 @@ def test_t5_small_and_flan_style_configs():
     cfg = config_from_hf(flan)
     assert cfg.activation == "geglu_tanh" and not cfg.tie_embeddings and cfg.output_scale == 1.0
     assert cfg.decoder_layers == 8 and cfg.n_heads * cfg.dim_head == 384
+
+
+def test_bart_untied_has_a_token_table_per_stack(tmp_path):
+    """transformers 5 unties BART's encoder and decoder token tables from `shared` (and the head) when
+    tie_word_embeddings is false: each stack reads its own table, and the folder we write keeps all of them."""
+    cfg = transformers.BartConfig(vocab_size=V, d_model=24, encoder_layers=2, decoder_layers=3,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
+                                  decoder_ffn_dim=40, max_position_embeddings=64, dropout=0.0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = transformers.BartForConditionalGeneration(cfg).eval()
+    assert not torch.equal(hf.model.encoder.embed_tokens.weight, hf.model.decoder.embed_tokens.weight)
+    ours, src, mask, dec = _compare(hf, tmp_path / "hf", cfg.pad_token_id, cfg.decoder_start_token_id)
+    ours.save_pretrained(tmp_path / "ours")
+    back = transformers.BartForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   hf(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-4, rtol=1e-4)

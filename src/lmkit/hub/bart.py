@@ -14,7 +14,8 @@ from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
 
 MODEL_TYPES = ("bart",)
 # checkpoints that store the table under the stacks' names only; BartModel has no "model." prefix
-ALIASES = (("model.shared.", "model.encoder.embed_tokens."), ("model.", ""))
+ALIASES = (("model.shared.", "model.encoder.embed_tokens."), ("model.encoder.embed_tokens.", "model.shared."),
+           ("model.decoder.embed_tokens.", "model.shared."), ("model.", ""))
 _ACTS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu",
          "swish": "silu"}
 _KEPT = ("forced_bos_token_id", "forced_eos_token_id")  # generation settings kept for the round trip
@@ -43,7 +44,9 @@ def config_from_hf(hf: dict) -> ModelConfig:
         dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
         init_std=hf.get("init_std", 0.02), pad_token_id=hf.get("pad_token_id", 1), bos_token_id=hf.get("bos_token_id", 0),
         eos_token_id=hf.get("eos_token_id", 2), decoder_start_token_id=hf.get("decoder_start_token_id", 2),
-        extra={k: hf[k] for k in _KEPT if hf.get(k) is not None})
+        # transformers 5 unties the stacks' token tables from `shared` too when tie_word_embeddings is false
+        extra={**{k: hf[k] for k in _KEPT if hf.get(k) is not None},
+               **({"separate_stack_embeddings": True} if hf.get("tie_word_embeddings", True) is False else {})})
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -100,6 +103,9 @@ def rules(cfg: ModelConfig) -> list[Rule]:
         out.append(rename(f"{stack}.embeddings.positions.weight", f"model.{stack}.embed_positions.weight"))
         out += [rename(f"{stack}.embeddings.norm.{w}", f"model.{stack}.layernorm_embedding.{w}") for w in ("weight", "bias")]
         out += layer_rules(n, tables[stack], f"{stack}.layers.{{i}}.", f"model.{stack}.layers.{{i}}.")
+    if cfg.extra.get("separate_stack_embeddings"):  # read after shared, so the tables the stacks use win
+        out += [rename(f"{stack}.embeddings.tokens.weight", f"model.{stack}.embed_tokens.weight")
+                for stack in ("encoder", "decoder")]
     if not cfg.tie_embeddings:
         out.append(rename("lm_head.weight", "lm_head.weight"))
     out.append(rename("final_logits_bias", "final_logits_bias"))
