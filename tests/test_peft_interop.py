@@ -88,3 +88,86 @@ def test_prompt_tuning_matches_peft(tmp_path):
     with torch.no_grad():
         want = theirs(input_ids=IDS).logits[:, 4:]   # PEFT also returns the virtual positions
         torch.testing.assert_close(ours(IDS).logits, want, rtol=1e-4, atol=1e-4)
+
+
+def _peft_to_lmkit(tmp_path, kind, config, seed=1):
+    ref = hf_model(kind, tmp_path, seed=seed)
+    theirs = peft.get_peft_model(ref, config)
+    randomize(theirs)
+    theirs.save_pretrained(tmp_path / "adapter")
+    theirs.eval()
+    ours = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+    with torch.no_grad():
+        return ours(IDS).logits, theirs(input_ids=IDS).logits
+
+
+@pytest.mark.parametrize("kind,config", [
+    ("llama", dict(target_modules=["q_proj", "v_proj"], use_rslora=True)),
+    ("gpt2", dict(target_modules=["c_attn", "c_proj"], bias="lora_only", fan_in_fan_out=True)),   # fused bias split
+    ("gpt2", dict(target_modules=["c_attn"], bias="all", fan_in_fan_out=True)),
+    ("llama", dict(target_modules=["q_proj", "v_proj"], rank_pattern={"q_proj|v_proj": 2},
+                   alpha_pattern={r"layers\.1\.self_attn\.(q|v)_proj": 3})),   # PEFT's regex keys
+])
+def test_peft_lora_variants_load_in_lmkit(tmp_path, kind, config):
+    got, want = _peft_to_lmkit(tmp_path, kind, peft.LoraConfig(r=4, lora_alpha=8, **config))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("config,words", [
+    (dict(use_dora=True), "DoRA"), (dict(lora_bias=True), "lora_bias"),
+    (dict(trainable_token_indices=[3, 5]), "trainable_token_indices"),
+    (dict(layer_replication=[[0, 2], [1, 2]]), "layer_replication"),
+    (dict(init_lora_weights="pissa"), "pissa"),
+])
+def test_peft_lora_settings_lmkit_cannot_reproduce_are_refused(tmp_path, config, words):
+    with pytest.raises(lmkit.errors.ConfigError, match=words):
+        _peft_to_lmkit(tmp_path, "llama", peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], **config))
+
+
+@pytest.mark.parametrize("kind,targets", [("llama", "all-linear"), ("gpt2", "all-linear"), ("gpt2", ["c_attn"])])
+def test_lmkit_rslora_and_all_linear_load_in_peft(tmp_path, kind, targets):
+    ref = hf_model(kind, tmp_path)
+    ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", r=4, alpha=8, target_modules=targets,
+                          use_rslora=targets != "all-linear")
+    randomize(ours)
+    ours.save_adapter(tmp_path / "adapter")
+    theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(IDS).logits, theirs(input_ids=IDS).logits, rtol=1e-4, atol=1e-4)
+
+
+def _roberta_cls(tmp_path):
+    torch.manual_seed(6)
+    cfg = transformers.RobertaConfig(vocab_size=71, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=37, max_position_embeddings=64, num_labels=3, pad_token_id=1)
+    model = transformers.RobertaForSequenceClassification(cfg).eval()
+    model.save_pretrained(tmp_path / "base")
+    return model
+
+
+@pytest.mark.parametrize("method", ["lora", "prompt"])
+def test_lmkit_classifier_adapter_loads_in_peft(tmp_path, method):
+    """RoBERTa's head is classifier.dense + classifier.out_proj; prompt tuning names full tensors base_model.X."""
+    ref = _roberta_cls(tmp_path)
+    settings = dict(r=4, alpha=8, target_modules=["q_proj", "v_proj"]) if method == "lora" else dict(num_virtual_tokens=3)
+    ours = get_peft_model(lmkit.load_model(tmp_path / "base"), method, modules_to_save=["classifier"], **settings)
+    randomize(ours)
+    ours.save_adapter(tmp_path / "adapter")
+    theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "adapter").eval()
+    ids = IDS.clamp(min=3)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    back = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, ours(ids).logits, rtol=1e-6, atol=1e-6)
+
+
+def test_peft_seq2seq_prompt_with_decoder_tokens_is_refused(tmp_path):
+    torch.manual_seed(7)
+    ref = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=71, d_model=32, d_kv=8, d_ff=40, num_layers=2, num_heads=4, decoder_start_token_id=0)).eval()
+    ref.save_pretrained(tmp_path / "base")
+    peft.get_peft_model(ref, peft.PromptTuningConfig(num_virtual_tokens=3, task_type="SEQ_2_SEQ_LM")
+                        ).save_pretrained(tmp_path / "adapter")
+    with pytest.raises(lmkit.errors.ConfigError, match="num_transformer_submodules"):
+        load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")

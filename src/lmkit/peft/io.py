@@ -9,6 +9,8 @@ counterpart with lmkit's layout; they are written in the same folder format with
 """
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import torch
@@ -18,10 +20,21 @@ from lmkit.errors import CheckpointError, ConfigError
 from lmkit.hub.files import atomic_save_safetensors, atomic_write_json, load_safetensors, read_json
 from lmkit.peft import adapters, lora, prompt, quant
 from lmkit.peft.model import ADAPTER_PARAMS, PeftConfig, PeftModel, mark_trainable
-from lmkit.peft.names import hf_groups, hf_param_names, matches, replace_module
+from lmkit.peft.names import hf_groups, hf_rules, matches, replace_module
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 PREFIX = "base_model.model."
+# LoraConfig fields whose non-default values change the math in ways lmkit does not reproduce
+LORA_UNSUPPORTED = {
+    "use_dora": "DoRA (use_dora)", "lora_bias": "a bias on lora_B (lora_bias)",
+    "layer_replication": "layer replication (layer_replication)", "target_parameters": "LoRA on parameters "
+    "(target_parameters)", "trainable_token_indices": "trainable tokens (trainable_token_indices)",
+    "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)", "use_qalora": "QALoRA (use_qalora)",
+    "use_bdlora": "block-diagonal LoRA (use_bdlora)", "arrow_config": "Arrow routing (arrow_config)",
+    "megatron_config": "Megatron parallel layers (megatron_config)",
+}
+# init_lora_weights that rewrite the base weights (the adapter only fits the changed base)
+BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
 PEFT_TYPES = {"lora": "LORA", "qlora": "LORA", "ia3": "IA3", "prompt": "PROMPT_TUNING",
               "prefix": "LMKIT_PREFIX_TUNING", "adapter": "LMKIT_BOTTLENECK_ADAPTER"}
 
@@ -34,8 +47,18 @@ def _groups(model: nn.Module, kinds) -> dict[str, list[str]]:
     return {n: [n] for n, m in model.named_modules() if isinstance(m, kinds)}
 
 
-def _task_type(model: nn.Module) -> str | None:
-    return "CAUSAL_LM" if type(model).__name__ == "CausalLM" else None
+def _task_type(model: nn.Module, saves_head: bool) -> str | None:
+    kind = type(model).__name__
+    if kind == "Encoder":  # PEFT's task of the head (prompt tuning acts only through a task's model class); PEFT
+        if not saves_head:  # then expects the head's tensors in the adapter
+            return None
+        return {"sequence": "SEQ_CLS", "token": "TOKEN_CLS", "qa": "QUESTION_ANS"}.get(getattr(model, "head", None))
+    return {"CausalLM": "CAUSAL_LM", "Seq2SeqLM": "SEQ_2_SEQ_LM"}.get(kind)
+
+
+def _prefix(method: str) -> str:
+    """PEFT names prompt-learning tensors trained in full `base_model.X`, the others `base_model.model.X`."""
+    return "base_model." if method == "prompt" else PREFIX
 
 
 def save_adapter(peft_model: PeftModel, path) -> None:
@@ -43,7 +66,7 @@ def save_adapter(peft_model: PeftModel, path) -> None:
     model, c = peft_model.base_model, peft_model.peft_config
     folder = Path(path)
     tensors: dict[str, torch.Tensor] = {}
-    raw = {"peft_type": PEFT_TYPES[c.method], "task_type": _task_type(model), "base_model_name_or_path": None,
+    raw = {"peft_type": PEFT_TYPES[c.method], "task_type": _task_type(model, bool(c.modules_to_save)), "base_model_name_or_path": None,
            "inference_mode": True, "revision": None}
     if c.method in ("qlora", "prefix", "adapter"):  # what the PEFT fields cannot say (PEFT ignores it, with a warning)
         raw["lmkit"] = c.to_dict()
@@ -69,13 +92,14 @@ def save_adapter(peft_model: PeftModel, path) -> None:
             tensors[f"{PREFIX}{hf}.lora_A.weight"] = A
             tensors[f"{PREFIX}{hf}.lora_B.weight"] = B
             targets.append(hf)
-            if rank != c.r or rank * adapted[0].scaling != c.alpha:
-                ranks[hf], alphas[hf] = rank, rank * adapted[0].scaling
+            alpha = adapted[0].scaling * (math.sqrt(rank) if c.use_rslora else rank)  # PEFT's alpha giving this scale
+            if rank != c.r or not math.isclose(alpha, c.alpha, rel_tol=1e-6):
+                ranks[hf], alphas[hf] = rank, alpha
         if not layers:
             raise ConfigError("this model has no LoRA layers to save")
         raw.update(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=sorted(targets), bias="none",
                    fan_in_fan_out=getattr(model.config, "family", None) == "gpt2", rank_pattern=ranks,
-                   alpha_pattern=alphas, use_rslora=False, use_dora=False, init_lora_weights=True,
+                   alpha_pattern=alphas, use_rslora=c.use_rslora, use_dora=False, init_lora_weights=True,
                    layers_to_transform=None, layers_pattern=None)
     elif c.method == "ia3":
         targets, ff = [], []
@@ -98,17 +122,21 @@ def save_adapter(peft_model: PeftModel, path) -> None:
         emb = next(m for m in model.modules() if isinstance(m, prompt.PromptEmbedding))
         tensors["prompt_embeddings"] = emb.prompt_embeddings.detach()
         raw.update(num_virtual_tokens=c.num_virtual_tokens, token_dim=model.config.d_model,
-                   num_transformer_submodules=1, num_attention_heads=model.config.n_heads,
+                   num_transformer_submodules=1,  # virtual tokens in front of the encoder only num_attention_heads=model.config.n_heads,
                    num_layers=model.config.n_layers, prompt_tuning_init="RANDOM")
     else:
         for name, p in model.named_parameters():
             if any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS):
                 tensors[name] = p.detach()
     if c.modules_to_save:
-        names = hf_param_names(model)
-        for name, p in model.named_parameters():
-            if p.requires_grad and not any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS):
-                tensors[PREFIX + names.get(name, name)] = p.detach()
+        full = {n: p for n, p in model.named_parameters(remove_duplicate=False)
+                if p.requires_grad and not any(f".{a}" in f".{n}" for a in ADAPTER_PARAMS)}
+        for rule in hf_rules(model):
+            if rule.ours and all(o in full for o in rule.ours):
+                t = torch.cat([full.pop(o).detach() for o in rule.ours], dim=0)
+                tensors[_prefix(c.method) + rule.hf] = t.t() if rule.transpose else t
+        for name, p in full.items():  # not in the family's table: lmkit's name
+            tensors[_prefix(c.method) + name] = p.detach()
         raw["modules_to_save"] = list(c.modules_to_save)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_save_safetensors({k: v.contiguous() for k, v in tensors.items()}, folder / WEIGHTS)
@@ -130,6 +158,13 @@ def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:
     if method == "lora" and ours.get("method") == "qlora":
         method = "qlora"
     config = PeftConfig(**{**ours, "method": method})
+    if method in ("lora", "qlora", "ia3", "prompt"):
+        _check_supported(raw, tensors, method)
+        # tensors trained in full (modules_to_save, biases with bias="all"/"lora_only"), on the unwrapped model
+        adapter_keys = {"lora": (".lora_A.", ".lora_B."), "qlora": (".lora_A.", ".lora_B."), "ia3": (".ia3_l",),
+                        "prompt": ("prompt_embeddings",)}[method]
+        _load_full(model, {k: v for k, v in tensors.items() if not any(a in k for a in adapter_keys)}, folder,
+                   _prefix(method))
     if method in ("lora", "qlora"):
         if method == "qlora":
             quant.quantize_linears(model, config.bits, config.block_size, skip=("lm_head", *config.modules_to_save))
@@ -148,8 +183,6 @@ def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:
         _copy(model, {k: v for k, v in tensors.items() if not k.startswith(PREFIX)}, folder)
     if raw.get("modules_to_save"):
         config.modules_to_save = list(raw["modules_to_save"])
-        names = {PREFIX + v: k for k, v in hf_param_names(model).items()}
-        _copy(model, {names.get(k, k.removeprefix(PREFIX)): v for k, v in tensors.items() if k in names}, folder)
     out = PeftModel(model, config, targets=targets)
     mark_trainable(model, config.modules_to_save)
     if not trainable:
@@ -159,7 +192,7 @@ def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:
 
 
 def _copy(model: nn.Module, state: dict[str, torch.Tensor], folder: Path) -> None:
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters(remove_duplicate=False))
     for name, t in state.items():
         if name not in params or params[name].shape != t.shape:
             raise CheckpointError(f"{folder / WEIGHTS}: tensor {name} {tuple(t.shape)} does not fit this model")
@@ -167,18 +200,61 @@ def _copy(model: nn.Module, state: dict[str, torch.Tensor], folder: Path) -> Non
             params[name].copy_(t)
 
 
+def _check_supported(raw: dict, tensors: dict, method: str) -> None:
+    """A clear error for settings that change the outputs in ways lmkit does not reproduce."""
+    if method in ("lora", "qlora"):
+        for key, what in LORA_UNSUPPORTED.items():
+            if raw.get(key):
+                raise ConfigError(f"this LoRA adapter uses {what}, which lmkit does not support; train a plain LoRA "
+                                  "adapter")
+        init = raw.get("init_lora_weights")
+        if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
+            raise ConfigError(f"this LoRA adapter was made with init_lora_weights={init!r}, which changes the base "
+                              "weights; lmkit cannot load it onto the original model. Convert it to a plain LoRA "
+                              "adapter first (PEFT's path_initial_model_for_weight_conversion)")
+    if method == "prompt" and int(raw.get("num_transformer_submodules") or 1) != 1:
+        raise ConfigError("this prompt-tuning adapter puts virtual tokens in front of the decoder too "
+                          "(num_transformer_submodules=2, PEFT's default for SEQ_2_SEQ_LM); lmkit puts them in front "
+                          "of the encoder only (num_transformer_submodules=1)")
+    for key in tensors:
+        if ".lora_embedding_" in key:
+            raise ConfigError("LoRA on embedding layers is not supported; target linear layers only")
+        if ".trainable_tokens_delta" in key or ".lora_magnitude_vector" in key:
+            raise ConfigError(f"adapter tensor {key} belongs to a method lmkit does not support (trainable tokens, "
+                              "DoRA)")
+
+
+def _load_full(model: nn.Module, tensors: dict, folder: Path, prefix: str = PREFIX) -> None:
+    """Copy HF-named tensors trained in full into the model, splitting fused ones (GPT-2's c_attn) by the rules."""
+    rules = {rule.hf: rule for rule in hf_rules(model)}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    state = {}
+    for key, t in tensors.items():
+        if ".modules_to_save." in key or ".original_module." in key:
+            continue  # PEFT's wrapper copies (bias="all"); the trained one is also saved under the plain name
+        hf = key.removeprefix(prefix).replace(".base_layer.", ".")
+        rule = rules.get(hf)
+        if rule is None:
+            raise CheckpointError(f"{folder / WEIGHTS}: tensor {key} names {hf}, which this model does not have")
+        t = t.t() if rule.transpose else t
+        sizes = [params[o].shape[0] if o in params else -1 for o in rule.ours]
+        if len(rule.ours) > 1 and sum(sizes) == t.shape[0]:
+            state.update(zip(rule.ours, torch.split(t, sizes, dim=0)))
+        else:
+            state[rule.ours[0]] = t
+    _copy(model, state, folder)
+
+
 def _suffix_lookup(pattern: dict, hf: str, default):
+    """PEFT's rank_pattern / alpha_pattern lookup: the first key that, as a regex, matches the name's end."""
     for key, value in (pattern or {}).items():
-        if matches(hf, [key if not any(ch in key for ch in "*^$[(\\") else "re:" + key]):
+        if re.match(rf"(.*\.)?({key})$", hf):
             return value
     return default
 
 
 def _load_lora(model: nn.Module, raw: dict, tensors: dict, config: PeftConfig) -> list[str]:
-    if raw.get("use_rslora") or raw.get("use_dora"):
-        raise ConfigError("rsLoRA and DoRA adapters are not supported; train a plain LoRA adapter")
-    if any(".lora_embedding_" in k for k in tensors):
-        raise ConfigError("LoRA on embedding layers is not supported; target linear layers only")
+    config.use_rslora = bool(raw.get("use_rslora"))
     config.r, config.alpha = int(raw.get("r", config.r)), float(raw.get("lora_alpha", config.alpha))
     config.dropout = float(raw.get("lora_dropout", 0.0))
     groups = _groups(model, (nn.Linear, quant.QuantizedLinear))
@@ -194,7 +270,7 @@ def _load_lora(model: nn.Module, raw: dict, tensors: dict, config: PeftConfig) -
         row = 0
         for part in groups[hf]:
             base = model.get_submodule(part)
-            layer = lora.LoRALinear(base, rank, alpha, config.dropout)
+            layer = lora.LoRALinear(base, rank, alpha, config.dropout, config.use_rslora)
             with torch.no_grad():
                 layer.lora_A.weight.copy_(A)
                 layer.lora_B.weight.copy_(B[row:row + base.out_features])

@@ -12,20 +12,26 @@ import torch
 from torch import nn
 
 from lmkit.errors import ConfigError
-from lmkit.peft.names import WrappedLinear, find_modules, replace_module
+from lmkit.peft.names import WrappedLinear, find_modules, hf_names, replace_module
 from lmkit.peft.quant import QuantizedLinear
+
+
+# HF names of the heads that target_modules="all-linear" leaves out, as PEFT does (output embeddings; the
+# classifier of sequence classification)
+ALL_LINEAR_EXCLUDED = ("lm_head", "lm_head.decoder", "cls.predictions.decoder", "classifier", "score")
 
 
 class LoRALinear(WrappedLinear):
     """A frozen `base_layer` plus the low-rank update (alpha / r) B A; names follow the PEFT library."""
 
-    def __init__(self, base_layer: nn.Module, r: int = 8, alpha: float = 16.0, dropout: float = 0.0):
+    def __init__(self, base_layer: nn.Module, r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+                 use_rslora: bool = False):
         super().__init__()
         if r <= 0:
             raise ConfigError(f"LoRA rank r must be positive, got {r}")
         self.base_layer = base_layer
         self.r, self.alpha = r, alpha
-        self.scaling = alpha / r
+        self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r   # rsLoRA: alpha / sqrt(r)
         weight = base_layer.weight
         self.lora_A = nn.Linear(base_layer.in_features, r, bias=False, device=weight.device, dtype=weight.dtype)
         self.lora_B = nn.Linear(r, base_layer.out_features, bias=False, device=weight.device, dtype=weight.dtype)
@@ -76,14 +82,20 @@ class LoRALinear(WrappedLinear):
         return out.to(dtype)
 
 
-def apply_lora(model: nn.Module, target_modules, r: int = 8, alpha: float = 16.0, dropout: float = 0.0) -> list[str]:
+def apply_lora(model: nn.Module, target_modules, r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+               use_rslora: bool = False) -> list[str]:
     """Wrap every linear layer that matches `target_modules` in a LoRALinear; the names wrapped."""
-    names = find_modules(model, target_modules, (nn.Linear, QuantizedLinear))
+    if target_modules == "all-linear":  # PEFT's shorthand: every linear layer but the output / classifier head
+        hf = hf_names(model)
+        names = [n for n in find_modules(model, "re:.*", (nn.Linear, QuantizedLinear))
+                 if n != "lm_head" and hf.get(n, n) not in ALL_LINEAR_EXCLUDED]
+    else:
+        names = find_modules(model, target_modules, (nn.Linear, QuantizedLinear))
     if not names:
         raise ConfigError(f"no linear layer matches target_modules={target_modules!r}; use names such as q_proj, "
                           "v_proj (or the Hugging Face names of the model's family)")
     for name in names:
-        replace_module(model, name, LoRALinear(model.get_submodule(name), r, alpha, dropout))
+        replace_module(model, name, LoRALinear(model.get_submodule(name), r, alpha, dropout, use_rslora))
     return names
 
 

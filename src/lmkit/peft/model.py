@@ -29,6 +29,7 @@ class PeftConfig:
     r: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
+    use_rslora: bool = False                         # lora: scale alpha / sqrt(r) instead of alpha / r
     bits: int = 4                                    # qlora: 4 (NF4) or 8 (int8)
     block_size: int = 64
     num_virtual_tokens: int = 10                     # prefix, prompt
@@ -58,7 +59,8 @@ class PeftModel(nn.Module):
         elif c.method in ("lora", "qlora"):
             if c.method == "qlora":
                 quant.quantize_linears(model, c.bits, c.block_size, skip=_head_names(model, c))
-            self.targets = lora.apply_lora(model, c.target_modules or ["q_proj", "v_proj"], c.r, c.alpha, c.dropout)
+            self.targets = lora.apply_lora(model, c.target_modules or ["q_proj", "v_proj"], c.r, c.alpha, c.dropout,
+                                           c.use_rslora)
         elif c.method == "prefix":
             self.targets = prompt.apply_prefix(model, c.num_virtual_tokens)
         elif c.method == "prompt":
@@ -160,8 +162,10 @@ def mark_trainable(model: nn.Module, modules_to_save=()) -> None:
     names = hf_names(model)
     for name, p in model.named_parameters():
         module = name.rpartition(".")[0]
-        keep = any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS) or (
-            bool(modules_to_save) and any(matches(m, modules_to_save, names.get(m)) for m in _prefixes(module)))
+        hf = names.get(module)  # a module inside an HF module to save (RoBERTa's pooler is classifier.dense)
+        keep = any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS) or (bool(modules_to_save) and (
+            any(matches(m, modules_to_save, names.get(m)) for m in _prefixes(module))
+            or (hf is not None and any(matches(h, modules_to_save) for h in _prefixes(hf)))))
         p.requires_grad_(keep)
 
 

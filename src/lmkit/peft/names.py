@@ -71,17 +71,22 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
-def hf_param_names(model: nn.Module) -> dict[str, str]:
-    """lmkit parameter name -> HF parameter name, for tensors stored one-to-one (identity without a family)."""
+def hf_rules(model: nn.Module) -> list:
+    """The family's weight rules (lmkit tensors <-> one HF tensor); identity rules without a family."""
+    from lmkit.hub import _families
+    from lmkit.hub.convert import rename
+
     config = getattr(model, "config", None)
     family = getattr(config, "family", None)
-    from lmkit.hub import _families
-
     module = _families().get(family) if family else None
     if module is None:
-        return {n: n for n, _ in model.named_parameters()}
-    rules = module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
-    return {rule.ours[0]: rule.hf for rule in rules if len(rule.ours) == 1}
+        return [rename(n, n) for n, _ in model.named_parameters()]
+    return module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
+
+
+def hf_param_names(model: nn.Module) -> dict[str, str]:
+    """lmkit parameter name -> HF parameter name, for tensors stored one-to-one (identity without a family)."""
+    return {rule.ours[0]: rule.hf for rule in hf_rules(model) if len(rule.ours) == 1}
 
 
 class WrappedLinear(nn.Module):
