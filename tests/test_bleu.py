@@ -51,6 +51,33 @@ def test_bleu_properties():
         corpus_bleu(["a", "b"], ["a"])
 
 
+def test_bleu_api_parity_and_clear_errors():
+    """Inputs sacrebleu's API scores (None for a missing reference, several tokenizers, any sequence type)
+    give its numbers; inputs it crashes on (KeyError, IndexError, TypeError) give a MetricError."""
+    from sacrebleu.metrics import BLEU
+
+    hyps, refs = ["今天 天气 很好 3,50 €!", "naïve café, e.g. 1.000"], ["今天天气很好 3.50 €!", "the naïve café 1.000"]
+    second = [None, "naive café , e.g. 1,000"]  # the first segment has one reference, the second two
+    for tok in ("13a", "intl", "char", "none", "zh"):
+        ours, theirs = corpus_bleu(hyps, [refs, second], tokenize=tok), BLEU(tokenize=tok).corpus_score(hyps, [refs, second])
+        assert (ours.score, ours.counts, ours.totals, ours.sys_len, ours.ref_len) == \
+               (theirs.score, theirs.counts, theirs.totals, theirs.sys_len, theirs.ref_len), tok
+    assert corpus_bleu(iter(hyps), tuple(refs)).score == BLEU().corpus_score(hyps, [refs]).score
+    with pytest.raises(LmkitError, match="at least one hypothesis"):
+        corpus_bleu([], [])  # sacrebleu: IndexError
+    with pytest.raises(LmkitError, match="unknown BLEU tokenizer 'foo'.*13a"):
+        corpus_bleu(hyps, refs, tokenize="foo")  # sacrebleu: KeyError
+    with pytest.raises(LmkitError, match="hypothesis 0 has no reference"):
+        corpus_bleu(hyps, [[None, "x"], [None, "y"]])  # sacrebleu: TypeError
+    with pytest.raises(LmkitError, match="hypotheses must be strings"):
+        corpus_bleu(["a", None], ["a", "b"])
+    try:
+        BLEU(tokenize="ko-mecab")
+    except (ImportError, RuntimeError):
+        with pytest.raises(LmkitError, match="'ko-mecab' is not available.*pip install"):
+            corpus_bleu(hyps, refs, tokenize="ko-mecab")
+
+
 def test_rouge_equals_rouge_score():
     rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer")
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=False)

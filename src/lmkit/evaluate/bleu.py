@@ -12,14 +12,24 @@ from lmkit.errors import MetricError
 
 def _streams(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
     """References as sacrebleu's streams: one list per reference set, each as long as the hypotheses."""
-    if references and isinstance(references[0], str):
-        streams = [list(references)]
+    references = list(references)
+    if references and (isinstance(references[0], str) or references[0] is None):
+        streams = [references]
     else:
         streams = [list(r) for r in references]
+    if not streams:
+        raise MetricError("BLEU needs at least one set of references")
     for s in streams:
         if len(s) != len(hypotheses):
             raise MetricError(f"{len(hypotheses)} hypotheses but a reference set of {len(s)} lines; "
                               "give one reference line per hypothesis")
+        bad = next((x for x in s if x is not None and not isinstance(x, str)), None)
+        if bad is not None:
+            raise MetricError(f"references must be strings (or None for a missing one), got {type(bad).__name__}")
+    for i, refs in enumerate(zip(*streams)):
+        if all(x is None for x in refs):
+            raise MetricError(f"hypothesis {i} has no reference (None in every reference set); "
+                              "give at least one reference line, '' for an empty one")
     return streams
 
 
@@ -27,8 +37,24 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str] | Sequence[
                 tokenize: str = "13a", lowercase: bool = False):
     """sacrebleu's BLEUScore (.score, .precisions, .bp, .sys_len, .ref_len) of the corpus.
 
-    references: one string per hypothesis, or several such lists (several references each).
+    references: one string per hypothesis, or several such lists (several references each;
+    None in a list where a hypothesis has fewer references).
     """
     from sacrebleu.metrics import BLEU
 
-    return BLEU(tokenize=tokenize, lowercase=lowercase).corpus_score(list(hypotheses), _streams(hypotheses, references))
+    hypotheses = list(hypotheses)
+    if not hypotheses:
+        raise MetricError("BLEU needs at least one hypothesis and reference")
+    bad = next((h for h in hypotheses if not isinstance(h, str)), "")
+    if not isinstance(bad, str):
+        raise MetricError(f"hypotheses must be strings, got {type(bad).__name__}")
+    streams = _streams(hypotheses, references)
+    try:
+        bleu = BLEU(tokenize=tokenize, lowercase=lowercase)
+    except KeyError:
+        raise MetricError(f"unknown BLEU tokenizer {tokenize!r}; choose one of "
+                          f"{', '.join(BLEU.TOKENIZERS)}") from None
+    except (ImportError, RuntimeError) as exc:  # ja-mecab, ko-mecab, flores*/spm need extra packages
+        raise MetricError(f"BLEU tokenizer {tokenize!r} is not available here: "
+                          f"{' '.join(str(exc).split())}") from None
+    return bleu.corpus_score(hypotheses, streams)
