@@ -34,6 +34,8 @@ def evaluate_rows(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor
             r, m = rows[start:start + batch_size].to(device), mask[start:start + batch_size].to(device)
             inputs, targets = next_token_targets(r, m)
             keep = int(m.sum(1).max())  # trailing columns that are padding in every row need no compute
+            if keep < 2:  # rows of BOS alone: no token to score
+                continue
             with autocast(device, precision):
                 logits = model(inputs[:, :keep - 1]).logits
             ls = next_token_loss(logits, targets[:, :keep - 1])
@@ -41,7 +43,11 @@ def evaluate_rows(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor
             count += int(ls.count)
     finally:
         model.train(was_training)
-    loss = float(total) / max(count, 1)
+    if count == 0 or num_bytes <= 0:
+        from lmkit.errors import CorpusError
+
+        raise CorpusError(f"nothing to score ({count} tokens, {num_bytes} bytes); give held-out text that is not empty")
+    loss = float(total) / count
     return {"loss": loss, "perplexity": perplexity(loss), "bpb": bits_per_byte(float(total), num_bytes),
             "tokens": count, "bytes": num_bytes}
 
