@@ -78,6 +78,23 @@ def test_bleu_api_parity_and_clear_errors():
             corpus_bleu(hyps, refs, tokenize="ko-mecab")
 
 
+def test_bleu_smoothing_and_orders_equal_sacrebleu():
+    from sacrebleu.metrics import BLEU
+
+    hyps, refs = ["the cat sat", "a dog", ""], ["the cat sat down", "the dog", "nothing here"]
+    for kw in [dict(smooth_method="exp"), dict(smooth_method="floor", smooth_value=0.1), dict(smooth_method="add-k"),
+               dict(smooth_method="add-k", smooth_value=2), dict(smooth_method="none"), dict(effective_order=True),
+               dict(max_ngram_order=2), dict(max_ngram_order=6, smooth_method="floor", effective_order=True)]:
+        ours, theirs = corpus_bleu(hyps, refs, **kw), BLEU(**kw).corpus_score(hyps, [refs])
+        assert (ours.score, ours.counts, ours.totals, ours.bp) == (theirs.score, theirs.counts, theirs.totals, theirs.bp)
+        one = BLEU(**kw).sentence_score(hyps[0], [refs[0]])  # sentence BLEU is the corpus BLEU of one line
+        assert corpus_bleu(hyps[:1], refs[:1], **kw).score == one.score, kw
+    with pytest.raises(LmkitError, match="unknown smooth_method 'add-one'"):
+        corpus_bleu(hyps, refs, smooth_method="add-one")  # sacrebleu: AssertionError
+    with pytest.raises(LmkitError, match="max_ngram_order"):
+        corpus_bleu(hyps, refs, max_ngram_order=0)  # sacrebleu: a score of 0 with no precisions
+
+
 def test_rouge_equals_rouge_score():
     rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer")
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=False)

@@ -34,8 +34,12 @@ def _streams(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Seq
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]],
-                tokenize: str = "13a", lowercase: bool = False):
+                tokenize: str = "13a", lowercase: bool = False, smooth_method: str = "exp",
+                smooth_value: float | None = None, max_ngram_order: int = 4, effective_order: bool = False):
     """sacrebleu's BLEUScore (.score, .precisions, .bp, .sys_len, .ref_len) of the corpus.
+
+    tokenize, lowercase, smooth_method ("exp", "floor", "add-k", "none"), smooth_value, max_ngram_order
+    and effective_order mean what they mean to sacrebleu's `BLEU`.
 
     references: one string per hypothesis, or several such lists (several references each;
     None in a list where a hypothesis has fewer references).
@@ -49,8 +53,13 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str] | Sequence[
     if not isinstance(bad, str):
         raise MetricError(f"hypotheses must be strings, got {type(bad).__name__}")
     streams = _streams(hypotheses, references)
+    if smooth_method not in BLEU.SMOOTH_DEFAULTS:
+        raise MetricError(f"unknown smooth_method {smooth_method!r}; choose one of {', '.join(BLEU.SMOOTH_DEFAULTS)}")
+    if isinstance(max_ngram_order, bool) or not isinstance(max_ngram_order, int) or max_ngram_order < 1:
+        raise MetricError(f"max_ngram_order must be a positive integer, got {max_ngram_order!r}")
     try:
-        bleu = BLEU(tokenize=tokenize, lowercase=lowercase)
+        bleu = BLEU(tokenize=tokenize, lowercase=lowercase, smooth_method=smooth_method, smooth_value=smooth_value,
+                    max_ngram_order=max_ngram_order, effective_order=effective_order)
     except KeyError:
         raise MetricError(f"unknown BLEU tokenizer {tokenize!r}; choose one of "
                           f"{', '.join(BLEU.TOKENIZERS)}") from None
