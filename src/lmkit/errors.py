@@ -34,4 +34,4 @@ class TrainingError(LmkitError):
 
 
 class MetricError(LmkitError):
-    """Hypotheses and references that cannot be scored together (BLEU, ROUGE)."""
+    """Inputs or options a metric cannot score (BLEU, ROUGE): mismatched lists, unknown tokenizers or smoothing."""
