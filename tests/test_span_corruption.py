@@ -110,3 +110,35 @@ def test_teacher_forcing_and_padding():
     padded_labels = torch.cat([labels, torch.full((2, 3), IGNORE_INDEX)], dim=1)
     a, b = next_token_loss(logits, labels), next_token_loss(padded_logits, padded_labels)
     assert torch.allclose(a.sum, b.sum) and int(a.count) == int(b.count) == 6
+
+
+def test_text_infilling_hides_exactly_the_budget_on_short_rows():
+    # overlapping spans, spans cut by the end of the row and 0-length spans must not leave the budget short
+    mask_id = 5000
+    for seed in range(60):
+        g = _gen(seed)
+        for length in (1, 2, 3, 4, 5, 7, 10, 13, 20):
+            tokens = list(range(10, 10 + length))
+            out = text_infilling(tokens, mask_id, 0.3, 3.0, g)
+            kept = [t for t in out if t != mask_id]
+            assert _is_subsequence(kept, tokens)
+            assert len(tokens) - len(kept) == -(-length * 3 // 10), (seed, length, out)
+    assert text_infilling([1, 2, 3], mask_id, 1.5, 3.0, _gen()) == [mask_id]  # a ratio above 1 hides everything
+
+
+def test_span_objective_numbers_sentinels_down_from_the_top_like_t5():
+    import lmkit
+    from lmkit.data.tokenize import vocab_size_of
+    from lmkit.train.denoise import SENTINELS
+    from lmkit.train.tasks import get_objective
+
+    tok = lmkit.train_tokenizer(["def f(x): return x + 1. print(f(2))."] * 20, kind="bpe", vocab_size=300)
+    before = vocab_size_of(tok)
+    task = get_objective("span").prepare(tok)
+    V = vocab_size_of(tok)
+    assert V == before + len(SENTINELS)
+    assert [tok.token_to_id(s) for s in SENTINELS] == list(range(V - 1, V - 1 - len(SENTINELS), -1))
+    rows = torch.tensor([[0] + tok.encode("print(f(2)). def f(x): return x + 1.") * 3])
+    batch = task.build_batch(rows, pad_id=-1, generator=_gen())
+    first = [t for t in batch["input_ids"][0].tolist() if t >= before]
+    assert first[0] == V - 1 and first == sorted(first, reverse=True)  # <extra_id_0> first, then descending

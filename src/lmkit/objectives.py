@@ -222,26 +222,29 @@ def span_corruption(tokens: list[int], sentinel_ids: list[int], noise_density: f
 
 def text_infilling(tokens: list[int], mask_id: int, mask_ratio: float = 0.3, poisson_lambda: float = 3.0,
                    generator: torch.Generator | None = None) -> list[int]:
-    """BART text infilling: spans with Poisson(lambda) lengths cover ceil(ratio * n) tokens; each run of
-    masked tokens becomes one mask token, and a 0-length span inserts a mask token."""
+    """BART text infilling: spans with Poisson(lambda) lengths, drawn until they cover exactly
+    min(ceil(ratio * n), n) tokens; each run of masked tokens becomes one mask token, and a 0-length span
+    inserts a mask token."""
     n = len(tokens)
     budget = math.ceil(n * mask_ratio)
     if n == 0 or budget == 0:
         return list(tokens)
+    budget = min(budget, n)
     masked, inserts, covered = [False] * n, set(), 0
-    rate = torch.tensor([poisson_lambda] * max(1, budget), dtype=torch.float)
-    lengths = torch.poisson(rate, generator=generator).long().tolist()
-    starts = torch.randint(n, (len(lengths),), generator=generator).tolist()
-    for length, start in zip(lengths, starts):
-        if covered >= budget:
-            break
-        if length == 0:
-            inserts.add(start)
-            continue
-        length = min(length, budget - covered)
-        for i in range(start, min(n, start + length)):
-            covered += not masked[i]
-            masked[i] = True
+    while covered < budget:  # overlaps, the end of the row and 0-length spans can leave a batch of draws short
+        rate = torch.tensor([poisson_lambda] * budget, dtype=torch.float)
+        lengths = torch.poisson(rate, generator=generator).long().tolist()
+        starts = torch.randint(n, (len(lengths),), generator=generator).tolist()
+        for length, start in zip(lengths, starts):
+            if covered >= budget:
+                break
+            if length == 0:
+                inserts.add(start)
+                continue
+            length = min(length, budget - covered)
+            for i in range(start, min(n, start + length)):
+                covered += not masked[i]
+                masked[i] = True
     out: list[int] = []
     for i, token in enumerate(tokens):
         if i in inserts and not masked[i] and (not out or out[-1] != mask_id):

@@ -59,7 +59,8 @@ class DenoisingObjective(Objective):
         names = SENTINELS if self.name == "span" else [MASK]
         missing = [n for n in names if tokenizer.token_to_id(n) is None]
         if missing:
-            tokenizer.add_special_tokens(missing)
+            # T5 numbers sentinels down from the top of the vocabulary: <extra_id_0> = V - 1, <extra_id_1> = V - 2, ...
+            tokenizer.add_special_tokens(missing[::-1])
         ids = [int(tokenizer.token_to_id(n)) for n in names]
         # sentence ends: tokens that end in a full stop (byte-level BPE writes a newline as "Ċ")
         ends = {i for t, i in tokenizer.get_vocab().items() if t.rstrip("Ċ\n").endswith((".", "!", "?"))}
