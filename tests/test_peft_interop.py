@@ -70,13 +70,18 @@ def test_ia3_both_ways(tmp_path):
     ref = hf_model("llama", tmp_path, seed=2)
     ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "ia3")
     randomize(ours)
-    ours.save_adapter(tmp_path / "ours")
-    theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "ours").eval()
+    assert_loads_both_ways(ours, ref, tmp_path)
+
+
+def assert_loads_both_ways(ours, ref, tmp_path, ids=IDS):
+    """lmkit's adapter, saved, gives PEFT over `ref` the same logits, and reloads into lmkit unchanged."""
+    ours.save_adapter(tmp_path / "adapter")
+    theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "adapter").eval()
     with torch.no_grad():
-        torch.testing.assert_close(ours(IDS).logits, theirs(input_ids=IDS).logits, rtol=1e-4, atol=1e-4)
-    back = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "ours")
+        torch.testing.assert_close(ours(ids).logits, theirs(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    back = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
     with torch.no_grad():
-        torch.testing.assert_close(back(IDS).logits, ours(IDS).logits, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(back(ids).logits, ours(ids).logits, rtol=1e-6, atol=1e-6)
 
 
 def test_prompt_tuning_matches_peft(tmp_path):
@@ -152,14 +157,7 @@ def test_lmkit_classifier_adapter_loads_in_peft(tmp_path, method):
     settings = dict(r=4, alpha=8, target_modules=["q_proj", "v_proj"]) if method == "lora" else dict(num_virtual_tokens=3)
     ours = get_peft_model(lmkit.load_model(tmp_path / "base"), method, modules_to_save=["classifier"], **settings)
     randomize(ours)
-    ours.save_adapter(tmp_path / "adapter")
-    theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "adapter").eval()
-    ids = IDS.clamp(min=3)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(ids).logits, theirs(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
-    back = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
-    with torch.no_grad():
-        torch.testing.assert_close(back(ids).logits, ours(ids).logits, rtol=1e-6, atol=1e-6)
+    assert_loads_both_ways(ours, ref, tmp_path, ids=IDS.clamp(min=3))
 
 
 def test_peft_seq2seq_prompt_with_decoder_tokens_is_refused(tmp_path):
