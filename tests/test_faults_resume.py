@@ -99,3 +99,18 @@ def test_every_checkpoint_damaged_is_a_clear_error(data, tmp_path, capsys):
     assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "4", *FLAGS, "--resume"]) == 2
     err = capsys.readouterr().err
     assert "every checkpoint" in err and "state.json" in err and "another --out" in err
+
+
+def test_a_damaged_newer_save_is_pruned_not_the_fresh_one(data, tmp_path, capsys):
+    # resumed from step 4 because step 6 is damaged, a save at step 5 (another cadence) with --keep-checkpoints 1
+    # must keep step 5, not the damaged step 6 (that left no usable checkpoint at all)
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "6", *FLAGS]) == 0
+    (out / "checkpoint" / "step-00000006" / "state.json").write_text("{", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "5", *FLAGS,
+                 "--resume", "--save-every", "1", "--keep-checkpoints", "1"]) == 0
+    assert "using step-00000004" in capsys.readouterr().err
+    assert saved_steps(out) == [5]
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "6", *FLAGS, "--resume"]) == 0
+    assert [s for s, _, _ in logged(out)] == [1, 2, 3, 4, 5, 6]

@@ -199,7 +199,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module | dic
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     atomic_write_json(root / "latest.json", {"path": name, "step": step})
-    kept = checkpoints(run_dir)[:max(1, keep)]
+    # checkpoints past this step belong to a run resumed from an older one (a damaged newer save): they go too
+    kept = [p for p in checkpoints(run_dir) if int(STEP_DIR.fullmatch(p.name).group(1)) <= step][:max(1, keep)]
     for old in root.iterdir():
         if old.name != "latest.json" and old not in kept:
             shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
