@@ -114,3 +114,12 @@ def test_a_damaged_newer_save_is_pruned_not_the_fresh_one(data, tmp_path, capsys
     assert saved_steps(out) == [5]
     assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "6", *FLAGS, "--resume"]) == 0
     assert [s for s, _, _ in logged(out)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_keep_checkpoints_given_on_resume_is_honoured(data, tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "6", *FLAGS]) == 0
+    assert saved_steps(out) == [2, 4, 6]
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "8", *FLAGS,
+                 "--resume", "--keep-checkpoints", "1"]) == 0
+    assert saved_steps(out) == [8]

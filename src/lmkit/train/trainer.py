@@ -55,7 +55,8 @@ def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | 
         if key in explicit and mine is not None and mine != saved.get(key):
             raise TrainingError(f"--{key.replace('_', '-')} {mine} differs from the run being resumed ({saved.get(key)}); "
                                 f"drop the flag, or start a new run with another --out")
-    for key in ("max_steps", "time_budget", "log_every", "save_every", "eval_every", "eval_batch_size", "progress"):
+    for key in ("max_steps", "time_budget", "log_every", "save_every", "eval_every", "eval_batch_size", "progress",
+                "keep_checkpoints"):
         if explicit is None or key in explicit or key == "progress":
             merged[key] = getattr(cfg, key)
     merged.update(out=cfg.out, resume=True)
