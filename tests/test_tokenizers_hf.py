@@ -191,3 +191,22 @@ def test_save_pretrained_loads_in_transformers(minilm, tmp_path):
         assert auto(a, b)["input_ids"] == ours.encode(a, pair=b)
     batch = auto(["short", "a longer one here"], padding=True)
     assert batch["input_ids"] == ours(["short", "a longer one here"], padding=True)["input_ids"]
+
+
+def test_unigram_characters_em_drops_score_like_tokenizers():
+    # 'a' and 'b' only ever appear inside longer pieces: EM drops them, yet every character must stay. HF scores
+    # such characters at the model's lowest score (+1e-4 steps), not at digamma(~0) = -1e6.
+    texts = ["a" * 200, "ab" * 40, "aaa aaa aaa"]
+    specials = ["<pad>", "</s>", "<unk>"]
+    tok = tokenizers.Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=20, special_tokens=specials, unk_token="<unk>",
+                                                           show_progress=False))
+    theirs = dict(map(tuple, json.loads(tok.to_str())["model"]["vocab"]))
+    ours = dict(train_tokenizer(texts, "unigram", 20, special_tokens=specials).model.pieces)
+    for ch in ("a", "b", "\u2581"):
+        assert abs(ours[ch] - theirs[ch]) < 1.0, (ch, ours[ch], theirs[ch])
+    assert min(ours.values()) > min(theirs.values()) - 1.0
+    rest = [s for p, s in ours.items() if p not in ("a", "b")]
+    assert min(ours["a"], ours["b"]) == pytest.approx(min(rest), abs=1e-3)
