@@ -191,3 +191,71 @@ def test_save_pretrained_loads_in_transformers(minilm, tmp_path):
         assert auto(a, b)["input_ids"] == ours.encode(a, pair=b)
     batch = auto(["short", "a longer one here"], padding=True)
     assert batch["input_ids"] == ours(["short", "a longer one here"], padding=True)["input_ids"]
+
+
+def test_unigram_characters_em_drops_score_like_tokenizers():
+    # 'a' and 'b' only ever appear inside longer pieces: EM drops them, yet every character must stay. HF scores
+    # such characters at the model's lowest score (+1e-4 steps), not at digamma(~0) = -1e6.
+    texts = ["a" * 200, "ab" * 40, "aaa aaa aaa"]
+    specials = ["<pad>", "</s>", "<unk>"]
+    tok = tokenizers.Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=20, special_tokens=specials, unk_token="<unk>", show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    theirs = dict(map(tuple, json.loads(tok.to_str())["model"]["vocab"]))
+    ours = dict(train_tokenizer(texts, "unigram", 20, special_tokens=specials).model.pieces)
+    for ch in ("a", "b", "\u2581"):
+        assert abs(ours[ch] - theirs[ch]) < 1.0, (ch, ours[ch], theirs[ch])
+    assert min(ours.values()) > min(theirs.values()) - 1.0
+    rest = [s for p, s in ours.items() if p not in ("a", "b")]
+    assert min(ours["a"], ours["b"]) == pytest.approx(min(rest), abs=1e-3)
+
+
+EDGE_CORPORA = {
+    "ties": ["ab ab cd cd ef ef", "ba dc fe"],
+    "rotations": ["abcd bcda cdab dabc"],
+    "repetitive": ["aaaa aaaa aaaaaaa"] * 3 + ["ab" * 50, "a" * 200],
+    "scripts": ["北京欢迎你。東京は日本の首都です。서울은 한국의 수도입니다.", "北京 北京 東京 東京",
+                "naïve café résumé Привет мир Γειά σου مرحبا שלום नमस्ते", "e\u0301 a\u0308 ﬁ ①"],
+    "emoji": ["emoji 😀👍🏽 👩‍👩‍👧‍👦 🇫🇷 ❤️ ✨ 😀😀😀 👍👍"],
+    "blank": ["", " ", "\n\n", "\t \t", "x y", "   "],
+}
+
+
+@pytest.mark.parametrize("corpus", sorted(EDGE_CORPORA))
+def test_bpe_trainer_matches_tokenizers_on_edge_corpora(corpus):
+    texts = EDGE_CORPORA[corpus]
+    for specials in ([], ["<|endoftext|>", "<|pad|>"]):
+        for extra in (0, 1, 3, 40):
+            for min_frequency in (0, 3):
+                size = 256 + len(specials) + extra
+                tok = tokenizers.Tokenizer(models.BPE())
+                tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+                tok.train_from_iterator(texts, trainers.BpeTrainer(
+                    vocab_size=size, special_tokens=specials, min_frequency=min_frequency, show_progress=False,
+                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+                theirs = json.loads(tok.to_str())["model"]
+                ours = train_tokenizer(texts, "bpe", size, special_tokens=specials, min_frequency=min_frequency)
+                key = (specials, size, min_frequency)
+                assert ours.model.vocab == theirs["vocab"], key
+                assert [list(m) for m in ours.model.merges] == [list(m) for m in theirs["merges"]], key
+
+
+@pytest.mark.parametrize("corpus", sorted(EDGE_CORPORA))
+def test_wordpiece_trainer_alphabet_matches_tokenizers_on_edge_corpora(corpus):
+    # HF numbers the ## continuation tokens in hash-map order (it differs run to run) and breaks count ties
+    # by id, so only the special tokens and the alphabet have fixed ids (and the merges made can differ on ties)
+    texts = EDGE_CORPORA[corpus]
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=5000, special_tokens=specials,
+                                                             show_progress=False))
+    theirs = json.loads(tok.to_str())["model"]["vocab"]
+    ours = train_tokenizer(texts, "wordpiece", 5000, special_tokens=specials).model.vocab
+    fixed = lambda v: {t: i for t, i in v.items() if t in specials or len(t) == 1}  # noqa: E731
+    assert fixed(ours) == fixed(theirs)
+    continuations = lambda v: {t for t in v if t.startswith("##") and len(t) == 3}  # noqa: E731
+    assert continuations(ours) == continuations(theirs)

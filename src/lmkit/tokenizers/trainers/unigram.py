@@ -218,6 +218,18 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, special_tokens: 
             break
         scores = pruned
         lattices = _filter(lattices, scores)
+    # characters EM dropped (expected count < 0.5; kept only because every character must stay) carry a
+    # meaningless digamma(~0) score near -1e6: score them as HF's UnigramTrainer.finalize does, the lowest
+    # score of the other pieces plus 1e-4 per character already so placed (most frequent first)
+    dropped = {ch for ch in chars if expected.get(ch, 0.0) < 0.5}
+    if dropped:
+        floor = min((s for p, s in scores.items() if p not in dropped), default=0.0)
+        char_freq: Counter = Counter()
+        for w, c in word_counts.items():
+            for ch in w:
+                char_freq[ch] += c
+        for k, ch in enumerate(sorted(dropped, key=lambda ch: (-char_freq[ch], ch))):
+            scores[ch] = floor + 1e-4 * k
     # final cut to the budget: every character, then the most probable pieces
     rest = sorted((p for p in scores if p not in chars), key=lambda p: (-scores[p], p))
     final = sorted(chars, key=lambda p: (-scores[p], p))
