@@ -269,3 +269,11 @@ def test_added_token_that_is_also_a_merge_stays_whole(bpe):
     assert tok.engine() is not None
     assert tok.encode(text).count(tok.token_to_id(word)) == 2
     assert tok.encode(text) == tok._encode_plain(text, python_only=True)
+
+
+def test_unigram_vocabulary_too_small_for_the_characters_is_an_error():
+    """Every character is a Unigram piece, so a vocabulary smaller than the alphabet cannot be honoured (HF refuses)."""
+    texts = ["abcdefghij klmnopqrst uvwxyz"]  # 26 letters and the metaspace
+    with pytest.raises(TokenizerError, match="27 distinct characters and 2 special tokens; use vocab_size >= 29"):
+        train_tokenizer(texts, kind="unigram", vocab_size=20, special_tokens=["<unk>", "<pad>"])
+    assert train_tokenizer(texts, kind="unigram", vocab_size=29, special_tokens=["<unk>", "<pad>"]).vocab_size == 29

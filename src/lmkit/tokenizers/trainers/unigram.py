@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from lmkit.errors import TokenizerError
+
 NEG_INF = float("-inf")
 
 
@@ -200,6 +202,9 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, special_tokens: 
     words = sorted(word_counts.items())
     chars = {ch for w in word_counts for ch in w}
     budget = vocab_size - len(special_tokens)
+    if len(chars) > budget:  # a Unigram vocabulary holds every character (HF refuses too)
+        raise TokenizerError(f"vocab_size {vocab_size} cannot hold the corpus's {len(chars)} distinct characters and "
+                             f"{len(special_tokens)} special tokens; use vocab_size >= {len(chars) + len(special_tokens)}")
     scores = seed_pieces(word_counts, chars, max_piece_length, seed_size or min(1_000_000, 10 * max(budget, 100)))
     desired = max(len(chars), int(budget * 1.1))
     lattices = _lattices(words, scores, max_piece_length)
