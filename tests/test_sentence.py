@@ -134,3 +134,50 @@ def test_semantic_search_cli_finds_the_right_paragraph(minilm_path, tmp_path, mo
     assert len(lines[0]["hits"]) == 2 and lines[0]["hits"][0]["score"] >= lines[0]["hits"][1]["score"]
     assert main(args) == 0  # from the cached index
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == lines
+
+
+def _small_bert(tmp_path, minilm_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                                  intermediate_size=40, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.BertModel(cfg).save_pretrained(tmp_path / "bert")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (tmp_path / "bert" / name).write_bytes((minilm_path / name).read_bytes())
+    return st.models.Transformer(str(tmp_path / "bert"), max_seq_length=20)
+
+
+def test_module_order_normalize_flag_and_gelu(minilm_path, tmp_path):
+    """Normalize before a Dense runs there; normalize_embeddings=False keeps the model's Normalize (as ST)."""
+    from sentence_transformers import models
+    word = _small_bert(tmp_path, minilm_path)
+    mods = [word, models.Pooling(24), models.Normalize(), models.Dense(24, 8, activation_function=torch.nn.GELU())]
+    st.SentenceTransformer(modules=mods, device="cpu").save(str(tmp_path / "a"))
+    st.SentenceTransformer(modules=[word, models.Pooling(24), models.Normalize()], device="cpu").save(str(tmp_path / "b"))
+    for name, kw in (("a", {}), ("a", {"normalize_embeddings": True}), ("b", {"normalize_embeddings": False})):
+        ref = st.SentenceTransformer(str(tmp_path / name), device="cpu").encode(SENTENCES, batch_size=4, **kw)
+        got = lmkit.SentenceEncoder.from_pretrained(tmp_path / name).encode(SENTENCES, batch_size=4, **kw)
+        assert np.abs(got - ref).max() < 1e-5, (name, kw)
+
+
+def test_do_lower_case_and_prompts(minilm_path, tmp_path):
+    import json
+
+    from sentence_transformers import models
+    st.SentenceTransformer(modules=[_small_bert(tmp_path, minilm_path), models.Pooling(24)], device="cpu").save(str(tmp_path / "m"))
+    folder = tmp_path / "m"
+    cfg = json.loads((folder / "sentence_bert_config.json").read_text())
+    (folder / "sentence_bert_config.json").write_text(json.dumps({**cfg, "do_lower_case": True}))
+    stc = json.loads((folder / "config_sentence_transformers.json").read_text())
+    stc.update(prompts={"query": "query: ", "doc": ""}, default_prompt_name="query")
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(stc))
+    texts = SENTENCES + ["ΣΊΣΥΦΟΣ ΟΔΟΣ", "İstanbul"]  # final sigma: the tokenizer lowercases letter by letter
+    ref_model, enc = st.SentenceTransformer(str(folder), device="cpu"), lmkit.SentenceEncoder.from_pretrained(folder)
+    for kw in ({}, {"prompt_name": "doc"}, {"prompt": "passage: "}):
+        assert np.abs(enc.encode(texts, batch_size=4, **kw) - ref_model.encode(texts, batch_size=4, **kw)).max() < 1e-5, kw
+    with pytest.raises(ConfigError, match="nope"):
+        enc.encode(["x"], prompt_name="nope")
+    enc.include_prompt = False  # pooling that leaves the prompt out is not supported: an error, not other numbers
+    with pytest.raises(ConfigError, match="include_prompt"):
+        enc.encode(["x"])
+    assert enc.encode(["x"], prompt="").shape == (1, 24)

@@ -28,7 +28,8 @@ LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "m
                   "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 POOLING_MODES = tuple(LEGACY_POOLING.values())
 DENSE_ACTIVATIONS = {"torch.nn.modules.activation.Tanh": torch.tanh, "torch.nn.modules.linear.Identity": lambda x: x,
-                     "torch.nn.modules.activation.ReLU": torch.relu, "torch.nn.modules.activation.Sigmoid": torch.sigmoid}
+                     "torch.nn.modules.activation.ReLU": torch.relu, "torch.nn.modules.activation.Sigmoid": torch.sigmoid,
+                     "torch.nn.modules.activation.GELU": torch.nn.functional.gelu}
 
 
 def _read_json(path: Path) -> dict | list:
@@ -89,11 +90,16 @@ class SentenceEncoder:
 
     def __init__(self, model, tokenizer, pooling_modes: tuple[str, ...] = ("mean",),
                  normalize: bool = False, max_seq_length: int = 512, do_lower_case: bool = False,
-                 dense: list[Dense] | None = None):
+                 dense: list[Dense] | None = None, head: list | None = None, prompts: dict[str, str] | None = None,
+                 default_prompt_name: str | None = None, include_prompt: bool = True):
         self.model, self.tokenizer = model.eval(), tokenizer
         self.pooling_modes, self.normalize = tuple(pooling_modes), normalize
         self.max_seq_length, self.do_lower_case = max_seq_length, do_lower_case
         self.dense = dense or []
+        # the modules after pooling, in the order of modules.json: Dense layers and "normalize"
+        self.head = list(head) if head is not None else [*self.dense, *(["normalize"] if normalize else [])]
+        self.prompts, self.default_prompt_name = dict(prompts or {}), default_prompt_name
+        self.include_prompt = include_prompt
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model.config.pad_token_id or 0)
 
     @classmethod
@@ -109,7 +115,7 @@ class SentenceEncoder:
             [{"path": "", "type": "sentence_transformers.models.Transformer"},
              {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
         model = tokenizer = None
-        modes, normalize, dense, settings = ("mean",), False, [], {}
+        modes, normalize, dense, head, settings, include_prompt = ("mean",), False, [], [], {}, True
         for module in sorted(modules, key=lambda m: m.get("idx", 0)):
             kind, sub = _kind(module), folder / module.get("path", "")
             if kind == "transformer":
@@ -123,17 +129,23 @@ class SentenceEncoder:
                         settings = _read_json(sub / name)
                         break
             elif kind == "pooling":
-                modes = cls._pooling_modes(_read_json(sub / "config.json"))
+                pooling = _read_json(sub / "config.json")
+                modes, include_prompt = cls._pooling_modes(pooling), bool(pooling.get("include_prompt", True))
             elif kind == "dense":
                 dense.append(cls._dense(sub))
+                head.append(dense[-1])
             else:
                 normalize = True
+                head.append("normalize")
         if model is None:
             raise ConfigError(f"{folder / 'modules.json'} lists no Transformer module; lmkit needs one")
         # sentence-transformers 2-5 keep max_seq_length in sentence_bert_config.json, 6 in the tokenizer's config
         max_len = settings.get("max_seq_length") or cls._tokenizer_max_length(transformer_dir) or model.config.max_seq_len
+        st_config = folder / "config_sentence_transformers.json"
+        st_config = _read_json(st_config) if st_config.is_file() else {}
         return cls(model, tokenizer, modes, normalize, min(int(max_len), model.config.max_seq_len),
-                   bool(settings.get("do_lower_case", False)), dense)
+                   bool(settings.get("do_lower_case", False)), dense, head, st_config.get("prompts") or {},
+                   st_config.get("default_prompt_name"), include_prompt)
 
     @staticmethod
     def _pooling_modes(config: dict) -> tuple[str, ...]:
@@ -167,18 +179,25 @@ class SentenceEncoder:
     # encoding ----------------------------------------------------------------------------------------
     def tokenize(self, sentences: list[str]) -> list[list[int]]:
         texts = [s.strip() for s in sentences]
-        if self.do_lower_case:
-            texts = [s.lower() for s in texts]
+        if self.do_lower_case:  # character by character, as the tokenizers Lowercase normalizer (no final sigma)
+            texts = ["".join(ch.lower() for ch in s) for s in texts]
         return self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)["input_ids"]
 
     @torch.inference_mode()
     def encode(self, sentences: str | Iterable[str], batch_size: int = 32, normalize_embeddings: bool | None = None,
-               show_progress_bar: bool = False) -> np.ndarray:
-        """(N, dim) float32 embeddings (a single string gives (dim,)), in the order of `sentences`."""
+               show_progress_bar: bool = False, prompt_name: str | None = None, prompt: str | None = None) -> np.ndarray:
+        """(N, dim) float32 embeddings (a single string gives (dim,)), in the order of `sentences`.
+
+        normalize_embeddings=True normalizes the output; False leaves the model's own Normalize module in place
+        (as sentence-transformers). `prompt` (a string) or `prompt_name` (a key of the folder's prompts) is
+        put before every sentence; without either, the folder's default_prompt_name applies."""
         single = isinstance(sentences, str)
         sentences = [sentences] if single else list(sentences)
         if any(not isinstance(s, str) for s in sentences):
             raise ConfigError("encode takes strings; convert other values with str() first")
+        text_prompt = self._prompt(prompt_name, prompt)
+        if text_prompt:
+            sentences = [text_prompt + s for s in sentences]
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
         ids = self.tokenize(sentences)
@@ -194,6 +213,17 @@ class SentenceEncoder:
             out = np.zeros((0, self.dim), dtype=np.float32)
         return out[0] if single else out
 
+    def _prompt(self, prompt_name: str | None, prompt: str | None) -> str:
+        if prompt is None:
+            name = prompt_name if prompt_name is not None else self.default_prompt_name
+            if name is not None and name not in self.prompts:
+                raise ConfigError(f"prompt {name!r} is not one of the model's prompts: {', '.join(self.prompts) or 'none'}")
+            prompt = self.prompts[name] if name is not None else ""
+        if prompt and not self.include_prompt:
+            raise ConfigError("this model's Pooling excludes the prompt tokens (include_prompt false), which lmkit does "
+                              "not support; encode without a prompt (prompt='') or use sentence-transformers")
+        return prompt
+
     def _embed(self, rows: list[list[int]], normalize: bool | None) -> torch.Tensor:
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -204,9 +234,9 @@ class SentenceEncoder:
         device = self.model.device
         h = self.model(input_ids.to(device), attention_mask=mask.to(device)).last_hidden_state
         emb = pool_tokens(h.float(), mask.to(device), self.pooling_modes)
-        for layer in self.dense:
-            emb = layer(emb)
-        if self.normalize if normalize is None else normalize:
+        for layer in self.head:
+            emb = torch.nn.functional.normalize(emb, p=2, dim=-1) if isinstance(layer, str) else layer(emb)
+        if normalize:
             emb = torch.nn.functional.normalize(emb, p=2, dim=-1)
         return emb.float().cpu()
 
