@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from lmkit.errors import CheckpointError, ConfigError
+from lmkit.tokenizers.normalizers import lowercase
 
 MODULE_KINDS = {"Transformer": "transformer", "Pooling": "pooling", "Dense": "dense", "Normalize": "normalize"}
 # legacy boolean keys of the pooling config, in the order their vectors are concatenated
@@ -179,8 +180,8 @@ class SentenceEncoder:
     # encoding ----------------------------------------------------------------------------------------
     def tokenize(self, sentences: list[str]) -> list[list[int]]:
         texts = [s.strip() for s in sentences]
-        if self.do_lower_case:  # character by character, as the tokenizers Lowercase normalizer (no final sigma)
-            texts = ["".join(ch.lower() for ch in s) for s in texts]
+        if self.do_lower_case:  # as the tokenizers Lowercase normalizer (each character alone: no final sigma)
+            texts = [lowercase(s) for s in texts]
         return self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)["input_ids"]
 
     @torch.inference_mode()
