@@ -59,15 +59,8 @@ def test_all_minilm_bfloat16_close(minilm_path):
 
 def test_other_pooling_dense_and_no_normalize(minilm_path, tmp_path):
     from sentence_transformers import models
-    transformers = pytest.importorskip("transformers")
 
-    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
-                                  intermediate_size=40, max_position_embeddings=64)
-    torch.manual_seed(0)
-    transformers.BertModel(cfg).save_pretrained(tmp_path / "bert")
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        (tmp_path / "bert" / name).write_bytes((minilm_path / name).read_bytes())
-    word = models.Transformer(str(tmp_path / "bert"), max_seq_length=20)
+    word = _small_bert(tmp_path, minilm_path)
     pooling = models.Pooling(24, pooling_mode=("max", "cls", "mean_sqrt_len_tokens"))
     dense = models.Dense(72, 10, activation_function=torch.nn.Tanh())
     model = st.SentenceTransformer(modules=[word, pooling, dense], device="cpu")
@@ -137,6 +130,7 @@ def test_semantic_search_cli_finds_the_right_paragraph(minilm_path, tmp_path, mo
 
 
 def _small_bert(tmp_path, minilm_path):
+    """A random 2-layer BERT of width 24 with MiniLM's tokenizer, as a sentence-transformers Transformer module."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.BertConfig(vocab_size=30522, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
                                   intermediate_size=40, max_position_embeddings=64)

@@ -90,15 +90,14 @@ class SentenceEncoder:
     """encode(sentences) -> (N, dim) float32 embeddings, the numbers sentence-transformers gives."""
 
     def __init__(self, model, tokenizer, pooling_modes: tuple[str, ...] = ("mean",),
-                 normalize: bool = False, max_seq_length: int = 512, do_lower_case: bool = False,
-                 dense: list[Dense] | None = None, head: list | None = None, prompts: dict[str, str] | None = None,
-                 default_prompt_name: str | None = None, include_prompt: bool = True):
+                 head: list[Dense | str] | None = None, max_seq_length: int = 512, do_lower_case: bool = False,
+                 prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
+                 include_prompt: bool = True):
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.pooling_modes, self.normalize = tuple(pooling_modes), normalize
+        self.pooling_modes = tuple(pooling_modes)
         self.max_seq_length, self.do_lower_case = max_seq_length, do_lower_case
-        self.dense = dense or []
         # the modules after pooling, in the order of modules.json: Dense layers and "normalize"
-        self.head = list(head) if head is not None else [*self.dense, *(["normalize"] if normalize else [])]
+        self.head = list(head or [])
         self.prompts, self.default_prompt_name = dict(prompts or {}), default_prompt_name
         self.include_prompt = include_prompt
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model.config.pad_token_id or 0)
@@ -116,7 +115,7 @@ class SentenceEncoder:
             [{"path": "", "type": "sentence_transformers.models.Transformer"},
              {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
         model = tokenizer = None
-        modes, normalize, dense, head, settings, include_prompt = ("mean",), False, [], [], {}, True
+        modes, head, settings, include_prompt = ("mean",), [], {}, True
         for module in sorted(modules, key=lambda m: m.get("idx", 0)):
             kind, sub = _kind(module), folder / module.get("path", "")
             if kind == "transformer":
@@ -133,10 +132,8 @@ class SentenceEncoder:
                 pooling = _read_json(sub / "config.json")
                 modes, include_prompt = cls._pooling_modes(pooling), bool(pooling.get("include_prompt", True))
             elif kind == "dense":
-                dense.append(cls._dense(sub))
-                head.append(dense[-1])
+                head.append(cls._dense(sub))
             else:
-                normalize = True
                 head.append("normalize")
         if model is None:
             raise ConfigError(f"{folder / 'modules.json'} lists no Transformer module; lmkit needs one")
@@ -144,8 +141,8 @@ class SentenceEncoder:
         max_len = settings.get("max_seq_length") or cls._tokenizer_max_length(transformer_dir) or model.config.max_seq_len
         st_config = folder / "config_sentence_transformers.json"
         st_config = _read_json(st_config) if st_config.is_file() else {}
-        return cls(model, tokenizer, modes, normalize, min(int(max_len), model.config.max_seq_len),
-                   bool(settings.get("do_lower_case", False)), dense, head, st_config.get("prompts") or {},
+        return cls(model, tokenizer, modes, head, min(int(max_len), model.config.max_seq_len),
+                   bool(settings.get("do_lower_case", False)), st_config.get("prompts") or {},
                    st_config.get("default_prompt_name"), include_prompt)
 
     @staticmethod
@@ -242,9 +239,14 @@ class SentenceEncoder:
         return emb.float().cpu()
 
     @property
+    def normalize(self) -> bool:
+        """Whether the folder has a Normalize module."""
+        return "normalize" in self.head
+
+    @property
     def dim(self) -> int:
-        d = self.model.config.d_model * len(self.pooling_modes)
-        return self.dense[-1].weight.shape[0] if self.dense else d
+        dense = [m for m in self.head if not isinstance(m, str)]
+        return dense[-1].weight.shape[0] if dense else self.model.config.d_model * len(self.pooling_modes)
 
 
 # semantic search ---------------------------------------------------------------------------------------
