@@ -1,4 +1,6 @@
 """Adapters saved by lmkit load in the PEFT library onto the transformers model (and back), same outputs."""
+import json
+
 import pytest
 import torch
 
@@ -93,6 +95,12 @@ def test_prompt_tuning_matches_peft(tmp_path):
     with torch.no_grad():
         want = theirs(input_ids=IDS).logits[:, 4:]   # PEFT also returns the virtual positions
         torch.testing.assert_close(ours(IDS).logits, want, rtol=1e-4, atol=1e-4)
+    made_there = peft.get_peft_model(hf_model("llama", tmp_path / "again", seed=4),
+                                     peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    expected = made_there.peft_config["default"]
+    written = json.loads((tmp_path / "prompt" / "adapter_config.json").read_text())
+    for key in ("token_dim", "num_transformer_submodules", "num_attention_heads", "num_layers"):
+        assert written[key] == getattr(expected, key), key  # the fields PEFT fills in from the model
 
 
 def _peft_to_lmkit(tmp_path, kind, config, seed=1):

@@ -66,8 +66,8 @@ def save_adapter(peft_model: PeftModel, path) -> None:
     model, c = peft_model.base_model, peft_model.peft_config
     folder = Path(path)
     tensors: dict[str, torch.Tensor] = {}
-    raw = {"peft_type": PEFT_TYPES[c.method], "task_type": _task_type(model, bool(c.modules_to_save)), "base_model_name_or_path": None,
-           "inference_mode": True, "revision": None}
+    raw = {"peft_type": PEFT_TYPES[c.method], "task_type": _task_type(model, bool(c.modules_to_save)),
+           "base_model_name_or_path": None, "inference_mode": True, "revision": None}
     if c.method in ("qlora", "prefix", "adapter"):  # what the PEFT fields cannot say (PEFT ignores it, with a warning)
         raw["lmkit"] = c.to_dict()
     if c.method in ("lora", "qlora"):
@@ -122,8 +122,9 @@ def save_adapter(peft_model: PeftModel, path) -> None:
         emb = next(m for m in model.modules() if isinstance(m, prompt.PromptEmbedding))
         tensors["prompt_embeddings"] = emb.prompt_embeddings.detach()
         raw.update(num_virtual_tokens=c.num_virtual_tokens, token_dim=model.config.d_model,
-                   num_transformer_submodules=1,  # virtual tokens in front of the encoder only num_attention_heads=model.config.n_heads,
-                   num_layers=model.config.n_layers, prompt_tuning_init="RANDOM")
+                   num_transformer_submodules=1,  # virtual tokens in front of the encoder only
+                   num_attention_heads=model.config.n_heads, num_layers=model.config.n_layers,
+                   prompt_tuning_init="RANDOM")
     else:
         for name, p in model.named_parameters():
             if any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS):
