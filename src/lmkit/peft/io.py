@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lmkit.errors import CheckpointError, ConfigError
+from lmkit.hub.convert import from_hf
 from lmkit.hub.files import atomic_save_safetensors, atomic_write_json, load_safetensors, read_json
 from lmkit.peft import adapters, lora, prompt, quant
 from lmkit.peft.model import ADAPTER_PARAMS, PeftConfig, PeftModel, mark_trainable
@@ -228,22 +229,16 @@ def _check_supported(raw: dict, tensors: dict, method: str) -> None:
 def _load_full(model: nn.Module, tensors: dict, folder: Path, prefix: str = PREFIX) -> None:
     """Copy HF-named tensors trained in full into the model, splitting fused ones (GPT-2's c_attn) by the rules."""
     rules = {rule.hf: rule for rule in hf_rules(model)}
-    params = dict(model.named_parameters(remove_duplicate=False))
-    state = {}
+    wanted: dict[str, torch.Tensor] = {}
     for key, t in tensors.items():
         if ".modules_to_save." in key or ".original_module." in key:
             continue  # PEFT's wrapper copies (bias="all"); the trained one is also saved under the plain name
         hf = key.removeprefix(prefix).replace(".base_layer.", ".")
-        rule = rules.get(hf)
-        if rule is None:
+        if hf not in rules:
             raise CheckpointError(f"{folder / WEIGHTS}: tensor {key} names {hf}, which this model does not have")
-        t = t.t() if rule.transpose else t
-        sizes = [params[o].shape[0] if o in params else -1 for o in rule.ours]
-        if len(rule.ours) > 1 and sum(sizes) == t.shape[0]:
-            state.update(zip(rule.ours, torch.split(t, sizes, dim=0)))
-        else:
-            state[rule.ours[0]] = t
-    _copy(model, state, folder)
+        wanted[hf] = t
+    params = dict(model.named_parameters(remove_duplicate=False))
+    _copy(model, from_hf(wanted, [rules[h] for h in wanted], params, source=str(folder / WEIGHTS)), folder)
 
 
 def _suffix_lookup(pattern: dict, hf: str, default):

@@ -84,11 +84,6 @@ def hf_rules(model: nn.Module) -> list:
     return module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
 
 
-def hf_param_names(model: nn.Module) -> dict[str, str]:
-    """lmkit parameter name -> HF parameter name, for tensors stored one-to-one (identity without a family)."""
-    return {rule.ours[0]: rule.hf for rule in hf_rules(model) if len(rule.ours) == 1}
-
-
 class WrappedLinear(nn.Module):
     """A module that stands in for a frozen linear `base_layer` and shows its weight and sizes."""
 
