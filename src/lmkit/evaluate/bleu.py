@@ -49,9 +49,9 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str] | Sequence[
     hypotheses = list(hypotheses)
     if not hypotheses:
         raise MetricError("BLEU needs at least one hypothesis and reference")
-    bad = next((h for h in hypotheses if not isinstance(h, str)), "")
-    if not isinstance(bad, str):
-        raise MetricError(f"hypotheses must be strings, got {type(bad).__name__}")
+    bad = [h for h in hypotheses if not isinstance(h, str)]
+    if bad:
+        raise MetricError(f"hypotheses must be strings, got {type(bad[0]).__name__}")
     streams = _streams(hypotheses, references)
     if smooth_method not in BLEU.SMOOTH_DEFAULTS:
         raise MetricError(f"unknown smooth_method {smooth_method!r}; choose one of {', '.join(BLEU.SMOOTH_DEFAULTS)}")
