@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import lmkit
 from lmkit.data import prepare as prep
-from lmkit.data.corpus import chunk_text, read_jsonl, split_hash
+from lmkit.data.corpus import chunk_text, paragraphs, read_jsonl, split_hash
 from lmkit.data.shards import ShardDataset, ShardStream, read_header, token_dtype
 
 SPECIAL = ["<|endoftext|>", "<|pad|>"]
@@ -110,7 +110,7 @@ def test_streamed_reading_equals_whole_file_reading(tmp_path_factory, parts, blo
     old = prep.BLOCK
     prep.BLOCK = block  # tiny blocks: paragraph and UTF-8 boundaries fall across reads
     try:
-        assert list(prep.stream_paragraphs(path)) == text.split("\n\n")
+        assert list(prep.stream_paragraphs(path, max_chars)) == list(paragraphs(text, max_chars))
         got = list(prep.stream_text_file(path, "L", max_chars))
     finally:
         prep.BLOCK = old
@@ -134,3 +134,29 @@ def test_stream_documents_matches_load_corpus(tmp_path):
     (tmp_path / "b.jsonl").write_text('{"text": "hello"}\n', encoding="utf-8")
     specs = [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")]
     assert list(prep.stream_documents(specs)) == lmkit.data.load_corpus(specs).documents
+
+
+@pytest.mark.parametrize("sep", ["\n", " "])
+def test_text_without_blank_lines_streams_in_bounded_memory(tmp_path, sep):
+    """A file of one paragraph (lines, or one huge line) used to be one document held whole: memory
+    grew with the file (1.5 GB for 48 MB of lines) and every block re-copied it. It is cut into documents of
+    at most CHUNK_CHARS at line breaks (else spaces), and reading holds about a block."""
+    import tracemalloc
+
+    words = [f"word{i % 97}" for i in range(300_000)]  # 2 MB
+    path = tmp_path / "one_paragraph.txt"
+    path.write_text(sep.join(words), encoding="utf-8")
+    old = prep.BLOCK
+    prep.BLOCK = 1 << 16
+    tracemalloc.start()
+    try:
+        docs = [len(d.text) for d in prep.stream_text_file(path, "L")]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        prep.BLOCK = old
+    assert peak < 1 << 20, peak
+    assert max(docs) <= prep.CHUNK_CHARS and sum(docs) > 2_000_000
+    texts = [d.text for d in prep.stream_text_file(path, "L")]
+    assert texts == chunk_text(path.read_text(encoding="utf-8"))
+    assert " ".join(t.replace("\n", " ") for t in texts).split() == words  # every word kept, in order

@@ -18,7 +18,7 @@ from lmkit.errors import CorpusError
 
 SPLIT_SALT = "lmkit-split-v1:"
 VAL_FRACTION = 0.05
-CHUNK_CHARS = 4000  # plain-text files are cut into documents of about this size at blank lines
+CHUNK_CHARS = 4000  # plain-text files are cut into documents of about this size (see chunk_text)
 
 
 @dataclass(frozen=True)
@@ -105,18 +105,51 @@ def _read_text(path: Path) -> str:
                           "convert it, e.g. `iconv -f latin1 -t utf-8`") from None
 
 
-def chunk_text(text: str, max_chars: int = CHUNK_CHARS) -> list[str]:
-    """Cut text at blank lines into pieces of at most about `max_chars` characters (a paragraph is never cut)."""
-    pieces, current, size = [], [], 0
+def cut_point(text: str, start: int, max_chars: int) -> tuple[int, int]:
+    """(end, next start) of the first piece of the over-long paragraph at text[start:].
+
+    The piece ends at its last line break within max_chars characters, else at its last space, else
+    after max_chars characters; the break itself is dropped. Only text[start:start + max_chars + 1] is read.
+    """
+    for sep in ("\n", " "):
+        at = text.rfind(sep, start + 1, start + max_chars + 1)
+        if at > start:
+            return at, at + 1
+    return start + max_chars, start + max_chars
+
+
+def paragraphs(text: str, max_chars: int = CHUNK_CHARS) -> Iterator[str]:
+    """text.split("\n\n"), a paragraph longer than max_chars cut into pieces at `cut_point`s."""
     for para in text.split("\n\n"):
+        start = 0
+        while len(para) - start > max_chars:
+            end, start_next = cut_point(para, start, max_chars)
+            yield para[start:end]
+            start = start_next
+        yield para[start:]
+
+
+def group_paragraphs(paras: Iterable[str], max_chars: int = CHUNK_CHARS) -> Iterator[str]:
+    """Consecutive paragraphs joined by blank lines into pieces of at most about max_chars (blank pieces dropped)."""
+    current: list[str] = []
+    size = 0
+    for para in paras:
         if current and size + len(para) > max_chars:
-            pieces.append("\n\n".join(current))
+            piece = "\n\n".join(current)
+            if piece.strip():
+                yield piece
             current, size = [], 0
         current.append(para)
         size += len(para) + 2
-    if current:
-        pieces.append("\n\n".join(current))
-    return [p for p in pieces if p.strip()]
+    piece = "\n\n".join(current)
+    if current and piece.strip():
+        yield piece
+
+
+def chunk_text(text: str, max_chars: int = CHUNK_CHARS) -> list[str]:
+    """Cut text at blank lines into pieces of at most about `max_chars` characters; a paragraph longer than
+    that (a file without blank lines) is cut at line breaks, or spaces, so that no document grows unbounded."""
+    return list(group_paragraphs(paragraphs(text, max_chars), max_chars))
 
 
 def read_text_file(path: Path, label: str) -> list[Document]:

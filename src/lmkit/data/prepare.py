@@ -23,7 +23,8 @@ import numpy as np
 from safetensors.numpy import save as save_safetensors
 
 from lmkit.atomic import atomic_write_bytes, atomic_write_json
-from lmkit.data.corpus import CHUNK_CHARS, Document, _expand, jsonl_document, split_hash
+from lmkit.data.corpus import (CHUNK_CHARS, Document, _expand, cut_point, group_paragraphs, jsonl_document,
+                               paragraphs, split_hash)
 from lmkit.data.shards import DTYPES, FORMAT, INDEX, TOKENIZER, VERSION, file_sha256, token_dtype
 from lmkit.data.tokenize import BOS, vocab_size_of
 from lmkit.errors import CorpusError, TokenizerError
@@ -58,52 +59,55 @@ def _decoded_blocks(path: Path) -> Iterator[str]:
                 return
 
 
-def stream_paragraphs(path: Path) -> Iterator[str]:
-    """text.split('\\n\\n') of the whole file, without holding the file in memory."""
-    rest = ""
+def stream_paragraphs(path: Path, max_chars: int = CHUNK_CHARS) -> Iterator[str]:
+    """`corpus.paragraphs` of the whole file, holding at most one block and max_chars of text in memory."""
+    buf = ""
     for block in _decoded_blocks(path):
-        parts = (rest + block).split("\n\n")
-        rest = parts.pop()
-        yield from parts
-    yield rest
+        buf += block
+        pos, end = 0, buf.find("\n\n")
+        while True:
+            if end >= 0 and end - pos <= max_chars:
+                yield buf[pos:end]
+                pos = end + 2
+                end = buf.find("\n\n", pos)
+            elif end >= 0 or len(buf) - pos >= max_chars + 2:  # over-long: its first max_chars + 1 are here
+                stop, pos_next = cut_point(buf, pos, max_chars)
+                yield buf[pos:stop]
+                pos = pos_next
+            else:
+                break
+        buf = buf[pos:]
+    yield from paragraphs(buf, max_chars)
 
 
 def stream_text_file(path: Path, label: str, max_chars: int = CHUNK_CHARS) -> Iterator[Document]:
-    """The documents `corpus.read_text_file` gives (chunks at blank lines), streamed."""
-    current: list[str] = []
-    size, i = 0, 0
-    for para in stream_paragraphs(path):
-        if current and size + len(para) > max_chars:
-            piece = "\n\n".join(current)
-            if piece.strip():
-                yield Document(f"{label}#{i}", piece)
-                i += 1
-            current, size = [], 0
-        current.append(para)
-        size += len(para) + 2
-    piece = "\n\n".join(current)
-    if current and piece.strip():
+    """The documents `corpus.read_text_file` gives (`corpus.chunk_text`), streamed."""
+    for i, piece in enumerate(group_paragraphs(stream_paragraphs(path, max_chars), max_chars)):
         yield Document(f"{label}#{i}", piece)
 
 
 def stream_jsonl(path: Path, label: str) -> Iterator[Document]:
     """The documents `corpus.read_jsonl` gives: one {"text": ..., "id": ...} object per line."""
     lineno = 0
-    rest = ""
+    partial: list[str] = []  # a line longer than a block, kept in parts (joining every block would be quadratic)
+
+    def documents(lines: Iterable[str]) -> Iterator[Document]:
+        nonlocal lineno
+        for line in lines:
+            lineno += 1
+            doc = jsonl_document(path, label, lineno, line)
+            if doc is not None:
+                yield doc
+
     for block in _decoded_blocks(path):
-        lines = (rest + block).split("\n")
-        rest = lines.pop()
-        for raw in lines:
-            for line in (raw + "\n").splitlines():
-                lineno += 1
-                doc = jsonl_document(path, label, lineno, line)
-                if doc is not None:
-                    yield doc
-    for line in rest.splitlines():
-        lineno += 1
-        doc = jsonl_document(path, label, lineno, line)
-        if doc is not None:
-            yield doc
+        cut = block.rfind("\n")
+        if cut < 0:
+            partial.append(block)
+            continue
+        text = "".join(partial) + block[:cut + 1]
+        partial = [block[cut + 1:]]
+        yield from documents(text.splitlines())
+    yield from documents("".join(partial).splitlines())
 
 
 def stream_documents(specs: Iterable[str]) -> Iterator[Document]:
