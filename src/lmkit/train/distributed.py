@@ -162,7 +162,9 @@ def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, ctx: Di
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd = get_model_state_dict(model, options=options)
+    # gathered tensors are copies, so tied weights no longer share storage: keep one name, as one process saves
+    aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    model_sd = {k: v for k, v in get_model_state_dict(model, options=options).items() if k not in aliases}
     optim_sd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
                                                                                    flatten_optimizer_state_dict=False))
     return model_sd, _indexed_optimizer_state(model, optimizer, optim_sd)
