@@ -123,3 +123,67 @@ def test_keep_checkpoints_given_on_resume_is_honoured(data, tmp_path):
     assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "8", *FLAGS,
                  "--resume", "--keep-checkpoints", "1"]) == 0
     assert saved_steps(out) == [8]
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "model folder"])
+def test_disk_full_at_a_save_is_one_line_and_keeps_what_was_saved(data, tmp_path, capsys, monkeypatch, where):
+    """A save that fails (disk full) used to end in a safetensors traceback; it is one line, leaves no
+    temporary files, keeps the saves before it, and the run resumes with the losses of the uninterrupted run."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    from lmkit.models import CausalLM
+    from lmkit.train import checkpoint
+
+    straight, out = tmp_path / "straight", tmp_path / "full"
+    assert main(["train", "--data", str(data / "data"), "--out", str(straight), "--max-steps", "6", *FLAGS]) == 0
+    saves = []
+
+    def disk_full_at_step_4(save):
+        def wrapped(*args, **kwargs):
+            saves.append(1)
+            if len(saves) == 2:
+                if where == "checkpoint":
+                    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+                raise OSError(errno.ENOSPC, "No space left on device", str(args[-1]))
+            return save(*args, **kwargs)
+        return wrapped
+
+    if where == "checkpoint":
+        monkeypatch.setattr(checkpoint, "save_model", disk_full_at_step_4(checkpoint.save_model))
+    else:
+        monkeypatch.setattr(CausalLM, "save_pretrained", disk_full_at_step_4(CausalLM.save_pretrained))
+    capsys.readouterr()
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "6", *FLAGS]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # the line after the progress bar
+    assert err.startswith("lmkit: error: cannot write ") and "No space left on device" in err
+    assert ("checkpoint step-00000004" if where == "checkpoint" else "checkpoint step-00000004 is saved") in err
+    assert "--resume" in err
+    assert saved_steps(out) == ([2] if where == "checkpoint" else [2, 4])
+    assert not [p for p in out.rglob(".*")]  # no temporary folder or file stays
+    monkeypatch.undo()
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "6", *FLAGS, "--resume"]) == 0
+    assert logged(out) == logged(straight)
+
+
+def test_resume_follows_the_shards_by_content_not_by_path(data, tmp_path, capsys):
+    """The same shards in another folder resume exactly; shards of other documents (same tokenizer) are refused."""
+    import shutil
+
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data / "data"), "--out", str(out), "--max-steps", "4", *FLAGS]) == 0
+    straight = logged(out)
+    shutil.rmtree(out / "checkpoint" / "step-00000004")
+    moved = tmp_path / "moved"
+    shutil.copytree(data / "data", moved)
+    assert main(["train", "--data", str(moved), "--out", str(out), "--max-steps", "4", *FLAGS, "--resume"]) == 0
+    assert logged(out) == straight
+    lines = (data / "c.jsonl").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "fewer.jsonl").write_text("\n".join(lines[:-3]) + "\n", encoding="utf-8")
+    prepare([str(tmp_path / "fewer.jsonl")], data / "tok.json", tmp_path / "other", workers=1, val_fraction=0.1)
+    capsys.readouterr()
+    assert main(["train", "--data", str(tmp_path / "other"), "--out", str(out), "--max-steps", "6", *FLAGS,
+                 "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "is not what the run in" in err and "its documents differ" in err and "another --out" in err

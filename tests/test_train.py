@@ -108,6 +108,46 @@ def test_killed_run_resumes_with_identical_losses(corpus_file, tmp_path, precisi
                                                                                  "step-00000006"]
 
 
+def test_python_api_resume_keeps_the_saved_plan_or_takes_a_new_max_steps(corpus_file, tmp_path):
+    """TrainConfig(out=..., resume=True): settings left at their defaults are the saved run's (max_steps=None
+    continues to its 6 planned steps, not 1000), max_steps given is honoured; a run killed while writing its
+    model folder or an atomic file left temporary files, and they go."""
+    Trainer(config(corpus_file, tmp_path / "a")).fit()
+    out = tmp_path / "b"
+    Trainer(config(corpus_file, out)).fit()
+    import shutil
+
+    shutil.rmtree(out / "checkpoint" / "step-00000006")  # back to step 3, as if killed after that save
+    (out / ".model.k1ll3d").mkdir()
+    (out / ".model.k1ll3d" / "model.safetensors").write_bytes(b"half")
+    (out / ".metrics.jsonl.x7y.tmp").write_text("half")
+    trainer = Trainer(TrainConfig(out=str(out), resume=True, progress=False))
+    assert trainer.step == 3 and trainer.total_steps == 6
+    assert trainer.fit()["step"] == 6 and losses(out) == losses(tmp_path / "a")
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert Trainer(TrainConfig(out=str(out), resume=True, max_steps=8, progress=False)).fit()["step"] == 8
+    assert [s for s, _, _ in losses(out)] == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_resume_refuses_a_corpus_that_changed_and_follows_one_that_moved(corpus_file, tmp_path):
+    """A resumed run retrains its tokenizer from --corpus: a changed corpus would silently give every id another
+    meaning, so the checkpoint names its data by content; the same content at another path is fine."""
+    from pathlib import Path
+
+    out = tmp_path / "r"
+    Trainer(config(corpus_file, out, max_steps=3)).fit()
+    text = Path(corpus_file).read_text(encoding="utf-8")
+    changed, moved = tmp_path / "changed.jsonl", tmp_path / "moved.jsonl"
+    extra = [json.dumps({"id": f"zq-{i}", "text": "zqx vvk zqx " * 300}) for i in range(6)]
+    changed.write_text(text + "\n".join(extra) + "\n", encoding="utf-8")
+    moved.write_text(text, encoding="utf-8")
+    with pytest.raises(TrainingError, match=r"--corpus .*changed.jsonl is not what the run in .* was trained on "
+                                            r"\(its tokenizer differs"):
+        Trainer(config(str(changed), out, max_steps=6, resume=True), explicit={"corpus", "max_steps"})
+    result = Trainer(config(str(moved), out, max_steps=6, resume=True), explicit={"corpus", "max_steps"}).fit()
+    assert result["step"] == 6
+
+
 def test_out_folder_is_a_loadable_model_with_metrics(corpus_file, tmp_path):
     import lmkit
 

@@ -237,6 +237,12 @@ def read_index(folder: Path) -> dict[str, Any]:
     return index
 
 
+def prepared_fingerprint(folder: str | Path) -> str:
+    """sha256 naming the content of a prepared folder (every split's shards by their sha256), not its path."""
+    splits = read_index(Path(folder))["splits"]
+    return hashlib.sha256(json.dumps(splits, sort_keys=True).encode("utf-8")).hexdigest()
+
+
 class ShardStream:
     """Training rows from a prepared split (see the module docstring): rows(seed, step, B, rank, w)."""
 

@@ -195,8 +195,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module | dic
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync(root)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, (OSError, SafetensorError)):
+            raise write_error(f"checkpoint {name} into {root}", exc, "the previous checkpoints are kept") from None
         raise
     atomic_write_json(root / "latest.json", {"path": name, "step": step})
     # checkpoints past this step belong to a run resumed from an older one (a damaged newer save): they go too
@@ -205,6 +207,13 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module | dic
         if old.name != "latest.json" and old not in kept:
             shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
     return final
+
+
+def write_error(what: str, exc: BaseException, kept: str) -> CheckpointError:
+    """One clear line for a save that failed (disk full, folder not writable): nothing half-written stays."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return CheckpointError(f"cannot write {what} ({reason}); {kept}: free disk space or fix the folder's permissions, "
+                           "then continue with --resume")
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict, dict[str, Any]]:

@@ -17,50 +17,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from lmkit.config import ModelConfig, get_preset
 from lmkit.data import load_corpus
 from lmkit.atomic import atomic_save_file
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
-from lmkit.data.tokenize import corpus_tokenizer, special_ids, vocab_size_of
+from lmkit.data.shards import open_prepared, prepared_fingerprint
+from lmkit.data.tokenize import corpus_tokenizer, special_ids, tokenizer_sha, vocab_size_of
 from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import autocast
 from lmkit.models import build_model
 from lmkit.train import distributed as D
 from lmkit.train.checkpoint import (checkpoints, latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
-                                    set_rng_state)
-from lmkit.train.config import RUN_DEFINING, TrainConfig
+                                    set_rng_state, write_error)
+from lmkit.train.config import TrainConfig
 from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
+from lmkit.train.resume import check_same_data, load_checkpoint_state, resume_config
 from lmkit.train.tasks import get_objective
 
 DEFAULT_STEPS = 1000
+MODEL_TMP = ".model."  # the model folder is written here first, then moved into --out
 CALIBRATION_STEPS = 8  # steps timed before a --time-budget run fixes its step count
 
 
 def _seed_int(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
-
-
-def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | None) -> TrainConfig:
-    """The saved run's settings, with the user's run-length and logging settings on top.
-
-    A run-defining setting the user gave explicitly must equal the saved one.
-    """
-    explicit = set(RUN_DEFINING) if explicit is None else explicit
-    merged = dict(saved)
-    for key in RUN_DEFINING:
-        mine = getattr(cfg, key)
-        if key in explicit and mine is not None and mine != saved.get(key):
-            raise TrainingError(f"--{key.replace('_', '-')} {mine} differs from the run being resumed ({saved.get(key)}); "
-                                f"drop the flag, or start a new run with another --out")
-    for key in ("max_steps", "time_budget", "log_every", "save_every", "eval_every", "eval_batch_size", "progress",
-                "keep_checkpoints"):
-        if explicit is None or key in explicit or key == "progress":
-            merged[key] = getattr(cfg, key)
-    merged.update(out=cfg.out, resume=True)
-    return TrainConfig(**merged)
 
 
 class Trainer:
@@ -82,17 +66,22 @@ class Trainer:
             if self.checkpoint is None:
                 raise TrainingError(f"--resume: {self.out} holds no checkpoint to resume; drop --resume to start a new run")
             saved = load_checkpoint_state(self.checkpoint)
-            cfg = resume_config(cfg, saved["train_config"], explicit)
+            cfg = resume_config(cfg, saved["train_config"], explicit, content_checked="data" in saved)
         elif self.checkpoint is not None:
             raise TrainingError(f"{self.out} already holds a training run; pass --resume to continue it, "
                                 "or choose another --out (or remove that folder)")
         self.cfg = cfg = cfg.resolved()
+        if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch
+            raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
+                                f"pick a multiple of {world_size}")
         self.objective = get_objective(cfg.objective)
         base = get_preset(cfg.preset, **cfg.model_overrides)
         if base.architecture != self.objective.architecture:
             raise TrainingError(f"--objective {cfg.objective} trains {self.objective.architecture} models, but preset "
                                 f"{cfg.preset!r} is {base.architecture}; pick a matching preset")
         self._prepare_data(base)
+        if cfg.resume:
+            check_same_data(saved.get("data"), self.data_identity, cfg, self.out)
         torch.manual_seed(_seed_int("init", cfg.seed))
         self.model = build_model(self.model_config).to(self.device)
         self.model.train()
@@ -116,13 +105,15 @@ class Trainer:
     def _prepare_data(self, base: ModelConfig) -> None:
         cfg = self.cfg
         if cfg.data:  # prepared shards (`lmkit data prepare`): memory-mapped, each rank reads its rows
-            from lmkit.data.shards import open_prepared
-
             self.tokenizer, self.stream, val = open_prepared(cfg.data, cfg.seq_len)
+            content = prepared_fingerprint(cfg.data)
         else:
             corpus = load_corpus(cfg.corpus)
+            content = corpus.fingerprint()
             train, val_corpus = corpus.split(cfg.val_fraction)
             self.tokenizer = corpus_tokenizer(train, cfg.vocab_size or base.vocab_size)
+        # what the run trains on, by content: a resumed run must read the same (resume.check_same_data)
+        self.data_identity = {"tokenizer_sha256": tokenizer_sha(self.tokenizer), "content_sha256": content}
         if hasattr(self.objective, "prepare"):  # objectives that need tokens of their own (mlm: <|mask|>)
             self.objective = self.objective.prepare(self.tokenizer)
         self.bos_id, self.pad_id = special_ids(self.tokenizer)
@@ -207,7 +198,8 @@ class Trainer:
         state = {"tokens_seen": self.tokens_seen, "elapsed": self.elapsed, "total_steps": self.total_steps,
                  # the batch of step s is a function of (seed, s, rank, world size): the next step is the position
                  "data_position": {"next_step": self.step, "seed": self.cfg.seed},
-                 "train_config": self.cfg.to_dict(), "world_size": self.world_size, "rng": rngs[0], "rng_ranks": rngs}
+                 "train_config": self.cfg.to_dict(), "data": self.data_identity, "world_size": self.world_size,
+                 "rng": rngs[0], "rng_ranks": rngs}
         sharded = self.cfg.fsdp and self.world_size > 1
         save_checkpoint(self.out, self.step, model_sd if sharded else self.model, optim_sd, state,
                         keep=self.cfg.keep_checkpoints)
@@ -215,13 +207,16 @@ class Trainer:
         if sharded:  # a one-process copy of the gathered weights for the model folder
             model = build_model(self.model_config)
             model.load_state_dict(model_sd, strict=False)
-        tmp = Path(tempfile.mkdtemp(prefix=".model.", dir=self.out))
         try:
-            model.save_pretrained(tmp)
-            for f in sorted(tmp.iterdir()):
-                f.replace(self.out / f.name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            tmp = Path(tempfile.mkdtemp(prefix=MODEL_TMP, dir=self.out))
+            try:
+                model.save_pretrained(tmp)
+                for f in sorted(tmp.iterdir()):
+                    f.replace(self.out / f.name)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except (OSError, SafetensorError) as exc:
+            raise write_error(f"the model folder {self.out}", exc, f"checkpoint step-{self.step:08d} is saved") from None
         plot_losses(self.metrics.read(), self.out / "loss_curve.png", title=f"{self.cfg.preset} on {' '.join(self.cfg.corpus)}")
 
     def _plan(self, t_start: float, step_times: list[float]) -> None:
@@ -269,6 +264,7 @@ class Trainer:
         bar = None
         try:
             if self.rank == 0:
+                self._remove_leftovers()
                 atomic_save_file(self.out / "tokenizer.json", lambda tmp: self.tokenizer.save(tmp))
                 self.metrics.truncate(self.step) if cfg.resume else self.metrics.reset()
             bar = tqdm(total=self.total_steps, initial=self.step, disable=not cfg.progress or self.rank != 0,
@@ -281,6 +277,15 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()  # before the CLI prints an error, so that the error is a line of its own
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files of a run killed while writing (the model folder, atomic writes of its files)."""
+        for path in self.out.glob(".*"):
+            if path.is_dir() and path.name.startswith(MODEL_TMP):
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.is_file() and path.name.endswith(".tmp") and path.name[1:].startswith(
+                    ("tokenizer.json.", "metrics.jsonl.", "loss_curve.png.")):
+                path.unlink(missing_ok=True)
 
     def _discard(self, created: bool) -> None:
         """Remove what a new run wrote before its first save (the whole --out folder if the run made it)."""
@@ -353,17 +358,6 @@ class Trainer:
                 t_start = time.perf_counter()
                 self.save()
         return {"step": self.step, "train_tokens": self.tokens_seen, "elapsed": self.elapsed, **last}
-
-
-def load_checkpoint_state(path: Path) -> dict[str, Any]:
-    import json
-
-    from lmkit.errors import CheckpointError
-
-    try:
-        return json.loads((path / "state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path / 'state.json'} cannot be read ({exc}); start a new run") from None
 
 
 def train(cfg: TrainConfig | None = None, explicit: set[str] | None = None, **kwargs: Any) -> dict[str, Any]:

@@ -1,0 +1,73 @@
+"""What a resumed run takes from its checkpoint, what it takes from the user, and what must not change."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from lmkit.errors import CheckpointError, TrainingError
+from lmkit.train.config import RUN_DEFINING, TrainConfig
+
+# settings a resumed run takes from the user when given: how long, how often, how it is laid out
+USER_SETTINGS = ("max_steps", "time_budget", "log_every", "save_every", "eval_every", "eval_batch_size", "progress",
+                 "keep_checkpoints", "fsdp")
+
+
+def load_checkpoint_state(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path / 'state.json'} cannot be read ({exc}); start a new run") from None
+
+
+def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | None,
+                  content_checked: bool = False) -> TrainConfig:
+    """The saved run's settings, with the user's USER_SETTINGS on top.
+
+    `explicit` names the settings the user gave (the CLI's flags); None (the Python API) means every
+    setting that differs from `TrainConfig`'s default, so a setting left at its default keeps the
+    saved run's value (max_steps=None continues to the planned step count). A run-defining setting
+    the user gave must equal the saved one. `fsdp` given turns a DDP run into an FSDP one (a checkpoint
+    holds one-process tensors either way); left out, the run keeps how it was trained. With
+    `content_checked` (the checkpoint names its data by content) --data / --corpus may name another
+    path: `check_same_data` then compares what is read there with what the run was trained on.
+    """
+    if explicit is None:
+        explicit = {f.name for f in dataclasses.fields(TrainConfig) if getattr(cfg, f.name) != _default(f)}
+    merged = dict(saved)
+    movable = ("data", "corpus") if content_checked else ()
+    for key in RUN_DEFINING:
+        mine = getattr(cfg, key)
+        if key in movable and key in explicit:
+            merged[key] = mine
+        elif key in explicit and mine is not None and mine != saved.get(key):
+            raise TrainingError(f"--{key.replace('_', '-')} {mine} differs from the run being resumed ({saved.get(key)}); "
+                                f"drop the flag, or start a new run with another --out")
+    for key in USER_SETTINGS:
+        if key in explicit or key == "progress":
+            merged[key] = getattr(cfg, key)
+    merged.update(out=cfg.out, resume=True)
+    return TrainConfig(**merged)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def check_same_data(saved: dict[str, str] | None, current: dict[str, str], cfg: TrainConfig, out: Path) -> None:
+    """Refuse to resume on other data: a retrained tokenizer would silently give every id another meaning.
+
+    Both are {"tokenizer_sha256", "content_sha256"}; `saved` is None for checkpoints that predate them.
+    """
+    if saved is None:
+        return
+    source = f"--data {cfg.data}" if cfg.data else f"--corpus {' '.join(cfg.corpus)}"
+    if saved["tokenizer_sha256"] != current["tokenizer_sha256"]:
+        what = "its tokenizer differs"
+    elif saved["content_sha256"] != current["content_sha256"]:
+        what = "its documents differ"
+    else:
+        return
+    raise TrainingError(f"{source} is not what the run in {out} was trained on ({what}: changed or replaced since?); "
+                        "resume with the data the run was trained on, or start a new run with another --out")
