@@ -1,7 +1,8 @@
 """Write src/lmkit/tokenizers/hf_unicode.py: where Hugging Face `tokenizers`' character tables disagree with
 Python's `unicodedata` and with the `regex` module.
 
-Run it with the `tokenizers` wheel whose behaviour lmkit follows, on the Python whose `unicodedata` lmkit uses:
+Run it with the `tokenizers` wheel whose behaviour lmkit follows, on the Python whose `unicodedata` lmkit uses
+(`sentencepiece` builds the charsmap that shows HF's grapheme clusters):
 
     python tools/gen_hf_unicode.py            # rewrites the module
     python tools/gen_hf_unicode.py --check    # exits 1 when the module is stale
@@ -57,6 +58,45 @@ def norm_unknown() -> list[int]:
         if d != c and hf["NFC"].normalize_str(d) != unicodedata.normalize("NFC", d):
             out.update(map(ord, d))
     return sorted(out)
+
+
+def grapheme_unknown() -> list[int]:
+    """Code points HF's grapheme segmentation (seen through the Precompiled normalizer) treats as unassigned where
+    lmkit's UAX #29 pattern on the `regex` module's properties does not. Probe: a charsmap mapping every character
+    to "x" ("x" to "y"), so a cluster of under 6 bytes comes out as one character and a longer one as one per
+    character."""
+    import sentencepiece
+    from sentencepiece import sentencepiece_model_pb2
+
+    sys.path.insert(0, str(OUT.parents[2]))
+    from lmkit.tokenizers.chars import grapheme_pattern
+
+    sentencepiece.set_min_log_level(3)
+    rules = [(chr(cp), "y" if cp == ord("x") else "x") for cp in CPS if cp]
+    spec = sentencepiece_model_pb2.NormalizerSpec()
+    spec.ParseFromString(sentencepiece.SentencePieceNormalizer(
+        norm_map=rules, add_dummy_prefix=False, escape_whitespaces=False,
+        remove_extra_whitespaces=False).serialized_normalizer_spec())
+    hf = N.Precompiled(spec.precompiled_charsmap)
+    # joins the previous character, starts a cluster with the next (Prepend), breaks before marks (Control),
+    # is an Indic_Conjunct_Break Linker, Consonant, Extend (rule GB9c)
+    contexts = ("a{}", "\u0300{}", "{}a", "{}\u0300\u0300", "\u0915{}\u0915\u0300", "\u0915\u094d{}\u0300",
+                "\u0915\u094d{}\u0915\u0300")
+
+    def ours(cluster, c: str) -> list[str]:
+        return ["".join(("y" if g[0] == "x" else "x") if len(g.encode()) < 6 else "".join(
+            "y" if ch == "x" else "x" for ch in g) for g in cluster.findall(ctx.format(c))) for ctx in contexts]
+
+    base = regex.compile(grapheme_pattern())
+    out = []
+    for cp in CPS[1:]:
+        got = [hf.normalize_str(ctx.format(chr(cp))) for ctx in contexts]
+        if got != ours(base, chr(cp)):
+            if got != ours(regex.compile(grapheme_pattern([(cp, cp)])), chr(cp)):
+                raise SystemExit(f"U+{cp:04X}: HF's grapheme clusters {got} are neither lmkit's nor an unassigned "
+                                 "code point's; extend lmkit.tokenizers.chars.grapheme_pattern")
+            out.append(cp)
+    return out
 
 
 def flips(hf_pred, py_pred) -> list[int]:
@@ -117,6 +157,8 @@ def main() -> int:
                          "from Python's categories"),
         "REGEX_UNKNOWN": (sorted(onig), "code points the `regex` module gives a word/letter/number class but "
                           "Oniguruma, HF's regex engine, leaves unassigned"),
+        "GRAPHEME_UNKNOWN": (grapheme_unknown(), "code points HF's grapheme segmentation (Precompiled) leaves "
+                             "unassigned but the `regex` module's grapheme properties do not"),
     }
     lines = [
         'r"""Where Hugging Face `tokenizers`\' character tables disagree with Python\'s `unicodedata` and the `regex`',
@@ -128,12 +170,12 @@ def main() -> int:
             "HF's Rust crates carry Unicode tables of different ages: its normalization crate (NFC/NFD/NFKC/NFKD and "
             "StripAccents' combining marks) and its category tables (BertNormalizer's control and Mn tests, "
             "Punctuation) predate Unicode 14, Rust's own char methods (Lowercase, Digits) are newer, and its regex "
-            "engines' classes (\\w, \\p{L}, \\p{N}) are older than the `regex` module's. The generator probes "
-            "`tokenizers` with every code point (0..0x10FFFF minus surrogates), alone or in a context that shows the "
-            "property (a base letter before a mark, a reordering neighbour of a known combining class, letters around "
-            "a regex class), and keeps the code points where HF's answer differs from Python's / `regex`'s. *_FLIP "
-            "tables: the property is the opposite of Python's; *_UNKNOWN tables: HF treats the code point as "
-            "unassigned. Ranges are inclusive (start, end) pairs.", 112),
+            "engines' classes (\\w, \\p{L}, \\p{N}) and its grapheme segmentation are older than the `regex` "
+            "module's. The generator probes `tokenizers` with every code point (0..0x10FFFF minus surrogates), alone "
+            "or in a context that shows the property (a base letter before a mark, a reordering neighbour of a known "
+            "combining class, letters around a regex class), and keeps the code points where HF's answer differs "
+            "from Python's / `regex`'s. *_FLIP tables: the property is the opposite of Python's; *_UNKNOWN tables: "
+            "HF treats the code point as unassigned. Ranges are inclusive (start, end) pairs.", 112),
         '"""',
         "",
         f'UNIDATA_VERSION = "{unicodedata.unidata_version}"',

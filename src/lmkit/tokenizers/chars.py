@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
+import regex
+
 from lmkit.tokenizers import hf_unicode as _hf
 
 
@@ -132,6 +134,31 @@ def onig_view(text: str) -> str:
     if not _has_regex_unknown(text):
         return text
     return _REGEX_UNKNOWN.sub(UNASSIGNED, text)
+
+
+def grapheme_pattern(unknown=()) -> str:
+    """UAX #29's extended grapheme cluster as a regex (its Table 1c form, with GB9c's Indic conjuncts) on the
+    `regex` module's properties, minus the `unknown` code points, which count as unassigned (GCB Other). The
+    `regex` module's own \\X is not used: it joins a virama to a following consonant without the consonant GB9c
+    needs before it."""
+    unknown = f"--{_class(unknown)}" if unknown else ""
+
+    def cls(*props: str) -> str:
+        body = "".join(rf"\p{{{p}}}" for p in props)
+        return f"[[{body}]{unknown}]"
+
+    control = cls("GCB=Control", "GCB=CR", "GCB=LF")
+    L, V, T, LV, LVT = (cls(f"GCB={k}") for k in ("L", "V", "T", "LV", "LVT"))
+    ri, pict, extend, zwj = cls("GCB=RI"), cls("ExtPict"), cls("GCB=Extend"), cls("GCB=ZWJ")
+    consonant, linker, joiner = cls("InCB=Consonant"), cls("InCB=Linker"), cls("InCB=Extend", "InCB=Linker")
+    core = "|".join((f"{L}*(?:{V}+|{LV}{V}*|{LVT}){T}*|{L}+|{T}+", f"{ri}{ri}", f"{pict}(?:{extend}*{zwj}{pict})*",
+                     f"{consonant}(?:{joiner}*{linker}{joiner}*{consonant})+", f"(?!{control})."))
+    post = cls("GCB=Extend", "GCB=ZWJ", "GCB=SpacingMark")
+    return f"(?V1s)\\r\\n|{control}|{cls('GCB=Prepend')}*(?:{core}){post}*"
+
+
+# HF's grapheme clusters (the Precompiled normalizer walks the text by them)
+GRAPHEME = regex.compile(grapheme_pattern(_hf.GRAPHEME_UNKNOWN))
 
 
 def has_regex_unknown(pattern: str) -> bool:

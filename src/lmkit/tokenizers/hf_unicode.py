@@ -5,11 +5,12 @@ Derived from tokenizers 0.23.3 on Python 3.11.7 (unicodedata 14.0.0) and regex 2
 HF's Rust crates carry Unicode tables of different ages: its normalization crate (NFC/NFD/NFKC/NFKD and
 StripAccents' combining marks) and its category tables (BertNormalizer's control and Mn tests, Punctuation)
 predate Unicode 14, Rust's own char methods (Lowercase, Digits) are newer, and its regex engines' classes (\w,
-\p{L}, \p{N}) are older than the `regex` module's. The generator probes `tokenizers` with every code point
-(0..0x10FFFF minus surrogates), alone or in a context that shows the property (a base letter before a mark, a
-reordering neighbour of a known combining class, letters around a regex class), and keeps the code points where
-HF's answer differs from Python's / `regex`'s. *_FLIP tables: the property is the opposite of Python's;
-*_UNKNOWN tables: HF treats the code point as unassigned. Ranges are inclusive (start, end) pairs.
+\p{L}, \p{N}) and its grapheme segmentation are older than the `regex` module's. The generator probes
+`tokenizers` with every code point (0..0x10FFFF minus surrogates), alone or in a context that shows the property
+(a base letter before a mark, a reordering neighbour of a known combining class, letters around a regex class),
+and keeps the code points where HF's answer differs from Python's / `regex`'s. *_FLIP tables: the property is
+the opposite of Python's; *_UNKNOWN tables: HF treats the code point as unassigned. Ranges are inclusive (start,
+end) pairs.
 """
 
 UNIDATA_VERSION = "14.0.0"
@@ -105,6 +106,14 @@ REGEX_UNKNOWN = (
     (0x1DF1F, 0x1DF24), (0x1DF2B, 0x1DF81), (0x1DF90, 0x1DF96), (0x1DFCD, 0x1DFFF), (0x1E6C0, 0x1E6DE),
     (0x1E6E0, 0x1E6F5), (0x1E6FE, 0x1E6FF), (0x2B73A, 0x2B73F), (0x2B81E, 0x2B81E), (0x2CEA2, 0x2CEAD),
     (0x323B0, 0x33479), (0x3D000, 0x3FC3F),
+)
+
+# code points HF's grapheme segmentation (Precompiled) leaves unassigned but the `regex` module's grapheme
+# properties do not
+GRAPHEME_UNKNOWN = (
+    (0x05C8, 0x05C9), (0x0B53, 0x0B54), (0x1ADE, 0x1ADF), (0x1AEC, 0x1AF0), (0x1CF5, 0x1CF6), (0x10ECB, 0x10ECF),
+    (0x10EF0, 0x10EF9), (0x11A3A, 0x11A3A), (0x11DF0, 0x11DF0), (0x1D127, 0x1D128), (0x1D250, 0x1D252),
+    (0x1D25B, 0x1D25C), (0x1D25F, 0x1D25F), (0x1D280, 0x1D281),
 )
 
 # Rust's char::to_lowercase where Python's str.lower (Unicode 14.0.0) leaves the character alone

@@ -11,6 +11,7 @@ import regex
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.chars import (LATIN1_TO_BYTELEVEL, has_regex_unknown, is_bert_mark, is_cjk, is_combining_mark,
                                     is_control, is_whitespace, lower_extra, normalize, onig_view)
+from lmkit.tokenizers.precompiled import charsmap
 
 
 class Normalizer:
@@ -238,6 +239,23 @@ class BertNormalizer(Normalizer):
                 "strip_accents": self.strip_accents, "lowercase": self.lowercase}
 
 
+class Precompiled(Normalizer):
+    """SentencePiece's compiled normalization rules (nmt_nfkc, nfkc_cf, a custom TSV...), as HF applies them;
+    see `lmkit.tokenizers.precompiled`. The charsmap is parsed once per process."""
+
+    type_name = "Precompiled"
+
+    def __init__(self, precompiled_charsmap: str):
+        self.precompiled_charsmap = precompiled_charsmap
+        self._charsmap = charsmap(precompiled_charsmap)
+
+    def normalize(self, text: str) -> str:
+        return self._charsmap.normalize(text)
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "precompiled_charsmap": self.precompiled_charsmap}
+
+
 class Sequence(Normalizer):
     type_name = "Sequence"
 
@@ -273,5 +291,8 @@ def normalizer_from_json(d: dict | None) -> Normalizer | None:
         return Replace(d["pattern"], d["content"])
     if kind == "Prepend":
         return Prepend(d["prepend"])
+    if kind == "Precompiled":
+        return Precompiled(d.get("precompiled_charsmap"))
     raise TokenizerError(f"unsupported normalizer type {kind!r} in tokenizer.json; lmkit reads NFC, NFD, NFKC, NFKD, "
-                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace, Prepend, ByteLevel, Nmt and Sequence")
+                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace, Prepend, ByteLevel, Nmt, Precompiled and "
+                         "Sequence")
