@@ -117,7 +117,8 @@ def test_unigram_viterbi_is_the_best_segmentation():
         best = max((seg for seg in _segmentations(word) if all(p in model.scores for p in seg)),
                    key=lambda seg: sum(model.scores[p] for p in seg))
         assert math.isclose(model.score(model.tokenize(word)), sum(model.scores[p] for p in best))
-    assert model.tokenize("axb") == ["a", "<unk>", "b"]
+    assert model.tokenize("axyb") == ["a", "xy", "b"]  # the unknown run is fused, kept as text (as in HF)
+    assert model.tokenize_ids("axyb") == [1, 0, 2]
 
 
 def _segmentations(word):

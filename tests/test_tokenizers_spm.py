@@ -145,7 +145,7 @@ def test_converted_pipelines_match_hf(pipeline):
         for special in (True, False):
             enc = hf.encode(text, add_special_tokens=special)
             assert ours.encode(text, add_special_tokens=special) == enc.ids, (name, text, special)
-        pass  # assert ours.tokenize(text) == hf.encode(text, add_special_tokens=False).tokens, (name, text)
+        assert ours.tokenize(text) == hf.encode(text, add_special_tokens=False).tokens, (name, text)
         ids = hf.encode(text).ids
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip), (name, text)
