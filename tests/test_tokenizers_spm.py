@@ -160,3 +160,103 @@ def test_converted_pipelines_round_trip(pipeline, tmp_path):
     assert ours.to_json()["normalizer"] == d["normalizer"], name
     back = tokenizers.Tokenizer.from_file(ours.save(tmp_path / "tokenizer.json"))
     assert [back.encode(t).ids for t in TEXTS] == [hf.encode(t).ids for t in TEXTS], name
+
+
+# where SentencePiece itself differs from `tokenizers`: HF walks the text by grapheme clusters and takes the
+# *shortest* key of a cluster under 6 bytes for the whole cluster (TEXTS[1]: Ａ + accent, e + accent...; TEXTS[5]:
+# "\r\n" is one cluster, so one space, not two), never a key spanning two clusters (the TSV's "ab"), and
+# HF isolates control pieces such as </s> written in the text (TEXTS[15])
+SPM_DIFFERS = {1, 5, 15}
+
+
+@pytest.mark.parametrize("name", ["unigram-nmt_nfkc", "unigram-nfkc", "unigram-nmt_nfkc_cf", "unigram-identity",
+                                  "unigram-tsv", "unigram-bytes", "bpe-nmt_nfkc", "bpe-identity", "bpe-bytes",
+                                  "bpe-nodummy"])
+def test_generic_pipeline_encodes_like_sentencepiece(models, name):
+    sp = spm.SentencePieceProcessor(model_file=models[name])
+    ours = tokenizer_from_json(json.loads(_generic(models[name]).to_str()))
+    for i, text in enumerate(TEXTS):
+        if i not in SPM_DIFFERS:
+            ids = sp.encode(text)
+            assert ours.encode(text) == ids, (name, text)
+            if sp.unk_id() not in ids:  # SentencePiece decodes unk as " ⁇ ", HF as the piece
+                assert ours.decode(ids) == sp.decode(ids), (name, text)
+
+
+def _charsmap(rules: dict[str, str]) -> bytes:
+    """A precompiled_charsmap compiled by SentencePiece from explicit rules."""
+    spec = model_pb2.NormalizerSpec()
+    spec.ParseFromString(spm.SentencePieceNormalizer(
+        norm_map=list(rules.items()), add_dummy_prefix=False, escape_whitespaces=False,
+        remove_extra_whitespaces=False).serialized_normalizer_spec())
+    return spec.precompiled_charsmap
+
+
+def _precompiled(blob: bytes):
+    return normalizer_from_json({"type": "Precompiled", "precompiled_charsmap": base64.b64encode(blob).decode()})
+
+
+def test_precompiled_takes_the_shortest_key_of_a_short_cluster():
+    """HF's rule, not SentencePiece's longest match: a cluster under 6 bytes whose first character is a key
+    becomes that key's replacement whole (the accent of "e" + U+0301 is lost); a longer cluster goes character by
+    character; keys spanning clusters never match; a replacement may be empty or longer than its key."""
+    blob = _charsmap({"e": "E", "e\u0301": "É", "xy": "Z", "x": "Q", "Å": "", "①": "(1)", "\u0915": "k",
+                      "\u0301": "'"})
+    hf, ours = N.Precompiled(blob), _precompiled(blob)
+    cases = {"e\u0301": "E", "e\u0301\u0301\u0301": "E'''", "xy": "Qy", "Åb": "b", "①①": "(1)(1)", "a\u0301": "a'",
+             "\u0915\u094d\u0915": "k\u094dk", "\u0915\u0301": "k", "x\r\ne\n": "Q\r\nE\n", "": ""}
+    for text, want in cases.items():
+        assert ours.normalize(text) == hf.normalize_str(text) == want, text
+
+
+POOL = ("a A Ａ e ﬁ ① x \u1100 \u1161 \u11a8 \uac00 \uac01 \u0600 \u06dd \u0890 \u0d4e \U000110bd \u0915 \u094d "
+        "\u0937 \u093c \u0958 \u09cd \u0995 \u0d4d \u0d15 \u1b44 \ua9c0 \r \n \t \x00 \x01 \x7f \x85 \u200b \u200c "
+        "\u200d \ufeff \ufe0f \U0001f3fd \U0001f468 \U0001f467 \u2764 \u00a9 \U0001f1eb \U0001f1f7 \u0300 \u0301 "
+        "\u0308 \u0345 \u0340 \u093f \u0903 \u0e33 \u0e40 \u3099 \uff76 \uff9e ω Å \u212b \u00a0 \u3000 \u2581 "
+        "\U000e0020 \U000e007f \u0b53 \u05c8 \u1cf5 \U00011a3a \u1ade").split() + [" "]
+
+
+def test_precompiled_grapheme_clusters_match_hf():
+    """Every character a key: a cluster under 6 bytes gives one character out, a longer one one per character, so
+    the output shows where HF's grapheme segmentation (UAX #29, GB9c conjuncts, its Unicode version) cuts."""
+    blob = _charsmap({c: "y" if c == "x" else "x" for c in POOL if c != "\x00"})  # NUL ends a C string
+    hf, ours = N.Precompiled(blob), _precompiled(blob)
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(POOL) for _ in range(rng.randint(1, 7)))
+        assert ours.normalize(text) == hf.normalize_str(text), [hex(ord(c)) for c in text]
+
+
+@pytest.mark.parametrize("rule", ["nmt_nfkc", "nmt_nfkc_cf"])
+def test_precompiled_matches_hf_on_every_character(models, rule):
+    """Each BMP character and every 31st astral one alone, then the same with a combining accent after it."""
+    blob = _proto(models[f"unigram-{rule}"]).normalizer_spec.precompiled_charsmap
+    hf, ours = N.Precompiled(blob), _precompiled(blob)
+    chars = [chr(cp) for cp in [*range(1, 0xD800), *range(0xE000, 0x10000), *range(0x10000, 0x110000, 31)]]
+    assert [ours.normalize(c) for c in chars] == [hf.normalize_str(c) for c in chars]
+    marked = [c + "\u0301" for c in chars[::3]]
+    assert [ours.normalize(c) for c in marked] == [hf.normalize_str(c) for c in marked]
+
+
+def test_precompiled_is_parsed_once(models):
+    """The charsmap (a T5-sized one is ~240 KB) is parsed once per process, not once per tokenizer."""
+    d = json.loads(C.T5Converter(_original(models["t5"])).converted().to_str())
+    a, b = tokenizer_from_json(d), tokenizer_from_json(json.loads(json.dumps(d)))
+    encoded = d["normalizer"]["normalizers"][0]["precompiled_charsmap"]
+    assert a.normalizer.normalizers[0]._charsmap is b.normalizer.normalizers[0]._charsmap is charsmap(encoded)
+
+
+@pytest.mark.parametrize("value,why", [
+    ("", "shorter than its 4-byte header"), ("not base64!", "not valid base64"), (None, "base64 string"),
+    (base64.b64encode(b"\x40\x00\x00\x00" + b"\x00" * 8).decode(), "announces a 64-byte trie"),
+    (base64.b64encode(b"\x04\x00\x00\x00\x00\x04\x00\x00\xff\xfe").decode(), "not UTF-8"),
+])
+def test_bad_charsmap_is_one_clear_error(bpe_json, value, why):
+    d = dict(bpe_json, normalizer={"type": "Precompiled", "precompiled_charsmap": value})
+    with pytest.raises(TokenizerError, match=f"Precompiled.*{why}"):
+        tokenizer_from_json(d)
+
+
+@pytest.fixture
+def bpe_json():
+    return {"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}
