@@ -182,3 +182,32 @@ def test_added_tokens_found_on_the_text_alone_and_skipped_by_string():
     ids = [15, 6, 7, 0]
     for skip in (False, True):
         assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+
+
+FIRST_INPUTS = ["  hello", "hello", "\x01hello", "\u0301hello", "\x00hi", "\u200bhi", "xhi", "x", " ", "\ufffdhi",
+                "Ａ\u0301hi", "\x01\x02hi", "e\u0301hi", " \x01hi", "\x01 hi", "\u0301", "\x01", "<s>  hi", " <s>hi",
+                "\u0344hi"]
+
+
+@pytest.mark.parametrize("pre", [P.Metaspace(prepend_scheme="first", split=False), P.Metaspace(prepend_scheme="first"),
+                                 P.Sequence([P.WhitespaceSplit(), P.Metaspace(prepend_scheme="first")]),
+                                 P.Sequence([P.Punctuation(), P.Metaspace(prepend_scheme="first")])],
+                         ids=lambda p: json.dumps(state(p))[:80])
+@pytest.mark.parametrize("norm", [None, N.Strip(), N.Strip(left=False), N.Replace(" ", ""), N.Replace(Regex(r"\A +"), ""),
+                                  N.Replace(Regex(" {2,}"), "▁"), N.Replace("x", ""), N.Nmt(), N.StripAccents(),
+                                  N.Sequence([N.NFD(), N.StripAccents()]), N.BertNormalizer(), N.Prepend("q"),
+                                  N.Sequence([N.Replace(Regex(r"\A +| +\z"), ""), N.Replace(" ", "▁")])],
+                         ids=lambda n: json.dumps(state(n))[:60] if n else "none")
+def test_metaspace_first_reads_the_original_start(norm, pre):
+    """prepend_scheme "first" prepends only to a piece that begins at the input's start in HF's alignments: a
+    normalizer or an earlier pre-tokenizer that removes the leading characters moves the start (Precompiled,
+    which gives the next character the removed one's alignment, does not). Unknown text shows in a Unigram's
+    tokens, so the tokens show every ▁ added."""
+    hf = tokenizers.Tokenizer(tokenizers.models.Unigram([("<unk>", 0.0), ("▁", -1.0), ("<s>", 0.0)], unk_id=0))
+    if norm is not None:
+        hf.normalizer = norm
+    hf.pre_tokenizer = pre
+    hf.add_special_tokens(["<s>"])
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    for s in FIRST_INPUTS:
+        assert ours.tokenize(s) == hf.encode(s).tokens, s

@@ -37,6 +37,7 @@ TEXTS = [
     "tab\there\nnew\r\nline\x00nul\x01\x7f\x85\x9f end",
     "", " ", "   ", "a    b", "  leading and trailing  ", "▁already▁▁metaspace", "x\u0301y\u0308z\u0345\u0340",
     "ΟΔΥΣΣΕΥΣ straße ǅ ẞ İ", "don't ``quoted'' 3.14 $5", "[CLS] hello [SEP] <sep> </s> <s> <unk>", "\ufffd\ue000",
+    "\x01hello", "\u0301\u0301accent first", "\u200b zero width", "\t\ttics", "\n",
 ]
 
 
@@ -70,14 +71,14 @@ def _original(path: str, **attrs):
     return types.SimpleNamespace(**{**base, **attrs})
 
 
-def _generic(path: str):
+def _generic(path: str, legacy: bool = True):
     """transformers' pipeline that follows the model's own normalizer spec (encodes like SentencePiece)."""
     proto = _proto(path)
     if proto.trainer_spec.model_type == 2:  # BPE: merges derived from the piece scores
         vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
     else:
         vocab = [(p.piece, p.score) for p in proto.pieces]
-    return C.SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
+    return C.SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=legacy)
 
 
 def _llama(path: str, legacy: bool):
@@ -126,6 +127,9 @@ PIPELINES = {
     "t5-unigram-nonlegacy": lambda m: C.T5Converter(_original(m["unigram-nmt_nfkc_cf"], legacy=False)).converted(),
     "llama-bpe": lambda m: _llama(m["bpe-bytes"], legacy=True),
     "llama-bpe-nonlegacy": lambda m: _llama(m["bpe-bytes"], legacy=False),
+    # prepend_scheme "first" after a normalizer that strips the leading spaces
+    "spm-unigram-nonlegacy": lambda m: _generic(m["unigram-nmt_nfkc"], legacy=False),
+    "spm-bpe-nonlegacy": lambda m: _generic(m["bpe-bytes"], legacy=False),
     **{f"spm-{k}": (lambda k: lambda m: _generic(m[k]))(k) for k in (
         "unigram-nmt_nfkc", "unigram-nfkc", "unigram-nmt_nfkc_cf", "unigram-identity", "unigram-tsv",
         "unigram-bytes", "bpe-nmt_nfkc", "bpe-nmt_nfkc_cf", "bpe-identity", "bpe-bytes", "bpe-nodummy")},

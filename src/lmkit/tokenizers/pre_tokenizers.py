@@ -85,6 +85,11 @@ class PreTokenizer:
     def split(self, text: str, first: bool = True) -> list[str]:
         raise NotImplementedError
 
+    def starts_at_start(self, text: str, word: str) -> bool:
+        """Whether `word`, the first word `split(text)` gives, begins where `text` does (words are slices of the
+        text unless the pre-tokenizer rewrites characters)."""
+        return text.startswith(word)
+
     def to_json(self) -> dict:
         return {"type": self.type_name}
 
@@ -111,6 +116,9 @@ class ByteLevel(PreTokenizer):
 
     def split(self, text: str, first: bool = True) -> list[str]:
         return [byte_level(p) for p in self.raw_split(text)]
+
+    def starts_at_start(self, text: str, word: str) -> bool:
+        return True
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "add_prefix_space": self.add_prefix_space, "trim_offsets": self.trim_offsets,
@@ -189,6 +197,9 @@ class Metaspace(PreTokenizer):
         if start < len(text):
             out.append(text[start:])
         return [w for w in out if w]
+
+    def starts_at_start(self, text: str, word: str) -> bool:
+        return True
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "replacement": self.replacement, "prepend_scheme": self.prepend_scheme,
@@ -308,9 +319,18 @@ class Sequence(PreTokenizer):
         self.pretokenizers = list(pretokenizers)
 
     def split(self, text: str, first: bool = True) -> list[str]:
+        """Each pre-tokenizer splits every word of the one before; only a first word that still begins at the
+        text's start counts as first (HF reads the original offset: Metaspace after WhitespaceSplit does not
+        prepend to a text with leading spaces under prepend_scheme "first")."""
         words = [text]
         for p in self.pretokenizers:
-            words = [w for i, piece in enumerate(words) for w in p.split(piece, first and i == 0)]
+            out = []
+            for i, piece in enumerate(words):
+                parts = p.split(piece, first and i == 0)
+                if i == 0:
+                    first = first and bool(parts) and p.starts_at_start(piece, parts[0])
+                out += parts
+            words = out
         return words
 
     def to_json(self) -> dict:

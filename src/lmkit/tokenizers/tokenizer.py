@@ -148,10 +148,13 @@ class Tokenizer:
         return ids
 
     def _stretches(self, text: str) -> list[tuple[str, int | None, bool]]:
-        """[(piece, added-token id or None, starts the text)]; pieces with None are normalized."""
+        """[(piece, added-token id or None, starts at the text's start)]; pieces with None are normalized."""
         if self.added.tokens:
             return self.added.split(text)
-        return [(self.normalizer.normalize(text) if self.normalizer is not None else text, None, True)]
+        if self.normalizer is None:
+            return [(text, None, True)]
+        piece, kept = self.normalizer.normalize_start(text)
+        return [(piece, None, kept)]
 
     def engine(self):
         """The tiktoken engine for this byte-level BPE, or None when tiktoken is absent or cannot match it."""
