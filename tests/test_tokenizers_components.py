@@ -150,6 +150,18 @@ def test_llama_style_bpe_with_byte_fallback():
         assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False), s
 
 
+@pytest.mark.parametrize("fuse", [True, False])
+def test_bpe_unk_is_written_after_byte_fallback_tokens(fuse):
+    """With part of the byte tokens missing, HF holds an unknown character's unk back until the next known
+    character: byte tokens in between come first, and fuse_unk joins the unknowns around them."""
+    vocab = {"<unk>": 0, "a": 1, "<0x62>": 2, "<0x63>": 3}
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>", fuse_unk=fuse, byte_fallback=True))
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    for s in ["éba", "ééb", "aébéc", "é", "bé", "éaé"]:
+        assert ours.tokenize(s) == hf.encode(s).tokens, s
+        assert ours.encode(s) == hf.encode(s).ids, s
+
+
 @pytest.mark.parametrize("scheme", ["first", "always", "never"])
 def test_metaspace_prepend_scheme_around_special_tokens(scheme):
     vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "▁hello", "hello", "▁world", "world", "▁", "x", "▁x"])}
