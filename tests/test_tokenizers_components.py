@@ -51,7 +51,8 @@ def test_normalizers(hf):
                                                       "merged_with_next", "contiguous") for inv in (False, True)],
     P.Split(" ", "removed"), P.Split(Regex(GPT4_PATTERN), "isolated"),
     P.Split(Regex(r"^ +|:$"), "isolated"),
-    P.Digits(individual_digits=True), P.Digits(), P.CharDelimiterSplit("e"), P.FixedLength(3),
+    P.Digits(individual_digits=True), P.Digits(), P.CharDelimiterSplit("e"), P.FixedLength(3), P.UnicodeScripts(),
+    P.Sequence([P.UnicodeScripts(), P.Metaspace(prepend_scheme="first")]),
     P.Sequence([P.Digits(individual_digits=True), P.Whitespace()]),
     P.Sequence([P.WhitespaceSplit(), P.Punctuation()]),
     P.Sequence([P.Split(Regex(GPT4_PATTERN), "isolated"), P.ByteLevel(add_prefix_space=False, use_regex=False)]),
@@ -223,3 +224,14 @@ def test_metaspace_first_reads_the_original_start(norm, pre):
     ours = tokenizer_from_json(json.loads(hf.to_str()))
     for s in FIRST_INPUTS:
         assert ours.tokenize(s) == hf.encode(s).tokens, s
+
+
+def test_unicode_scripts_on_every_character():
+    """Each BMP character and every 17th astral one between a Latin letter, a digit (Common) and a space (Any):
+    HF's script table is SentencePiece's of Unicode 9, with Hiragana/Katakana as Han and text before the first
+    character with a script dropped."""
+    hf, ours = P.UnicodeScripts(), pre_tokenizer_from_json({"type": "UnicodeScripts"})
+    chars = [chr(cp) for cp in [*range(0xD800), *range(0xE000, 0x10000), *range(0x10000, 0x110000, 17)]]
+    for c in chars:
+        text = f"{c}a{c}1 {c}"
+        assert ours.split(text) == [w for w, _ in hf.pre_tokenize_str(text)], hex(ord(c))

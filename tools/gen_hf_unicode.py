@@ -28,6 +28,17 @@ OUT = Path(__file__).resolve().parents[1] / "src" / "lmkit" / "tokenizers" / "hf
 CPS = [cp for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
 
 
+def pack(items: list[str]) -> list[str]:
+    """Source lines of at most 116 characters holding the items, indented by 4."""
+    out, row = [], "   "
+    for it in items:
+        if len(row) + len(it) + 1 > 116:
+            out.append(row)
+            row = "   "
+        row += " " + it
+    return out + [row] if row.strip() else out
+
+
 def ranges(cps) -> list[tuple[int, int]]:
     out: list[list[int]] = []
     for cp in sorted(set(cps)):
@@ -99,6 +110,34 @@ def grapheme_unknown() -> list[int]:
     return out
 
 
+def script_flip() -> dict[int, str]:
+    """HF's UnicodeScripts script of every code point where lmkit's `regex_script` (the `regex` module's Script
+    property on HF's script list) gives another. Probe: two characters stay one piece when their scripts are equal
+    or one is "Any"; a character is "Any" when it joins both a Latin and a Common neighbour."""
+    sys.path.insert(0, str(OUT.parents[2]))
+    from lmkit.tokenizers.chars import regex_script
+
+    pre = P.UnicodeScripts()
+
+    def one(text: str) -> bool:
+        return len(pre.pre_tokenize_str(text)) == 1
+
+    reps = {}
+    for cp in CPS:
+        reps.setdefault(regex_script(chr(cp)), chr(cp))
+    out = {}
+    for cp in CPS:
+        c = chr(cp)
+        ours, any_ = regex_script(c), one("a" + c + "a") and one("1" + c + "1")
+        if (ours == "Any") == any_ and (any_ or one(reps[ours] + c)):
+            continue
+        theirs = "Any" if any_ else next((name for name, r in reps.items() if name != "Any" and one(r + c)), None)
+        if theirs is None:
+            raise SystemExit(f"U+{cp:04X}: HF's UnicodeScripts puts it in no script lmkit knows")
+        out[cp] = theirs
+    return out
+
+
 def flips(hf_pred, py_pred) -> list[int]:
     return [cp for cp in CPS if hf_pred(chr(cp)) != py_pred(chr(cp))]
 
@@ -141,6 +180,7 @@ def main() -> int:
     onig |= set(flips(lambda c: len(bl.pre_tokenize_str("a" + c + "a")) == 1, lambda c: bool(letter.match(c))))
     onig |= set(flips(lambda c: len(bl.pre_tokenize_str("1" + c + "1")) == 1, lambda c: bool(number.match(c))))
 
+    scripts = script_flip()
     tables = {
         "NORM_UNKNOWN": (norm_unknown(), "code points the normalization crate does not know (their decomposition, "
                          "combining class or composition differs from Python's): starters that decompose and "
@@ -184,18 +224,23 @@ def main() -> int:
     for name, (cps, doc) in tables.items():
         lines += textwrap.wrap(doc, 116, initial_indent="# ", subsequent_indent="# ")
         rs = ranges(cps)
-        items = [f"(0x{a:04X}, 0x{b:04X})," for a, b in rs]
         lines.append(f"{name} = (")
-        row = "   "
-        for it in items:
-            if len(row) + len(it) + 1 > 116:
-                lines.append(row)
-                row = "   "
-            row += " " + it
-        if row.strip():
-            lines.append(row)
+        lines += pack([f"(0x{a:04X}, 0x{b:04X})," for a, b in rs])
         lines.append(")")
         lines.append("")
+    lines.append("# UnicodeScripts: HF's script (its table is of Unicode 9) where it differs from the `regex` module's "
+                 "Script on")
+    lines.append("# HF's script list (lmkit.tokenizers.chars.regex_script); (start, end, script)")
+    lines.append("SCRIPT_FLIP = (")
+    runs: list[list] = []
+    for cp, name in sorted(scripts.items()):
+        if runs and runs[-1][1] == cp - 1 and runs[-1][2] == name:
+            runs[-1][1] = cp
+        else:
+            runs.append([cp, cp, name])
+    lines += pack([f"(0x{a:04X}, 0x{b:04X}, {name!r})," for a, b, name in runs])
+    lines.append(")")
+    lines.append("")
     lines.append("# Rust's char::to_lowercase where Python's str.lower (Unicode " + unicodedata.unidata_version
                  + ") leaves the character alone")
     lines.append("LOWERCASE = {")
@@ -208,6 +253,7 @@ def main() -> int:
     OUT.write_text(text)
     for name, (cps, _) in tables.items():
         print(name, len(cps), "code points,", len(ranges(cps)), "ranges")
+    print("SCRIPT_FLIP", len(scripts), "code points")
     print("LOWERCASE", len(lowercase))
     return 0
 

@@ -8,6 +8,7 @@ lists the code points where they disagree, and the functions here answer as HF d
 """
 from __future__ import annotations
 
+import bisect
 import re
 import unicodedata
 
@@ -163,6 +164,55 @@ def grapheme_pattern(unknown=()) -> str:
 
 # HF's grapheme clusters (the Precompiled normalizer walks the text by them)
 GRAPHEME = regex.compile(grapheme_pattern(_hf.GRAPHEME_UNKNOWN))
+
+
+# the scripts of HF's UnicodeScripts table (SentencePiece's, of Unicode 9); a character of a later script, or of
+# none, is "Any" there, as the space is
+HF_SCRIPTS = tuple("""
+    Adlam Ahom AnatolianHieroglyphs Arabic Armenian Avestan Balinese Bamum BassaVah Batak Bengali Bhaiksuki Bopomofo
+    Brahmi Braille Buginese Buhid CanadianAboriginal Carian CaucasianAlbanian Chakma Cham Cherokee Common Coptic
+    Cuneiform Cypriot Cyrillic Deseret Devanagari Duployan EgyptianHieroglyphs Elbasan Ethiopic Georgian Glagolitic
+    Gothic Grantha Greek Gujarati Gurmukhi Han Hangul Hanunoo Hatran Hebrew Hiragana ImperialAramaic Inherited
+    InscriptionalPahlavi InscriptionalParthian Javanese Kaithi Kannada Katakana KayahLi Kharoshthi Khmer Khojki
+    Khudawadi Lao Latin Lepcha Limbu LinearA LinearB Lisu Lycian Lydian Mahajani Malayalam Mandaic Manichaean Marchen
+    MeeteiMayek MendeKikakui MeroiticCursive MeroiticHieroglyphs Miao Modi Mongolian Mro Multani Myanmar Nabataean
+    NewTaiLue Newa Nko Ogham OlChiki OldHungarian OldItalic OldNorthArabian OldPermic OldPersian OldSouthArabian
+    OldTurkic Oriya Osage Osmanya PahawhHmong Palmyrene PauCinHau PhagsPa Phoenician PsalterPahlavi Rejang Runic
+    Samaritan Saurashtra Sharada Shavian Siddham SignWriting Sinhala SoraSompeng Sundanese SylotiNagri Syriac Tagalog
+    Tagbanwa TaiLe TaiTham TaiViet Takri Tamil Tangut Telugu Thaana Thai Tibetan Tifinagh Tirhuta Ugaritic Vai
+    WarangCiti Yi""".split())
+_SCRIPT = regex.compile("|".join(rf"(\p{{Script={name}}})" for name in HF_SCRIPTS))
+
+
+def regex_script(c: str) -> str:
+    """The script UnicodeScripts gives `c` from the `regex` module's Script property: Hiragana, Katakana and
+    U+30FC count as Han, the space and characters of scripts HF's table lacks as "Any"."""
+    if c == "\u30fc":
+        return "Han"
+    m = _SCRIPT.match(c) if c != " " else None
+    if m is None:
+        return "Any"
+    name = HF_SCRIPTS[m.lastindex - 1]
+    return "Han" if name in ("Hiragana", "Katakana") else name
+
+
+class _Scripts(dict):
+    """char -> HF's script: `regex_script` corrected by hf_unicode.SCRIPT_FLIP (HF's older table), cached."""
+
+    def __init__(self):
+        super().__init__()
+        self.starts = [lo for lo, _, _ in _hf.SCRIPT_FLIP]
+
+    def __missing__(self, c: str) -> str:
+        cp = ord(c)
+        k = bisect.bisect_right(self.starts, cp) - 1
+        out = _hf.SCRIPT_FLIP[k][2] if k >= 0 and cp <= _hf.SCRIPT_FLIP[k][1] else regex_script(c)
+        if len(self) < 1 << 16:
+            self[c] = out
+        return out
+
+
+SCRIPTS = _Scripts()
 
 
 def has_regex_unknown(pattern: str) -> bool:

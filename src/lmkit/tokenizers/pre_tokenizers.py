@@ -8,8 +8,8 @@ from __future__ import annotations
 import regex
 
 from lmkit.errors import TokenizerError
-from lmkit.tokenizers.chars import (BYTE_TO_CHAR, WHITESPACE_CLASS, is_numeric, is_punctuation, is_whitespace,
-                                    onig_view)
+from lmkit.tokenizers.chars import (BYTE_TO_CHAR, SCRIPTS, WHITESPACE_CLASS, is_numeric, is_punctuation,
+                                    is_whitespace, onig_view)
 from lmkit.tokenizers.normalizers import ONIG_FLAGS, regex_view
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -312,6 +312,24 @@ class FixedLength(PreTokenizer):
         return {"type": self.type_name, "length": self.length}
 
 
+class UnicodeScripts(PreTokenizer):
+    """A new word wherever the script changes (SentencePiece's split_by_unicode_script, HF's table): characters
+    of script "Any" (the space, scripts newer than the table) join either side, Hiragana and Katakana count as
+    Han, and, as in HF, text before the first character with a script is dropped."""
+
+    type_name = "UnicodeScripts"
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        cuts, last = [], None
+        for i, s in enumerate(map(SCRIPTS.__getitem__, text)):
+            if s != "Any":
+                if s != last:
+                    cuts.append(i)
+                last = s
+        cuts.append(len(text))
+        return [text[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
 class Sequence(PreTokenizer):
     type_name = "Sequence"
 
@@ -360,8 +378,10 @@ def pre_tokenizer_from_json(d: dict | None) -> PreTokenizer | None:
         return CharDelimiterSplit(d["delimiter"])
     if kind == "FixedLength":
         return FixedLength(d.get("length", 5))
+    if kind == "UnicodeScripts":
+        return UnicodeScripts()
     if kind == "Sequence":
         return Sequence([pre_tokenizer_from_json(x) for x in d["pretokenizers"]])
     raise TokenizerError(f"unsupported pre_tokenizer type {kind!r} in tokenizer.json; lmkit reads ByteLevel, Whitespace, "
                          "WhitespaceSplit, BertPreTokenizer, Metaspace, Split, Punctuation, Digits, CharDelimiterSplit, "
-                         "FixedLength and Sequence")
+                         "FixedLength, UnicodeScripts and Sequence")
