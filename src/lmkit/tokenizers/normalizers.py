@@ -344,5 +344,5 @@ def normalizer_from_json(d: dict | None) -> Normalizer | None:
     if kind == "Precompiled":
         return Precompiled(d.get("precompiled_charsmap"))
     raise TokenizerError(f"unsupported normalizer type {kind!r} in tokenizer.json; lmkit reads NFC, NFD, NFKC, NFKD, "
-                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace, Prepend, ByteLevel, Nmt, Precompiled and "
-                         "Sequence")
+                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace, Prepend, ByteLevel, Nmt, "
+                         "Precompiled and Sequence")
