@@ -51,7 +51,8 @@ def test_normalizers(hf):
                                                       "merged_with_next", "contiguous") for inv in (False, True)],
     P.Split(" ", "removed"), P.Split(Regex(GPT4_PATTERN), "isolated"),
     P.Split(Regex(r"^ +|:$"), "isolated"),
-    P.Digits(individual_digits=True), P.Digits(), P.CharDelimiterSplit("e"), P.FixedLength(3),
+    P.Digits(individual_digits=True), P.Digits(), P.CharDelimiterSplit("e"), P.FixedLength(3), P.UnicodeScripts(),
+    P.Sequence([P.UnicodeScripts(), P.Metaspace(prepend_scheme="first")]),
     P.Sequence([P.Digits(individual_digits=True), P.Whitespace()]),
     P.Sequence([P.WhitespaceSplit(), P.Punctuation()]),
     P.Sequence([P.Split(Regex(GPT4_PATTERN), "isolated"), P.ByteLevel(add_prefix_space=False, use_regex=False)]),
@@ -150,6 +151,18 @@ def test_llama_style_bpe_with_byte_fallback():
         assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False), s
 
 
+@pytest.mark.parametrize("fuse", [True, False])
+def test_bpe_unk_is_written_after_byte_fallback_tokens(fuse):
+    """With part of the byte tokens missing, HF holds an unknown character's unk back until the next known
+    character: byte tokens in between come first, and fuse_unk joins the unknowns around them."""
+    vocab = {"<unk>": 0, "a": 1, "<0x62>": 2, "<0x63>": 3}
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>", fuse_unk=fuse, byte_fallback=True))
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    for s in ["éba", "ééb", "aébéc", "é", "bé", "éaé"]:
+        assert ours.tokenize(s) == hf.encode(s).tokens, s
+        assert ours.encode(s) == hf.encode(s).ids, s
+
+
 @pytest.mark.parametrize("scheme", ["first", "always", "never"])
 def test_metaspace_prepend_scheme_around_special_tokens(scheme):
     vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "▁hello", "hello", "▁world", "world", "▁", "x", "▁x"])}
@@ -182,3 +195,43 @@ def test_added_tokens_found_on_the_text_alone_and_skipped_by_string():
     ids = [15, 6, 7, 0]
     for skip in (False, True):
         assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+
+
+FIRST_INPUTS = ["  hello", "hello", "\x01hello", "\u0301hello", "\x00hi", "\u200bhi", "xhi", "x", " ", "\ufffdhi",
+                "Ａ\u0301hi", "\x01\x02hi", "e\u0301hi", " \x01hi", "\x01 hi", "\u0301", "\x01", "<s>  hi", " <s>hi",
+                "\u0344hi"]
+
+
+@pytest.mark.parametrize("pre", [P.Metaspace(prepend_scheme="first", split=False), P.Metaspace(prepend_scheme="first"),
+                                 P.Sequence([P.WhitespaceSplit(), P.Metaspace(prepend_scheme="first")]),
+                                 P.Sequence([P.Punctuation(), P.Metaspace(prepend_scheme="first")])],
+                         ids=lambda p: json.dumps(state(p))[:80])
+@pytest.mark.parametrize("norm", [None, N.Strip(), N.Strip(left=False), N.Replace(" ", ""), N.Replace(Regex(r"\A +"), ""),
+                                  N.Replace(Regex(" {2,}"), "▁"), N.Replace("x", ""), N.Nmt(), N.StripAccents(),
+                                  N.Sequence([N.NFD(), N.StripAccents()]), N.BertNormalizer(), N.Prepend("q"),
+                                  N.Sequence([N.Replace(Regex(r"\A +| +\z"), ""), N.Replace(" ", "▁")])],
+                         ids=lambda n: json.dumps(state(n))[:60] if n else "none")
+def test_metaspace_first_reads_the_original_start(norm, pre):
+    """prepend_scheme "first" prepends only to a piece that begins at the input's start in HF's alignments: a
+    normalizer or an earlier pre-tokenizer that removes the leading characters moves the start (Precompiled,
+    which gives the next character the removed one's alignment, does not). Unknown text shows in a Unigram's
+    tokens, so the tokens show every ▁ added."""
+    hf = tokenizers.Tokenizer(tokenizers.models.Unigram([("<unk>", 0.0), ("▁", -1.0), ("<s>", 0.0)], unk_id=0))
+    if norm is not None:
+        hf.normalizer = norm
+    hf.pre_tokenizer = pre
+    hf.add_special_tokens(["<s>"])
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    for s in FIRST_INPUTS:
+        assert ours.tokenize(s) == hf.encode(s).tokens, s
+
+
+def test_unicode_scripts_on_every_character():
+    """Each BMP character and every 17th astral one between a Latin letter, a digit (Common) and a space (Any):
+    HF's script table is SentencePiece's of Unicode 9, with Hiragana/Katakana as Han and text before the first
+    character with a script dropped."""
+    hf, ours = P.UnicodeScripts(), pre_tokenizer_from_json({"type": "UnicodeScripts"})
+    chars = [chr(cp) for cp in [*range(0xD800), *range(0xE000, 0x10000), *range(0x10000, 0x110000, 17)]]
+    for c in chars:
+        text = f"{c}a{c}1 {c}"
+        assert ours.split(text) == [w for w, _ in hf.pre_tokenize_str(text)], hex(ord(c))

@@ -50,6 +50,7 @@ def _same(ours, hf, texts, pairs=False):
         enc = hf.encode(text)
         assert ours.encode(text) == enc.ids, text
         assert ours.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False).ids, text
+        assert ours.tokenize(text) == hf.encode(text, add_special_tokens=False).tokens, text
         for skip in (False, True):
             assert ours.decode(enc.ids, skip_special_tokens=skip) == hf.decode(enc.ids, skip_special_tokens=skip), text
     if pairs:

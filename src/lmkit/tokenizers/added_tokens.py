@@ -95,14 +95,16 @@ class AddedVocabulary:
         return out
 
     def split(self, text: str) -> list[tuple[str, int | None, bool]]:
-        """[(piece, added-token id or None, starts the text)]; pieces with None are normalized."""
-        norm = self.normalizer.normalize if self.normalizer else None
+        """[(piece, added-token id or None, starts at the text's start)]; pieces with None are normalized (a
+        normalizer that removes a piece's first character moves its start, as HF's alignments do)."""
         out = []
         for piece, tid, first in self._cut(text, *self._raw, True):
             if tid is not None:
                 out.append((piece, tid, first))
                 continue
-            piece = norm(piece) if norm else piece
+            if self.normalizer is not None:
+                piece, kept = self.normalizer.normalize_start(piece)
+                first = first and kept
             if self._norm[0] is None:
                 out.append((piece, None, first))
             else:

@@ -8,8 +8,11 @@ lists the code points where they disagree, and the functions here answer as HF d
 """
 from __future__ import annotations
 
+import bisect
 import re
 import unicodedata
+
+import regex
 
 from lmkit.tokenizers import hf_unicode as _hf
 
@@ -132,6 +135,84 @@ def onig_view(text: str) -> str:
     if not _has_regex_unknown(text):
         return text
     return _REGEX_UNKNOWN.sub(UNASSIGNED, text)
+
+
+def grapheme_pattern(unknown=()) -> str:
+    """UAX #29's extended grapheme cluster as a regex (its Table 1c form, with GB9c's Indic conjuncts) on the
+    `regex` module's properties, minus the `unknown` code points, which count as unassigned (GCB Other). The
+    `regex` module's own \\X is not used: it joins a virama to a following consonant without the consonant GB9c
+    needs before it."""
+    unknown = f"--{_class(unknown)}" if unknown else ""
+
+    def cls(*props: str) -> str:
+        body = "".join(rf"\p{{{p}}}" for p in props)
+        return f"[[{body}]{unknown}]"
+
+    control = cls("GCB=Control", "GCB=CR", "GCB=LF")
+    L, V, T, LV, LVT = (cls(f"GCB={k}") for k in ("L", "V", "T", "LV", "LVT"))
+    ri, pict, extend, zwj = cls("GCB=RI"), cls("ExtPict"), cls("GCB=Extend"), cls("GCB=ZWJ")
+    consonant, linker, joiner = cls("InCB=Consonant"), cls("InCB=Linker"), cls("InCB=Extend", "InCB=Linker")
+    core = "|".join((f"{L}*(?:{V}+|{LV}{V}*|{LVT}){T}*|{L}+|{T}+", f"{ri}{ri}", f"{pict}(?:{extend}*{zwj}{pict})*",
+                     f"{consonant}(?:{joiner}*{linker}{joiner}*{consonant})+", f"(?!{control})."))
+    post = cls("GCB=Extend", "GCB=ZWJ", "GCB=SpacingMark")
+    # most characters have no part in any rule: tried first, alone when no mark follows (a third faster)
+    special = "".join(rf"\p{{{p}}}" for p in (
+        "GCB=Control", "GCB=CR", "GCB=LF", "GCB=L", "GCB=V", "GCB=T", "GCB=LV", "GCB=LVT", "GCB=RI", "ExtPict",
+        "InCB=Consonant", "GCB=Prepend", "GCB=Extend", "GCB=ZWJ", "GCB=SpacingMark"))
+    return f"(?V1s)[^{special}](?!{post})|\\r\\n|{control}|{cls('GCB=Prepend')}*(?:{core}){post}*"
+
+
+# HF's grapheme clusters (the Precompiled normalizer walks the text by them)
+GRAPHEME = regex.compile(grapheme_pattern(_hf.GRAPHEME_UNKNOWN))
+
+
+# the scripts of HF's UnicodeScripts table (SentencePiece's, of Unicode 9); a character of a later script, or of
+# none, is "Any" there, as the space is
+HF_SCRIPTS = tuple("""
+    Adlam Ahom AnatolianHieroglyphs Arabic Armenian Avestan Balinese Bamum BassaVah Batak Bengali Bhaiksuki Bopomofo
+    Brahmi Braille Buginese Buhid CanadianAboriginal Carian CaucasianAlbanian Chakma Cham Cherokee Common Coptic
+    Cuneiform Cypriot Cyrillic Deseret Devanagari Duployan EgyptianHieroglyphs Elbasan Ethiopic Georgian Glagolitic
+    Gothic Grantha Greek Gujarati Gurmukhi Han Hangul Hanunoo Hatran Hebrew Hiragana ImperialAramaic Inherited
+    InscriptionalPahlavi InscriptionalParthian Javanese Kaithi Kannada Katakana KayahLi Kharoshthi Khmer Khojki
+    Khudawadi Lao Latin Lepcha Limbu LinearA LinearB Lisu Lycian Lydian Mahajani Malayalam Mandaic Manichaean Marchen
+    MeeteiMayek MendeKikakui MeroiticCursive MeroiticHieroglyphs Miao Modi Mongolian Mro Multani Myanmar Nabataean
+    NewTaiLue Newa Nko Ogham OlChiki OldHungarian OldItalic OldNorthArabian OldPermic OldPersian OldSouthArabian
+    OldTurkic Oriya Osage Osmanya PahawhHmong Palmyrene PauCinHau PhagsPa Phoenician PsalterPahlavi Rejang Runic
+    Samaritan Saurashtra Sharada Shavian Siddham SignWriting Sinhala SoraSompeng Sundanese SylotiNagri Syriac Tagalog
+    Tagbanwa TaiLe TaiTham TaiViet Takri Tamil Tangut Telugu Thaana Thai Tibetan Tifinagh Tirhuta Ugaritic Vai
+    WarangCiti Yi""".split())
+_SCRIPT = regex.compile("|".join(rf"(\p{{Script={name}}})" for name in HF_SCRIPTS))
+
+
+def regex_script(c: str) -> str:
+    """The script UnicodeScripts gives `c` from the `regex` module's Script property: Hiragana, Katakana and
+    U+30FC count as Han, the space and characters of scripts HF's table lacks as "Any"."""
+    if c == "\u30fc":
+        return "Han"
+    m = _SCRIPT.match(c) if c != " " else None
+    if m is None:
+        return "Any"
+    name = HF_SCRIPTS[m.lastindex - 1]
+    return "Han" if name in ("Hiragana", "Katakana") else name
+
+
+class _Scripts(dict):
+    """char -> HF's script: `regex_script` corrected by hf_unicode.SCRIPT_FLIP (HF's older table), cached."""
+
+    def __init__(self):
+        super().__init__()
+        self.starts = [lo for lo, _, _ in _hf.SCRIPT_FLIP]
+
+    def __missing__(self, c: str) -> str:
+        cp = ord(c)
+        k = bisect.bisect_right(self.starts, cp) - 1
+        out = _hf.SCRIPT_FLIP[k][2] if k >= 0 and cp <= _hf.SCRIPT_FLIP[k][1] else regex_script(c)
+        if len(self) < 1 << 16:
+            self[c] = out
+        return out
+
+
+SCRIPTS = _Scripts()
 
 
 def has_regex_unknown(pattern: str) -> bool:

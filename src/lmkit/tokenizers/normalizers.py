@@ -11,6 +11,7 @@ import regex
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.chars import (LATIN1_TO_BYTELEVEL, has_regex_unknown, is_bert_mark, is_cjk, is_combining_mark,
                                     is_control, is_whitespace, lower_extra, normalize, onig_view)
+from lmkit.tokenizers.precompiled import charsmap
 
 
 class Normalizer:
@@ -18,6 +19,15 @@ class Normalizer:
 
     def normalize(self, text: str) -> str:
         raise NotImplementedError
+
+    def drops_first(self, text: str) -> bool:
+        """Whether normalizing removes the first character of `text` (then, in HF's alignments, the result no
+        longer starts at the text's start, and Metaspace's prepend_scheme "first" does not prepend)."""
+        return False
+
+    def normalize_start(self, text: str) -> tuple[str, bool]:
+        """The normalized text, and whether its first character still comes from the first one of `text`."""
+        return self.normalize(text), not self.drops_first(text)
 
     def to_json(self) -> dict:
         return {"type": self.type_name}
@@ -89,6 +99,9 @@ class StripAccents(Normalizer):
     def normalize(self, text: str) -> str:
         return strip_accents(text) if not text.isascii() else text
 
+    def drops_first(self, text: str) -> bool:
+        return bool(text) and is_combining_mark(text[0])
+
 
 class Strip(Normalizer):
     type_name = "Strip"
@@ -103,6 +116,9 @@ class Strip(Normalizer):
         while self.right and end > start and is_whitespace(text[end - 1]):
             end -= 1
         return text[start:end]
+
+    def drops_first(self, text: str) -> bool:
+        return self.left and bool(text) and is_whitespace(text[0])
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "strip_left": self.left, "strip_right": self.right}
@@ -143,6 +159,19 @@ def replacer(pattern: dict, content: str):
     return lambda text: sub(text) if text else text
 
 
+def matches_at_start(pattern: dict):
+    """str -> bool: whether HF's pattern has a non-empty match at the start of the text."""
+    if "String" in pattern:
+        literal = pattern["String"]
+        return lambda text: bool(literal) and text.startswith(literal)
+    compiled, view = regex.compile(pattern["Regex"], ONIG_FLAGS), regex_view(pattern["Regex"])
+
+    def at_start(text: str) -> bool:
+        m = compiled.match(view(text))
+        return m is not None and m.end() > 0
+    return at_start
+
+
 class Replace(Normalizer):
     """Replace every match of a literal string or a regex (HF `Replace`)."""
 
@@ -151,9 +180,13 @@ class Replace(Normalizer):
     def __init__(self, pattern: dict, content: str):
         self.pattern, self.content = pattern, content
         self._replace = replacer(pattern, content)
+        self._at_start = matches_at_start(pattern) if content == "" else None
 
     def normalize(self, text: str) -> str:
         return self._replace(text)
+
+    def drops_first(self, text: str) -> bool:
+        return self._at_start is not None and self._at_start(text)
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "pattern": self.pattern, "content": self.content}
@@ -194,6 +227,8 @@ class Nmt(Normalizer):
     def normalize(self, text: str) -> str:
         return text.translate(self._table)
 
+    def drops_first(self, text: str) -> bool:
+        return bool(text) and self._table.get(ord(text[0]), text[0]) is None
 
 
 class BertNormalizer(Normalizer):
@@ -222,6 +257,14 @@ class BertNormalizer(Normalizer):
             out = f" {out} "
         return out
 
+    def drops_first(self, text: str) -> bool:
+        if not text:
+            return False
+        if self.clean_text and self._char(text[0]) == "":
+            return True
+        do_strip = self.strip_accents if self.strip_accents is not None else self.lowercase
+        return bool(do_strip) and is_bert_mark(normalize("NFD", text[0])[0])
+
     def normalize(self, text: str) -> str:
         if self.clean_text or self.handle_chinese_chars:
             if not (text.isascii() and text.isprintable()):
@@ -238,6 +281,24 @@ class BertNormalizer(Normalizer):
                 "strip_accents": self.strip_accents, "lowercase": self.lowercase}
 
 
+class Precompiled(Normalizer):
+    """SentencePiece's compiled normalization rules (nmt_nfkc, nfkc_cf, a custom TSV...), as HF applies them;
+    see `lmkit.tokenizers.precompiled`. The charsmap is parsed once per process. A removed first character still
+    leaves the result starting at the text's start (HF gives the next character its alignment)."""
+
+    type_name = "Precompiled"
+
+    def __init__(self, precompiled_charsmap: str):
+        self.precompiled_charsmap = precompiled_charsmap
+        self._charsmap = charsmap(precompiled_charsmap)
+
+    def normalize(self, text: str) -> str:
+        return self._charsmap.normalize(text)
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "precompiled_charsmap": self.precompiled_charsmap}
+
+
 class Sequence(Normalizer):
     type_name = "Sequence"
 
@@ -248,6 +309,13 @@ class Sequence(Normalizer):
         for n in self.normalizers:
             text = n.normalize(text)
         return text
+
+    def normalize_start(self, text: str) -> tuple[str, bool]:
+        kept = True
+        for n in self.normalizers:
+            text, k = n.normalize_start(text)
+            kept = kept and k
+        return text, kept
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "normalizers": [n.to_json() for n in self.normalizers]}
@@ -273,5 +341,8 @@ def normalizer_from_json(d: dict | None) -> Normalizer | None:
         return Replace(d["pattern"], d["content"])
     if kind == "Prepend":
         return Prepend(d["prepend"])
+    if kind == "Precompiled":
+        return Precompiled(d.get("precompiled_charsmap"))
     raise TokenizerError(f"unsupported normalizer type {kind!r} in tokenizer.json; lmkit reads NFC, NFD, NFKC, NFKD, "
-                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace, Prepend, ByteLevel, Nmt and Sequence")
+                         "Lowercase, StripAccents, BertNormalizer, Strip, Replace, Prepend, ByteLevel, Nmt, "
+                         "Precompiled and Sequence")

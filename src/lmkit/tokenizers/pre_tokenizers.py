@@ -8,8 +8,8 @@ from __future__ import annotations
 import regex
 
 from lmkit.errors import TokenizerError
-from lmkit.tokenizers.chars import (BYTE_TO_CHAR, WHITESPACE_CLASS, is_numeric, is_punctuation, is_whitespace,
-                                    onig_view)
+from lmkit.tokenizers.chars import (BYTE_TO_CHAR, SCRIPTS, WHITESPACE_CLASS, is_numeric, is_punctuation,
+                                    is_whitespace, onig_view)
 from lmkit.tokenizers.normalizers import ONIG_FLAGS, regex_view
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -85,6 +85,11 @@ class PreTokenizer:
     def split(self, text: str, first: bool = True) -> list[str]:
         raise NotImplementedError
 
+    def starts_at_start(self, text: str, word: str) -> bool:
+        """Whether `word`, the first word `split(text)` gives, begins where `text` does (words are slices of the
+        text unless the pre-tokenizer rewrites characters)."""
+        return text.startswith(word)
+
     def to_json(self) -> dict:
         return {"type": self.type_name}
 
@@ -111,6 +116,9 @@ class ByteLevel(PreTokenizer):
 
     def split(self, text: str, first: bool = True) -> list[str]:
         return [byte_level(p) for p in self.raw_split(text)]
+
+    def starts_at_start(self, text: str, word: str) -> bool:
+        return True
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "add_prefix_space": self.add_prefix_space, "trim_offsets": self.trim_offsets,
@@ -189,6 +197,9 @@ class Metaspace(PreTokenizer):
         if start < len(text):
             out.append(text[start:])
         return [w for w in out if w]
+
+    def starts_at_start(self, text: str, word: str) -> bool:
+        return True
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "replacement": self.replacement, "prepend_scheme": self.prepend_scheme,
@@ -301,6 +312,24 @@ class FixedLength(PreTokenizer):
         return {"type": self.type_name, "length": self.length}
 
 
+class UnicodeScripts(PreTokenizer):
+    """A new word wherever the script changes (SentencePiece's split_by_unicode_script, HF's table): characters
+    of script "Any" (the space, scripts newer than the table) join either side, Hiragana and Katakana count as
+    Han, and, as in HF, text before the first character with a script is dropped."""
+
+    type_name = "UnicodeScripts"
+
+    def split(self, text: str, first: bool = True) -> list[str]:
+        cuts, last = [], None
+        for i, s in enumerate(map(SCRIPTS.__getitem__, text)):
+            if s != "Any":
+                if s != last:
+                    cuts.append(i)
+                last = s
+        cuts.append(len(text))
+        return [text[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
 class Sequence(PreTokenizer):
     type_name = "Sequence"
 
@@ -308,9 +337,18 @@ class Sequence(PreTokenizer):
         self.pretokenizers = list(pretokenizers)
 
     def split(self, text: str, first: bool = True) -> list[str]:
+        """Each pre-tokenizer splits every word of the one before; only a first word that still begins at the
+        text's start counts as first (HF reads the original offset: Metaspace after WhitespaceSplit does not
+        prepend to a text with leading spaces under prepend_scheme "first")."""
         words = [text]
         for p in self.pretokenizers:
-            words = [w for i, piece in enumerate(words) for w in p.split(piece, first and i == 0)]
+            out = []
+            for i, piece in enumerate(words):
+                parts = p.split(piece, first and i == 0)
+                if i == 0:
+                    first = first and bool(parts) and p.starts_at_start(piece, parts[0])
+                out += parts
+            words = out
         return words
 
     def to_json(self) -> dict:
@@ -340,8 +378,10 @@ def pre_tokenizer_from_json(d: dict | None) -> PreTokenizer | None:
         return CharDelimiterSplit(d["delimiter"])
     if kind == "FixedLength":
         return FixedLength(d.get("length", 5))
+    if kind == "UnicodeScripts":
+        return UnicodeScripts()
     if kind == "Sequence":
         return Sequence([pre_tokenizer_from_json(x) for x in d["pretokenizers"]])
     raise TokenizerError(f"unsupported pre_tokenizer type {kind!r} in tokenizer.json; lmkit reads ByteLevel, Whitespace, "
                          "WhitespaceSplit, BertPreTokenizer, Metaspace, Split, Punctuation, Digits, CharDelimiterSplit, "
-                         "FixedLength and Sequence")
+                         "FixedLength, UnicodeScripts and Sequence")

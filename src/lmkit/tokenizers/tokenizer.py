@@ -139,17 +139,22 @@ class Tokenizer:
             engine = self.engine()
             if engine is not None:
                 return engine.encode(text)
-        if not self.added.tokens:
-            if self.normalizer is not None:
-                text = self.normalizer.normalize(text)
-            return self._words(text, True)
         ids: list[int] = []
-        for piece, tid, first in self.added.split(text):
+        for piece, tid, first in self._stretches(text):
             if tid is not None:
                 ids.append(tid)
             else:
                 ids += self._words(piece, first)
         return ids
+
+    def _stretches(self, text: str) -> list[tuple[str, int | None, bool]]:
+        """[(piece, added-token id or None, starts at the text's start)]; pieces with None are normalized."""
+        if self.added.tokens:
+            return self.added.split(text)
+        if self.normalizer is None:
+            return [(text, None, True)]
+        piece, kept = self.normalizer.normalize_start(text)
+        return [(piece, None, kept)]
 
     def engine(self):
         """The tiktoken engine for this byte-level BPE, or None when tiktoken is absent or cannot match it."""
@@ -229,8 +234,17 @@ class Tokenizer:
         return {k: v[0] for k, v in out.items()} if single else out
 
     def tokenize(self, text: str) -> list[str]:
-        """Token strings of `text` without special tokens (to see how a text splits)."""
-        return [self.id_to_token(i) for i in self._encode_plain(text)]
+        """Token strings of `text` without special tokens (to see how a text splits): HF's `Encoding.tokens`, where
+        an unknown stretch of a Unigram model shows as its text."""
+        out: list[str] = []
+        pre, model = self.pre_tokenizer, self.model
+        for piece, tid, first in self._stretches(text):
+            if tid is not None:
+                out.append(self.id_to_token(tid))
+                continue
+            for w in (pre.split(piece, first) if pre is not None else ([piece] if piece else [])):
+                out += model.tokenize(w)
+        return out
 
     # ---- decoding ---------------------------------------------------------------------------
     def decode(self, ids, skip_special_tokens: bool = False) -> str:

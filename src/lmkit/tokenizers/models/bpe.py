@@ -33,9 +33,11 @@ class BPE(Model):
         self.unk_id = vocab.get(unk_token) if unk_token is not None else None
 
     def _symbols(self, word: str) -> list[str]:
-        """Initial symbols: characters (with prefix/suffix), unknown ones as unk, byte tokens or dropped."""
+        """Initial symbols: characters (with prefix/suffix), unknown ones as byte tokens, unk or dropped. As in
+        HF, an unk is written when the next known character comes (or at the end), so byte tokens in between go
+        before it and, with fuse_unk, unknown characters on both sides of them make one unk."""
         vocab, out, last = self.vocab, [], len(word) - 1
-        prev_unk = False
+        pending = False
         for i, c in enumerate(word):
             s = c
             if i and self.prefix:
@@ -43,21 +45,24 @@ class BPE(Model):
             if i == last and self.suffix:
                 s = s + self.suffix
             if s in vocab:
+                if pending:
+                    out.append(self.unk_token)
+                    pending = False
                 out.append(s)
-                prev_unk = False
                 continue
             if self.byte_fallback:
                 pieces = [f"<0x{b:02X}>" for b in c.encode("utf-8")]
                 if all(p in vocab for p in pieces):
                     out.extend(pieces)
-                    prev_unk = False
                     continue
             if self.unk_token is not None:
                 if self.unk_id is None:
                     raise TokenizerError(f"BPE unk_token {self.unk_token!r} is not in the vocabulary")
-                if not (self.fuse_unk and prev_unk):
+                if pending and not self.fuse_unk:
                     out.append(self.unk_token)
-                prev_unk = True
+                pending = True
+        if pending:
+            out.append(self.unk_token)
         return out
 
     def tokenize(self, word: str) -> list[str]:

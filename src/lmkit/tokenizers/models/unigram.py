@@ -2,7 +2,8 @@
 argmax_x sum_i log p(x_i) over all segmentations x into vocabulary pieces.
 
 Characters no piece covers get the unk piece with score min(log p) - 10, and runs of unk are fused,
-as SentencePiece and Hugging Face do. Ties keep the path found first (the earliest start), as HF does.
+as SentencePiece and Hugging Face do; `tokenize` returns such a run as its own text (HF's token string), with
+id unk_id. Ties keep the path found first (the earliest start), as HF does.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ class Unigram(Model):
             if self.unk_id is None:
                 raise TokenizerError(f"Unigram: no piece covers {piece!r} and the model has no unk_id; "
                                      "train with an unk token or add one")
-            out.append(self.pieces[self.unk_id][0])
+            out.append(piece)  # the unknown text itself, as HF's token string; its id is unk_id
         return out
 
     def tokenize_ids(self, word: str) -> list[int]:
@@ -95,7 +96,7 @@ class Unigram(Model):
             [vocab.get(t, self.unk_id) for t in self.tokenize(word)]
 
     def score(self, tokens: list[str]) -> float:
-        """Log-probability of a segmentation (sum of piece scores; unk scores min - 10)."""
+        """Log-probability of a segmentation (sum of piece scores; unk, or text no piece covers, scores min - 10)."""
         unk = self.min_score - UNK_PENALTY
         return sum(self.scores.get(t, unk) if (self.unk_id is None or t != self.pieces[self.unk_id][0]) else unk
                    for t in tokens)
