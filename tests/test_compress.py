@@ -163,13 +163,105 @@ def test_pruned_model_saves_and_reloads(tmp_path):
     assert sum(heads) == 4 * 4 - 4
 
 
+def masked_outputs(model, heads, ids, mask):
+    """Logits (and greedy ids) of the unpruned model with `heads` zeroed at the input of o_proj, i.e. each
+    masked head's attention output multiplied by 0 (transformers 4.x's head_mask)."""
+    hooks = []
+    for name, hs in heads.items():
+        attn = model.get_submodule(name)
+
+        def zero(module, args, hs=hs, dim=attn.head_dim):
+            x = args[0].clone()
+            for h in hs:
+                x[..., h * dim:(h + 1) * dim] = 0
+            return (x,)
+
+        hooks.append(attn.o_proj.register_forward_pre_hook(zero))
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits
+        generated = model.generate(ids[:1], max_new_tokens=5) if model.config.architecture == "decoder" else None
+    for h in hooks:
+        h.remove()
+    return logits, generated
+
+
+ODD = dict(BASE, d_model=30, n_heads=3, n_layers=3)
+GQA = dict(LLAMA, d_model=48, n_heads=6, n_kv_heads=3, n_layers=3)
+PRUNE_CASES = {
+    "gpt2-odd-heads": (dict(ODD, family="gpt2"), {0: [1], 2: [0, 2]}),
+    "gpt2-all-heads-of-a-layer": (dict(ODD, family="gpt2"), {1: [0, 1, 2]}),
+    "bert": (dict(ODD, architecture="encoder", norm_placement="post", embedding_norm=True, extra={"head": "mlm"}),
+             {0: [2], 1: [0, 1, 2]}),
+    "llama-gqa-whole-group": (GQA, {0: [2, 3]}),
+    "llama-gqa-part-of-a-group": (GQA, {1: [0], 2: [1, 2, 5]}),     # key/value heads repeated, none removed
+    "llama-gqa-every-head": (GQA, {1: list(range(6))}),
+    "llama-mqa-single-heads": (dict(GQA, n_kv_heads=1), {0: [3], 2: [0, 1, 4]}),
+}
+
+
+@pytest.mark.parametrize("case", PRUNE_CASES)
+def test_pruning_equals_masking_the_heads(case, tmp_path):
+    kw, layers = PRUNE_CASES[case]
+    model = model_of(**kw, seed=7)
+    stack = "encoder" if kw.get("architecture") == "encoder" else "decoder"
+    heads = {f"{stack}.layers.{i}.self_attn.sublayer": hs for i, hs in layers.items()}
+    ids = torch.randint(0, 47, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0                                                    # left padding
+    want, want_ids = masked_outputs(model, heads, ids, mask)
+    n_before = model.num_parameters()
+    prune_heads(model, heads)
+    with torch.no_grad():
+        got = model(ids, attention_mask=mask).logits
+        torch.testing.assert_close(got[mask.bool()], want[mask.bool()], rtol=0, atol=1e-6)
+        if want_ids is not None:
+            assert model.generate(ids[:1], max_new_tokens=5).tolist() == want_ids.tolist()
+    for name, hs in heads.items():
+        attn = model.get_submodule(name)
+        assert attn.n_heads == kw["n_heads"] - len(hs)
+        assert attn.q_proj.out_features == attn.o_proj.in_features == attn.n_heads * attn.head_dim
+        assert attn.k_proj.out_features == attn.n_kv_heads * attn.head_dim
+        assert attn.n_heads == 0 or attn.n_heads % attn.n_kv_heads == 0
+    assert model.num_parameters() < n_before
+    model.save_pretrained(tmp_path)
+    back = lmkit.load_model(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids, attention_mask=mask).logits, got, rtol=0, atol=0)
+
+
+def test_pruned_layer_without_heads_still_trains():
+    model = model_of(**GQA)
+    prune_heads(model, {"decoder.layers.1.self_attn.sublayer": list(range(6))})
+    model.train()
+    model(IDS, labels=IDS).loss.backward()
+    assert model.decoder.layers[0].self_attn.sublayer.q_proj.weight.grad.abs().sum() > 0
+
+
 def test_prune_errors():
     model = model_of(**LLAMA)
-    attn = model.decoder.layers[0].self_attn.sublayer
-    with pytest.raises(ConfigError, match="whole groups"):
-        prune_attention(attn, [0])
-    with pytest.raises(ConfigError, match="at least one"):
-        prune_attention(attn, [0, 1, 2, 3])
+    name = "decoder.layers.0.self_attn.sublayer"
+    for bad in ([4], [-1]):
+        with pytest.raises(ConfigError, match=r"has 4 heads, numbered 0..3; head indices \[-?\d\] are out of range"):
+            prune_heads(model, {"decoder.layers.1.self_attn.sublayer": [0, 1], name: bad})
+    with pytest.raises(ConfigError, match="not an attention module"):
+        prune_heads(model, {"decoder.layers.9.self_attn.sublayer": [0]})
+    assert all(layer.self_attn.sublayer.n_heads == 4 for layer in model.decoder.layers)  # nothing half-done
+    imp = head_importance(model, [torch.randint(0, 47, (2, 9))])
+    with pytest.raises(ConfigError, match="cannot prune exactly 3 heads"):   # GQA: whole groups of 2
+        least_important(imp, 3, model)
+    with pytest.raises(ConfigError, match="cannot prune exactly 14 heads"):  # one head (group) kept per layer
+        least_important(imp, 14, model)
+
+
+def test_least_important_prunes_single_heads_under_mqa():
+    model = model_of(**dict(LLAMA, n_kv_heads=1))
+    imp = head_importance(model, [torch.randint(0, 47, (2, 9))])
+    chosen = least_important(imp, 5, model)
+    assert sum(map(len, chosen.values())) == 5
+    flat = sorted((float(imp[n][h]), n, h) for n in imp for h in range(4))
+    assert {(n, h) for _, n, h in flat[:5]} == {(n, h) for n, hs in chosen.items() for h in hs}  # lowest five
+    prune_heads(model, chosen)
+    assert sum(m.n_heads for m in model.modules() if hasattr(m, "n_kv_heads")) == 16 - 5
 
 
 # quantization -----------------------------------------------------------------------------------------
