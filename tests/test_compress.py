@@ -246,6 +246,11 @@ def test_prune_errors():
     with pytest.raises(ConfigError, match="not an attention module"):
         prune_heads(model, {"decoder.layers.9.self_attn.sublayer": [0]})
     assert all(layer.self_attn.sublayer.n_heads == 4 for layer in model.decoder.layers)  # nothing half-done
+    from lmkit.peft import get_peft_model
+
+    lora = get_peft_model(model_of(**LLAMA), "lora", r=2, target_modules=["v_proj"])
+    with pytest.raises(ConfigError, match="merge adapters"):
+        prune_heads(lora.base_model, {name: [0, 1]})
     imp = head_importance(model, [torch.randint(0, 47, (2, 9))])
     with pytest.raises(ConfigError, match="cannot prune exactly 3 heads"):   # GQA: whole groups of 2
         least_important(imp, 3, model)

@@ -79,8 +79,6 @@ def _linear(n_in: int, n_out: int, bias: bool, device: torch.device, dtype: torc
 
 
 def _sliced(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
-    if not isinstance(linear, nn.Linear):
-        raise ConfigError(f"cannot prune a {type(linear).__name__} projection; merge adapters (merge_and_unload) first")
     w = linear.weight.detach().index_select(dim, index.to(linear.weight.device))
     out = _linear(w.shape[1], w.shape[0], linear.bias is not None, w.device, w.dtype)
     with torch.no_grad():
@@ -91,6 +89,9 @@ def _sliced(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
 
 
 def _check_heads(attn: Attention, heads, name: str = "this attention module") -> None:
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+        if not isinstance(proj, nn.Linear):
+            raise ConfigError(f"cannot prune a {type(proj).__name__} projection; merge adapters (merge_and_unload) first")
     bad = sorted({int(h) for h in heads if not 0 <= int(h) < attn.n_heads})
     if bad:
         raise ConfigError(f"{name} has {attn.n_heads} heads, numbered 0..{attn.n_heads - 1}; "
