@@ -280,3 +280,56 @@ def test_dynamic_int8_is_smaller_and_close():
     assert weight_bytes(q) < 0.6 * weight_bytes(model)
     assert type(q.lm_head).__name__ == "Linear" and not hasattr(q.lm_head, "_packed_params")  # tied head kept
     assert hasattr(q.decoder.layers[0].mlp.sublayer.up_proj, "_packed_params")
+
+
+@pytest.mark.parametrize("kw", [dict(BASE, tie_embeddings=False, d_model=64), dict(LLAMA, d_model=64),
+                                dict(LLAMA, d_model=64, n_experts=3, family="mixtral")])
+def test_int8_equals_torch_quantize_dynamic_and_reloads(kw, tmp_path):
+    import copy
+    import warnings
+
+    from safetensors import safe_open
+
+    model = model_of(**kw, seed=6)
+    q = quantize_dynamic_int8(model)
+    # the reference: torch's quantize_dynamic on every nn.Linear but a head tied to the embeddings
+    tied = model.lm_head.weight is model.decoder.embeddings.tokens.weight
+    spec = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not (tied and n == "lm_head")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), spec if tied else {torch.nn.Linear},
+                                                     dtype=torch.qint8)
+    with torch.no_grad():
+        want = ref(IDS).logits
+        torch.testing.assert_close(q(IDS).logits, want, rtol=0, atol=0)
+    q.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        stored = {k: f.get_tensor(k) for k in f.keys()}
+    assert stored["decoder.layers.0.self_attn.sublayer.q_proj.weight"].dtype == torch.int8
+    assert weight_bytes(q) == sum(t.nbytes for t in stored.values())          # the size reported is the size saved
+    back = lmkit.load_model(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(back(IDS).logits, want, rtol=0, atol=0)
+        assert back.generate(IDS[:1], max_new_tokens=4).tolist() == q.generate(IDS[:1], max_new_tokens=4).tolist()
+    with pytest.raises(ConfigError, match="runs in float32"):
+        lmkit.load_model(tmp_path, dtype=torch.bfloat16)
+
+
+def test_int8_keeps_empty_layers_in_float():
+    model = model_of(d_model=64, seed=8)
+    prune_heads(model, {"decoder.layers.1.self_attn.sublayer": [0, 1, 2, 3]})   # q (d -> 0) and o (0 -> d)
+    q = quantize_dynamic_int8(model)
+    attn = q.decoder.layers[1].self_attn.sublayer
+    assert type(attn.o_proj) is torch.nn.Linear and hasattr(q.decoder.layers[0].self_attn.sublayer.o_proj, "_packed_params")
+    with torch.no_grad():   # the int8 kernel with 0 inputs returns uninitialised memory, not the bias
+        ref, got = model(IDS).logits, q(IDS).logits
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_quantize_errors():
+    with pytest.raises(ConfigError, match="no float nn.Linear layer to quantize"):
+        quantize_dynamic_int8(torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.LayerNorm(3)))
+    q = quantize_dynamic_int8(model_of(seed=9))
+    with pytest.raises(ConfigError, match="already quantized"):
+        quantize_dynamic_int8(q)
