@@ -46,6 +46,37 @@ def test_distillation_loss_terms():
     torch.testing.assert_close(out["loss"], 0.3 * ce + 0.5 * 9 * kl + 0.7 * cos)
 
 
+def test_distillation_kl_is_distilberts_batchmean_kl_times_t_squared():
+    g = torch.Generator().manual_seed(2)
+    s, t = torch.randn(3, 6, 17, generator=g), 3 * torch.randn(3, 6, 17, generator=g)
+    labels = torch.randint(0, 17, (3, 6), generator=g)
+    labels[0, 4:] = -100                                   # padding
+    labels[2, :] = -100
+    T = 2.5
+    out = distillation_loss(s, t, labels, weights=DistillWeights(alpha=0, beta=1, gamma=0, temperature=T))
+    # DistilBERT's distiller: KLDivLoss(batchmean)(log_softmax(s / T), softmax(t / T)) * T^2 over the kept rows
+    keep = labels != -100
+    ref = torch.nn.KLDivLoss(reduction="batchmean")(F.log_softmax(s[keep] / T, -1), F.softmax(t[keep] / T, -1))
+    torch.testing.assert_close(out["loss"], ref * T ** 2)
+    torch.testing.assert_close(out["kl"], ref)
+    # padded rows change nothing, whatever their logits
+    s2, t2 = s.clone(), t.clone()
+    s2[~keep], t2[~keep] = 50 * torch.randn(int((~keep).sum()), 17, generator=g), 0.0
+    torch.testing.assert_close(distillation_loss(s2, t2, labels, weights=DistillWeights(temperature=T))["kl"], out["kl"])
+    # a teacher logit of -inf (p_t = 0) adds 0 log 0 = 0, as in KLDivLoss, not NaN
+    t3 = t.clone()
+    t3[..., 0] = float("-inf")
+    ref3 = torch.nn.KLDivLoss(reduction="batchmean")(F.log_softmax(s[keep] / T, -1), F.softmax(t3[keep] / T, -1))
+    torch.testing.assert_close(distillation_loss(s, t3, labels, weights=DistillWeights(temperature=T))["kl"], ref3)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(temperature=-1.0), dict(temperature=float("nan")),
+                                 dict(beta=-1.0)])
+def test_distill_weights_refuse_bad_values(bad):
+    with pytest.raises(ConfigError, match="temperature must be a number > 0|weight beta must be"):
+        DistillWeights(**bad)
+
+
 def test_distillation_loss_vanishes_when_student_equals_teacher():
     z = torch.randn(4, 7, 13)
     h = torch.randn(4, 7, 6)

@@ -71,3 +71,11 @@ def test_missing_tokenizer_is_a_user_error(folder, tmp_path, capsys):
     model.save_pretrained(tmp_path / "bare")
     assert main(["prune", "--model", str(tmp_path / "bare"), "--out", str(tmp_path / "o"), "--heads", "1"]) == 2
     assert "tokenizer.json" in capsys.readouterr().err
+
+
+def test_bad_settings_are_user_errors(folder, tmp_path, capsys):
+    assert main(["distill", "--teacher", str(folder / "model"), "--out", str(tmp_path / "s"), "--temperature", "0"]) == 2
+    assert "temperature must be a number > 0" in capsys.readouterr().err
+    assert main(["prune", "--model", str(folder / "model"), "--out", str(tmp_path / "p"), "--heads", "13",
+                 "--corpus", str(folder / "corpus.txt"), "--batches", "1"]) == 2
+    assert "cannot prune exactly 13 heads" in capsys.readouterr().err
