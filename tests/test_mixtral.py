@@ -153,11 +153,58 @@ def test_greedy_generation_matches(tmp_path):
     assert got.tolist() == want.tolist()
 
 
-def test_sliding_window_is_refused(tmp_path):
-    ref = hf_mixtral(layers=1)
-    ref.save_pretrained(tmp_path)
-    raw = json.loads((tmp_path / "config.json").read_text())
-    raw["sliding_window"] = 8
-    (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ConfigError, match="sliding_window"):
-        lmkit.load_model(tmp_path)
+@pytest.mark.parametrize("window", [1, 4, 7])
+def test_sliding_window_matches_transformers(tmp_path, window):
+    torch.manual_seed(10)
+    config = transformers.MixtralConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=20, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=3, num_experts_per_tok=2, max_position_embeddings=64,
+        sliding_window=window)
+    ref = transformers.MixtralForCausalLM(config).eval()
+    ref.save_pretrained(tmp_path / "hf")
+    model = lmkit.load_model(tmp_path / "hf")
+    assert model.config.sliding_window == window
+    ids = torch.randint(1, 97, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0                                              # left padding
+    keep = mask.bool()
+    with torch.no_grad():
+        want = ref(ids, attention_mask=mask).logits
+        torch.testing.assert_close(model(ids, attention_mask=mask).logits[keep], want[keep], rtol=1e-4, atol=1e-4)
+        full = model(ids[:1]).logits                                 # no padding: the windowed causal mask alone
+        torch.testing.assert_close(full, ref(ids[:1]).logits, rtol=1e-4, atol=1e-4)
+    for rows, m in ((ids[:1], None), (ids, mask)):               # decoding past the window, through the cache
+        # transformers without its cache: with a window of 1 its sliding cache keeps every key (a [-0:] slice)
+        out = ref.generate(rows, attention_mask=m, max_new_tokens=10, do_sample=False, pad_token_id=0, use_cache=False)
+        assert model.generate(rows, attention_mask=m, max_new_tokens=10, do_sample=False, pad_token_id=0).tolist() \
+            == out.tolist()
+    model.save_pretrained(tmp_path / "lm")
+    assert json.loads((tmp_path / "lm" / "config.json").read_text())["sliding_window"] == window
+    back = transformers.MixtralForCausalLM.from_pretrained(tmp_path / "lm").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids, attention_mask=mask).logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_window_cannot_be_saved_where_the_format_has_none(tmp_path):
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    model = build_model(get_preset("llama", vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, sliding_window=8))
+    with pytest.raises(ConfigError, match="no sliding window"):
+        model.save_pretrained(tmp_path)
+
+
+def test_dense_model_with_a_window_decodes_like_its_full_forward():
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    torch.manual_seed(11)
+    model = build_model(get_preset("llama", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                   sliding_window=3, init_std=0.3)).eval()
+    ids = torch.randint(0, 64, (1, 6))
+    got = model.generate(ids, max_new_tokens=8, do_sample=False)     # cached steps (no DecodePlan for windows)
+    seq = ids
+    with torch.no_grad():
+        for _ in range(8):
+            seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], dim=1)
+    assert got.tolist() == seq.tolist()

@@ -175,6 +175,9 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
     config = model.config
     families = _families()
     family = families.get(config.family) if config.family else None
+    if family is not None and config.sliding_window and not getattr(family, "SLIDING_WINDOW", False):
+        raise ConfigError(f"the {config.family} format has no sliding window (sliding_window={config.sliding_window}); "
+                          "save with family='mixtral' or family=None")
     state = {k: v for k, v in model.state_dict().items()}
     if family is None:
         tensors = _untie(model, state)

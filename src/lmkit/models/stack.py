@@ -43,10 +43,11 @@ class Stack(nn.Module):
         h = self.embeddings(input_ids, position_ids=position_ids, token_type_ids=token_type_ids,
                             inputs_embeds=inputs_embeds)
         dtype, device = h.dtype, h.device
+        window = self.config.sliding_window
         if self.relative_bias is None:
-            bias, is_causal = build_attention_bias(attention_mask, B, T, past + T, self.causal, dtype, device)
+            bias, is_causal = build_attention_bias(attention_mask, B, T, past + T, self.causal, dtype, device, window)
         else:
-            allowed = allowed_positions(attention_mask, B, T, past + T, self.causal, device)
+            allowed = allowed_positions(attention_mask, B, T, past + T, self.causal, device, window)
             bias = self.relative_bias(T, past + T, offset=past).to(dtype)
             if allowed is not None:
                 bias = bias + additive_mask(allowed, dtype)
