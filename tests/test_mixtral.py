@@ -208,3 +208,21 @@ def test_dense_model_with_a_window_decodes_like_its_full_forward():
         for _ in range(8):
             seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], dim=1)
     assert got.tolist() == seq.tolist()
+
+
+def test_bfloat16_router_matches_transformers(tmp_path):
+    """Router logits in bf16, softmax in float32, top-k, renormalised weights in float32, the expert outputs
+    scaled in float32 and cast back: the same numbers as transformers' eager experts in bf16."""
+    ref = hf_mixtral(experts=5, k=2, seed=12)
+    ref.save_pretrained(tmp_path)
+    ref.config._experts_implementation = "eager"   # its default grouped_mm needs 16-byte aligned strides
+    ref = ref.to(torch.bfloat16)
+    model = lmkit.load_model(tmp_path, dtype=torch.bfloat16)
+    ids = torch.randint(0, 97, (2, 11))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        want = ref(ids, attention_mask=mask, output_router_logits=True)
+        got = model(ids, attention_mask=mask)
+    torch.testing.assert_close(got.logits[mask.bool()], want.logits[mask.bool()], rtol=0, atol=0)
+    torch.testing.assert_close(got.aux_loss, want.aux_loss, rtol=1e-6, atol=1e-6)
