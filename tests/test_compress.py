@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import lmkit
 from lmkit.compress import (DistillWeights, distillation_loss, head_importance, least_important,
-                            prune_attention, prune_heads, quantize_dynamic_int8, student_from_teacher, weight_bytes)
+                            prune_heads, quantize_dynamic_int8, student_from_teacher, weight_bytes)
 from lmkit.compress.prune import head_gates
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
