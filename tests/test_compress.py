@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import lmkit
 from lmkit.compress import (DistillWeights, distillation_loss, head_importance, least_important,
-                            prune_attention, prune_heads, quantize_dynamic_int8, student_from_teacher, weight_bytes)
+                            prune_heads, quantize_dynamic_int8, student_from_teacher, weight_bytes)
 from lmkit.compress.prune import head_gates
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
@@ -44,6 +44,37 @@ def test_distillation_loss_terms():
     torch.testing.assert_close(out["kl"], kl)
     torch.testing.assert_close(out["cos"], cos)
     torch.testing.assert_close(out["loss"], 0.3 * ce + 0.5 * 9 * kl + 0.7 * cos)
+
+
+def test_distillation_kl_is_distilberts_batchmean_kl_times_t_squared():
+    g = torch.Generator().manual_seed(2)
+    s, t = torch.randn(3, 6, 17, generator=g), 3 * torch.randn(3, 6, 17, generator=g)
+    labels = torch.randint(0, 17, (3, 6), generator=g)
+    labels[0, 4:] = -100                                   # padding
+    labels[2, :] = -100
+    T = 2.5
+    out = distillation_loss(s, t, labels, weights=DistillWeights(alpha=0, beta=1, gamma=0, temperature=T))
+    # DistilBERT's distiller: KLDivLoss(batchmean)(log_softmax(s / T), softmax(t / T)) * T^2 over the kept rows
+    keep = labels != -100
+    ref = torch.nn.KLDivLoss(reduction="batchmean")(F.log_softmax(s[keep] / T, -1), F.softmax(t[keep] / T, -1))
+    torch.testing.assert_close(out["loss"], ref * T ** 2)
+    torch.testing.assert_close(out["kl"], ref)
+    # padded rows change nothing, whatever their logits
+    s2, t2 = s.clone(), t.clone()
+    s2[~keep], t2[~keep] = 50 * torch.randn(int((~keep).sum()), 17, generator=g), 0.0
+    torch.testing.assert_close(distillation_loss(s2, t2, labels, weights=DistillWeights(temperature=T))["kl"], out["kl"])
+    # a teacher logit of -inf (p_t = 0) adds 0 log 0 = 0, as in KLDivLoss, not NaN
+    t3 = t.clone()
+    t3[..., 0] = float("-inf")
+    ref3 = torch.nn.KLDivLoss(reduction="batchmean")(F.log_softmax(s[keep] / T, -1), F.softmax(t3[keep] / T, -1))
+    torch.testing.assert_close(distillation_loss(s, t3, labels, weights=DistillWeights(temperature=T))["kl"], ref3)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(temperature=-1.0), dict(temperature=float("nan")),
+                                 dict(beta=-1.0)])
+def test_distill_weights_refuse_bad_values(bad):
+    with pytest.raises(ConfigError, match="temperature must be a number > 0|weight beta must be"):
+        DistillWeights(**bad)
 
 
 def test_distillation_loss_vanishes_when_student_equals_teacher():
@@ -163,13 +194,110 @@ def test_pruned_model_saves_and_reloads(tmp_path):
     assert sum(heads) == 4 * 4 - 4
 
 
+def masked_outputs(model, heads, ids, mask):
+    """Logits (and greedy ids) of the unpruned model with `heads` zeroed at the input of o_proj, i.e. each
+    masked head's attention output multiplied by 0 (transformers 4.x's head_mask)."""
+    hooks = []
+    for name, hs in heads.items():
+        attn = model.get_submodule(name)
+
+        def zero(module, args, hs=hs, dim=attn.head_dim):
+            x = args[0].clone()
+            for h in hs:
+                x[..., h * dim:(h + 1) * dim] = 0
+            return (x,)
+
+        hooks.append(attn.o_proj.register_forward_pre_hook(zero))
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits
+        generated = model.generate(ids[:1], max_new_tokens=5) if model.config.architecture == "decoder" else None
+    for h in hooks:
+        h.remove()
+    return logits, generated
+
+
+ODD = dict(BASE, d_model=30, n_heads=3, n_layers=3)
+GQA = dict(LLAMA, d_model=48, n_heads=6, n_kv_heads=3, n_layers=3)
+PRUNE_CASES = {
+    "gpt2-odd-heads": (dict(ODD, family="gpt2"), {0: [1], 2: [0, 2]}),
+    "gpt2-all-heads-of-a-layer": (dict(ODD, family="gpt2"), {1: [0, 1, 2]}),
+    "bert": (dict(ODD, architecture="encoder", norm_placement="post", embedding_norm=True, extra={"head": "mlm"}),
+             {0: [2], 1: [0, 1, 2]}),
+    "llama-gqa-whole-group": (GQA, {0: [2, 3]}),
+    "llama-gqa-part-of-a-group": (GQA, {1: [0], 2: [1, 2, 5]}),     # key/value heads repeated, none removed
+    "llama-gqa-every-head": (GQA, {1: list(range(6))}),
+    "llama-mqa-single-heads": (dict(GQA, n_kv_heads=1), {0: [3], 2: [0, 1, 4]}),
+}
+
+
+@pytest.mark.parametrize("case", PRUNE_CASES)
+def test_pruning_equals_masking_the_heads(case, tmp_path):
+    kw, layers = PRUNE_CASES[case]
+    model = model_of(**kw, seed=7)
+    stack = "encoder" if kw.get("architecture") == "encoder" else "decoder"
+    heads = {f"{stack}.layers.{i}.self_attn.sublayer": hs for i, hs in layers.items()}
+    ids = torch.randint(0, 47, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0                                                    # left padding
+    want, want_ids = masked_outputs(model, heads, ids, mask)
+    n_before = model.num_parameters()
+    prune_heads(model, heads)
+    with torch.no_grad():
+        got = model(ids, attention_mask=mask).logits
+        torch.testing.assert_close(got[mask.bool()], want[mask.bool()], rtol=0, atol=1e-6)
+        if want_ids is not None:
+            assert model.generate(ids[:1], max_new_tokens=5).tolist() == want_ids.tolist()
+    for name, hs in heads.items():
+        attn = model.get_submodule(name)
+        assert attn.n_heads == kw["n_heads"] - len(hs)
+        assert attn.q_proj.out_features == attn.o_proj.in_features == attn.n_heads * attn.head_dim
+        assert attn.k_proj.out_features == attn.n_kv_heads * attn.head_dim
+        assert attn.n_heads == 0 or attn.n_heads % attn.n_kv_heads == 0
+    assert model.num_parameters() < n_before
+    model.save_pretrained(tmp_path)
+    back = lmkit.load_model(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids, attention_mask=mask).logits, got, rtol=0, atol=0)
+
+
+def test_pruned_layer_without_heads_still_trains():
+    model = model_of(**GQA)
+    prune_heads(model, {"decoder.layers.1.self_attn.sublayer": list(range(6))})
+    model.train()
+    model(IDS, labels=IDS).loss.backward()
+    assert model.decoder.layers[0].self_attn.sublayer.q_proj.weight.grad.abs().sum() > 0
+
+
 def test_prune_errors():
     model = model_of(**LLAMA)
-    attn = model.decoder.layers[0].self_attn.sublayer
-    with pytest.raises(ConfigError, match="whole groups"):
-        prune_attention(attn, [0])
-    with pytest.raises(ConfigError, match="at least one"):
-        prune_attention(attn, [0, 1, 2, 3])
+    name = "decoder.layers.0.self_attn.sublayer"
+    for bad in ([4], [-1]):
+        with pytest.raises(ConfigError, match=r"has 4 heads, numbered 0..3; head indices \[-?\d\] are out of range"):
+            prune_heads(model, {"decoder.layers.1.self_attn.sublayer": [0, 1], name: bad})
+    with pytest.raises(ConfigError, match="not an attention module"):
+        prune_heads(model, {"decoder.layers.9.self_attn.sublayer": [0]})
+    assert all(layer.self_attn.sublayer.n_heads == 4 for layer in model.decoder.layers)  # nothing half-done
+    from lmkit.peft import get_peft_model
+
+    lora = get_peft_model(model_of(**LLAMA), "lora", r=2, target_modules=["v_proj"])
+    with pytest.raises(ConfigError, match="merge adapters"):
+        prune_heads(lora.base_model, {name: [0, 1]})
+    imp = head_importance(model, [torch.randint(0, 47, (2, 9))])
+    with pytest.raises(ConfigError, match="cannot prune exactly 3 heads"):   # GQA: whole groups of 2
+        least_important(imp, 3, model)
+    with pytest.raises(ConfigError, match="cannot prune exactly 14 heads"):  # one head (group) kept per layer
+        least_important(imp, 14, model)
+
+
+def test_least_important_prunes_single_heads_under_mqa():
+    model = model_of(**dict(LLAMA, n_kv_heads=1))
+    imp = head_importance(model, [torch.randint(0, 47, (2, 9))])
+    chosen = least_important(imp, 5, model)
+    assert sum(map(len, chosen.values())) == 5
+    flat = sorted((float(imp[n][h]), n, h) for n in imp for h in range(4))
+    assert {(n, h) for _, n, h in flat[:5]} == {(n, h) for n, hs in chosen.items() for h in hs}  # lowest five
+    prune_heads(model, chosen)
+    assert sum(m.n_heads for m in model.modules() if hasattr(m, "n_kv_heads")) == 16 - 5
 
 
 # quantization -----------------------------------------------------------------------------------------
@@ -183,3 +311,56 @@ def test_dynamic_int8_is_smaller_and_close():
     assert weight_bytes(q) < 0.6 * weight_bytes(model)
     assert type(q.lm_head).__name__ == "Linear" and not hasattr(q.lm_head, "_packed_params")  # tied head kept
     assert hasattr(q.decoder.layers[0].mlp.sublayer.up_proj, "_packed_params")
+
+
+@pytest.mark.parametrize("kw", [dict(BASE, tie_embeddings=False, d_model=64), dict(LLAMA, d_model=64),
+                                dict(LLAMA, d_model=64, n_experts=3, family="mixtral")])
+def test_int8_equals_torch_quantize_dynamic_and_reloads(kw, tmp_path):
+    import copy
+    import warnings
+
+    from safetensors import safe_open
+
+    model = model_of(**kw, seed=6)
+    q = quantize_dynamic_int8(model)
+    # the reference: torch's quantize_dynamic on every nn.Linear but a head tied to the embeddings
+    tied = model.lm_head.weight is model.decoder.embeddings.tokens.weight
+    spec = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not (tied and n == "lm_head")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), spec if tied else {torch.nn.Linear},
+                                                     dtype=torch.qint8)
+    with torch.no_grad():
+        want = ref(IDS).logits
+        torch.testing.assert_close(q(IDS).logits, want, rtol=0, atol=0)
+    q.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        stored = {k: f.get_tensor(k) for k in f.keys()}
+    assert stored["decoder.layers.0.self_attn.sublayer.q_proj.weight"].dtype == torch.int8
+    assert weight_bytes(q) == sum(t.nbytes for t in stored.values())          # the size reported is the size saved
+    back = lmkit.load_model(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(back(IDS).logits, want, rtol=0, atol=0)
+        assert back.generate(IDS[:1], max_new_tokens=4).tolist() == q.generate(IDS[:1], max_new_tokens=4).tolist()
+    with pytest.raises(ConfigError, match="runs in float32"):
+        lmkit.load_model(tmp_path, dtype=torch.bfloat16)
+
+
+def test_int8_keeps_empty_layers_in_float():
+    model = model_of(d_model=64, seed=8)
+    prune_heads(model, {"decoder.layers.1.self_attn.sublayer": [0, 1, 2, 3]})   # q (d -> 0) and o (0 -> d)
+    q = quantize_dynamic_int8(model)
+    attn = q.decoder.layers[1].self_attn.sublayer
+    assert type(attn.o_proj) is torch.nn.Linear and hasattr(q.decoder.layers[0].self_attn.sublayer.o_proj, "_packed_params")
+    with torch.no_grad():   # the int8 kernel with 0 inputs returns uninitialised memory, not the bias
+        ref, got = model(IDS).logits, q(IDS).logits
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_quantize_errors():
+    with pytest.raises(ConfigError, match="no float nn.Linear layer to quantize"):
+        quantize_dynamic_int8(torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.LayerNorm(3)))
+    q = quantize_dynamic_int8(model_of(seed=9))
+    with pytest.raises(ConfigError, match="already quantized"):
+        quantize_dynamic_int8(q)

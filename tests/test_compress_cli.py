@@ -53,9 +53,17 @@ def test_prune_cli(folder, capsys):
 
 
 def test_quantize_cli(folder, capsys):
-    assert main(["quantize", "--model", str(folder / "model"), "--corpus", str(folder / "corpus.txt")]) == 0
+    out = folder / "int8"
+    assert main(["quantize", "--model", str(folder / "model"), "--corpus", str(folder / "corpus.txt"),
+                 "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "| int8 |" in text and "size x" in text
+    assert "| int8 |" in text and "size x" in text and "written to" in text
+    report = json.loads((out / "quantize.json").read_text())
+    back = lmkit.load_model(out)
+    assert hasattr(back.decoder.layers[0].mlp.sublayer.up_proj, "_packed_params") and (out / "tokenizer.json").exists()
+    from lmkit.compress import weight_bytes
+
+    assert weight_bytes(back) == report["int8"]["bytes"]
 
 
 def test_missing_tokenizer_is_a_user_error(folder, tmp_path, capsys):
@@ -63,3 +71,11 @@ def test_missing_tokenizer_is_a_user_error(folder, tmp_path, capsys):
     model.save_pretrained(tmp_path / "bare")
     assert main(["prune", "--model", str(tmp_path / "bare"), "--out", str(tmp_path / "o"), "--heads", "1"]) == 2
     assert "tokenizer.json" in capsys.readouterr().err
+
+
+def test_bad_settings_are_user_errors(folder, tmp_path, capsys):
+    assert main(["distill", "--teacher", str(folder / "model"), "--out", str(tmp_path / "s"), "--temperature", "0"]) == 2
+    assert "temperature must be a number > 0" in capsys.readouterr().err
+    assert main(["prune", "--model", str(folder / "model"), "--out", str(tmp_path / "p"), "--heads", "13",
+                 "--corpus", str(folder / "corpus.txt"), "--batches", "1"]) == 2
+    assert "cannot prune exactly 13 heads" in capsys.readouterr().err

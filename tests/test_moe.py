@@ -59,31 +59,112 @@ def test_each_token_uses_only_its_chosen_experts():
         assert not torch.allclose(z, y)
 
 
+def reference_balance_loss(layer_logits, n, k, mask=None):
+    """transformers 4.x's load_balancing_loss_func, written out: concatenate layers, mask rows, N * sum f P."""
+    logits = torch.cat(layer_logits)
+    probs = torch.softmax(logits, -1)
+    hits = torch.nn.functional.one_hot(probs.topk(k, -1).indices, n).float()        # (rows, k, N)
+    if mask is None:
+        return n * (hits.mean(0).sum(0) * probs.mean(0)).sum()
+    w = mask.reshape(-1).float().repeat(len(layer_logits))
+    f = (hits * w[:, None, None]).sum(0).sum(0) / w.sum()
+    p = (probs * w[:, None]).sum(0) / w.sum()
+    return n * (f * p).sum()
+
+
 def test_aux_loss_is_minimal_for_uniform_router():
     n, k = 8, 2
-    chosen_uniform = torch.arange(64 * k).view(64, k) % n    # balanced assignments
-    uniform = torch.full((64, n), 1.0 / n)
-    base = load_balancing_loss(uniform, chosen_uniform, n)
+    base = load_balancing_loss(torch.zeros(64, n), n, k)       # uniform probabilities: L = sum_e f_e = k
     assert math.isclose(float(base), k, rel_tol=1e-6)
     g = torch.Generator().manual_seed(0)
     for scale in (0.5, 2.0, 8.0):
-        probs = torch.softmax(scale * torch.randn(64, n, generator=g), -1)
-        chosen = probs.topk(k, -1).indices
-        assert float(load_balancing_loss(probs, chosen, n)) >= float(base) - 1e-6
+        logits = scale * torch.randn(64, n, generator=g)
+        assert float(load_balancing_loss(logits, n, k)) >= float(base) - 1e-6
     # a collapsed router (every token to the same experts) is penalised the most
-    collapsed = torch.softmax(torch.tensor([10.0, 9.0] + [0.0] * (n - 2)).expand(64, n), -1)
-    assert float(load_balancing_loss(collapsed, collapsed.topk(k, -1).indices, n)) > 3 * k
+    collapsed = torch.tensor([10.0, 9.0] + [0.0] * (n - 2)).expand(64, n)
+    assert float(load_balancing_loss(collapsed, n, k)) > 3 * k
 
 
-def test_aux_loss_reaches_model_output_with_coefficient():
+def test_aux_loss_pools_layers_and_skips_padding():
+    g = torch.Generator().manual_seed(5)
+    n, k = 5, 3
+    layers = [torch.randn(12, n, generator=g) for _ in range(3)]
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    torch.testing.assert_close(load_balancing_loss(layers, n, k, mask), reference_balance_loss(layers, n, k, mask))
+    torch.testing.assert_close(load_balancing_loss(layers, n, k), reference_balance_loss(layers, n, k))
+    # pooled, not a sum (nor a mean) of per-layer losses
+    per_layer = [float(load_balancing_loss(layer, n, k, mask)) for layer in layers]
+    assert not math.isclose(float(load_balancing_loss(layers, n, k, mask)), sum(per_layer) / 3, rel_tol=1e-4)
+    # padded rows change nothing, whatever their logits
+    changed = [layer.clone() for layer in layers]
+    for layer in changed:
+        layer[:2] = 100 * torch.randn(2, n, generator=g)
+    torch.testing.assert_close(load_balancing_loss(changed, n, k, mask), load_balancing_loss(layers, n, k, mask))
+
+
+def test_model_aux_loss_is_unscaled_pooled_and_masked():
     torch.manual_seed(3)
-    c = cfg(router_aux_loss_coef=0.5)
-    model = CausalLM(c)
-    out = model(torch.randint(0, 61, (2, 6)))
-    per_layer = [layer.mlp.sublayer.balance_loss for layer in model.decoder.layers]
-    torch.testing.assert_close(out.aux_loss, 0.5 * torch.stack(per_layer).sum())
+    model = CausalLM(cfg(router_aux_loss_coef=0.5, n_layers=3))
+    ids = torch.randint(0, 61, (2, 6))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    out = model(ids, attention_mask=mask)
+    layers = [layer.mlp.sublayer.gate(h) for layer, h in zip(model.decoder.layers, _moe_inputs(model, ids, mask))]
+    assert len(out.router_logits) == 3
+    for got, want in zip(out.router_logits, layers):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(out.aux_loss, reference_balance_loss(layers, 5, 2, mask))
     out.aux_loss.backward()
     assert model.decoder.layers[0].mlp.sublayer.gate.weight.grad.abs().sum() > 0
+
+
+def _moe_inputs(model, ids, mask):
+    """The inputs each MoE layer saw (recorded with forward pre-hooks)."""
+    seen = []
+    hooks = [layer.mlp.sublayer.register_forward_pre_hook(lambda m, a: seen.append(a[0].reshape(-1, a[0].shape[-1])))
+             for layer in model.decoder.layers]
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def test_loss_adds_the_weighted_aux_loss_only_when_asked():
+    torch.manual_seed(6)
+    model = CausalLM(cfg(router_aux_loss_coef=0.25))
+    ids = torch.randint(0, 61, (2, 7))
+    labels = ids.clone()
+    labels[0, :2] = -100
+    plain = model(ids, labels=labels)
+    asked = model(ids, labels=labels, output_router_logits=True)
+    ce = torch.nn.functional.cross_entropy(plain.logits[:, :-1].reshape(-1, 61), labels[:, 1:].reshape(-1))
+    torch.testing.assert_close(plain.loss, ce)
+    torch.testing.assert_close(asked.loss, ce + 0.25 * asked.aux_loss)
+    model.config.extra["output_router_logits"] = True       # config.json's output_router_logits is the default
+    torch.testing.assert_close(model(ids, labels=labels).loss, asked.loss)
+
+
+def test_trainer_adds_the_coefficient_times_the_aux_loss(corpus_file, tmp_path, monkeypatch):
+    from lmkit.train import TrainConfig, Trainer
+
+    overrides = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=24, n_experts=3, router_aux_loss_coef=0.3)
+    trainer = Trainer(TrainConfig(preset="moe", model_overrides=overrides, corpus=[corpus_file], out=str(tmp_path / "r"),
+                                  max_steps=2, batch_size=2, seq_len=16, precision="fp32", progress=False, grad_clip=0.0,
+                                  save_every=None))
+    twin = CausalLM(trainer.model_config)
+    twin.load_state_dict(trainer.model.state_dict())
+    twin.train()
+    monkeypatch.setattr(trainer.optimizer, "step", lambda: None)
+    monkeypatch.setattr(trainer.optimizer, "zero_grad", lambda set_to_none=True: None)
+    rows = trainer.stream.rows(trainer.cfg.seed, 0, 2, 0, 1)
+    batch = trainer.objective.build_batch(rows, trainer.pad_id, None)
+    trainer.train_step(0)
+    # transformers' training loss: mean next-token cross-entropy + coef * aux_loss
+    out = twin(batch["input_ids"], output_router_logits=True)
+    ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), batch["labels"].reshape(-1))
+    (ce + 0.3 * out.aux_loss).backward()
+    for (name, p), q in zip(trainer.model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_capacity_drops_overflow_assignments():

@@ -31,6 +31,7 @@ class ModelConfig:
     n_heads: int = 4
     n_kv_heads: int | None = None          # None: = n_heads (MHA); 1: MQA; else GQA
     head_dim: int | None = None            # None: d_model // n_heads
+    sliding_window: int | None = None      # causal attention to the last W positions only (Mistral, Mixtral)
     d_ff: int | None = None                # None: 4 d, or 2/3 * 4 d rounded up to 8 for gated FFNs
     max_seq_len: int = 256
     # positions
@@ -133,7 +134,7 @@ class ModelConfig:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("n_kv_heads", "head_dim", "d_ff", "n_decoder_layers"):
+        for name in ("n_kv_heads", "head_dim", "d_ff", "n_decoder_layers", "sliding_window"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be a positive integer or null, got {getattr(self, name)!r}")
         for name in ("position_offset", "n_experts", "type_vocab_size", "relative_buckets", "relative_max_distance"):

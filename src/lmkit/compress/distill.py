@@ -7,6 +7,7 @@ the hard ones (Hinton et al. 2015). The student starts from every other layer of
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -28,6 +29,14 @@ class DistillWeights:
     gamma: float = 1.0
     temperature: float = 2.0
 
+    def __post_init__(self):
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ConfigError(f"the distillation temperature must be a number > 0 (softmax(z / T)), got {self.temperature}")
+        for name in ("alpha", "beta", "gamma"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"the distillation weight {name} must be a number >= 0, got {value}")
+
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor | None = None,
                       student_hidden: torch.Tensor | None = None, teacher_hidden: torch.Tensor | None = None,
@@ -46,8 +55,8 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
         ce = F.cross_entropy(s, flat, ignore_index=ignore_index) if bool(keep.any()) else zero
     n = keep.sum().clamp(min=1)
     T = w.temperature
-    log_ps, log_pt = F.log_softmax(s[keep] / T, -1), F.log_softmax(t[keep] / T, -1)
-    kl = (log_pt.exp() * (log_pt - log_ps)).sum() / n
+    # sum p_t (log p_t - log p_s) with 0 log 0 = 0, so a teacher's -inf logit (p_t = 0) adds nothing
+    kl = F.kl_div(F.log_softmax(s[keep] / T, -1), F.softmax(t[keep] / T, -1), reduction="sum") / n
     cos = zero
     if w.gamma and student_hidden is not None and teacher_hidden is not None:
         hs = student_hidden.reshape(-1, student_hidden.shape[-1]).float()[keep]

@@ -4,11 +4,15 @@ Each head h gets a gate xi_h = 1 on its output; its importance is I_h = sum over
 (the expected loss change to first order when the head is removed), normalised to unit L2 norm per
 layer. Pruning removes the least important heads structurally: the rows of q/k/v_proj and the columns
 of o_proj that belong to them, so the model gets smaller and cheaper, and is saved and reloaded that way.
-With grouped-query attention whole groups (a key/value head and its query heads) are pruned.
+A pruned model computes exactly what the unpruned one does with those heads' outputs zeroed (head mask 0),
+including a layer left with no heads (its attention adds o_proj's bias). Under grouped-query attention a
+key/value head goes with its last query head; `least_important` removes whole groups (single heads under MQA).
 """
 from __future__ import annotations
 
 import contextlib
+import math
+import warnings
 
 import torch
 from torch import nn
@@ -67,11 +71,16 @@ def _rows(heads: list[int], dim: int) -> torch.Tensor:
     return torch.cat([torch.arange(h * dim, (h + 1) * dim) for h in heads]) if heads else torch.zeros(0, dtype=torch.long)
 
 
+def _linear(n_in: int, n_out: int, bias: bool, device: torch.device, dtype: torch.dtype) -> nn.Linear:
+    """An uninitialised nn.Linear (its weights are copied or loaded next); 0 inputs once every head is gone."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+        return nn.utils.skip_init(nn.Linear, n_in, n_out, bias=bias, device=device, dtype=dtype)
+
+
 def _sliced(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
-    if not isinstance(linear, nn.Linear):
-        raise ConfigError(f"cannot prune a {type(linear).__name__} projection; merge adapters (merge_and_unload) first")
     w = linear.weight.detach().index_select(dim, index.to(linear.weight.device))
-    out = nn.Linear(w.shape[1], w.shape[0], bias=linear.bias is not None, device=w.device, dtype=w.dtype)
+    out = _linear(w.shape[1], w.shape[0], linear.bias is not None, w.device, w.dtype)
     with torch.no_grad():
         out.weight.copy_(w)
         if linear.bias is not None:
@@ -79,18 +88,33 @@ def _sliced(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
     return out
 
 
+def _check_heads(attn: Attention, heads, name: str = "this attention module") -> None:
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+        if not isinstance(proj, nn.Linear):
+            raise ConfigError(f"cannot prune a {type(proj).__name__} projection; merge adapters (merge_and_unload) first")
+    bad = sorted({int(h) for h in heads if not 0 <= int(h) < attn.n_heads})
+    if bad:
+        raise ConfigError(f"{name} has {attn.n_heads} heads, numbered 0..{attn.n_heads - 1}; "
+                          f"head indices {bad} are out of range")
+
+
 def prune_attention(attn: Attention, heads: list[int]) -> list[int]:
-    """Remove query heads `heads` (with their key/value heads) from one module; returns the kept heads."""
-    group = attn.n_heads // attn.n_kv_heads
+    """Remove query heads `heads` from one module; returns the kept heads.
+
+    Under grouped-query attention a key/value head goes when its last query head goes. The kept query
+    heads of each group must come out as equal groups: with c_j kept in group j, the groups become
+    gcd(c) heads each and key/value head j is repeated c_j / gcd(c) times (exact: copies give the same keys),
+    so MQA loses single heads and GQA whole groups at no extra cost. Removing every head leaves o_proj's bias.
+    """
+    _check_heads(attn, heads)
     remove = sorted(set(int(h) for h in heads))
-    if any(not 0 <= h < attn.n_heads for h in remove):
-        raise ConfigError(f"head indices must lie in 0..{attn.n_heads - 1}, got {remove}")
-    if group > 1 and any(set(range(h // group * group, h // group * group + group)) - set(remove) for h in remove):
-        raise ConfigError(f"with grouped-query attention prune whole groups of {group} query heads")
+    if not remove:
+        return list(range(attn.n_heads))
+    group = attn.n_heads // attn.n_kv_heads
     keep = [h for h in range(attn.n_heads) if h not in remove]
-    if not keep:
-        raise ConfigError("cannot prune every head of a layer; keep at least one")
-    keep_kv = sorted({h // group for h in keep})
+    counts = {j: sum(1 for h in keep if h // group == j) for j in range(attn.n_kv_heads)}
+    size = math.gcd(*counts.values())
+    keep_kv = [j for j in range(attn.n_kv_heads) for _ in range(counts[j] // size)] if size else []
     D = attn.head_dim
     attn.q_proj = _sliced(attn.q_proj, _rows(keep, D), 0)
     attn.k_proj = _sliced(attn.k_proj, _rows(keep_kv, D), 0)
@@ -110,9 +134,11 @@ def prune_heads(model: nn.Module, heads: dict[str, list[int]]) -> None:
         raise ConfigError("heads cannot be pruned with T5's relative position bias, which all layers share per head")
     modules = attention_modules(model)
     layout = dict(model.config.extra.get("attention_heads", {}))
-    for name, remove in heads.items():
+    for name, remove in heads.items():   # check everything before changing anything
         if name not in modules:
-            raise ConfigError(f"{name} is not an attention module of this model")
+            raise ConfigError(f"{name} is not an attention module of this model; names look like {next(iter(modules))}")
+        _check_heads(modules[name], remove, name)
+    for name, remove in heads.items():
         if remove:
             prune_attention(modules[name], list(remove))
             layout[name] = [modules[name].n_heads, modules[name].n_kv_heads]
@@ -121,13 +147,16 @@ def prune_heads(model: nn.Module, heads: dict[str, list[int]]) -> None:
 
 
 def least_important(importance: dict[str, torch.Tensor], n: int, model: nn.Module) -> dict[str, list[int]]:
-    """The n heads (whole groups under GQA, counted in query heads) of lowest importance, at least one kept per layer."""
+    """The n heads of lowest importance, at least one kept per layer. Under GQA whole groups are removed
+    (scored by their sum, counted in query heads), so no key/value head is copied; under MQA single heads."""
     modules = attention_modules(model)
     units = []  # (score, module, heads of the unit)
     for name, score in importance.items():
         attn = modules[name]
-        g = attn.n_heads // attn.n_kv_heads
-        for k in range(attn.n_kv_heads):
+        if not attn.n_heads:
+            continue
+        g = 1 if attn.n_kv_heads == 1 else attn.n_heads // attn.n_kv_heads
+        for k in range(attn.n_heads // g):
             heads = list(range(k * g, (k + 1) * g))
             units.append((float(score[heads].sum()), name, heads))
     units.sort(key=lambda u: u[0])
@@ -135,13 +164,16 @@ def least_important(importance: dict[str, torch.Tensor], n: int, model: nn.Modul
     left = {name: modules[name].n_heads for name in importance}
     pruned = 0
     for _, name, heads in units:
-        if pruned >= n:
-            break
+        if pruned + len(heads) > n:
+            continue
         if left[name] - len(heads) < 1:
             continue
         chosen.setdefault(name, []).extend(heads)
         left[name] -= len(heads)
         pruned += len(heads)
+    if pruned != n:
+        raise ConfigError(f"cannot prune exactly {n} heads keeping one per layer (in whole groups of query heads "
+                          f"under grouped-query attention); {pruned} can be: ask for that many")
     return chosen
 
 
@@ -153,9 +185,10 @@ def apply_head_layout(model: nn.Module) -> nn.Module:
         attn = modules[name]
         D, d = attn.head_dim, attn.q_proj.in_features
         bias = attn.q_proj.bias is not None
-        attn.q_proj = nn.Linear(d, n_heads * D, bias=bias)
-        attn.k_proj = nn.Linear(d, n_kv * D, bias=bias)
-        attn.v_proj = nn.Linear(d, n_kv * D, bias=bias)
-        attn.o_proj = nn.Linear(n_heads * D, attn.o_proj.out_features, bias=attn.o_proj.bias is not None)
+        at = dict(device=attn.q_proj.weight.device, dtype=attn.q_proj.weight.dtype)
+        attn.q_proj = _linear(d, n_heads * D, bias, **at)
+        attn.k_proj = _linear(d, n_kv * D, bias, **at)
+        attn.v_proj = _linear(d, n_kv * D, bias, **at)
+        attn.o_proj = _linear(n_heads * D, attn.o_proj.out_features, attn.o_proj.bias is not None, **at)
         attn.n_heads, attn.n_kv_heads = n_heads, n_kv
     return model

@@ -82,8 +82,9 @@ def tokens_per_second(model, rows: torch.Tensor, repeats: int = 3) -> float:
 
 
 def quantize_report(model_dir, corpus=("pydocs",), seq_len: int | None = None, max_val_docs: int | None = 100,
-                    batch: int = 8) -> dict:
-    """fp32 against dynamic int8: weight bytes, forward tokens/s on CPU and validation loss."""
+                    batch: int = 8, out_dir=None) -> dict:
+    """fp32 against dynamic int8: weight bytes, forward tokens/s on CPU and validation loss; the int8 model
+    (safetensors, lmkit's format) and the report are written to `out_dir` when given."""
     model, tok = model_folder(model_dir)
     data = _data(model, tok, list(corpus), seq_len, max_val_docs)
     q = quantize_dynamic_int8(model)
@@ -93,4 +94,6 @@ def quantize_report(model_dir, corpus=("pydocs",), seq_len: int | None = None, m
         r = data.evaluate(m)
         out[name] = {"bytes": weight_bytes(m), "tokens_per_s": tokens_per_second(m, rows), "loss": r["loss"],
                      "perplexity": r["perplexity"], "accuracy": r["accuracy"]}
+    if out_dir is not None:
+        save_model_folder(q, tok, out_dir, {"quantize.json": out})
     return out

@@ -6,8 +6,8 @@ but as a flat list of tensor operations on weights gathered (and, for models up 
 bytes, laid out for the CPU kernel that is fastest at the batch size) until they change: no module
 calls, hooks or mask building per layer. At batch 1 the framework overhead of those calls was about
 half the time of a small model's step. Models with parts the plan does not cover (mixtures of
-experts, LoRA or quantized projections, relative position bias, forward hooks, a subclass with its
-own forward) return None from `DecodePlan.build` and decode through the modules.
+experts, LoRA or quantized projections, relative position bias, a sliding window, forward hooks, a
+subclass with its own forward) return None from `DecodePlan.build` and decode through the modules.
 """
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ class DecodePlan:
 
         config = model.config
         if type(model).forward is not CausalLM.forward or model.training or config.architecture != "decoder" \
-                or config.n_experts or type(model.decoder) is not Stack:
+                or config.n_experts or config.sliding_window or type(model.decoder) is not Stack:
             return None
         stack = model.decoder
         emb = stack.embeddings

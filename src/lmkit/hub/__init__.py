@@ -72,6 +72,13 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
     dtype = _resolve_dtype(dtype, raw)
     family = None if "lmkit" in raw and "model_type" not in raw else family_of(raw.get("model_type"))
     hf = read_weights(folder)
+    quantized = config.extra.get("quantization")
+    if quantized:  # int8 layers: loaded dequantized into a float model, then given their exact int8 values
+        from lmkit.compress.quantize import split_int8
+
+        if dtype not in (None, torch.float32):
+            raise ConfigError(f"{folder} holds an int8-quantized model, which runs in float32; load it without dtype")
+        hf, int8 = split_int8(hf, quantized.get("modules", []))
     _check_weights_fit(config, family, raw, hf, folder)
     model = _build(config, family, raw)
     if config.extra.get("attention_heads"):  # a model whose heads were pruned: per-layer head counts
@@ -95,6 +102,10 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
     if really_missing:
         raise CheckpointError(f"{folder} lacks tensors {', '.join(really_missing[:5])}")
     model = model.to(dtype) if dtype is not None else model.float()
+    if quantized:
+        from lmkit.compress.quantize import restore_int8
+
+        model = restore_int8(model, int8)
     model.generation_defaults = generation_defaults(folder)
     return model.eval()
 
@@ -164,9 +175,16 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
     config = model.config
     families = _families()
     family = families.get(config.family) if config.family else None
+    if family is not None and config.sliding_window and not getattr(family, "SLIDING_WINDOW", False):
+        raise ConfigError(f"the {config.family} format has no sliding window (sliding_window={config.sliding_window}); "
+                          "save with family='mixtral' or family=None")
     state = {k: v for k, v in model.state_dict().items()}
     if family is None:
         tensors = _untie(model, state)
+        if config.extra.get("quantization"):  # int8 layers hold no parameters: their tensors come from compress
+            from lmkit.compress.quantize import int8_tensors
+
+            tensors.update(int8_tensors(model))
         raw = {"lmkit": config.to_dict(), "architectures": [type(model).__name__]}
     else:
         rules = family.rules(config) if not hasattr(family, "model_rules") else family.model_rules(model)

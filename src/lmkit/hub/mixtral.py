@@ -17,35 +17,32 @@ from lmkit.hub import llama
 from lmkit.hub.convert import Rule
 
 MODEL_TYPES = ("mixtral",)
+SLIDING_WINDOW = True  # config.json's sliding_window is read and written
 ALIASES = (("model.", ""),)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
-    window, max_pos = hf.get("sliding_window"), hf.get("max_position_embeddings", 32768)
-    if window is not None and window < max_pos:
-        raise ConfigError(f"Mixtral sliding_window={window} is smaller than max_position_embeddings={max_pos}; lmkit "
-                          "attends over the whole context, so set sliding_window to null in config.json to load it")
-    extra = {"router_jitter_noise": hf["router_jitter_noise"]} if hf.get("router_jitter_noise") else {}
+    extra = {key: hf[key] for key in ("router_jitter_noise", "output_router_logits") if hf.get(key)}
     return llama.config_from_hf(
         {"rope_theta": 1e6, "max_position_embeddings": 32768, **hf}, family="mixtral",
         n_experts=hf.get("num_local_experts", 8), n_experts_per_token=hf.get("num_experts_per_tok", 2),
-        router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001), extra=extra)
+        router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001), sliding_window=hf.get("sliding_window"), extra=extra)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     if not cfg.n_experts:
         raise ConfigError("a Mixtral folder needs experts (n_experts > 0); save a dense model with family='llama'")
-    if cfg.use_attention_bias or cfg.use_mlp_bias or cfg.activation != "swiglu":
-        raise ConfigError("Mixtral has no biases and SwiGLU experts; change the config or save with family=None")
+    if cfg.use_attention_bias or cfg.use_mlp_bias:
+        raise ConfigError("Mixtral has no biases; change the config or save with family=None")
     if cfg.expert_capacity_factor is not None:
         raise ConfigError("Mixtral routes without an expert capacity; set expert_capacity_factor=None before saving")
-    out = llama.config_to_hf(cfg)
+    out = llama.config_to_hf(cfg.replace(sliding_window=None))
     for key in ("attention_bias", "mlp_bias", "pretraining_tp"):
         out.pop(key)
     out.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=cfg.n_experts,
                num_experts_per_tok=cfg.n_experts_per_token, router_aux_loss_coef=cfg.router_aux_loss_coef,
-               output_router_logits=False, sliding_window=None,
+               output_router_logits=bool(cfg.extra.get("output_router_logits", False)), sliding_window=cfg.sliding_window,
                router_jitter_noise=cfg.extra.get("router_jitter_noise", 0.0))
     return out
 

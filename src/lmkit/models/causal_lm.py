@@ -32,12 +32,20 @@ class CausalLM(PreTrainedModel, GenerationMixin):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: KVCache | None = None,
                 use_cache: bool = False, inputs_embeds: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None, logits_to_keep: int = 0) -> ModelOutput:
-        """Logits (B, T, V); with labels (B, T), the mean next-token loss of labels[:, 1:] given inputs[:, :-1]."""
+                labels: torch.Tensor | None = None, logits_to_keep: int = 0,
+                output_router_logits: bool | None = None) -> ModelOutput:
+        """Logits (B, T, V); with labels (B, T), the mean next-token loss of labels[:, 1:] given inputs[:, :-1].
+
+        A mixture of experts also returns `router_logits` and the unscaled load-balancing `aux_loss` (padding
+        left out through attention_mask); as in MixtralForCausalLM, `loss` adds router_aux_loss_coef * aux_loss
+        when output_router_logits (default: config.extra["output_router_logits"], i.e. config.json's).
+        """
         if use_cache and past_key_values is None:
             past_key_values = KVCache()
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
         h = self.decoder(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=past_key_values, inputs_embeds=inputs_embeds)
+        length = h.shape[1]
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         if self.config.output_scale != 1.0:
@@ -47,5 +55,13 @@ class CausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                                labels[:, 1:].reshape(-1), ignore_index=-100)
+        aux_loss = router_logits = None
+        if self.config.n_experts:
+            rows = attention_mask[:, past:past + length] if attention_mask is not None else None
+            aux_loss, router_logits = self.decoder.aux_loss(rows), self.decoder.router_logits()
+            if output_router_logits is None:
+                output_router_logits = bool(self.config.extra.get("output_router_logits", False))
+            if loss is not None and output_router_logits:
+                loss = loss + self.config.router_aux_loss_coef * aux_loss
         return ModelOutput(logits=logits, last_hidden_state=h, past_key_values=past_key_values,
-                           aux_loss=self.decoder.aux_loss(), loss=loss)
+                           aux_loss=aux_loss, router_logits=router_logits, loss=loss)

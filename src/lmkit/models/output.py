@@ -13,7 +13,8 @@ class ModelOutput:
     logits: torch.Tensor | None = None
     last_hidden_state: torch.Tensor | None = None
     past_key_values: KVCache | None = None
-    aux_loss: torch.Tensor | None = None          # mixture-of-experts load-balancing loss
+    aux_loss: torch.Tensor | None = None          # mixture-of-experts load-balancing loss, unscaled
+    router_logits: tuple[torch.Tensor, ...] | None = None   # per MoE layer (B*T, n_experts)
     encoder_last_hidden_state: torch.Tensor | None = None
     pooler_output: torch.Tensor | None = None
     start_logits: torch.Tensor | None = None      # extractive question answering (B, T)

@@ -95,8 +95,10 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
             decoder_input_ids = shift_right(labels, self.decoder_start_token_id, pad)
         if use_cache and past_key_values is None:
             past_key_values = KVCache()
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
         h = self.decoder(decoder_input_ids, attention_mask=decoder_attention_mask, cache=past_key_values,
                          memory=memory, memory_mask=attention_mask)
+        length = h.shape[1]
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         if self.config.output_scale != 1.0:
@@ -108,7 +110,12 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
                                                ignore_index=IGNORE_INDEX)
-        aux = [a for a in (self.encoder.aux_loss(), self.decoder.aux_loss()) if a is not None]
+        aux = []
+        if self.config.n_experts:  # each stack's load-balancing loss over its own real tokens, summed
+            if encoder_outputs is None:
+                aux.append(self.encoder.aux_loss(attention_mask))
+            rows = decoder_attention_mask
+            aux.append(self.decoder.aux_loss(rows[:, past:past + length] if rows is not None else None))
         return ModelOutput(logits=logits, last_hidden_state=h, past_key_values=past_key_values,
                            aux_loss=sum(aux) if aux else None, encoder_last_hidden_state=memory, loss=loss)
 

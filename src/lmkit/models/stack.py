@@ -11,6 +11,7 @@ from torch import nn
 from lmkit.config import ModelConfig
 from lmkit.nn import Block, Embeddings, KVCache, RelativePositionBias, RotaryEmbedding, build_attention_bias, build_norm
 from lmkit.nn.masks import additive_mask, allowed_positions
+from lmkit.nn.moe import MoEFeedForward, load_balancing_loss
 
 
 class Stack(nn.Module):
@@ -42,10 +43,11 @@ class Stack(nn.Module):
         h = self.embeddings(input_ids, position_ids=position_ids, token_type_ids=token_type_ids,
                             inputs_embeds=inputs_embeds)
         dtype, device = h.dtype, h.device
+        window = self.config.sliding_window
         if self.relative_bias is None:
-            bias, is_causal = build_attention_bias(attention_mask, B, T, past + T, self.causal, dtype, device)
+            bias, is_causal = build_attention_bias(attention_mask, B, T, past + T, self.causal, dtype, device, window)
         else:
-            allowed = allowed_positions(attention_mask, B, T, past + T, self.causal, device)
+            allowed = allowed_positions(attention_mask, B, T, past + T, self.causal, device, window)
             bias = self.relative_bias(T, past + T, offset=past).to(dtype)
             if allowed is not None:
                 bias = bias + additive_mask(allowed, dtype)
@@ -61,8 +63,20 @@ class Stack(nn.Module):
             h = self.norm(h)
         return h
 
-    def aux_loss(self) -> torch.Tensor | None:
-        """Sum of the load-balancing losses the mixture-of-experts layers recorded in this forward."""
-        losses = [getattr(layer.mlp.sublayer, "aux_loss", None) for layer in self.layers]
-        losses = [l for l in losses if l is not None]
-        return torch.stack(losses).sum() if losses else None
+    def moe_layers(self) -> list[nn.Module]:
+        """The mixture-of-experts FFNs of the blocks, in layer order (found through any PEFT wrapper)."""
+        return [m for layer in self.layers for m in layer.mlp.modules() if isinstance(m, MoEFeedForward)]
+
+    def router_logits(self) -> tuple[torch.Tensor, ...] | None:
+        """Each MoE layer's router logits (B*T, N) from the last forward; None for a dense stack."""
+        moe = self.moe_layers()
+        return tuple(m.router_logits for m in moe) if moe and moe[0].router_logits is not None else None
+
+    def aux_loss(self, row_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Load-balancing loss of the last forward, all layers pooled, rows with row_mask == 0 left out
+        (row_mask: (B, T) over the positions that forward ran on)."""
+        logits = self.router_logits()
+        if logits is None:
+            return None
+        moe = self.moe_layers()[0]
+        return load_balancing_loss(logits, moe.n_experts, moe.top_k, row_mask)

@@ -1,6 +1,7 @@
 """Attention masks as additive biases: 0 where a query may look, the dtype's minimum where not.
 
-Causal: query i sees keys j <= i + past. Padding: no query sees a padded key. A query row that can
+Causal: query i sees keys j <= i + past; with a sliding window W also only j > i + past - W (transformers'
+sliding-window mask). Padding: no query sees a padded key. A query row that can
 see nothing (a left-padding position) gets a uniform row instead of NaN, as transformers does.
 """
 from __future__ import annotations
@@ -9,14 +10,16 @@ import torch
 
 
 def allowed_positions(attention_mask: torch.Tensor | None, batch: int, q_len: int, k_len: int, causal: bool,
-                      device: torch.device) -> torch.Tensor | None:
+                      device: torch.device, window: int | None = None) -> torch.Tensor | None:
     """Boolean (B, 1, q_len, k_len): True where query i may attend to key j; None if all may."""
     allowed = None
-    if causal and not (q_len == 1):
+    windowed = causal and window is not None and k_len > window
+    if causal and not (q_len == 1) or windowed:
         past = k_len - q_len
         q = torch.arange(q_len, device=device)[:, None] + past
         k = torch.arange(k_len, device=device)[None, :]
-        allowed = (k <= q)[None, None]
+        allowed = (k <= q) & (k > q - window) if windowed else k <= q
+        allowed = allowed[None, None]
     if attention_mask is not None and not bool(attention_mask.all()):
         keys = attention_mask[:, None, None, :k_len].bool()
         allowed = keys if allowed is None else allowed & keys
@@ -35,11 +38,12 @@ def additive_mask(allowed: torch.Tensor | None, dtype: torch.dtype) -> torch.Ten
 
 
 def build_attention_bias(attention_mask: torch.Tensor | None, batch: int, q_len: int, k_len: int, causal: bool,
-                         dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor | None, bool]:
+                         dtype: torch.dtype, device: torch.device,
+                         window: int | None = None) -> tuple[torch.Tensor | None, bool]:
     """(mask, is_causal) for scaled_dot_product_attention: a boolean mask (True = may attend), as
     transformers passes it, so rows that see nothing come out as SDPA makes them; is_causal lets SDPA
     build a plain causal mask itself."""
     padded = attention_mask is not None and not bool(attention_mask[:, :k_len].all())
-    if causal and not padded and q_len == k_len:
+    if causal and not padded and q_len == k_len and (window is None or k_len <= window):
         return None, True
-    return allowed_positions(attention_mask, batch, q_len, k_len, causal, device), False
+    return allowed_positions(attention_mask, batch, q_len, k_len, causal, device, window), False

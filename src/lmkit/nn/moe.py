@@ -1,16 +1,17 @@
 """Mixture-of-experts feed-forward (Switch Transformer / Mixtral).
 
 A router W_r scores each token x over N experts; the token goes to its top k experts and
-y = sum_{e in topk} g_e E_e(x), with g = softmax over the chosen logits only, which equals
-Mixtral's softmax over all N followed by top-k and renormalisation (exp(l_e) / sum_chosen exp(l_j)).
-Load balancing (Switch Transformer eq. 4-6, transformers' form): L = N * sum_e f_e P_e, where
-f_e = (number of top-k assignments to e) / tokens and P_e = mean router probability of e.
-`aux_loss` = router_aux_loss_coef * L is what the training loss adds; the model sums it over layers
-(transformers pools the counts of all layers before the product: the same number for one layer).
+y = sum_{e in topk} g_e E_e(x), with g = softmax over all N in float32, then top-k, then
+renormalised over the chosen k (transformers' MixtralTopKRouter, in that order).
+Load balancing (Switch Transformer eq. 4-6, transformers' `load_balancing_loss_func`):
+L = N * sum_e f_e P_e, where over the real (unpadded) tokens of all MoE layers pooled together
+f_e = (top-k assignments to e) / rows and P_e = mean router probability of e. L is unscaled;
+training adds router_aux_loss_coef * L.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -20,17 +21,33 @@ from lmkit.config import ModelConfig
 from lmkit.nn.ffn import FeedForward
 
 
-def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, n_experts: int) -> torch.Tensor:
-    """N * sum_e f_e P_e for router probabilities (tokens, N) and chosen experts (tokens, k).
+def load_balancing_loss(router_logits: Sequence[torch.Tensor] | torch.Tensor, n_experts: int, top_k: int,
+                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """N * sum_e f_e P_e over layers' router logits (each (rows, N), rows = B*T) and a (B, T) 0/1 mask.
 
-    With a uniform router it is k (its minimum over routers whose choices follow their probabilities).
+    f_e and P_e pool every layer's real rows, as transformers does; with a uniform router and balanced
+    choices L = k, its minimum over routers whose choices follow their probabilities.
     """
-    tokens = probs.shape[0]
-    counts = torch.zeros(n_experts, dtype=torch.float32, device=probs.device)
-    counts = counts.scatter_add_(0, chosen.reshape(-1), torch.ones(chosen.numel(), device=probs.device))
-    f = counts / tokens
-    p = probs.float().mean(dim=0)
-    return n_experts * (f * p).sum()
+    if torch.is_tensor(router_logits):
+        router_logits = (router_logits,)
+    device = router_logits[0].device
+    counts = torch.zeros(n_experts, dtype=torch.float32, device=device)
+    prob_sum = torch.zeros(n_experts, dtype=torch.float32, device=device)
+    rows = torch.zeros((), dtype=torch.float32, device=device)
+    weight = None if attention_mask is None else attention_mask.reshape(-1).to(device, torch.float32)
+    for logits in router_logits:
+        probs = F.softmax(logits, dim=-1)        # in the logits' dtype, as transformers' loss does
+        chosen = torch.topk(probs, top_k, dim=-1).indices
+        if weight is None:
+            w = torch.ones(logits.shape[0], dtype=torch.float32, device=device)
+        elif weight.numel() != logits.shape[0]:
+            raise ValueError(f"attention mask has {weight.numel()} entries for {logits.shape[0]} router rows")
+        else:
+            w = weight
+        counts = counts.scatter_add(0, chosen.reshape(-1), w.repeat_interleave(top_k))
+        prob_sum = prob_sum + (probs.float() * w[:, None]).sum(0)
+        rows = rows + w.sum()
+    return n_experts * ((counts / rows) * (prob_sum / rows)).sum()
 
 
 class MoEFeedForward(nn.Module):
@@ -46,11 +63,10 @@ class MoEFeedForward(nn.Module):
         self.n_experts = config.n_experts
         self.top_k = config.n_experts_per_token
         self.capacity_factor = config.expert_capacity_factor
-        self.coef = config.router_aux_loss_coef
+        self.jitter = float(config.extra.get("router_jitter_noise", 0.0) or 0.0)
         self.gate = nn.Linear(config.d_model, config.n_experts, bias=False)
         self.experts = nn.ModuleList(FeedForward(config) for _ in range(config.n_experts))
-        self.aux_loss: torch.Tensor | None = None
-        self.balance_loss: torch.Tensor | None = None
+        self.router_logits: torch.Tensor | None = None   # (tokens, N) of the last forward, for the loss
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(logits, probs, weights, chosen) for tokens x (n, d): weights (n, k) sum to 1 per token."""
@@ -73,8 +89,10 @@ class MoEFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
+        if self.training and self.jitter > 0:   # Mixtral's router jitter: x * U(1 - j, 1 + j), training only
+            x = x * torch.empty_like(x).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
         flat = x.reshape(-1, shape[-1])
-        _, probs, weights, chosen = self.route(flat)
+        self.router_logits, _, weights, chosen = self.route(flat)
         keep = self.capacity_mask(chosen)
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
@@ -86,6 +104,4 @@ class MoEFeedForward(nn.Module):
                 continue
             y = expert(flat[token]) * weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
-        self.balance_loss = load_balancing_loss(probs, chosen, self.n_experts)
-        self.aux_loss = self.coef * self.balance_loss
         return out.view(shape)

@@ -32,10 +32,6 @@ class BottleneckAdapter(nn.Module):
         nn.init.zeros_(self.adapter_up.bias)
         self.act = activation(act)
 
-    @property
-    def aux_loss(self):  # a wrapped mixture of experts still reports its load-balancing loss
-        return getattr(self.sublayer, "aux_loss", None)
-
     def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         h = self.sublayer(x, **kwargs)
         return h + self.adapter_up(self.act(self.adapter_down(h)))

@@ -47,7 +47,7 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
         inputs, targets = next_token_targets(rows, (rows != pad_id).long())
         loss, parts, out = loss_fn(model, inputs, targets)
         aux = getattr(out, "aux_loss", None)
-        total = loss + aux if aux is not None else loss
+        total = loss + model.config.router_aux_loss_coef * aux if aux is not None else loss
         value = float(total.detach())
         if not math.isfinite(value):
             raise TrainingError(f"the loss became {value} at step {step + 1}; lower the learning rate (now {lr})")

@@ -22,6 +22,7 @@ class Objective:
     name: str
     architecture: str  # the ModelConfig.architecture it trains
     build_batch: Callable[[torch.Tensor, int, torch.Generator], dict[str, torch.Tensor]]  # rows, pad_id, generator
+    # (summed loss, the model's unscaled load-balancing aux_loss or None; the trainer adds coef * aux_loss)
     loss: Callable[[torch.nn.Module, dict[str, torch.Tensor]], tuple[LossSum, torch.Tensor | None]]
     evaluate: Callable[..., dict[str, float]]
 

@@ -149,7 +149,8 @@ class Trainer:
                     loss_sum, aux = self.objective.loss(self.engine, part)
                 loss = loss_sum.sum / max(count, 1)
                 if aux is not None:  # gradients are summed over ranks: each adds its share of the mean
-                    loss = loss + aux.float() / (n_micro * self.world_size)
+                    coef = self.model_config.router_aux_loss_coef
+                    loss = loss + coef * aux.float() / (n_micro * self.world_size)
                 (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
             nats += loss_sum.sum.detach().double().cpu()
         mean = self._all_reduce(nats).item() / max(count, 1)
