@@ -71,8 +71,8 @@ def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_to
     if kind not in KINDS:
         raise TokenizerError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
     specials = list(DEFAULT_SPECIALS[kind] if special_tokens is None else special_tokens)
-    if kind in UNK and UNK[kind] not in specials:
-        specials.append(UNK[kind])
+    if kind in UNK and UNK[kind] not in specials:  # Unigram: id 0, where `tokenizers` puts it
+        specials.insert(0 if kind == "unigram" else len(specials), UNK[kind])
     if len(set(specials)) != len(specials):
         raise TokenizerError(f"special_tokens has duplicates: {specials}")
     normalizer, pre, decoder = _pipeline(kind, pattern, lowercase)

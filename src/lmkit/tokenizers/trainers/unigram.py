@@ -1,246 +1,243 @@
-"""Unigram training (Kudo 2018, SentencePiece): seed with frequent substrings, then repeat
-  EM: E-step expected piece counts by forward-backward over each word's lattice,
-      M-step log p(x) = digamma(count(x)) - digamma(sum counts) (the Bayesian update SentencePiece uses),
-  prune: drop the pieces whose removal raises the corpus loss least, keeping `shrinking_factor` of them,
-until the vocabulary is small enough. Every character seen stays a piece, so any training word is covered."""
+"""Unigram training (Kudo 2018), step by step as Hugging Face `tokenizers`' UnigramTrainer does it:
+
+1. seeds: every character, scored by its count in the corpus, then the repeated substrings of the distinct
+   words (suffix-tree nodes of 2..max_piece_length characters within a word), scored occurrences * length
+   over the distinct words, highest first; `seed_size` pieces in all; log p = log(score / sum of scores).
+2. EM, `n_sub_iterations` times: E-step, expected piece counts by forward-backward over each word's lattice;
+   M-step, drop the pieces expected < 0.5 and set log p(x) = digamma(count(x)) - digamma(sum of counts).
+3. while more than 1.1 vocab_size pieces remain, prune. With f(x) the count of x on the words' Viterbi
+   paths, F = sum f, N = sum of word counts, V = number of pieces, and x1..xk the best segmentation of x
+   without x itself:  loss(x) = f(x)/N (log f(x)/F - sum_i log (f(x_i) + f(x)) / (F + f(x)(V - 1))).
+   (SentencePiece has k where V - 1 stands; `tokenizers`' V is kept.) Pieces without an alternative stay,
+   unused ones go, then the highest losses fill up to max(1.1 vocab_size, shrinking_factor V); then 2. again.
+4. finalize: every required character (the corpus's and `initial_alphabet`), one EM dropped scored at the
+   lowest score + 1e-4 per such character; then the pieces in model order up to vocab_size; sorted by score
+   (a stable sort); special tokens first, the unk token at id 0 when it is not one of them.
+A character with no piece is an unk node scored min score - 10 in the lattice, as in the encoder.
+
+`tokenizers` visits its words in hash order, so its sums (and the ties they break) vary from run to run in
+the last bits; here words are sorted. That, and which of two equal-score characters comes first, are the
+only intended differences.
+"""
 from __future__ import annotations
 
-import math
-from collections import Counter
+import numpy as np
 
 from lmkit.errors import TokenizerError
+from lmkit.tokenizers.trainers.lattice import WordLattices, _ranges
+from lmkit.tokenizers.trainers.suffix import repeats
 
-NEG_INF = float("-inf")
-
-
-def digamma(x: float) -> float:
-    """psi(x) by the recurrence psi(x) = psi(x + 1) - 1/x up to x >= 10, then the asymptotic series."""
-    r = 0.0
-    while x < 10.0:
-        r -= 1.0 / x
-        x += 1.0
-    f = 1.0 / (x * x)
-    return r + math.log(x) - 0.5 / x - f * (1.0 / 12 - f * (1.0 / 120 - f * (1.0 / 252 - f * (1.0 / 240 - f / 132))))
+UNK_PENALTY = 10.0
 
 
-def _logaddexp(a: float, b: float) -> float:
-    if a == NEG_INF:
-        return b
-    if b == NEG_INF:
-        return a
-    if a < b:
-        a, b = b, a
-    return a + math.log1p(math.exp(b - a))
+def digamma(x):
+    """psi(x) as `tokenizers` computes it: psi(x) = psi(x + 1) - 1/x up to x >= 7, then
+    ln(y) + 1/(24 y^2) - 7/(960 y^4) + 31/(8064 y^6) - 127/(30720 y^8) with y = x - 1/2."""
+    x = np.array(x, dtype=np.float64)
+    r = np.zeros_like(x)
+    small = x < 7.0
+    while small.any():
+        r[small] -= 1.0 / x[small]
+        x[small] += 1.0
+        small = x < 7.0
+    x -= 0.5
+    xx2 = (1.0 / x) ** 2
+    xx4 = xx2 * xx2
+    r += np.log(x) + (1.0 / 24.0) * xx2 - 7.0 / 960.0 * xx4 + (31.0 / 8064.0) * xx4 * xx2 - (127.0 / 30720.0) * xx4 * xx4
+    return float(r) if r.ndim == 0 else r
 
 
-def seed_pieces(word_counts: dict[str, int], chars: set[str], max_len: int, seed_size: int) -> dict[str, float]:
-    """Substrings of 2..max_len characters seen at least twice, scored by frequency * length, plus all chars."""
-    sub: Counter = Counter()
-    for w, c in word_counts.items():
-        n = len(w)
-        for i in range(n):
-            for j in range(i + 2, min(n, i + max_len) + 1):
-                sub[w[i:j]] += c
-    cands = sorted(((f * len(s), s) for s, f in sub.items() if f > 1), reverse=True)[:seed_size]
-    freq = {s: float(sub[s]) for _, s in cands}
-    char_freq: Counter = Counter()
-    for w, c in word_counts.items():
-        for ch in w:
-            char_freq[ch] += c
-    for ch in sorted(chars):
-        freq[ch] = float(char_freq[ch] or 1)
-    total = math.log(sum(freq.values()))
-    return {s: math.log(f) - total for s, f in freq.items()}
+class _Corpus:
+    """The distinct words end to end, each followed by NUL (the layout the suffix array needs)."""
+
+    def __init__(self, words: list[str], counts: list[int]):
+        self.words = words
+        self.text = "\0".join(words) + "\0"
+        self.codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        lens = np.array([len(w) for w in words], dtype=np.int64)
+        self.start = np.concatenate(([0], np.cumsum(lens + 1)[:-1]))
+        self.end = self.start + lens
+        self.count = np.array(counts, dtype=np.float64)
+        self.inside = _ranges(self.start, self.end)  # every position of every word
+        self.weight = np.repeat(self.count, lens)  # the count of the word each position belongs to
 
 
-def _lattices(words: list[tuple[str, int]], scores: dict[str, float], max_len: int) -> list:
-    """Per word: (n, count, edges [(start, end, piece)] sorted by start). Pieces only ever leave the
-    vocabulary, so edges are found once and filtered afterwards."""
-    out = []
-    canon = {p: p for p in scores}  # one string object per piece, shared by every edge
-    prefixes = {p[:k] for p in scores for k in range(1, len(p) + 1)}
-    get = canon.get
-    for w, c in words:
-        n = len(w)
-        edges = []
-        for i in range(n):
-            for j in range(i + 1, min(n, i + max_len) + 1):
-                sub = w[i:j]
-                if sub not in prefixes:
-                    break
-                p = get(sub)
-                if p is not None:
-                    edges.append((i, j, p))
-        out.append((n, c, edges))
-    return out
+def _seeds(corpus: _Corpus, max_piece_length: int, seed_size: int):
+    """(pieces, raw scores, edges pos/len/pid): characters by count (then code point, both descending), then the
+    substrings by occurrences * length (then the string, both descending), ids counted from 1 (0 is unk)."""
+    codes, text = corpus.codes, corpus.text
+    char_codes = codes[corpus.inside]
+    uniq, inv = np.unique(char_codes, return_inverse=True)
+    char_count = np.bincount(inv.reshape(-1), weights=corpus.weight, minlength=len(uniq))
+    chars = sorted(((int(round(c)), chr(int(u))) for u, c in zip(uniq, char_count) if u != 0), reverse=True)
+    pieces = [ch for _, ch in chars]
+    raw = [float(c) for c, _ in chars]
+
+    sa, nodes = repeats(codes, max_piece_length)
+    zeros = np.flatnonzero(codes == 0)
+    room = zeros[np.searchsorted(zeros, np.arange(len(codes)))] - np.arange(len(codes))  # chars before a NUL
+    cand = []  # (score, string, lo, hi, d)
+    for d, lo, hi in nodes:
+        ok = room[sa[lo]] >= d
+        for a, b, p in zip(lo[ok].tolist(), hi[ok].tolist(), sa[lo[ok]].tolist()):
+            cand.append(((b - a) * d, text[p:p + d], a, b, d))
+    cand.sort(key=lambda t: (t[0], t[1]), reverse=True)
+    if cand:
+        cand = cand[:max(1, seed_size - len(pieces))]  # `tokenizers` pushes one substring before it checks
+
+    # edges: one per character of every word (unk, id 0, where no character piece exists: NUL) ...
+    char_id = np.zeros(len(uniq), dtype=np.int64)
+    where = {ch: i + 1 for i, ch in enumerate(pieces)}
+    for k, u in enumerate(uniq.tolist()):
+        char_id[k] = where.get(chr(u), 0)
+    pos = [corpus.inside]
+    length = [np.ones(len(corpus.inside), dtype=np.int64)]
+    pid = [char_id[inv.reshape(-1)]]
+    # ... and one per occurrence of every seed substring
+    first = len(pieces) + 1
+    occ = np.zeros(first + len(cand), dtype=np.int64)
+    if cand:
+        lo = np.array([c[2] for c in cand], dtype=np.int64)
+        hi = np.array([c[3] for c in cand], dtype=np.int64)
+        d = np.array([c[4] for c in cand], dtype=np.int64)
+        ids = np.arange(first, first + len(cand))
+        pos.append(sa[_ranges(lo, hi)])
+        length.append(np.repeat(d, hi - lo))
+        pid.append(np.repeat(ids, hi - lo))
+        occ[first:] = sa[lo]
+        pieces += [c[1] for c in cand]
+        raw += [float(c[0]) for c in cand]
+    return pieces, np.array(raw), occ, np.concatenate(pos), np.concatenate(length), np.concatenate(pid)
 
 
-def _filter(lattices: list, scores: dict[str, float]) -> list:
-    return [(n, c, [e for e in edges if e[2] in scores]) for n, c, edges in lattices]
+class _Model:
+    """The current pieces: `ids` in model order (after the implicit unk at 0) and log p per global id."""
+
+    def __init__(self, ids: np.ndarray, logp: np.ndarray):
+        self.ids, self.logp = ids, logp
+        self.alive = np.zeros(len(logp), dtype=bool)
+        self.alive[ids] = True
+
+    def edge_scores(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(score, piece id) of lattice edges: a character that is no piece is unk, scored min - 10."""
+        dead = ~self.alive[pid]
+        score = self.logp[pid]
+        score[dead] = self.logp[self.ids].min() - UNK_PENALTY
+        return score, np.where(dead, 0, pid)
 
 
-def _estep_log(scores, n, edges):
-    alpha = [NEG_INF] * (n + 1)
-    alpha[0] = 0.0
-    for i, j, p in edges:  # sorted by start: alpha[i] is final when read
-        if alpha[i] != NEG_INF:
-            alpha[j] = _logaddexp(alpha[j], alpha[i] + scores[p])
-    beta = [NEG_INF] * (n + 1)
-    beta[n] = 0.0
-    for i, j, p in reversed(edges):
-        if beta[j] != NEG_INF:
-            beta[i] = _logaddexp(beta[i], beta[j] + scores[p])
-    z = alpha[n]
-    return z, [(p, math.exp(alpha[i] + scores[p] + beta[j] - z)) for i, j, p in edges] if z != NEG_INF else []
+def _em_step(lat: WordLattices, model: _Model) -> _Model:
+    score, pid = model.edge_scores(lat.pid)
+    expected = np.bincount(pid, weights=lat.marginals(score), minlength=len(model.logp))
+    e = expected[model.ids]
+    keep = e >= 0.5
+    ids, freq = model.ids[keep], e[keep]
+    logp = np.full(len(model.logp), np.nan)
+    if len(freq):
+        logp[ids] = digamma(freq) - digamma(np.cumsum(freq)[-1])  # a running sum in model order, as tokenizers
+    return _Model(ids, logp)
 
 
-def _estep(scores: dict[str, float], lattices: list):
-    """Expected count of each piece (forward-backward: alpha(i) p(x) beta(j) / Z), and the corpus NLL."""
-    expected: dict[str, float] = dict.fromkeys(scores, 0.0)
-    prob = {p: math.exp(s) for p, s in scores.items()}
-    nll = 0.0
-    for n, c, edges in lattices:
-        alpha = [0.0] * (n + 1)
-        alpha[0] = 1.0
-        for i, j, p in edges:
-            alpha[j] += alpha[i] * prob[p]
-        z = alpha[n]
-        if z < 1e-250:  # long word: probabilities underflow, redo it in log space
-            lz, posts = _estep_log(scores, n, edges)
-            if lz != NEG_INF:
-                nll -= c * lz
-                for p, q in posts:
-                    expected[p] += c * q
-            continue
-        beta = [0.0] * (n + 1)
-        beta[n] = 1.0
-        for i, j, p in reversed(edges):
-            beta[i] += beta[j] * prob[p]
-        nll -= c * math.log(z)
-        k = c / z
-        for i, j, p in edges:
-            expected[p] += k * alpha[i] * prob[p] * beta[j]
-    return expected, nll
-
-
-def _mstep(expected: dict[str, float], keep: set[str]) -> dict[str, float]:
-    kept = {p: f for p, f in expected.items() if f >= 0.5 or p in keep}
-    logsum = digamma(sum(kept.values()) + 1e-12)
-    return {p: digamma(max(f, 1e-6)) - logsum for p, f in kept.items()}
-
-
-def _viterbi(scores: dict[str, float], w: str, max_len: int, skip: str | None = None) -> list[str]:
-    n = len(w)
-    best = [0.0] + [NEG_INF] * n
-    back = [0] * (n + 1)
-    for i in range(n):
-        if best[i] == NEG_INF:
-            continue
-        for j in range(i + 1, min(n, i + max_len) + 1):
-            p = w[i:j]
-            s = scores.get(p)
-            if s is None or p == skip:
-                continue
-            if best[i] + s > best[j]:
-                best[j], back[j] = best[i] + s, i
-    if best[n] == NEG_INF:
-        return []
-    out, j = [], n
-    while j > 0:
-        out.append(w[back[j]:j])
-        j = back[j]
-    return out[::-1]
-
-
-def _best_path(scores: dict[str, float], n: int, edges) -> list[str]:
-    best = [0.0] + [NEG_INF] * n
-    back: list = [None] * (n + 1)
-    for i, j, p in edges:
-        b = best[i]
-        if b != NEG_INF and b + scores[p] > best[j]:
-            best[j], back[j] = b + scores[p], (i, p)
-    out, j = [], n
-    while j > 0 and back[j] is not None:
-        j, p = back[j]
-        out.append(p)
-    return out
-
-
-def _prune(scores: dict[str, float], lattices, max_len: int, target: int, keep: set[str]) -> dict[str, float]:
-    """Keep the `target` pieces whose removal would cost the most likelihood (SentencePiece's pruning)."""
-    freq: Counter = Counter()
-    for n, c, edges in lattices:
-        for p in _best_path(scores, n, edges):
-            freq[p] += c
-    vsum = sum(freq.values())
-    loss: dict[str, float] = {}
-    for p in scores:
-        if p in keep:
-            continue
-        f = freq.get(p, 0)
-        if f == 0:
-            loss[p] = NEG_INF  # unused by any best path: first to go
-            continue
-        alts = _viterbi(scores, p, max_len, skip=p) if len(p) > 1 else []
-        if not alts:
-            loss[p] = float("inf")
-            continue
-        logsum_alt = math.log(vsum + f * (len(alts) - 1))
-        logprob_alt = sum(math.log(freq.get(a, 0) + f) - logsum_alt for a in alts)
-        logprob_sp = math.log(f) - math.log(vsum)
-        loss[p] = f / vsum * (logprob_sp - logprob_alt)
-    ranked = sorted(loss, key=lambda p: loss[p], reverse=True)
-    kept = set(ranked[:max(0, target - len(keep))]) | keep
-    return {p: s for p, s in scores.items() if p in kept}
+def _prune(lat: WordLattices, model: _Model, length: np.ndarray, occ: np.ndarray, pruned_size: int) -> _Model:
+    score, pid = model.edge_scores(lat.pid)
+    edges, words = lat.viterbi(score)
+    freq = np.bincount(pid[edges], weights=lat.count[words], minlength=len(model.logp))
+    total, n_words, n_pieces = freq.sum(), lat.count.sum(), len(model.ids) + 1
+    ids = model.ids
+    multi = length[ids] > 1
+    mids = ids[multi]
+    alt_score, alt_edges, alt_of = lat.second_best(occ[mids], length[mids], score)
+    f = freq[mids]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logsum_alt = np.log(total + f * (n_pieces - 1))
+        terms = np.log(freq[pid[alt_edges]] + f[alt_of]) - logsum_alt[alt_of]
+        logprob_alt = np.bincount(alt_of, weights=terms, minlength=len(mids))
+        loss = f / n_words * (np.log(f) - np.log(total) - logprob_alt)
+    own_best = model.logp[mids] >= alt_score  # the piece is its own best segmentation: it has alternatives
+    status = np.ones(len(ids), dtype=np.int8)  # 1 keep, 0 drop, 2 candidate
+    st = np.where(f == 0, 0, np.where(own_best, 2, 1))
+    status[multi] = st
+    kept = ids[status == 1]
+    cand_pos = np.flatnonzero(status == 2)
+    cand_loss = np.zeros(len(ids))
+    cand_loss[np.flatnonzero(multi)] = loss
+    order = cand_pos[np.argsort(-cand_loss[cand_pos], kind="stable")]
+    room = pruned_size - 1 - len(kept)
+    if room >= 0:  # `tokenizers` stops when the count reaches pruned_size exactly, so past it keeps them all
+        order = order[:room]
+    new_ids = np.concatenate((kept, ids[order]))
+    logp = np.full(len(model.logp), np.nan)
+    logp[new_ids] = model.logp[new_ids]
+    return _Model(new_ids, logp)
 
 
 def train_unigram(word_counts: dict[str, int], vocab_size: int, special_tokens: list[str] = (),
                   unk_token: str | None = None, max_piece_length: int = 16, shrinking_factor: float = 0.75,
-                  n_sub_iterations: int = 2, seed_size: int | None = None, progress=None) -> tuple[list, int | None]:
+                  n_sub_iterations: int = 2, seed_size: int = 1_000_000, initial_alphabet=(),
+                  progress=None) -> tuple[list, int | None]:
     """Returns (pieces [(piece, log p)], unk_id): special tokens first (score 0), then pieces by score.
-    seed_size: substrings kept as the initial vocabulary (default 10 x vocab_size, at most a million)."""
-    words = sorted(word_counts.items())
-    chars = {ch for w in word_counts for ch in w}
+    Defaults are `tokenizers`' UnigramTrainer's; vocab_size counts the special tokens."""
+    if not 0.0 < shrinking_factor < 1.0:
+        raise TokenizerError(f"shrinking_factor must lie strictly between 0 and 1, not {shrinking_factor}")
+    if max_piece_length < 1 or n_sub_iterations < 1 or seed_size < 1:
+        raise TokenizerError("max_piece_length, n_sub_iterations and seed_size must be at least 1, not "
+                             f"{max_piece_length}, {n_sub_iterations}, {seed_size}")
+    special_tokens = list(special_tokens)
+    add_unk = unk_token is not None and unk_token not in special_tokens
+    if add_unk:
+        special_tokens.insert(0, unk_token)  # where `tokenizers` puts an unk token it was not given
+    words = sorted(w for w, c in word_counts.items() if w and c > 0)
+    required = {ch for w in words for ch in w} | set(initial_alphabet)
     budget = vocab_size - len(special_tokens)
-    if len(chars) > budget:  # a Unigram vocabulary holds every character (HF refuses too)
-        raise TokenizerError(f"vocab_size {vocab_size} cannot hold the corpus's {len(chars)} distinct characters and "
-                             f"{len(special_tokens)} special tokens; use vocab_size >= {len(chars) + len(special_tokens)}")
-    scores = seed_pieces(word_counts, chars, max_piece_length, seed_size or min(1_000_000, 10 * max(budget, 100)))
-    desired = max(len(chars), int(budget * 1.1))
-    lattices = _lattices(words, scores, max_piece_length)
-    while True:
-        for _ in range(n_sub_iterations):
-            expected, _ = _estep(scores, lattices)
-            scores = _mstep(expected, chars)
-            lattices = _filter(lattices, scores)
-        if progress is not None:
-            progress(len(scores))
-        if len(scores) <= desired:
-            break
-        target = max(desired, int(len(scores) * shrinking_factor))
-        pruned = _prune(scores, lattices, max_piece_length, target, chars)
-        if len(pruned) == len(scores):
-            break
-        scores = pruned
-        lattices = _filter(lattices, scores)
-    # characters EM dropped (expected count < 0.5; kept only because every character must stay) carry a
-    # meaningless digamma(~0) score near -1e6: score them as HF's UnigramTrainer.finalize does, the lowest
-    # score of the other pieces plus 1e-4 per character already so placed (most frequent first)
-    dropped = {ch for ch in chars if expected.get(ch, 0.0) < 0.5}
-    if dropped:
-        floor = min((s for p, s in scores.items() if p not in dropped), default=0.0)
-        char_freq: Counter = Counter()
-        for w, c in word_counts.items():
-            for ch in w:
-                char_freq[ch] += c
-        for k, ch in enumerate(sorted(dropped, key=lambda ch: (-char_freq[ch], ch))):
-            scores[ch] = floor + 1e-4 * k
-    # final cut to the budget: every character, then the most probable pieces
-    rest = sorted((p for p in scores if p not in chars), key=lambda p: (-scores[p], p))
-    final = sorted(chars, key=lambda p: (-scores[p], p))
-    final = sorted(final + rest[:max(0, budget - len(final))], key=lambda p: (-scores[p], p))
+    if len(required) > budget:  # a Unigram vocabulary holds every character (HF refuses too)
+        raise TokenizerError(f"vocab_size {vocab_size} cannot hold the corpus's {len(required)} distinct characters "
+                             f"and {len(special_tokens)} special tokens; use vocab_size >= "
+                             f"{len(required) + len(special_tokens)}")
+    pieces: list[str] = []
+    model = None
+    if words:
+        corpus = _Corpus(words, [word_counts[w] for w in words])
+        pieces, raw, occ, pos, length, pid = _seeds(corpus, max_piece_length, seed_size)
+        logp = np.concatenate(([np.nan], np.log(raw) - np.log(raw.sum())))  # to_log_prob; 0 is unk
+        model = _Model(np.arange(1, len(logp)), logp)
+        piece_len = np.array([0] + [len(p) for p in pieces], dtype=np.int64)
+        lat = WordLattices(corpus.start, corpus.end, corpus.count, len(corpus.codes), pos, length, pid)
+        desired = vocab_size * 11 // 10
+        while True:
+            for _ in range(n_sub_iterations):
+                model = _em_step(lat, model)
+                lat.keep(model.alive[lat.pid] | (lat.len == 1))
+            if progress is not None:
+                progress(len(model.ids) + 1)
+            if len(model.ids) + 1 <= desired:
+                break
+            model = _prune(lat, model, piece_len, occ, max(desired, int((len(model.ids) + 1) * shrinking_factor)))
+            lat.keep(model.alive[lat.pid] | (lat.len == 1))
+    # finalize
+    final: list[tuple[str, float]] = []
+    inserted = set()
+    gid = {p: i + 1 for i, p in enumerate(pieces)}
+    floor = float(model.logp[model.ids].min()) if model is not None and len(model.ids) else 0.0
+    penalty = 0.0
+    for ch in sorted(required):  # `tokenizers` goes in hash order: ties between characters may come out swapped
+        g = gid.get(ch)
+        if g is not None and model.alive[g]:
+            final.append((ch, float(model.logp[g])))
+        else:
+            final.append((ch, floor + penalty))
+            penalty += 0.0001
+        inserted.add(ch)
+    if model is not None:
+        for g in model.ids.tolist():
+            p = pieces[g - 1]
+            if p in inserted:
+                continue
+            inserted.add(p)
+            final.append((p, float(model.logp[g])))
+            if len(final) == budget:
+                break
+    final.sort(key=lambda t: -t[1])
     # 15 significant digits: what JSON readers (serde_json in HF included) parse back to the same double
-    pieces = [(t, 0.0) for t in special_tokens] + [(p, float(f"{scores[p]:.15g}")) for p in final
-                                                   if p not in special_tokens]
-    unk_id = special_tokens.index(unk_token) if unk_token in special_tokens else None
-    return pieces, unk_id
+    out = [(t, 0.0) for t in special_tokens] + [(p, float(f"{s:.15g}")) for p, s in final if p not in special_tokens]
+    unk_id = special_tokens.index(unk_token) if unk_token is not None else None
+    return out, unk_id
