@@ -92,8 +92,12 @@ def main(argv=None) -> int:
         ours, t_ours = timed(lambda: train_tokenizer(texts, kind, args.vocab_size, special_tokens=special))
         same_merges = (kind == "bpe" and [list(m) for m in ours.model.merges] ==
                        [list(m) for m in json.loads(hf.to_str())["model"]["merges"]])
+        note = ", same merges" if same_merges else ""
+        if kind == "unigram":  # the share of tokenizers' pieces lmkit learned too
+            theirs = {p for p, _ in json.loads(hf.to_str())["model"]["vocab"]}
+            note = f", {sum(p in theirs for p, _ in ours.model.pieces) / len(theirs):.2%} of its pieces"
         rows.append((f"{kind}: train, vocab {args.vocab_size}", "lmkit", f"{t_ours:.2f} s",
-                     f"{t_ours / t_hf:.2f}x tokenizers" + (", same merges" if same_merges else "")))
+                     f"{t_ours / t_hf:.2f}x tokenizers" + note))
         rows.append((f"{kind}: train, vocab {args.vocab_size}", "tokenizers", f"{t_hf:.2f} s", "1.00x"))
 
         hf = tokenizers.Tokenizer.from_str(ours.to_str())  # the same vocabulary, so ids must agree

@@ -109,8 +109,9 @@ def main(argv=None) -> int:
             hf, t_hf = timed(lambda: hf_train(texts, size))
             ours, t_ours = timed(lambda: lmkit_train(texts, size))
             if isinstance(hf, Exception) or isinstance(ours, Exception):
-                print(f"| {name} | {size} | refused: tokenizers {type(hf).__name__ if isinstance(hf, Exception) else 'ok'}, "
-                      f"lmkit {type(ours).__name__ if isinstance(ours, Exception) else 'ok'} | | | {t_ours:.2f} | {t_hf:.2f} |")
+                said = ", ".join(f"{who} {type(r).__name__ if isinstance(r, Exception) else 'trained'}"
+                                 for who, r in (("tokenizers", hf), ("lmkit", ours)))
+                print(f"| {name} | {size} | refused ({said}) | | | {t_ours:.2f} | {t_hf:.2f} |")
                 continue
             if args.dump:
                 os.makedirs(args.dump, exist_ok=True)

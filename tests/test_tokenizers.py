@@ -242,24 +242,56 @@ def test_add_special_tokens_gets_new_ids_and_is_never_split():
     assert tok.decode(tok.encode("a<extra_id_0> b")) == "a<extra_id_0> b"
 
 
-def test_unigram_estep_is_exact_posterior_and_digamma():
-    from lmkit.tokenizers.trainers.unigram import _estep, _lattices, digamma
-    scores = {"a": -1.0, "b": -1.5, "ab": -2.2, "c": -2.0, "bc": -2.4, "abc": -4.1}
-    words = [("abc", 3), ("cab", 2), ("abcab", 1)]
-    expected, nll = _estep(scores, _lattices(words, scores, 16))
-    brute, z_total = Counter(), 0.0
+def _word_lattices(words, scores):
+    """WordLattices over `words` ([(word, count)]) with an edge per occurrence of each piece of `scores`."""
+    import numpy as np
+    from lmkit.tokenizers.trainers.lattice import WordLattices
+    names = sorted(scores)
+    starts, ends, pos, length, pid, at = [], [], [], [], [], 0
+    for w, _ in words:
+        starts.append(at)
+        ends.append(at + len(w))
+        for i in range(len(w)):
+            for j in range(i + 1, len(w) + 1):
+                if w[i:j] in scores:
+                    pos.append(at + i), length.append(j - i), pid.append(names.index(w[i:j]))
+        at += len(w) + 1
+    arr = lambda x: np.array(x, dtype=np.int64)  # noqa: E731
+    lat = WordLattices(arr(starts), arr(ends), arr([c for _, c in words]), at, arr(pos), arr(length), arr(pid))
+    return lat, names, np.array([scores[n] for n in names])
+
+
+def test_unigram_estep_is_exact_posterior_and_viterbi_the_best_path():
+    import numpy as np
+    scores = {"a": -1.0, "b": -1.5, "ab": -2.2, "c": -2.0, "bc": -2.4, "abc": -4.1, "ca": -2.9}
+    words = [("abc", 3), ("cab", 2), ("abcab", 1), ("c", 4)]
+    lat, names, s = _word_lattices(words, scores)
+    expected = dict(zip(names, np.bincount(lat.pid, weights=lat.marginals(s[lat.pid]), minlength=len(names))))
+    brute, best = Counter(), Counter()
     for w, c in words:
-        segs = [s for s in _segmentations(w) if all(p in scores for p in s)]
-        weights = [math.exp(sum(scores[p] for p in s)) for s in segs]
+        segs = [g for g in _segmentations(w) if all(p in scores for p in g)]
+        weights = [math.exp(sum(scores[p] for p in g)) for g in segs]
         z = sum(weights)
-        z_total -= c * math.log(z)
-        for s, wt in zip(segs, weights):
-            for p in s:
+        for g, wt in zip(segs, weights):
+            for p in g:
                 brute[p] += c * wt / z
-    assert all(math.isclose(expected[p], brute[p], rel_tol=1e-9) for p in scores)
-    assert math.isclose(nll, z_total, rel_tol=1e-9)  # the corpus NLL is -sum count * log Z
-    assert math.isclose(digamma(1.0), -0.5772156649015329, rel_tol=1e-13)  # -Euler-Mascheroni
-    assert all(math.isclose(digamma(x + 1), digamma(x) + 1 / x, rel_tol=1e-12) for x in (0.3, 2.5, 7.0, 40.0))
+        for p in max(segs, key=lambda g: sum(scores[p] for p in g)):
+            best[p] += c
+    assert all(math.isclose(expected[p], brute[p], rel_tol=1e-12) for p in scores)
+    edges, ws = lat.viterbi(s[lat.pid])
+    got = Counter()
+    for e, w in zip(edges, ws):
+        got[names[lat.pid[e]]] += words[w][1]
+    assert got == best
+
+
+def test_unigram_digamma_is_the_one_tokenizers_uses():
+    """tokenizers' psi: the recurrence up to x >= 7, then the series in x - 1/2 (accurate to about 1e-10)."""
+    from lmkit.tokenizers.trainers.unigram import digamma
+    assert math.isclose(digamma(1.0), -0.5772156649015329, rel_tol=1e-9)  # -Euler-Mascheroni
+    assert digamma(1.0) == -0.5772156649542974  # this series' value (5e-11 off the true one), pinned
+    assert all(math.isclose(digamma(x + 1), digamma(x) + 1 / x, rel_tol=1e-9) for x in (0.3, 2.5, 7.0, 40.0))
+    assert list(digamma([0.5, 1e6])) == [digamma(0.5), digamma(1e6)]
 
 
 def test_added_token_that_is_also_a_merge_stays_whole(bpe):

@@ -97,7 +97,7 @@ class WordLattices:
 
     def second_best(self, at: np.ndarray, n: np.ndarray, score: np.ndarray):
         """For windows [at, at + n) (one occurrence of each piece): the best path through the window that does
-        not use the edge spanning all of it. Returns (its score, [(edge, window)] of its nodes)."""
+        not use the edge spanning all of it. Returns (its score, [(edge, window)] of its nodes, left to right)."""
         order = np.lexsort((self.len, self.pos))
         sp = self.pos[order]
         first = np.searchsorted(sp, np.arange(self.size + 2))
@@ -129,8 +129,9 @@ class WordLattices:
             cur = cur - self.len[e]
             more = cur > 0
             w, cur = w[more], cur[more]
-        flat_e = np.concatenate(edges) if edges else np.zeros(0, dtype=np.int64)
-        flat_w = np.concatenate(wins) if wins else np.zeros(0, dtype=np.int64)
+        # reversed: each window's nodes left to right, the order `tokenizers` sums over them
+        flat_e = np.concatenate(edges)[::-1] if edges else np.zeros(0, dtype=np.int64)
+        flat_w = np.concatenate(wins)[::-1] if wins else np.zeros(0, dtype=np.int64)
         return best[np.arange(k), n], flat_e, flat_w
 
 

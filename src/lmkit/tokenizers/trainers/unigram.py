@@ -8,7 +8,7 @@
 3. while more than 1.1 vocab_size pieces remain, prune. With f(x) the count of x on the words' Viterbi
    paths, F = sum f, N = sum of word counts, V = number of pieces, and x1..xk the best segmentation of x
    without x itself:  loss(x) = f(x)/N (log f(x)/F - sum_i log (f(x_i) + f(x)) / (F + f(x)(V - 1))).
-   (SentencePiece has k where V - 1 stands; `tokenizers`' V is kept.) Pieces without an alternative stay,
+   (k - 1 would be the mass moved; `tokenizers` keeps older SentencePiece's V - 1.) Pieces without alternative stay,
    unused ones go, then the highest losses fill up to max(1.1 vocab_size, shrinking_factor V); then 2. again.
 4. finalize: every required character (the corpus's and `initial_alphabet`), one EM dropped scored at the
    lowest score + 1e-4 per such character; then the pieces in model order up to vocab_size; sorted by score
@@ -16,8 +16,9 @@
 A character with no piece is an unk node scored min score - 10 in the lattice, as in the encoder.
 
 `tokenizers` visits its words in hash order, so its sums (and the ties they break) vary from run to run in
-the last bits; here words are sorted. That, and which of two equal-score characters comes first, are the
-only intended differences.
+the last bits; here words are sorted. That, which of two equal-score characters comes first (and so which
+dropped character gets which 1e-4 step), and a vocabulary never larger than vocab_size (`tokenizers` adds
+every piece when the characters fill the budget exactly) are the only intended differences.
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def digamma(x):
     x -= 0.5
     xx2 = (1.0 / x) ** 2
     xx4 = xx2 * xx2
-    r += np.log(x) + (1.0 / 24.0) * xx2 - 7.0 / 960.0 * xx4 + (31.0 / 8064.0) * xx4 * xx2 - (127.0 / 30720.0) * xx4 * xx4
+    r += (np.log(x) + (1.0 / 24.0) * xx2 - 7.0 / 960.0 * xx4 + (31.0 / 8064.0) * xx4 * xx2
+          - (127.0 / 30720.0) * xx4 * xx4)
     return float(r) if r.ndim == 0 else r
 
 
@@ -187,7 +189,7 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, special_tokens: 
     if add_unk:
         special_tokens.insert(0, unk_token)  # where `tokenizers` puts an unk token it was not given
     words = sorted(w for w, c in word_counts.items() if w and c > 0)
-    required = {ch for w in words for ch in w} | set(initial_alphabet)
+    required = {ch for w in words for ch in w} | {a[0] for a in initial_alphabet if a}  # HF keeps the first char
     budget = vocab_size - len(special_tokens)
     if len(required) > budget:  # a Unigram vocabulary holds every character (HF refuses too)
         raise TokenizerError(f"vocab_size {vocab_size} cannot hold the corpus's {len(required)} distinct characters "
@@ -229,13 +231,12 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, special_tokens: 
         inserted.add(ch)
     if model is not None:
         for g in model.ids.tolist():
-            p = pieces[g - 1]
-            if p in inserted:
-                continue
-            inserted.add(p)
-            final.append((p, float(model.logp[g])))
-            if len(final) == budget:
+            if len(final) >= budget:  # `tokenizers` tests == after a push: a full alphabet there gets every piece
                 break
+            p = pieces[g - 1]
+            if p not in inserted:
+                inserted.add(p)
+                final.append((p, float(model.logp[g])))
     final.sort(key=lambda t: -t[1])
     # 15 significant digits: what JSON readers (serde_json in HF included) parse back to the same double
     out = [(t, 0.0) for t in special_tokens] + [(p, float(f"{s:.15g}")) for p, s in final if p not in special_tokens]
