@@ -93,16 +93,16 @@ def _seeds(corpus: _Corpus, max_piece_length: int, seed_size: int):
     for k, u in enumerate(uniq.tolist()):
         char_id[k] = where.get(chr(u), 0)
     pos = [corpus.inside]
-    length = [np.ones(len(corpus.inside), dtype=np.int64)]
-    pid = [char_id[inv.reshape(-1)]]
+    length = [np.ones(len(corpus.inside), dtype=np.int32)]
+    pid = [char_id[inv.reshape(-1)].astype(np.int32)]
     # ... and one per occurrence of every seed substring
     first = len(pieces) + 1
     occ = np.zeros(first + len(cand), dtype=np.int64)
     if cand:
         lo = np.array([c[2] for c in cand], dtype=np.int64)
         hi = np.array([c[3] for c in cand], dtype=np.int64)
-        d = np.array([c[4] for c in cand], dtype=np.int64)
-        ids = np.arange(first, first + len(cand))
+        d = np.array([c[4] for c in cand], dtype=np.int32)
+        ids = np.arange(first, first + len(cand), dtype=np.int32)
         pos.append(sa[_ranges(lo, hi)])
         length.append(np.repeat(d, hi - lo))
         pid.append(np.repeat(ids, hi - lo))
@@ -204,6 +204,7 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, special_tokens: 
         model = _Model(np.arange(1, len(logp)), logp)
         piece_len = np.array([0] + [len(p) for p in pieces], dtype=np.int64)
         lat = WordLattices(corpus.start, corpus.end, corpus.count, len(corpus.codes), pos, length, pid)
+        del pos, length, pid
         desired = vocab_size * 11 // 10
         while True:
             for _ in range(n_sub_iterations):
