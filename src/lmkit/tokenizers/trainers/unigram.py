@@ -65,8 +65,9 @@ class _Corpus:
 
 
 def _seeds(corpus: _Corpus, max_piece_length: int, seed_size: int):
-    """(pieces, raw scores, edges pos/len/pid): characters by count (then code point, both descending), then the
-    substrings by occurrences * length (then the string, both descending), ids counted from 1 (0 is unk)."""
+    """(pieces, raw scores, occ, edge pos, len, pid). Pieces: characters by count (then code point, both
+    descending), then substrings by occurrences * length (then the string, both descending); their ids count
+    from 1 (0 is unk). occ: where one occurrence of each substring starts. Edges: every occurrence of a seed."""
     codes, text = corpus.codes, corpus.text
     char_codes = codes[corpus.inside]
     uniq, inv = np.unique(char_codes, return_inverse=True)
