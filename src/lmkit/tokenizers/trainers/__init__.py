@@ -2,6 +2,7 @@
 trained on any iterable of strings, saved as a tokenizer.json that Hugging Face `tokenizers` loads."""
 from __future__ import annotations
 
+import numbers
 from collections import Counter
 
 from lmkit.errors import TokenizerError
@@ -60,6 +61,13 @@ def _post_processor(kind: str, specials: list[str], vocab_id) -> processors.Post
     return None
 
 
+def _check_floor(kind: str, vocab_size: int, floor: int) -> None:
+    """The vocabulary before any merge (special tokens + alphabet, and for WordPiece its ##-forms) must fit."""
+    if vocab_size < floor:
+        raise TokenizerError(f"vocab_size {vocab_size} is below the {floor} ids the {kind} special tokens and "
+                             f"alphabet take before any merge; use vocab_size >= {floor} (--vocab-size)")
+
+
 def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_tokens=None, *,
                     pattern: str = "gpt2", lowercase: bool = True, min_frequency: int = 0,
                     show_progress: bool = False, num_workers: int | None = None) -> Tokenizer:
@@ -70,17 +78,24 @@ def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_to
     """
     if kind not in KINDS:
         raise TokenizerError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or vocab_size <= 0:
+        raise TokenizerError(f"vocab_size must be a positive integer, not {vocab_size!r}")
+    vocab_size = int(vocab_size)
     specials = list(DEFAULT_SPECIALS[kind] if special_tokens is None else special_tokens)
     if kind in UNK and UNK[kind] not in specials:  # Unigram: id 0, where `tokenizers` puts it
         specials.insert(0 if kind == "unigram" else len(specials), UNK[kind])
     if len(set(specials)) != len(specials):
         raise TokenizerError(f"special_tokens has duplicates: {specials}")
+    if vocab_size < len(specials):
+        raise TokenizerError(f"vocab_size {vocab_size} cannot hold the {len(specials)} special tokens {specials}; "
+                             f"use vocab_size >= {len(specials)}")
     normalizer, pre, decoder = _pipeline(kind, pattern, lowercase)
     added = [AddedToken(t, i, special=True) for i, t in enumerate(specials)]
-    probe = Tokenizer(WordLevel({t: i for i, t in enumerate(specials)}, None), normalizer, pre, None, decoder, added)
+    # as `tokenizers`' train_from_iterator: special tokens written in the text are counted as ordinary text
+    probe = Tokenizer(WordLevel({t: i for i, t in enumerate(specials)}, None), normalizer, pre, None, decoder, [])
     word_counts = count_words(probe, texts, num_workers)
     if not word_counts:
-        raise TokenizerError("no text to train on: the corpus is empty after splitting off special tokens")
+        raise TokenizerError("no text to train on: the corpus is empty (or only whitespace); pass some text")
 
     bar = None
     if show_progress:
@@ -88,18 +103,17 @@ def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_to
         bar = tqdm(total=vocab_size, desc=f"train {kind}", unit="tok")
 
     if kind in ("bpe", "wordpiece"):
-        floor = len(specials) + (256 if kind == "bpe" else 0)
-        if vocab_size < floor:
-            raise TokenizerError(f"vocab_size {vocab_size} is below the {floor} ids the {kind} alphabet and special "
-                                 "tokens need; raise --vocab-size")
+        if kind == "bpe":  # the byte alphabet is known before counting: fail before any work
+            _check_floor(kind, vocab_size, len(set(specials) | set(BYTE_TO_CHAR.values())))
         if bar is not None:
-            bar.update(floor)
+            bar.update(len(specials) + (256 if kind == "bpe" else 0))
         vocab, merges = train_bpe(
             word_counts, vocab_size, specials,
             initial_alphabet=BYTE_TO_CHAR.values() if kind == "bpe" else (),
             min_frequency=min_frequency, limit_alphabet=1000 if kind == "wordpiece" else None,
             continuing_subword_prefix="##" if kind == "wordpiece" else None,
             progress=bar.update if bar is not None else None)
+        _check_floor(kind, vocab_size, len(vocab) - len(merges))  # `tokenizers` would return a bigger vocab
         model = BPE(vocab, merges) if kind == "bpe" else WordPiece(vocab, "[UNK]", "##", 100)
     elif kind == "unigram":
         def report(n):
