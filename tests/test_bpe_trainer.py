@@ -135,3 +135,19 @@ def test_bpe_trainer_matches_tokenizers_on_random_corpora_and_options():
         kw = dict(kw)
         vocab, merges = train_bpe(dict(counts), size, kw.pop("special_tokens", []), **kw)
         assert (vocab, merges) == theirs, (case, texts, size, kw)
+
+
+@pytest.mark.parametrize("max_token_length", [0, 1, 2, 3, 5])
+def test_bpe_trainer_max_token_length_matches_tokenizers(max_token_length):
+    # `tokenizers` keeps a new pair only while it spans < max_token_length characters; the first pairs of two
+    # characters stay candidates whatever the limit
+    rng = random.Random(max_token_length)
+    for case in range(12):
+        texts, counts, size, kw = _random_case(rng)
+        kw["max_token_length"] = max_token_length
+        theirs = _hf_words(texts, size, **kw)
+        kw = dict(kw)
+        vocab, merges = train_bpe(dict(counts), size, kw.pop("special_tokens", []), **kw)
+        assert (vocab, merges) == theirs, (case, texts, size, kw)
+        learned = [a + b for a, b in merges]
+        assert all(len(t) <= max(2, max_token_length - 1) for t in learned)

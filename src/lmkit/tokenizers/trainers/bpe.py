@@ -23,8 +23,13 @@ def _alphabet(word_counts: dict[str, int], initial_alphabet, limit_alphabet: int
 
 def train_bpe(word_counts: dict[str, int], vocab_size: int, special_tokens: list[str] = (), initial_alphabet=(),
               min_frequency: int = 0, limit_alphabet: int | None = None, continuing_subword_prefix: str | None = None,
-              end_of_word_suffix: str | None = None, progress=None) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Returns (vocab, merges). `progress(n)` is called with the number of merges done since the last call."""
+              end_of_word_suffix: str | None = None, max_token_length: int | None = None,
+              progress=None) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Returns (vocab, merges). `progress(n)` is called with the number of merges done since the last call.
+
+    max_token_length, as `tokenizers`: a merge is counted as a candidate only while the two symbols together
+    span fewer than max_token_length characters of the word (prefix and suffix not counted); the pairs of
+    single characters the words start with are always candidates."""
     vocab: dict[str, int] = {}
     id_to_word: list[str] = []
 
@@ -68,6 +73,8 @@ def train_bpe(word_counts: dict[str, int], vocab_size: int, special_tokens: list
                 where[pair] = {wi}
             else:
                 s.add(wi)
+    span = [1] * len(id_to_word)  # characters of the word each symbol covers (for max_token_length)
+    limit = max_token_length if max_token_length is not None else -1
     heap = [(-c, a, b) for (a, b), c in pair_counts.items() if c > 0]
     heapq.heapify(heap)
 
@@ -89,6 +96,10 @@ def train_bpe(word_counts: dict[str, int], vocab_size: int, special_tokens: list
             part_b = part_b[plen:]
         new = add(id_to_word[a] + part_b)
         merges.append(pair)
+        if limit >= 0:
+            if new == len(span):
+                span.append(span[a] + span[b])
+            s_new = span[new]
 
         delta: dict[tuple[int, int], int] = {}
         grown: dict[tuple[int, int], list[int]] = {}
@@ -109,18 +120,20 @@ def train_bpe(word_counts: dict[str, int], vocab_size: int, special_tokens: list
                     p = w[i - 1]
                     k = (p, a)
                     delta[k] = delta.get(k, 0) - c
-                    k = (p, new)
-                    delta[k] = delta.get(k, 0) + c
-                    grown.setdefault(k, []).append(wi)
+                    if limit < 0 or span[p] + s_new < limit:
+                        k = (p, new)
+                        delta[k] = delta.get(k, 0) + c
+                        grown.setdefault(k, []).append(wi)
                 w[i:i + 2] = (new,)
                 n -= 1
                 if i < n - 1:
                     q = w[i + 1]
                     k = (b, q)
                     delta[k] = delta.get(k, 0) - c
-                    k = (new, q)
-                    delta[k] = delta.get(k, 0) + c
-                    grown.setdefault(k, []).append(wi)
+                    if limit < 0 or span[q] + s_new < limit:
+                        k = (new, q)
+                        delta[k] = delta.get(k, 0) + c
+                        grown.setdefault(k, []).append(wi)
                 i += 1
         pair_counts[pair] = 0
         for k, d in delta.items():
