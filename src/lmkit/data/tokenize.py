@@ -20,7 +20,7 @@ from lmkit.errors import TokenizerError
 BOS = "<|endoftext|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = [BOS, PAD]
-TOKENIZER_CACHE_VERSION = 1
+TOKENIZER_CACHE_VERSION = 2  # 2: trainers count special-token text as text; Unigram follows tokenizers
 
 
 def vocab_size_of(tok: Any) -> int:
