@@ -25,6 +25,8 @@ CONFIGS = {
     "llama-dynamic-rope": get_preset("llama", d_model=32, n_layers=2, n_heads=2, n_kv_heads=2,
                                      rope_scaling={"type": "dynamic", "factor": 2.0}, **{**SMALL, "max_seq_len": 12}),
     "transformer-2017": get_preset("transformer-2017", d_model=36, n_layers=2, n_heads=3, **SMALL),
+    "qwen2-qkv-bias": get_preset("llama", d_model=36, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=10,
+                                 attention_bias=True, attention_out_bias=False, family="qwen2", **SMALL),
     "sandwich-no-bias": get_preset("gpt2", d_model=32, n_layers=2, n_heads=4, norm_placement="sandwich", bias=False,
                                    output_scale=0.5, **SMALL),
 }
@@ -34,8 +36,10 @@ def model_for(config) -> CausalLM:
     torch.manual_seed(0)
     model = CausalLM(config).eval()
     with torch.no_grad():  # peaky but not degenerate next-token distributions
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() > 1:
+                p.normal_(0, 0.3)
+            elif name.endswith(".bias"):  # nonzero biases, so a plan that dropped one would show
                 p.normal_(0, 0.3)
     return model
 
@@ -95,7 +99,7 @@ def test_a_plan_step_on_a_left_padded_batch_equals_the_masked_forward_pass(name)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gpt2-odd", "llama-gqa", "transformer-2017"])
+@pytest.mark.parametrize("name", ["gpt2-odd", "llama-gqa", "transformer-2017", "qwen2-qkv-bias"])
 @pytest.mark.parametrize("options", [dict(), dict(do_sample=True, top_k=10), dict(num_beams=3)],
                          ids=["greedy", "sampling", "beams"])
 def test_generate_chooses_the_same_ids_with_and_without_the_plan(name, options, monkeypatch):

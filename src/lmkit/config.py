@@ -55,6 +55,7 @@ class ModelConfig:
     activation: str = "gelu"               # relu | gelu | gelu_tanh | silu | swiglu | geglu | reglu
     bias: bool = True                      # biases of the linear layers
     attention_bias: bool | None = None     # None: = bias
+    attention_out_bias: bool | None = None # o_proj's bias; None: = attention_bias (Qwen2: q/k/v biases, none here)
     mlp_bias: bool | None = None           # None: = bias
     # mixture of experts
     n_experts: int = 0                     # 0: dense FFN
@@ -114,6 +115,10 @@ class ModelConfig:
     @property
     def use_attention_bias(self) -> bool:
         return self.bias if self.attention_bias is None else self.attention_bias
+
+    @property
+    def use_attention_out_bias(self) -> bool:
+        return self.use_attention_bias if self.attention_out_bias is None else self.attention_out_bias
 
     @property
     def use_mlp_bias(self) -> bool:

@@ -18,7 +18,7 @@ from lmkit.hub.convert import from_hf, to_hf
 from lmkit.hub.files import atomic_write_json, read_json, read_weights, write_weights
 
 # model_type -> module holding MODEL_TYPES, config_from_hf, config_to_hf, rules, ALIASES, IGNORED_SUFFIXES
-FAMILY_MODULES = ("gpt2", "llama", "mixtral", "bert", "roberta", "distilbert", "t5", "bart")
+FAMILY_MODULES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "roberta", "distilbert", "t5", "bart")
 
 
 def _families() -> dict[str, ModuleType]:
@@ -177,7 +177,7 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
     family = families.get(config.family) if config.family else None
     if family is not None and config.sliding_window and not getattr(family, "SLIDING_WINDOW", False):
         raise ConfigError(f"the {config.family} format has no sliding window (sliding_window={config.sliding_window}); "
-                          "save with family='mixtral' or family=None")
+                          "save with family='mistral', 'qwen2', 'mixtral' or None")
     state = {k: v for k, v in model.state_dict().items()}
     if family is None:
         tensors = _untie(model, state)

@@ -33,14 +33,11 @@ def config_from_hf(hf: dict) -> ModelConfig:
 def config_to_hf(cfg: ModelConfig) -> dict:
     if not cfg.n_experts:
         raise ConfigError("a Mixtral folder needs experts (n_experts > 0); save a dense model with family='llama'")
-    if cfg.use_attention_bias or cfg.use_mlp_bias:
-        raise ConfigError("Mixtral has no biases; change the config or save with family=None")
+    llama.check_biases(cfg, "Mixtral")
     if cfg.expert_capacity_factor is not None:
         raise ConfigError("Mixtral routes without an expert capacity; set expert_capacity_factor=None before saving")
-    out = llama.config_to_hf(cfg.replace(sliding_window=None))
-    for key in ("attention_bias", "mlp_bias", "pretraining_tp"):
-        out.pop(key)
-    out.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=cfg.n_experts,
+    out = llama.llama_like_to_hf(cfg, "mixtral", "MixtralForCausalLM")
+    out.update(num_local_experts=cfg.n_experts,
                num_experts_per_tok=cfg.n_experts_per_token, router_aux_loss_coef=cfg.router_aux_loss_coef,
                output_router_logits=bool(cfg.extra.get("output_router_logits", False)), sliding_window=cfg.sliding_window,
                router_jitter_noise=cfg.extra.get("router_jitter_noise", 0.0))

@@ -165,7 +165,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=config.use_attention_out_bias)
         self.scale = config.attention_scale
         self.dropout = config.attention_dropout
         self._fused: tuple | None = None  # (key, weight, bias) of the fused q/k/v projection, for inference

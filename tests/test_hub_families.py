@@ -1,0 +1,262 @@
+"""Mistral and Qwen2 folders: lmkit against transformers on small random models of odd shapes.
+
+GQA and MQA, head_dim apart from hidden_size / heads, tied and untied embeddings, RoPE scaling, sliding
+windows: logits agree within 1e-4 (padded rows included), greedy generation is equal with and without left
+padding, cached decoding (DecodePlan where it applies) equals full recomputation, folders lmkit writes
+(single, sharded, bf16) load in transformers with the same logits, transformers 4.x-style config.json loads
+the same model, `lmkit generate` runs on such a folder, and what lmkit cannot express is one clear error.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import lmkit
+from lmkit.errors import ConfigError
+from lmkit.generation.decode_plan import DecodePlan
+from test_hub_decoder import VOCAB, as_v4, batch, randomized, rewrite_config
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+from transformers import (AutoModelForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,  # noqa: E402
+                          Qwen2ForCausalLM)
+
+SMALL = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+CASES = {
+    "mistral-gqa-headdim10-window5-untied": lambda: MistralForCausalLM(MistralConfig(
+        hidden_size=36, intermediate_size=44, num_attention_heads=6, num_key_value_heads=2, head_dim=10,
+        sliding_window=5, rope_theta=500.0, **SMALL)),
+    "mistral-mqa-tied-linear-nowindow": lambda: MistralForCausalLM(MistralConfig(
+        hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=1, sliding_window=None,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        **SMALL)),
+    "qwen2-gqa-tied-yarn": lambda: Qwen2ForCausalLM(Qwen2Config(
+        hidden_size=40, intermediate_size=36, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                         "rope_theta": 1000.0}, **SMALL)),
+    "qwen2-mqa-untied-headdim14-llama3": lambda: Qwen2ForCausalLM(Qwen2Config(
+        hidden_size=24, intermediate_size=52, num_attention_heads=3, num_key_value_heads=1, head_dim=14,
+        rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 16, "rope_theta": 10000.0}, **SMALL)),
+    "qwen2-every-layer-slides-4": lambda: Qwen2ForCausalLM(Qwen2Config(
+        hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=4, use_sliding_window=True,
+        sliding_window=4, max_window_layers=0, **SMALL)),
+}
+
+
+def hf_model(name: str):
+    torch.manual_seed(0)
+    return randomized(CASES[name]())
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, tmp_path_factory):
+    """(transformers model, lmkit model loaded from the folder transformers wrote, folder)."""
+    hf = hf_model(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(folder)
+    return hf, lmkit.load_model(folder), folder
+
+
+def test_config_reads_the_family(pair):
+    hf, ours, _ = pair
+    cfg = hf.config
+    assert ours.config.family == cfg.model_type
+    assert (ours.config.dim_head, ours.config.kv_heads, ours.config.tie_embeddings) == \
+        (hf.model.layers[0].self_attn.head_dim, cfg.num_key_value_heads, cfg.tie_word_embeddings)
+    assert ours.config.sliding_window == cfg.sliding_window
+    attn = ours.decoder.layers[0].self_attn.sublayer
+    qwen = cfg.model_type == "qwen2"
+    assert (attn.q_proj.bias is not None, attn.v_proj.bias is not None, attn.o_proj.bias is not None) == (qwen, qwen, False)
+
+
+def test_logits_match_transformers_with_and_without_padding(pair):
+    hf, ours, _ = pair
+    ids, left, right = batch()
+    with torch.no_grad():
+        for mask in (None, left, right, left * right):
+            torch.testing.assert_close(ours(ids, attention_mask=mask).logits, hf(ids, attention_mask=mask).logits,
+                                       atol=1e-4, rtol=0)
+
+
+def test_greedy_generation_matches_transformers_with_and_without_left_padding(pair):
+    hf, ours, _ = pair
+    ids, left, _ = batch()
+    for mask in (None, left):
+        expected = hf.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=10, pad_token_id=0)
+        assert got.tolist() == expected.tolist()
+
+
+def test_cached_decoding_equals_full_recomputation(pair):
+    """generate's cached steps (DecodePlan where the model allows one) choose what full forwards choose,
+    padded rows included; the plan is used exactly when there is no window."""
+    _, ours, _ = pair
+    ids, left, _ = batch()
+    assert (DecodePlan.build(ours, 3) is not None) == (ours.config.sliding_window is None)
+    for mask in (None, left):
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=12, pad_token_id=0)
+        seq, m = ids, mask if mask is not None else torch.ones_like(ids)
+        with torch.no_grad():
+            for _ in range(12):
+                positions = (m.cumsum(-1) - 1).clamp(min=0)
+                nxt = ours(seq, attention_mask=m, position_ids=positions).logits[:, -1:].argmax(-1)
+                seq, m = torch.cat([seq, nxt], 1), torch.cat([m, torch.ones_like(nxt)], 1)
+        assert got.tolist() == seq.tolist()
+
+
+def test_saved_folder_loads_in_transformers_with_the_same_logits(pair, tmp_path):
+    hf, ours, _ = pair
+    ours.save_pretrained(tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(back) is type(hf)
+    ids, left, _ = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids, attention_mask=left).logits, hf(ids, attention_mask=left).logits,
+                                   atol=1e-5, rtol=0)
+    again = lmkit.load_model(tmp_path)
+    assert again.config == ours.config
+    for (k, a), b in zip(ours.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_sharded_folder_round_trips(pair, tmp_path):
+    hf, ours, _ = pair
+    lmkit.hub.save_pretrained(ours, tmp_path, max_shard_bytes=20_000)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert not (tmp_path / "model.safetensors").exists() and len(set(index["weight_map"].values())) > 1
+    ids, left, _ = batch()
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=left).logits
+        torch.testing.assert_close(lmkit.load_model(tmp_path)(ids, attention_mask=left).logits, expected,
+                                   atol=1e-4, rtol=0)
+        back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+        torch.testing.assert_close(back(ids, attention_mask=left).logits, expected, atol=1e-4, rtol=0)
+
+
+def as_v4_family(raw: dict) -> None:
+    """transformers 4.x spelling: rope_theta/rope_scaling, torch_dtype, and (Qwen2) no layer_types list."""
+    as_v4(raw)
+    raw["torch_dtype"] = raw.pop("dtype", "float32")
+    raw.pop("layer_types", None)
+    if raw["model_type"] == "qwen2" and not raw["use_sliding_window"]:
+        raw["sliding_window"] = 4096  # 4.x configs keep the number beside use_sliding_window: false
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_v4_and_v5_style_configs_give_the_same_model(name, tmp_path):
+    hf = hf_model(name)
+    hf.save_pretrained(tmp_path)
+    ids, left, _ = batch()
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=left).logits
+        v5 = lmkit.load_model(tmp_path)
+        rewrite_config(tmp_path, as_v4_family)
+        v4 = lmkit.load_model(tmp_path)
+        assert v4.config == v5.config
+        torch.testing.assert_close(v4(ids, attention_mask=left).logits, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["mistral-gqa-headdim10-window5-untied", "qwen2-gqa-tied-yarn"])
+def test_bfloat16_folders_load_and_save_in_bfloat16(name, tmp_path):
+    hf_model(name).to(torch.bfloat16).save_pretrained(tmp_path / "hf")
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert theirs.dtype == torch.bfloat16
+    ids, left, _ = batch()
+    ours = lmkit.load_model(tmp_path / "hf", dtype="auto")
+    assert ours.dtype == torch.bfloat16
+    with torch.no_grad():
+        expected = theirs(ids, attention_mask=left).logits.float()
+        assert (ours(ids, attention_mask=left).logits.float() - expected).abs().max() < 0.05
+        ours.save_pretrained(tmp_path / "lm")
+        assert json.loads((tmp_path / "lm" / "config.json").read_text())["dtype"] == "bfloat16"
+        back = AutoModelForCausalLM.from_pretrained(tmp_path / "lm").eval()
+        assert back.dtype == torch.bfloat16  # the same bf16 weights: the same numbers
+        torch.testing.assert_close(back(ids, attention_mask=left).logits.float(), expected, atol=0, rtol=0)
+
+
+# --- what lmkit cannot express, and what it must not misread --------------------------------------
+
+def qwen2_config(**changes) -> dict:
+    return Qwen2Config(hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=2,
+                       **{**SMALL, "num_hidden_layers": 3, **changes}).to_dict()
+
+
+def write_config(folder: Path, raw: dict) -> Path:
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(raw))
+    return folder
+
+
+def test_qwen2_sliding_only_on_some_layers_is_refused(tmp_path):
+    from lmkit.hub import load_config
+
+    with pytest.raises(ConfigError, match="layers 1..2 of 3 slide over 4 positions.*one window"):
+        load_config(write_config(tmp_path, qwen2_config(use_sliding_window=True, sliding_window=4, max_window_layers=1)))
+    v4 = qwen2_config(use_sliding_window=True, sliding_window=4, max_window_layers=2)
+    v4.pop("layer_types")  # 4.x: the layers come from max_window_layers
+    with pytest.raises(ConfigError, match="layers 2..2 of 3"):
+        load_config(write_config(tmp_path, v4))
+    # windows switched off, or starting past the last layer: full attention everywhere
+    for changes in (dict(use_sliding_window=False, sliding_window=4, max_window_layers=0),
+                    dict(use_sliding_window=True, sliding_window=4, max_window_layers=3)):
+        raw = qwen2_config(**changes)
+        raw["sliding_window"] = 4  # as 4.x wrote it whatever use_sliding_window said
+        assert load_config(write_config(tmp_path, raw))[0].sliding_window is None
+    bad = qwen2_config()
+    bad["layer_types"] = ["full_attention", "chunked_attention", "full_attention"]
+    with pytest.raises(ConfigError, match="layer_types"):
+        load_config(write_config(tmp_path, bad))
+
+
+def test_partial_rotary_factor_is_refused(tmp_path):
+    from lmkit.hub import load_config
+
+    raw = qwen2_config()
+    raw["rope_parameters"]["partial_rotary_factor"] = 0.5
+    with pytest.raises(ConfigError, match="partial_rotary_factor"):
+        load_config(write_config(tmp_path, raw))
+
+
+def test_biases_a_format_cannot_hold_are_refused_on_save(tmp_path):
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    small = dict(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2)
+    qkv_only = build_model(get_preset("llama", attention_bias=True, attention_out_bias=False, **small))
+    with pytest.raises(ConfigError, match="family='qwen2'"):
+        qkv_only.save_pretrained(tmp_path / "llama")
+    qkv_only.config.family = "qwen2"
+    qkv_only.save_pretrained(tmp_path / "qwen2")  # the same model fits Qwen2
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "qwen2")) is Qwen2ForCausalLM
+    for family, bias in (("mistral", dict(attention_bias=True)), ("qwen2", dict(attention_bias=False)),
+                         ("qwen2", dict(attention_bias=True, mlp_bias=True))):
+        model = build_model(get_preset("llama", family=family, **bias, **small))
+        with pytest.raises(ConfigError, match=f"the {family.capitalize() if family == 'mistral' else 'Qwen2'} format"):
+            model.save_pretrained(tmp_path / family)
+
+
+@pytest.mark.xdist_group("cli_generate")
+def test_lmkit_generate_runs_on_a_qwen2_folder(tmp_path):
+    """`lmkit generate --model DIR` on a transformers-written Qwen2 folder prints what transformers' greedy
+    generate continues the prompt with."""
+    tok = lmkit.train_tokenizer(["def main():\n    return 0\n", "the quick brown fox"] * 20, kind="bpe",
+                                vocab_size=280)
+    torch.manual_seed(0)
+    hf = randomized(Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)))
+    hf.save_pretrained(tmp_path)
+    tok.save(tmp_path / "tokenizer.json")
+    prompt = "the quick"
+    env = {**os.environ, "PYTHONPATH": str(Path(lmkit.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "lmkit", "generate", "--model", str(tmp_path), "--prompt", prompt,
+                          "--max-new-tokens", "8"], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
+    out = hf.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert res.stdout.rstrip("\n") == prompt + tok.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
