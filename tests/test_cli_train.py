@@ -71,3 +71,38 @@ def test_eval_elsewhere_names_the_training_corpus_it_cannot_read(corpus_file, tm
     assert main(["eval", "--model", str(tmp_path / "a" / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("lmkit: error: the corpus") and "pass --corpus" in err and "\n" not in err, err
+
+
+def test_output_to_a_pipe_gets_plain_lines_not_a_progress_bar(corpus_file, tmp_path):
+    """Redirected output (a log file, CI): no tqdm redraws; one line per evaluation instead."""
+    r = lmkit("train", "--preset", "tiny", "--corpus", corpus_file, "--out", "run", "--max-steps", "4",
+              "--batch-size", "2", "--seq-len", "16", "--precision", "fp32", "--save-every", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "\r" not in r.stderr and "step/s" not in r.stderr and "it/s" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["step 2/4", "step 4/4"], r.stderr
+    assert all("val_bpb" in line for line in lines)
+
+
+def test_eval_refuses_what_it_cannot_score_in_one_line(tmp_path, capsys):
+    import lmkit
+    from lmkit.cli import main
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+    from lmkit.models.encoder import Encoder
+
+    tok = lmkit.train_tokenizer(["some text to train on, " * 20], kind="bpe", vocab_size=300)
+    for name, preset in (("gpt", "tiny"), ("bare-encoder", "bert")):
+        cfg = get_preset(preset, vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=32)
+        model = build_model(cfg) if preset == "tiny" else Encoder(cfg, head=None)
+        model.save_pretrained(tmp_path / name)
+        tok.save(str(tmp_path / name / "tokenizer.json"))
+    capsys.readouterr()
+    # a decoder given to the text-to-text scores (this was a traceback about batch sizes)
+    assert main(["eval", "--model", str(tmp_path / "gpt"), "--task", "numbers"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a decoder model" in err and "--corpus" in err and err.count("\n") == 1, err
+    # an encoder without a language-model head (all-MiniLM-L6-v2, say)
+    assert main(["eval", "--model", str(tmp_path / "bare-encoder")]) == 2
+    err = capsys.readouterr().err
+    assert "without a masked-LM head" in err and err.count("\n") == 1, err

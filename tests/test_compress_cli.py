@@ -79,3 +79,18 @@ def test_bad_settings_are_user_errors(folder, tmp_path, capsys):
     assert main(["prune", "--model", str(folder / "model"), "--out", str(tmp_path / "p"), "--heads", "13",
                  "--corpus", str(folder / "corpus.txt"), "--batches", "1"]) == 2
     assert "cannot prune exactly 13 heads" in capsys.readouterr().err
+
+
+def test_an_encoder_folder_is_refused_by_name(tmp_path, capsys):
+    """A BERT-style folder (what a new user may have at hand) gets one line naming it and its family."""
+    tok = lmkit.train_tokenizer([TEXT], kind="wordpiece", vocab_size=200)
+    encoder = build_model(lmkit.get_preset("bert", vocab_size=vocab_size_of(tok), d_model=32, n_layers=1, n_heads=2,
+                                           d_ff=64, max_seq_len=32))
+    encoder.save_pretrained(tmp_path / "bert")
+    tok.save(str(tmp_path / "bert" / "tokenizer.json"))
+    for args in (["quantize", "--model"], ["prune", "--heads", "1", "--out", str(tmp_path / "p"), "--model"],
+                 ["finetune", "--task", "clm", "--train", "pydocs", "--out", str(tmp_path / "f"), "--model"]):
+        assert main([*args, str(tmp_path / "bert")]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'bert'} holds an encoder model" in err and "causal language models" in err, err
+        assert err.count("\n") == 1

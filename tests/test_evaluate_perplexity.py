@@ -51,3 +51,18 @@ def test_nothing_to_score_is_a_clear_error(model):
         evaluate_rows(model, rows, mask, 10)
     with pytest.raises(LmkitError, match="nothing to score"):
         evaluate_rows(model, rows[:0], mask[:0], 0)
+
+
+def test_evaluate_text_reads_a_tokenizer_without_a_pad_token(model):
+    """GPT-2's own tokenizer has <|endoftext|> but no <|pad|>: padding is masked, so the numbers do not change."""
+    from lmkit.data.corpus import Corpus, Document
+    from lmkit.evaluate.perplexity import evaluate_text
+    from lmkit.tokenizers import train_tokenizer
+
+    texts = ["def f(x):\n    return x + 1\n" * 3, "a short one", "class A:\n    pass\n" * 5]
+    corpus = Corpus("small", [Document(f"d{i}", t) for i, t in enumerate(texts)])
+    with_pad = train_tokenizer(texts, kind="char", vocab_size=50, special_tokens=["<|endoftext|>", "<|pad|>"])
+    without = train_tokenizer(texts, kind="char", vocab_size=50, special_tokens=["<|endoftext|>", "<pad>"])
+    a = evaluate_text(model, with_pad, corpus, seq_len=16)
+    b = evaluate_text(model, without, corpus, seq_len=16)
+    assert a == pytest.approx(b)

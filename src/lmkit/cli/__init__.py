@@ -16,7 +16,11 @@ SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "di
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmkit", description="Build, train, evaluate and run transformer language models.")
+    from lmkit import __version__
+
+    parser = argparse.ArgumentParser(prog="lmkit", description="Build, train, evaluate and run transformer language models.",
+                                     epilog="`lmkit COMMAND --help` describes each command.")
+    parser.add_argument("--version", action="version", version=f"lmkit {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:

@@ -9,7 +9,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("data", help="prepare, clean and verify training data", description=__doc__)
     sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
 
-    prep = sub.add_parser("prepare", help="tokenize a corpus in parallel into memory-mapped shards")
+    prep = sub.add_parser("prepare", help="tokenize a corpus in parallel into memory-mapped shards",
+                          description="Tokenize a corpus in parallel into memory-mapped shards.")
     prep.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH",
                       help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl")
     prep.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer.json, or a folder holding one")
@@ -23,7 +24,8 @@ def register(subparsers) -> None:
     prep.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
     prep.set_defaults(func=run_prepare)
 
-    cl = sub.add_parser("clean", help="remove duplicates, near duplicates, junk and boilerplate lines")
+    cl = sub.add_parser("clean", help="remove duplicates, near duplicates, junk and boilerplate lines",
+                        description="Remove duplicates, near duplicates, junk and boilerplate lines.")
     cl.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH")
     cl.add_argument("--out", required=True, metavar="FILE.jsonl", help="cleaned corpus, one {\"id\", \"text\"} per line")
     cl.add_argument("--report", metavar="FILE.json", help="what was removed and why (default: OUT.report.json)")
@@ -43,8 +45,9 @@ def register(subparsers) -> None:
     cl.add_argument("--bands", type=int, default=16)
     cl.set_defaults(func=run_clean)
 
-    ver = sub.add_parser("verify", help="check every shard against index.json (sizes, counts, sha256)")
-    ver.add_argument("folder", metavar="DIR")
+    ver = sub.add_parser("verify", help="check every shard against index.json (sizes, counts, sha256)",
+                         description="Check every shard against index.json (sizes, counts, sha256).")
+    ver.add_argument("folder", metavar="DIR", help="a folder written by `lmkit data prepare`")
     ver.set_defaults(func=run_verify)
 
 

@@ -18,7 +18,7 @@ def register(subparsers) -> None:
                         "else all of it; default: the corpus the model was trained on, else pydocs")
     p.add_argument("--pairs", metavar="PATH", help="text-to-text models: BLEU/ROUGE on (source, reference) pairs, .tsv or .jsonl")
     p.add_argument("--task", choices=["numbers"], help="text-to-text models: the held-out set of a built-in task")
-    p.add_argument("--num-beams", type=int, default=1, help="beam search width for --pairs/--task (default greedy)")
+    p.add_argument("--num-beams", type=int, default=1, metavar="B", help="beam search width for --pairs/--task (default greedy)")
     p.set_defaults(func=run)
 
 
@@ -26,13 +26,20 @@ def run(args: argparse.Namespace) -> int:
     import lmkit
     from lmkit.data import load_corpus
     from lmkit.data.tokenize import check_fits
-    from lmkit.errors import CorpusError
+    from lmkit.errors import ConfigError, CorpusError
     from lmkit.evaluate import evaluate_text
     from lmkit.train.checkpoint import run_settings
 
     settings = run_settings(args.model) or {}
     corpus = args.corpus or settings.get("corpus") or ["pydocs"]
     model = lmkit.load_model(args.model)
+    arch = model.config.architecture
+    if (args.pairs or args.task) and arch != "encoder-decoder":
+        raise ConfigError(f"--pairs and --task score text-to-text (encoder-decoder) models, and {args.model} holds "
+                          f"a{'n' if arch == 'encoder' else ''} {arch} model; score it on text with --corpus instead")
+    if arch == "encoder" and getattr(model, "mlm_head", None) is None:
+        raise ConfigError(f"{args.model} holds an encoder without a masked-LM head; lmkit eval scores language "
+                          "models (causal, masked-LM or encoder-decoder)")
     tokenizer = lmkit.load_tokenizer(args.model)
     check_fits(tokenizer, model.config.vocab_size, Path(args.model) / "tokenizer.json", args.model)
     seq2seq_objective = settings.get("objective") if settings.get("objective") in ("span", "denoise") else None

@@ -11,8 +11,8 @@ FIELDS = ("model", "train", "out", "eval", "epochs", "lr", "batch_size", "max_le
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("finetune", help="fine-tune an encoder for classification, or a causal LM (--task clm); --peft METHOD", description=__doc__)
-    p.add_argument("--model", required=True, metavar="DIR", help="pretrained encoder folder (config.json, weights, tokenizer.json)")
-    p.add_argument("--train", required=True, metavar="FILE", help="training data: .csv with a header, or .jsonl")
+    p.add_argument("--model", required=True, metavar="DIR", help="pretrained encoder folder (config.json, weights, tokenizer.json); a causal LM with --task clm")
+    p.add_argument("--train", required=True, metavar="FILE", help="training data: .csv with a header, or .jsonl (--task clm: a corpus name or text files)")
     p.add_argument("--eval", metavar="FILE", help="evaluation data (default: hold out --val-fraction of --train)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the best checkpoint and metrics.jsonl go")
     p.add_argument("--epochs", type=int, default=3, metavar="N", help="passes over the training data (default 3)")

@@ -20,7 +20,8 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens")
     p.add_argument("--top-p", type=float, default=None, metavar="P", help="sample from the nucleus of mass P")
     p.add_argument("--num-beams", type=int, default=1, metavar="B", help="beam search with B beams")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="X")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="X",
+                   help="divide the scores of tokens already present by X (1: none; transformers' meaning)")
     p.add_argument("--num-return-sequences", type=int, default=1, metavar="N",
                    help="N continuations (samples, or the N best beams), printed one after another")
     p.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling (repeatable output)")

@@ -6,11 +6,15 @@ import time
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("tokenizer", help="train a tokenizer, or show how text splits into tokens")
+    p = subparsers.add_parser("tokenizer", help="train a tokenizer, or show how text splits into tokens",
+                              description=__doc__)
     sub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION")
-    t = sub.add_parser("train", help="train a tokenizer and write its tokenizer.json")
-    t.add_argument("--kind", default="bpe", choices=("bpe", "wordpiece", "unigram", "char", "word"))
-    t.add_argument("--vocab-size", type=int, default=8192)
+    t = sub.add_parser("train", help="train a tokenizer and write its tokenizer.json",
+                       description="Train a tokenizer on a corpus and write a tokenizer.json that lmkit.load_tokenizer "
+                                   "and the `tokenizers` library load.")
+    t.add_argument("--kind", default="bpe", choices=("bpe", "wordpiece", "unigram", "char", "word"),
+                   help="bpe: byte-level (lossless), wordpiece: BERT-style, unigram: SentencePiece-style; default: bpe")
+    t.add_argument("--vocab-size", type=int, default=8192, metavar="N", help="ids in the vocabulary (default 8192)")
     t.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
                    help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
     t.add_argument("--out", required=True, metavar="PATH", help="tokenizer.json path, or a folder to write it in")
@@ -19,7 +23,7 @@ def register(subparsers) -> None:
     t.add_argument("--pattern", default="gpt2", choices=("gpt2", "gpt4"), help="BPE pre-tokenization regex")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=run_train)
-    e = sub.add_parser("encode", help="print the tokens and ids of a text")
+    e = sub.add_parser("encode", help="print the tokens and ids of a text", description="Print the tokens and ids of a text.")
     e.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer.json or a folder holding one")
     e.add_argument("text", nargs="*", help="text to encode (default: read stdin)")
     e.add_argument("--no-special-tokens", action="store_true", help="do not add [CLS]/[SEP]-style tokens")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.config import PRESETS
 from lmkit.train.config import TrainConfig
 
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
@@ -12,7 +13,7 @@ FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "ba
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a language model", description=__doc__)
-    p.add_argument("--preset", help="model preset (tiny, default, gpt2, llama, transformer-2017, moe); default: default")
+    p.add_argument("--preset", metavar="NAME", help=f"model preset ({', '.join(PRESETS)}); default: default")
     p.add_argument("--objective", choices=["clm", "mlm", "span", "denoise"], help="training objective; default: clm")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
                    help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")

@@ -10,13 +10,10 @@ import torch
 from lmkit.compress.distill import DistillWeights, distill_causal_lm, student_from_teacher
 from lmkit.compress.prune import head_importance, least_important, prune_heads
 from lmkit.compress.quantize import quantize_dynamic_int8, weight_bytes
-from lmkit.errors import ConfigError
 from lmkit.peft.finetune import CausalLMData, model_folder, save_model_folder
 
 
 def _data(model, tokenizer, corpus, seq_len, max_val_docs) -> CausalLMData:
-    if type(model).__name__ != "CausalLM":
-        raise ConfigError("this command works on causal language models (folders from `lmkit train`)")
     return CausalLMData(tokenizer, corpus, seq_len or min(model.config.max_seq_len, 256), max_val_docs)
 
 

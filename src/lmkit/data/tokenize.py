@@ -43,7 +43,9 @@ def check_fits(tok: Any, model_vocab_size: int, tokenizer_path: Any, model_path:
 def token_id(tok: Any, token: str) -> int:
     tid = tok.token_to_id(token)
     if tid is None:
-        raise TokenizerError(f"the tokenizer has no {token!r} token; training needs {', '.join(SPECIAL_TOKENS)}")
+        raise TokenizerError(f"the tokenizer has no {token!r} token; lmkit's training and evaluation need "
+                             f"{' and '.join(SPECIAL_TOKENS)}: use a tokenizer.json that `lmkit train` or "
+                             "`lmkit tokenizer train --kind bpe` wrote")
     return int(tid)
 
 

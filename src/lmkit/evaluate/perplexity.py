@@ -56,9 +56,12 @@ def evaluate_text(model: torch.nn.Module, tokenizer: Any, corpus, seq_len: int |
                   batch_size: int = 16, precision: str = "fp32", max_docs: int | None = None) -> dict[str, float]:
     """evaluate_rows over the documents of `corpus` (an `lmkit.data.Corpus`), tokenized by `tokenizer`."""
     from lmkit.data.stream import eval_rows, tokenize_corpus
-    from lmkit.data.tokenize import special_ids
+    from lmkit.data.tokenize import BOS, PAD, token_id
 
-    bos, pad = special_ids(tokenizer)
+    bos = token_id(tokenizer, BOS)
+    pad = tokenizer.token_to_id(PAD)
+    if pad is None:  # GPT-2's own tokenizer has none; padded positions are masked out, so any id serves
+        pad = bos
     seq_len = seq_len or model.config.max_seq_len
     rows, mask, nbytes = eval_rows(tokenize_corpus(corpus, tokenizer), bos, pad, seq_len, max_docs)
     return evaluate_rows(model, rows, mask, nbytes, batch_size=batch_size, precision=precision)

@@ -11,6 +11,7 @@ import json
 import math
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -107,7 +108,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
     """Train, evaluate after every epoch, keep the best; returns the best epoch's metrics."""
     from lmkit.atomic import atomic_write_bytes
     from lmkit.tokenizers import load_tokenizer
-    from tqdm.auto import tqdm
+    from lmkit.progress import progress_bar
 
     cfg.check()
     random.seed(cfg.seed)
@@ -143,7 +144,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
     log = out / "metrics.jsonl"
     lines, best = [], None
     gen = random.Random(cfg.seed)
-    bar = tqdm(total=steps, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+    bar = progress_bar(cfg.progress, total=steps, unit="step", dynamic_ncols=True)
     t0 = time.perf_counter()
     for epoch in range(1, cfg.epochs + 1):
         order = list(range(len(train)))
@@ -168,6 +169,9 @@ def finetune(cfg: FinetuneConfig) -> dict:
             best = dict(row)
             _save(model, tok, out)
         lines.append(json.dumps(row))
+        if cfg.progress and bar.disable:  # no terminal for the bar: one plain line per epoch instead
+            print(f"epoch {epoch}/{cfg.epochs}: train loss {row['train_loss']:.4f}, accuracy {row['accuracy']:.4f}, "
+                  f"macro-F1 {row['macro_f1']:.4f}", file=sys.stderr, flush=True)
         atomic_write_bytes(log, ("\n".join(lines) + "\n").encode())
     bar.close()
     summary = {"best": best, "labels": names, "train_examples": len(train), "eval_examples": len(held),

@@ -106,14 +106,19 @@ class CausalLMData:
 
 
 def model_folder(path):
-    """(model, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights)."""
+    """(causal LM, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights)."""
     import lmkit
-    from lmkit.errors import CheckpointError
+    from lmkit.errors import CheckpointError, ConfigError
 
     folder = Path(path)
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json; pass a folder written by `lmkit train` (or add one)")
-    return lmkit.load_model(folder), lmkit.load_tokenizer(folder / "tokenizer.json")
+    model = lmkit.load_model(folder)
+    if type(model).__name__ != "CausalLM":
+        arch = model.config.architecture
+        raise ConfigError(f"{folder} holds a{'n' if arch.startswith('e') else ''} {arch} model; this command works on "
+                          "causal language models (a folder from `lmkit train`, or GPT-2, LLaMA, Mixtral)")
+    return model, lmkit.load_tokenizer(folder / "tokenizer.json")
 
 
 def save_model_folder(model: nn.Module, tokenizer, out, extra_json: dict | None = None) -> None:

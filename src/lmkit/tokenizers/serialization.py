@@ -56,8 +56,8 @@ def load_tokenizer(path) -> Tokenizer:
     if p.is_dir():
         folder, p = p, p / "tokenizer.json"
         if not p.is_file():
-            raise TokenizerError(f"{folder} has no tokenizer.json; point load_tokenizer at a tokenizer.json or "
-                                 "a folder holding one")
+            raise TokenizerError(f"{folder} has no tokenizer.json; copy in the tokenizer.json the model was trained "
+                                 "with (`lmkit train` writes one; in transformers, tokenizer.save_pretrained does)")
     elif not p.is_file():
         raise TokenizerError(f"no tokenizer at {path}: expected a tokenizer.json file or a folder holding one")
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -254,7 +255,7 @@ class Trainer:
 
     # the loop ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        from tqdm.auto import tqdm
+        from lmkit.progress import progress_bar
 
         cfg = self.cfg
         created = not self.out.exists()
@@ -268,8 +269,10 @@ class Trainer:
                 self._remove_leftovers()
                 atomic_save_file(self.out / "tokenizer.json", lambda tmp: self.tokenizer.save(tmp))
                 self.metrics.truncate(self.step) if cfg.resume else self.metrics.reset()
-            bar = tqdm(total=self.total_steps, initial=self.step, disable=not cfg.progress or self.rank != 0,
-                       unit="step", dynamic_ncols=True, leave=True)
+            bar = progress_bar(cfg.progress and self.rank == 0, total=self.total_steps, initial=self.step,
+                               unit="step", dynamic_ncols=True, leave=True)
+            # no terminal to draw the bar on (output to a file or a pipe): a plain line at each evaluation
+            self._report_lines = cfg.progress and self.rank == 0 and bar.disable
             return self._loop(bar)
         except BaseException:
             if self.rank == 0 and not cfg.resume and not checkpoints(self.out):
@@ -353,6 +356,9 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tok_per_s']:.0f}",
                             **({"val_bpb": f"{result['bpb']:.3f}"} if result else {}))
+            if result is not None and self._report_lines:
+                print(f"step {self.step}/{self.total_steps or '?'}: loss {loss:.4f}, val_loss {result['loss']:.4f}, "
+                      f"val_bpb {result['bpb']:.4f}, {row['tok_per_s']:.0f} tokens/s", file=sys.stderr, flush=True)
             if done or save_due:
                 last_save = self.step
                 self.elapsed += time.perf_counter() - t_start

@@ -89,6 +89,8 @@ def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_to
     if vocab_size < len(specials):
         raise TokenizerError(f"vocab_size {vocab_size} cannot hold the {len(specials)} special tokens {specials}; "
                              f"use vocab_size >= {len(specials)}")
+    if kind == "bpe":  # the byte alphabet is known before counting: fail before any work
+        _check_floor(kind, vocab_size, len(set(specials) | set(BYTE_TO_CHAR.values())))
     normalizer, pre, decoder = _pipeline(kind, pattern, lowercase)
     added = [AddedToken(t, i, special=True) for i, t in enumerate(specials)]
     # as `tokenizers`' train_from_iterator: special tokens written in the text are counted as ordinary text
@@ -96,15 +98,25 @@ def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_to
     word_counts = count_words(probe, texts, num_workers)
     if not word_counts:
         raise TokenizerError("no text to train on: the corpus is empty (or only whitespace); pass some text")
-
     bar = None
     if show_progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=vocab_size, desc=f"train {kind}", unit="tok")
+        from lmkit.progress import progress_bar
 
+        bar = progress_bar(total=vocab_size, desc=f"train {kind}", unit="tok")
+    try:
+        model = _train_model(kind, word_counts, vocab_size, specials, min_frequency, bar)
+        if bar is not None:
+            bar.update(max(0, len(model.vocab) - bar.n))
+    finally:
+        if bar is not None:
+            bar.close()  # also before an error, so that the CLI's one-line message is a line of its own
+    post = _post_processor(kind, specials, model.token_to_id)
+    return Tokenizer(model, normalizer, pre, post, decoder, added)
+
+
+def _train_model(kind: str, word_counts, vocab_size: int, specials: list[str], min_frequency, bar):
+    """The trained model (BPE, WordPiece, Unigram or WordLevel) of `kind` over the counted words."""
     if kind in ("bpe", "wordpiece"):
-        if kind == "bpe":  # the byte alphabet is known before counting: fail before any work
-            _check_floor(kind, vocab_size, len(set(specials) | set(BYTE_TO_CHAR.values())))
         if bar is not None:
             bar.update(len(specials) + (256 if kind == "bpe" else 0))
         vocab, merges = train_bpe(
@@ -114,26 +126,20 @@ def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_to
             continuing_subword_prefix="##" if kind == "wordpiece" else None,
             progress=bar.update if bar is not None else None)
         _check_floor(kind, vocab_size, len(vocab) - len(merges))  # `tokenizers` would return a bigger vocab
-        model = BPE(vocab, merges) if kind == "bpe" else WordPiece(vocab, "[UNK]", "##", 100)
-    elif kind == "unigram":
+        return BPE(vocab, merges) if kind == "bpe" else WordPiece(vocab, "[UNK]", "##", 100)
+    if kind == "unigram":
         def report(n):
             if bar is not None:
                 bar.set_postfix(pieces=n)
         pieces, unk_id = train_unigram(word_counts, vocab_size, specials, UNK[kind], progress=report)
-        model = Unigram(pieces, unk_id)
-    else:
-        counts: Counter = Counter()
-        for w, c in word_counts.items():
-            counts[w] += c
-        ranked = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if w not in specials]
-        vocab = {t: i for i, t in enumerate(specials)}
-        for w in ranked[:max(0, vocab_size - len(vocab))]:
-            if min_frequency and counts[w] < min_frequency:
-                break
-            vocab[w] = len(vocab)
-        model = WordLevel(vocab, UNK[kind])
-    if bar is not None:
-        bar.update(max(0, len(model.vocab) - bar.n))
-        bar.close()
-    post = _post_processor(kind, specials, model.token_to_id)
-    return Tokenizer(model, normalizer, pre, post, decoder, added)
+        return Unigram(pieces, unk_id)
+    counts: Counter = Counter()
+    for w, c in word_counts.items():
+        counts[w] += c
+    ranked = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if w not in specials]
+    vocab = {t: i for i, t in enumerate(specials)}
+    for w in ranked[:max(0, vocab_size - len(vocab))]:
+        if min_frequency and counts[w] < min_frequency:
+            break
+        vocab[w] = len(vocab)
+    return WordLevel(vocab, UNK[kind])
