@@ -23,13 +23,19 @@ class Unigram(Model):
         self.unk_id, self.byte_fallback = unk_id, byte_fallback
         self.min_score = min((s for _, s in self.pieces), default=0.0)
         self.max_len = max((len(p) for p, _ in self.pieces), default=1)
-        # every prefix of a piece: the lattice scan stops at the first substring that starts no piece
-        self.prefixes = {p[:k] for p, _ in self.pieces for k in range(1, len(p) + 1)}
+        # a character trie of the pieces (a node's score under the key ""): the lattice scan walks it from each
+        # start and stops at the first character no piece continues with
+        self.trie: dict = {}
+        for p, sc in reversed(self.pieces):
+            node = self.trie
+            for ch in p:
+                node = node.setdefault(ch, {})
+            node[""] = sc
 
     def viterbi(self, word: str) -> list[str]:
         """Best segmentation of `word` as strings; unknown stretches come back as one string each."""
         n = len(word)
-        scores, max_len, prefixes = self.scores, self.max_len, self.prefixes
+        trie, max_len = self.trie, self.max_len
         unk_score = self.min_score - UNK_PENALTY
         best = [0.0] + [None] * n  # best path score ending at position i
         back = [0] * (n + 1)
@@ -39,17 +45,20 @@ class Unigram(Model):
             if base is None:
                 continue
             single = False
-            for end in range(start + 1, min(n, start + max_len) + 1):
-                sub = word[start:end]
-                if sub not in prefixes:
+            node, end = trie, start
+            for ch in word[start:start + max_len]:
+                node = node.get(ch)
+                if node is None:
                     break
-                s = scores.get(sub)
+                end += 1
+                s = node.get("")
                 if s is None:
                     continue
                 if end == start + 1:
                     single = True
                 cand = base + s
-                if best[end] is None or cand > best[end]:
+                b = best[end]
+                if b is None or cand > b:
                     best[end], back[end], is_unk[end] = cand, start, False
             if not single:
                 cand = base + unk_score
