@@ -114,8 +114,8 @@ def test_greedy_generation_matches_transformers(pair):
         assert torch.equal(got, expected)
 
 
-def test_saved_folder_loads_in_transformers_with_the_same_logits(pair, tmp_path):
-    hf, ours, _ = pair
+def check_saved_folder(hf, ours, tmp_path) -> None:
+    """ours.save_pretrained loads in transformers as hf's class with hf's logits, and back in lmkit unchanged."""
     ours.save_pretrained(tmp_path)
     back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(back) is type(hf)
@@ -124,8 +124,14 @@ def test_saved_folder_loads_in_transformers_with_the_same_logits(pair, tmp_path)
         torch.testing.assert_close(back(ids, attention_mask=left).logits, hf(ids, attention_mask=left).logits,
                                    atol=1e-5, rtol=0)
     again = lmkit.load_model(tmp_path)
+    assert again.config == ours.config
     for (k, a), b in zip(ours.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), k
+
+
+def test_saved_folder_loads_in_transformers_with_the_same_logits(pair, tmp_path):
+    hf, ours, _ = pair
+    check_saved_folder(hf, ours, tmp_path)
 
 
 def test_sharded_folder_round_trips(pair, tmp_path):

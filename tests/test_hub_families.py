@@ -18,7 +18,7 @@ import torch
 import lmkit
 from lmkit.errors import ConfigError
 from lmkit.generation.decode_plan import DecodePlan
-from test_hub_decoder import VOCAB, as_v4, batch, randomized, rewrite_config
+from test_hub_decoder import VOCAB, as_v4, batch, check_saved_folder, randomized, rewrite_config
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -111,17 +111,7 @@ def test_cached_decoding_equals_full_recomputation(pair):
 
 def test_saved_folder_loads_in_transformers_with_the_same_logits(pair, tmp_path):
     hf, ours, _ = pair
-    ours.save_pretrained(tmp_path)
-    back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(back) is type(hf)
-    ids, left, _ = batch()
-    with torch.no_grad():
-        torch.testing.assert_close(back(ids, attention_mask=left).logits, hf(ids, attention_mask=left).logits,
-                                   atol=1e-5, rtol=0)
-    again = lmkit.load_model(tmp_path)
-    assert again.config == ours.config
-    for (k, a), b in zip(ours.state_dict().items(), again.state_dict().values()):
-        assert torch.equal(a, b), k
+    check_saved_folder(hf, ours, tmp_path)
 
 
 def test_sharded_folder_round_trips(pair, tmp_path):
