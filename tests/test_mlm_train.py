@@ -48,3 +48,19 @@ def test_mlm_batches_mask_only_real_tokens(corpus_file, tmp_path):
     again = trainer.objective.build_batch(rows, trainer.pad_id, torch.Generator().manual_seed(1))
     assert not torch.equal(again["labels"], batch["labels"])  # a new mask every step
     assert get_objective("mlm").architecture == "encoder"
+
+
+def test_bert_tiny_preset_trains_into_a_folder_transformers_reads(corpus_file, tmp_path):
+    """`--preset bert-tiny`: BERT's architecture at BERT-Tiny's size; the run's folder is a BertForMaskedLM."""
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "tiny"
+    cfg = TrainConfig(preset="bert-tiny", objective="mlm", corpus=[corpus_file], out=str(out), max_steps=3,
+                      batch_size=8, seq_len=32, vocab_size=400, precision="fp32", progress=False)
+    Trainer(cfg).fit()
+    ours = lmkit.load_model(out)
+    c = ours.config
+    assert (c.family, c.d_model, c.n_layers, c.n_heads, c.d_ff) == ("bert", 128, 2, 2, 512)
+    hf = transformers.BertForMaskedLM.from_pretrained(out).eval()
+    ids = torch.randint(5, c.vocab_size, (2, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
