@@ -175,3 +175,23 @@ def test_do_lower_case_and_prompts(minilm_path, tmp_path):
     with pytest.raises(ConfigError, match="include_prompt"):
         enc.encode(["x"])
     assert enc.encode(["x"], prompt="").shape == (1, 24)
+
+
+def test_show_progress_bar_draws_batches_on_a_terminal_only(minilm_path, monkeypatch):
+    """show_progress_bar=True: one "Batches" bar over ceil(N / batch_size) steps (as sentence-transformers), drawn
+    when stderr is a terminal; off otherwise, and the embeddings are the same either way."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    enc = lmkit.SentenceEncoder.from_pretrained(minilm_path)
+    plain = enc.encode(SENTENCES[:5], batch_size=2)
+    for show, tty in ((True, True), (False, True), (True, False)):
+        err = Terminal() if tty else io.StringIO()
+        monkeypatch.setattr(sys, "stderr", err)
+        got = enc.encode(SENTENCES[:5], batch_size=2, show_progress_bar=show)
+        assert np.array_equal(got, plain)
+        assert ("Batches" in err.getvalue() and "3/3" in err.getvalue()) == (show and tty)

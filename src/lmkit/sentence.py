@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from lmkit.errors import CheckpointError, ConfigError
+from lmkit.progress import progress_bar
 from lmkit.tokenizers.normalizers import lowercase
 
 MODULE_KINDS = {"Transformer": "transformer", "Pooling": "pooling", "Dense": "dense", "Normalize": "normalize"}
@@ -201,7 +202,9 @@ class SentenceEncoder:
         ids = self.tokenize(sentences)
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         out = None
-        for start in range(0, len(order), batch_size):
+        starts = range(0, len(order), batch_size)
+        # as sentence-transformers: a "Batches" bar when asked (drawn on a terminal only)
+        for start in progress_bar(show_progress_bar, iterable=starts, desc="Batches", total=len(starts)):
             rows = [ids[i] for i in order[start:start + batch_size]]
             emb = self._embed(rows, normalize_embeddings)
             if out is None:
@@ -286,8 +289,10 @@ class SemanticIndex:
         self.encoder, self.passages, self.ids, self.embeddings = encoder, passages, ids, embeddings
 
     @classmethod
-    def build(cls, encoder: SentenceEncoder, passages: list[str], ids: list[str], batch_size: int = 64) -> "SemanticIndex":
-        return cls(encoder, passages, ids, encoder.encode(passages, batch_size=batch_size))
+    def build(cls, encoder: SentenceEncoder, passages: list[str], ids: list[str], batch_size: int = 64,
+              show_progress_bar: bool = False) -> "SemanticIndex":
+        return cls(encoder, passages, ids, encoder.encode(passages, batch_size=batch_size,
+                                                          show_progress_bar=show_progress_bar))
 
     def search(self, query: str, k: int = 5) -> list[tuple[float, str, str]]:
         """(cosine, id, passage) of the k best passages, best first."""

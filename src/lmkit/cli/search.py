@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         index = SemanticIndex.load(encoder, folder)
     else:
         passages, ids = paragraphs(corpus, args.min_chars)
-        index = SemanticIndex.build(encoder, passages, ids, batch_size=args.batch_size)
+        index = SemanticIndex.build(encoder, passages, ids, batch_size=args.batch_size, show_progress_bar=True)
         index.save(folder)
     for query in args.query:
         hits = index.search(query, args.top_k)
