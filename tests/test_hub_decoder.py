@@ -134,18 +134,24 @@ def test_saved_folder_loads_in_transformers_with_the_same_logits(pair, tmp_path)
     check_saved_folder(hf, ours, tmp_path)
 
 
-def test_sharded_folder_round_trips(pair, tmp_path):
-    hf, ours, _ = pair
+def check_sharded_folder(hf, ours, tmp_path) -> None:
+    """Saved in several shards with an index, ours loads in lmkit and in transformers with hf's logits (left padding)."""
     lmkit.hub.save_pretrained(ours, tmp_path, max_shard_bytes=20_000)
     assert not (tmp_path / "model.safetensors").exists()
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
-    ids, _, _ = batch()
+    ids, left, _ = batch()
     with torch.no_grad():
-        expected = hf(ids).logits
-        torch.testing.assert_close(lmkit.load_model(tmp_path)(ids).logits, expected, atol=1e-4, rtol=0)
+        expected = hf(ids, attention_mask=left).logits
+        torch.testing.assert_close(lmkit.load_model(tmp_path)(ids, attention_mask=left).logits, expected,
+                                   atol=1e-4, rtol=0)
         back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-        torch.testing.assert_close(back(ids).logits, expected, atol=1e-4, rtol=0)
+        torch.testing.assert_close(back(ids, attention_mask=left).logits, expected, atol=1e-4, rtol=0)
+
+
+def test_sharded_folder_round_trips(pair, tmp_path):
+    hf, ours, _ = pair
+    check_sharded_folder(hf, ours, tmp_path)
 
 
 def rewrite_config(folder, edit):

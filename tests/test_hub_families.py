@@ -18,7 +18,7 @@ import torch
 import lmkit
 from lmkit.errors import ConfigError
 from lmkit.generation.decode_plan import DecodePlan
-from test_hub_decoder import VOCAB, as_v4, batch, check_saved_folder, randomized, rewrite_config
+from test_hub_decoder import VOCAB, as_v4, batch, check_saved_folder, check_sharded_folder, randomized, rewrite_config
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -116,16 +116,7 @@ def test_saved_folder_loads_in_transformers_with_the_same_logits(pair, tmp_path)
 
 def test_sharded_folder_round_trips(pair, tmp_path):
     hf, ours, _ = pair
-    lmkit.hub.save_pretrained(ours, tmp_path, max_shard_bytes=20_000)
-    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
-    assert not (tmp_path / "model.safetensors").exists() and len(set(index["weight_map"].values())) > 1
-    ids, left, _ = batch()
-    with torch.no_grad():
-        expected = hf(ids, attention_mask=left).logits
-        torch.testing.assert_close(lmkit.load_model(tmp_path)(ids, attention_mask=left).logits, expected,
-                                   atol=1e-4, rtol=0)
-        back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-        torch.testing.assert_close(back(ids, attention_mask=left).logits, expected, atol=1e-4, rtol=0)
+    check_sharded_folder(hf, ours, tmp_path)
 
 
 def as_v4_family(raw: dict) -> None:
