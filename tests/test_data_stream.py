@@ -60,3 +60,14 @@ def test_eval_rows_score_every_token_exactly_once():
     assert (rows[mask == 0] == PAD).all()
     _, mask2, nbytes2 = eval_rows(tc, BOS, PAD, seq_len=8, max_docs=2)
     assert int(mask2[:, 1:].sum()) == 35 and nbytes2 == 3 * 35
+
+
+def test_a_row_longer_than_the_training_split_is_refused():
+    import pytest
+
+    from lmkit.errors import CorpusError
+
+    tc, _ = corpus_of([5, 6])  # stream: BOS + 5, BOS + 6 = 13 tokens
+    PackedStream(tc, BOS, 12)  # a row of 13 still fits
+    with pytest.raises(CorpusError, match="fewer than one row of 14; give more text or lower --seq-len"):
+        PackedStream(tc, BOS, 13)

@@ -101,6 +101,9 @@ class PackedStream:
             parts.append(piece.astype(np.int64))
             pos += 1 + len(piece)
         self.stream = torch.from_numpy(np.concatenate(parts))
+        if seq_len >= len(self.stream):  # a row would wrap around and repeat the whole split
+            raise CorpusError(f"the training split holds {len(self.stream)} tokens (BOS markers included), fewer than one "
+                              f"row of {seq_len + 1}; give more text or lower --seq-len")
         self.starts = torch.tensor(starts, dtype=torch.int64)
         self.seq_len = seq_len
 
