@@ -14,7 +14,7 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.decode_plan import DecodePlan
-from lmkit.generation.logits import force_tokens, process
+from lmkit.generation.logits import changes_scores, process, processor_options
 from lmkit.nn import build_attention_bias
 
 
@@ -96,7 +96,11 @@ class GenerationMixin:
                  min_new_tokens: int | None = None, stop_strings: str | list[str] | None = None,
                  tokenizer=None, streamer=None, forced_bos_token_id: int | None = None,
                  forced_eos_token_id: int | list[int] | None = None, num_return_sequences: int | None = None,
-                 max_length: int | None = None, min_length: int | None = None, **model_kwargs) -> torch.Tensor:
+                 max_length: int | None = None, min_length: int | None = None, min_p: float | None = None,
+                 typical_p: float | None = None, epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
+                 sequence_bias=None, bad_words_ids: list[list[int]] | None = None,
+                 suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
+                 **model_kwargs) -> torch.Tensor:
         """Continue each row of `input_ids`; see transformers' `generate` for every argument.
 
         An argument left unset takes the loaded folder's generation_config.json value, else transformers'
@@ -152,8 +156,9 @@ class GenerationMixin:
         if input_ids.shape[-1] == 0:
             raise GenerationError("the prompt is empty; give at least one token (for a model trained here, its BOS token)")
         self._check_context(input_ids, max_new_tokens)
-        eos = _as_list(next((v for v in (eos_token_id, defaults.get("eos_token_id"), self.config.eos_token_id)
-                             if v is not None), None))
+        eos_setting = next((v for v in (eos_token_id, defaults.get("eos_token_id"), self.config.eos_token_id)
+                            if v is not None), None)
+        eos = _as_list(eos_setting)
         if pad_token_id is None:
             pad_token_id = next((v for v in (defaults.get("pad_token_id"), self.config.pad_token_id) if v is not None),
                                 None)
@@ -172,6 +177,15 @@ class GenerationMixin:
         options = dict(do_sample=do_sample, temperature=temperature, top_k=50 if top_k is None else top_k,
                        top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                        prompt_padding=prompt_padding)
+        options.update(processor_options(
+            self.config.vocab_size, eos, min_p=setting("min_p", min_p, None),
+            typical_p=setting("typical_p", typical_p, None), epsilon_cutoff=setting("epsilon_cutoff", epsilon_cutoff, None),
+            eta_cutoff=setting("eta_cutoff", eta_cutoff, None), sequence_bias=setting("sequence_bias", sequence_bias, None),
+            bad_words_ids=setting("bad_words_ids", bad_words_ids, None),
+            suppress_tokens=setting("suppress_tokens", suppress_tokens, None),
+            begin_suppress_tokens=setting("begin_suppress_tokens", begin_suppress_tokens, None)))
+        if do_sample and num_beams > 1:  # beam sampling keeps a non-EOS token to explore, as transformers does
+            options["keep"] = len(eos) + 1 if eos_setting is not None else 2
         stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
         forced = (forced_bos_token_id, _as_list(forced_eos_token_id))
         if stops and tokenizer is None:
@@ -240,7 +254,7 @@ class GenerationMixin:
         eos_tensor = torch.tensor(eos, device=sequences.device) if eos else None
         pad = torch.tensor(pad_token_id, device=sequences.device, dtype=sequences.dtype)
         track = eos_tensor is not None or bool(stops)  # else every row runs to max_new_tokens
-        processing = options["do_sample"] or options["repetition"] != 1.0 or bool(options["no_repeat_ngram_size"])
+        processing = changes_scores(options, forced)
         tokens = sequences
         for step in range(max_new_tokens):
             scores = self._generation_logits(state, tokens)
@@ -249,9 +263,8 @@ class GenerationMixin:
             if step < min_new_tokens and eos:
                 scores[:, eos] = -float("inf")
             if processing:
-                scores = process(out[:, :length], scores, **options)
-            if forced[0] is not None or forced[1]:
-                scores = force_tokens(scores, length, start + max_new_tokens, *forced)
+                scores = process(out[:, :length], scores, start=start, max_length=start + max_new_tokens, forced=forced,
+                                 **options)
             if options["do_sample"]:
                 next_tokens = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
             else:
