@@ -13,7 +13,17 @@ from lmkit.generation import logits as processors
 transformers = pytest.importorskip("transformers")
 from transformers.generation import logits_process as hf_proc  # noqa: E402
 
-from test_generate import VOCAB, pair, prompts  # noqa: E402,F401  (pair is a fixture)
+import lmkit  # noqa: E402
+from test_generate import VOCAB, build, prompts  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def pair(request, tmp_path_factory):
+    """(transformers model, lmkit model loaded from its folder): test_generate's peaky small models."""
+    hf = build(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(folder)
+    return hf, lmkit.load_model(folder)
 
 
 def both(hf, ours, seed=0, **kwargs):
@@ -137,3 +147,30 @@ def test_sequence_bias_and_bad_words_match_transformers():
     words = [s for s, _ in table]
     expected = hf_proc.NoBadWordsLogitsProcessor(words, eos_token_id=[1])(seqs, scores.clone())
     assert torch.equal(processors.bad_words_table(words, [1], 12)(seqs, scores.clone()), expected)
+
+
+@pytest.mark.parametrize("mode", [dict(), dict(do_sample=True, top_k=6, num_return_sequences=2),
+                                  dict(do_sample=True, top_p=0.8, min_p=0.05, repetition_penalty=1.3, min_new_tokens=3)],
+                         ids=["greedy", "top_k", "top_p-min_p-penalty"])
+def test_return_dict_in_generate_gives_transformers_scores_and_logits(pair, mode):
+    hf, ours = pair
+    kwargs = dict(max_new_tokens=9, eos_token_id=free_run(ours)[1][4], return_dict_in_generate=True,
+                  output_scores=True, output_logits=True, **mode)
+    ids, mask = prompts()
+    torch.manual_seed(2)
+    expected = hf.generate(ids, attention_mask=mask, pad_token_id=0, **kwargs)
+    torch.manual_seed(2)
+    got = ours.generate(ids, attention_mask=mask, pad_token_id=0, **kwargs)
+    assert got.sequences.tolist() == expected.sequences.tolist() and got["sequences"] is got.sequences
+    for name in ("scores", "logits"):
+        assert len(got[name]) == len(expected[name]) == got.sequences.shape[1] - 7
+        for a, b in zip(got[name], expected[name]):
+            assert a.dtype == torch.float32 and torch.equal(a == -float("inf"), b == -float("inf"))
+            torch.testing.assert_close(a.masked_fill(a == -float("inf"), 0), b.masked_fill(b == -float("inf"), 0),
+                                       atol=1e-4, rtol=0)
+    plain = ours.generate(ids, attention_mask=mask, max_new_tokens=3, output_scores=True)
+    assert torch.is_tensor(plain)  # output_scores alone changes nothing, as in transformers
+    only = ours.generate(ids, attention_mask=mask, max_new_tokens=3, return_dict_in_generate=True)
+    assert only.scores is None and only.logits is None and only.sequences.shape == (3, 10)
+    with pytest.raises(GenerationError, match="beam search"):
+        ours.generate(ids, max_new_tokens=3, num_beams=2, return_dict_in_generate=True)

@@ -27,6 +27,19 @@ class DecodingState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class GenerateOutput:
+    """generate's result with return_dict_in_generate, as transformers names it: the sequences, and per step
+    (B, V) float32 the processed scores (output_scores) and the raw logits (output_logits)."""
+
+    sequences: torch.Tensor | None = None
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+
 def _as_list(value) -> list[int]:
     if value is None:
         return []
@@ -100,7 +113,8 @@ class GenerationMixin:
                  typical_p: float | None = None, epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
                  sequence_bias=None, bad_words_ids: list[list[int]] | None = None,
                  suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
-                 **model_kwargs) -> torch.Tensor:
+                 return_dict_in_generate: bool | None = None, output_scores: bool | None = None,
+                 output_logits: bool | None = None, **model_kwargs) -> "torch.Tensor | GenerateOutput":
         """Continue each row of `input_ids`; see transformers' `generate` for every argument.
 
         An argument left unset takes the loaded folder's generation_config.json value, else transformers'
@@ -136,6 +150,9 @@ class GenerationMixin:
         if num_return_sequences > 1 and num_beams == 1 and not do_sample:
             raise GenerationError(f"greedy decoding returns one sequence per prompt, not {num_return_sequences}; "
                                   f"sample (do_sample=True) or use num_beams >= {num_return_sequences}")
+        if num_beams > 1 and setting("return_dict_in_generate", return_dict_in_generate, False):
+            raise GenerationError("return_dict_in_generate is not supported with beam search (num_beams > 1); "
+                                  "leave it unset to get the sequences as one tensor")
         if num_beams > 1 and num_return_sequences > num_beams:
             raise GenerationError(f"num_return_sequences ({num_return_sequences}) must be at most num_beams "
                                   f"({num_beams})")
@@ -208,8 +225,16 @@ class GenerationMixin:
                     options["prompt_padding"] = prompt_padding.repeat_interleave(n)
                 model_kwargs = {k: v.repeat_interleave(n, dim=0) if torch.is_tensor(v) and v.dim() and v.shape[0] == rows
                                 else v for k, v in model_kwargs.items()}
-            return self._sample(input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options,
-                                stops, tokenizer, streamer, forced=forced, **model_kwargs)
+            record = None
+            if setting("return_dict_in_generate", return_dict_in_generate, False):
+                record = GenerateOutput(scores=() if setting("output_scores", output_scores, False) else None,
+                                        logits=() if setting("output_logits", output_logits, False) else None)
+            sequences = self._sample(input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens,
+                                     options, stops, tokenizer, streamer, forced=forced, record=record, **model_kwargs)
+            if record is None:
+                return sequences
+            record.sequences = sequences
+            return record
         finally:
             self.train(was_training)
 
@@ -240,8 +265,10 @@ class GenerationMixin:
                                   f"model's {limit} positions; lower max_new_tokens to {limit - input_ids.shape[1]}")
 
     def _sample(self, input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options, stops,
-                tokenizer, streamer, forced=(None, []), **model_kwargs) -> torch.Tensor:
-        """Greedy decoding, or sampling from the processed distribution when options['do_sample']."""
+                tokenizer, streamer, forced=(None, []), record: "GenerateOutput | None" = None,
+                **model_kwargs) -> torch.Tensor:
+        """Greedy decoding, or sampling from the processed distribution when options['do_sample'];
+        `record` collects each step's raw logits and processed scores where asked."""
         sequences, state = self._generation_start(input_ids, attention_mask, **model_kwargs)
         batch, start = sequences.shape
         if streamer is not None:
@@ -260,11 +287,15 @@ class GenerationMixin:
             scores = self._generation_logits(state, tokens)
             if scores.dtype != torch.float32:
                 scores = scores.float()
+            if record is not None and record.logits is not None:
+                record.logits += (scores.clone(),)
             if step < min_new_tokens and eos:
                 scores[:, eos] = -float("inf")
             if processing:
                 scores = process(out[:, :length], scores, start=start, max_length=start + max_new_tokens, forced=forced,
                                  **options)
+            if record is not None and record.scores is not None:
+                record.scores += (scores,)
             if options["do_sample"]:
                 next_tokens = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
             else:

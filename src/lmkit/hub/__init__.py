@@ -148,7 +148,8 @@ GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "forced_bos_token_id"
                            "max_new_tokens", "max_length", "min_new_tokens", "min_length", "do_sample", "num_beams",
                            "temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size", "length_penalty",
                            "early_stopping", "num_return_sequences", "min_p", "typical_p", "epsilon_cutoff",
-                           "eta_cutoff", "sequence_bias", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens")
+                           "eta_cutoff", "sequence_bias", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens",
+                           "return_dict_in_generate", "output_scores", "output_logits")
 
 
 def generation_defaults(folder: Path) -> dict:
