@@ -55,6 +55,9 @@ CASES = {
     "gpt2-d28-h4-relu-unscaled": lambda: GPT2LMHeadModel(GPT2Config(  # scale_attn_weights=false: softmax(Q K^T)
         vocab_size=VOCAB, n_embd=28, n_layer=2, n_head=4, n_positions=48, activation_function="relu",
         scale_attn_weights=False, bos_token_id=0, eos_token_id=0)),
+    "gpt2-inverse-layer-idx-upcast": lambda: GPT2LMHeadModel(GPT2Config(  # layer i's scores / sqrt(d_head) / (i + 1)
+        vocab_size=VOCAB, n_embd=24, n_layer=3, n_head=2, n_positions=48, activation_function="gelu_python",
+        scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True, bos_token_id=0, eos_token_id=0)),
 }
 
 
@@ -335,8 +338,47 @@ def test_missing_weights_and_missing_tensor(good_folder, tmp_path):
         lmkit.load_model(tmp_path / "nowhere")
 
 
-@pytest.mark.parametrize("option", ["reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx"])
-def test_unsupported_gpt2_option(good_folder, option):
-    rewrite_config(good_folder, lambda raw: raw.update({option: True}))
-    with pytest.raises(ConfigError, match=option):
-        lmkit.load_model(good_folder)
+def test_layer_scaled_attention_stays_in_the_gpt2_format(tmp_path):
+    ours = lmkit.load_model(_saved(hf_model("gpt2-inverse-layer-idx-upcast"), tmp_path / "gpt2"))
+    assert ours.config.attention_scale_by_layer
+    with pytest.raises(ConfigError, match="attention_scale_by_layer"):
+        lmkit.hub.save_pretrained(ours.__class__(ours.config.replace(family="llama")), tmp_path / "llama")
+
+
+def _saved(model, folder):
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_base_model_folders_load_with_a_tied_head_or_are_refused(family, tmp_path):
+    """A LlamaModel-style folder (no "model." prefix, no lm_head) loads when config.json ties the head to the
+    embeddings, as the ...ForCausalLM class would build it; untied, it has no head to load and says so."""
+    name = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[family]
+    config_class, lm_class, base_class = (getattr(transformers, name + kind) for kind in ("Config", "ForCausalLM", "Model"))
+    for tied in (True, False):
+        torch.manual_seed(0)
+        cfg = config_class(vocab_size=VOCAB, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                           tie_word_embeddings=tied)
+        lm = randomized(lm_class(cfg))
+        base = base_class(cfg)
+        base.load_state_dict(lm.model.state_dict())
+        folder = _saved(base, tmp_path / str(tied))
+        if not tied:
+            with pytest.raises(CheckpointError, match="base model saved without its language-model head"):
+                lmkit.load_model(folder)
+            continue
+        ids, left, _ = batch()
+        with torch.no_grad():
+            torch.testing.assert_close(lmkit.load_model(folder)(ids, attention_mask=left).logits,
+                                       lm(ids, attention_mask=left).logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("alias,same", [("gelu_accurate", "gelu_new"), ("gelu_python", "gelu"),
+                                        ("gelu_python_tanh", "gelu_new")])
+def test_activation_spellings_of_the_same_function(alias, same):
+    from lmkit.hub import gpt2, llama
+
+    assert gpt2.config_from_hf({"activation_function": alias}) == gpt2.config_from_hf({"activation_function": same})
+    assert llama.config_from_hf({"hidden_act": alias}) == llama.config_from_hf({"hidden_act": same})

@@ -68,6 +68,7 @@ class ModelConfig:
     output_scale: float = 1.0              # multiply hidden states before a tied LM head (T5: d^-0.5)
     output_bias: bool = False              # a (1, V) bias added to the logits (BART's final_logits_bias)
     attention_scale: float | None = None   # None: 1/sqrt(head_dim); T5: 1.0
+    attention_scale_by_layer: bool = False  # layer i's scores also times 1/(i + 1) (GPT-2's scale_attn_by_inverse_layer_idx)
     type_vocab_size: int = 0               # segment embeddings (BERT: 2)
     # regularization and init
     dropout: float = 0.0

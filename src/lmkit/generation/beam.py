@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lmkit.generation.logits import force_tokens, process
+from lmkit.generation.logits import process
 
 _NEG = -1.0e9
 
@@ -64,9 +64,7 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         flat_running = running[:, :, :cur_len].reshape(B * k, cur_len)
         if cur_len - prompt_len < min_new_tokens and eos:
             log_probs[:, eos] = -float("inf")
-        log_probs = process(flat_running, log_probs, **options)
-        if forced[0] is not None or forced[1]:
-            log_probs = force_tokens(log_probs, cur_len, max_length, *forced)
+        log_probs = process(flat_running, log_probs, start=prompt_len, max_length=max_length, forced=forced, **options)
         V = log_probs.shape[-1]
         total = (log_probs.view(B, k, V) + running_scores[:, :, None]).view(B, k * V)
 

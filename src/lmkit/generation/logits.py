@@ -1,11 +1,16 @@
-"""Logit processors, applied in transformers' order: repetition penalty, n-gram blocking, then
-temperature, top-k and top-p (nucleus) for sampling.
+"""Logit processors, applied in transformers' order (its `_get_logits_processor`): sequence bias, repetition
+penalty, n-gram blocking, bad words, forced BOS/EOS, suppressed tokens; then, for sampling, temperature, top-k,
+top-p (nucleus), min-p, typical, epsilon and eta truncation. (The minimum-length EOS ban, which commutes with
+the first four, is applied by the decoding loops.)
 
-Each takes (sequences (B, T), scores (B, V) float32) and returns new scores.
+Each takes (sequences (B, T), scores (B, V) float32) and returns new scores. The truncation filters keep at
+least `keep` tokens: 1, or in beam sampling one more than the EOS tokens (2 without any), as transformers does.
 """
 from __future__ import annotations
 
 import torch
+
+from lmkit.errors import GenerationError
 
 NEG_INF = -float("inf")
 
@@ -40,38 +45,202 @@ def no_repeat_ngram(sequences: torch.Tensor, scores: torch.Tensor, n: int) -> to
     return scores
 
 
-def top_k_filter(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the k largest logits of each row (ties at the k-th value kept), -inf elsewhere."""
-    k = min(max(k, 1), scores.shape[-1])
+def top_k_filter(scores: torch.Tensor, k: int, keep: int = 1) -> torch.Tensor:
+    """Keep the max(k, keep) largest logits of each row (ties at the last value kept), -inf elsewhere."""
+    k = min(max(k, keep, 1), scores.shape[-1])
     threshold = torch.topk(scores, k)[0][..., -1, None]
     return scores.masked_fill(scores < threshold, NEG_INF)
 
 
-def top_p_filter(scores: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probability reaches p (at least one)."""
+def top_p_filter(scores: torch.Tensor, p: float, keep: int = 1) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches p (at least `keep`)."""
     sorted_logits, sorted_indices = torch.sort(scores, descending=False)
     cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     remove_sorted = cumulative <= (1 - p)
-    remove_sorted[..., -1:] = False
+    remove_sorted[..., -keep:] = False
     remove = remove_sorted.scatter(1, sorted_indices, remove_sorted)
     return scores.masked_fill(remove, NEG_INF)
 
 
+def min_p_filter(scores: torch.Tensor, min_p: float, keep: int = 1) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the top token's (the `keep` likeliest stay)."""
+    probs = scores.softmax(dim=-1)
+    remove = probs < min_p * probs.amax(dim=-1, keepdim=True)
+    remove.scatter_(-1, torch.topk(probs, min(keep, probs.shape[-1]), dim=-1).indices, False)
+    return scores.masked_fill(remove, NEG_INF)
+
+
+def typical_filter(scores: torch.Tensor, mass: float, keep: int = 1) -> torch.Tensor:
+    """Locally typical sampling: rank tokens by |-log p - H| and keep the closest ones until their mass
+    reaches `mass` (at least `keep`)."""
+    log_p = torch.nn.functional.log_softmax(scores, dim=-1)
+    entropy = -(log_p * log_p.exp()).nansum(-1, keepdim=True)  # 0 * -inf of banned tokens counts as 0
+    distance, order = torch.sort((-log_p - entropy).abs(), descending=False)
+    cumulative = scores.gather(-1, order).softmax(dim=-1).cumsum(dim=-1)
+    last = (cumulative < mass).sum(dim=1).clamp_(max=distance.shape[-1] - 1)
+    remove_sorted = distance > distance.gather(1, last.view(-1, 1))
+    remove_sorted[..., :keep] = False
+    return scores.masked_fill(remove_sorted.scatter(1, order, remove_sorted), NEG_INF)
+
+
+def _below(scores: torch.Tensor, cutoff: torch.Tensor | float, keep: int) -> torch.Tensor:
+    """Tokens of probability under `cutoff`, sparing the `keep` highest logits."""
+    kth = torch.topk(scores, min(keep, scores.shape[-1]))[0][..., -1, None]
+    return (scores.softmax(dim=-1) < cutoff) & (scores < kth)
+
+
+def epsilon_filter(scores: torch.Tensor, epsilon: float, keep: int = 1) -> torch.Tensor:
+    """Epsilon sampling: drop tokens of probability below epsilon."""
+    return scores.masked_fill(_below(scores, epsilon, keep), NEG_INF)
+
+
+def eta_filter(scores: torch.Tensor, epsilon: float, keep: int = 1) -> torch.Tensor:
+    """Eta sampling: drop tokens of probability below min(epsilon, sqrt(epsilon) exp(-H))."""
+    eps = torch.tensor(epsilon, device=scores.device)  # float32, as transformers computes the cutoff
+    entropy = torch.distributions.Categorical(logits=scores).entropy()
+    eta = torch.min(eps, eps.sqrt() * torch.exp(-entropy))[..., None]
+    return scores.masked_fill(_below(scores, eta, keep), NEG_INF)
+
+
+class SequenceBias:
+    """Add bias[s] to the logit of token s[-1] in every row that ends with s[:-1] (a one-token s: always).
+
+    transformers' SequenceBiasLogitsProcessor; bad words are the biases -inf. `table` maps token tuples to biases.
+    """
+
+    def __init__(self, table: dict[tuple[int, ...], float], vocab_size: int):
+        self.single = torch.zeros(vocab_size)
+        for seq, bias in table.items():
+            if len(seq) == 1:
+                self.single[seq[0]] = bias
+        groups: dict[int, list] = {}  # prefix length -> [(sequence, bias)], matched together
+        for seq, bias in table.items():
+            if len(seq) > 1:
+                groups.setdefault(len(seq) - 1, []).append((seq, bias))
+        self.groups = [(torch.tensor([s[:-1] for s, _ in g]), torch.tensor([s[-1] for s, _ in g]),
+                        torch.tensor([b for _, b in g], dtype=torch.float)) for g in groups.values()]
+
+    def __call__(self, sequences: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        bias = torch.zeros_like(scores)
+        bias += self.single.to(scores.device)
+        for prefixes, last, biases in self.groups:
+            if prefixes.shape[1] > sequences.shape[1]:
+                continue
+            prefixes, last, biases = prefixes.to(scores.device), last.to(scores.device), biases.to(scores.device)
+            match = (sequences[:, None, -prefixes.shape[1]:] == prefixes).all(dim=-1)
+            bias.index_add_(1, last, torch.where(match, biases, 0.0).to(bias.dtype))
+        return scores + bias
+
+
+def _token_lists(value, name: str, vocab_size: int) -> list[tuple[int, ...]]:
+    if not isinstance(value, (list, tuple)) or not value or any(
+            not isinstance(seq, (list, tuple)) or not seq or any(isinstance(t, bool) or not isinstance(t, int)
+                                                                  or not 0 <= t < vocab_size for t in seq)
+            for seq in value):
+        raise GenerationError(f"{name} must be a non-empty list of non-empty lists of token ids below the vocabulary "
+                              f"size {vocab_size}, e.g. [[12, 7], [40]]; got {value!r}")
+    return [tuple(seq) for seq in value]
+
+
+def sequence_bias_table(value, vocab_size: int) -> SequenceBias:
+    """generate's sequence_bias, [[ids, bias], ...] or {tuple(ids): bias} (a later duplicate wins, as in transformers)."""
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    if not isinstance(pairs, (list, tuple)) or not pairs or any(
+            not isinstance(p, (list, tuple)) or len(p) != 2 or isinstance(p[1], bool)
+            or not isinstance(p[1], (int, float)) for p in pairs):
+        raise GenerationError(f"sequence_bias must be a non-empty list of [token ids, bias] pairs, e.g. "
+                              f"[[[12, 7], -2.0], [[40], 1.5]]; got {value!r}")
+    seqs = _token_lists([p[0] for p in pairs], "sequence_bias's token lists", vocab_size)
+    return SequenceBias({seq: float(p[1]) for seq, p in zip(seqs, pairs)}, vocab_size)
+
+
+def bad_words_table(value, eos: list[int], vocab_size: int) -> SequenceBias | None:
+    """generate's bad_words_ids as biases of -inf; a lone EOS among them is not banned, as in transformers."""
+    seqs = [s for s in _token_lists(value, "bad_words_ids", vocab_size) if not (len(s) == 1 and s[0] in eos)]
+    return SequenceBias({s: NEG_INF for s in seqs}, vocab_size) if seqs else None
+
+
+def suppress(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Set the logits of `tokens` to -inf (ids outside the vocabulary are ignored, as in transformers)."""
+    banned = torch.isin(torch.arange(scores.shape[-1], device=scores.device), tokens.to(scores.device))
+    return torch.where(banned, NEG_INF, scores)
+
+
+def processor_options(vocab_size: int, eos: list[int], *, min_p=None, typical_p=None, epsilon_cutoff=None,
+                      eta_cutoff=None, sequence_bias=None, bad_words_ids=None, suppress_tokens=None,
+                      begin_suppress_tokens=None) -> dict:
+    """`process` keywords for generate's optional processors, checked as transformers checks them."""
+    for name, value, low_open, high_open in (("min_p", min_p, False, False), ("typical_p", typical_p, True, False),
+                                             ("epsilon_cutoff", epsilon_cutoff, False, True),
+                                             ("eta_cutoff", eta_cutoff, False, True)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value < 0 or value > 1 or (low_open and value == 0) or (high_open and value == 1)):
+            bounds = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
+            raise GenerationError(f"{name} must be a number in {bounds}, got {value!r}")
+    out = dict(min_p=min_p, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff)
+    if sequence_bias is not None:
+        out["sequence_bias"] = sequence_bias_table(sequence_bias, vocab_size)
+    if bad_words_ids is not None:
+        out["bad_words"] = bad_words_table(bad_words_ids, eos, vocab_size)
+    for name, value in (("suppress_tokens", suppress_tokens), ("begin_suppress_tokens", begin_suppress_tokens)):
+        if value is not None:
+            if not isinstance(value, (list, tuple)) or any(isinstance(t, bool) or not isinstance(t, int) for t in value):
+                raise GenerationError(f"{name} must be a list of token ids, got {value!r}")
+            out[name] = torch.tensor(list(value), dtype=torch.long)
+    return out
+
+
+def changes_scores(options: dict, forced: tuple) -> bool:
+    """Whether `process` with these keywords can change any score (greedy decoding skips it otherwise)."""
+    return bool(options["do_sample"] or options["repetition"] != 1.0 or options["no_repeat_ngram_size"]
+                or forced[0] is not None or forced[1]
+                or any(options.get(k) is not None for k in ("sequence_bias", "bad_words", "suppress_tokens",
+                                                             "begin_suppress_tokens")))
+
+
 def process(sequences: torch.Tensor, scores: torch.Tensor, *, do_sample: bool, temperature: float,
             top_k: int | None, top_p: float | None, repetition: float, no_repeat_ngram_size: int,
-            prompt_padding: torch.Tensor | None = None) -> torch.Tensor:
-    """All processors the arguments ask for, in transformers' order (prompt_padding: left pads per row)."""
+            prompt_padding: torch.Tensor | None = None, start: int = 0, max_length: int = 0,
+            forced: tuple = (None, []), sequence_bias: SequenceBias | None = None,
+            bad_words: SequenceBias | None = None, suppress_tokens: torch.Tensor | None = None,
+            begin_suppress_tokens: torch.Tensor | None = None, min_p: float | None = None,
+            typical_p: float | None = None, epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
+            keep: int = 1) -> torch.Tensor:
+    """All processors the arguments ask for, in transformers' order (prompt_padding: left pads per row).
+
+    `start` is the length the sequences had before the first new token, `max_length` the length they stop
+    at (forced EOS), `forced` the (BOS, EOS list) to force."""
+    if sequence_bias is not None:
+        scores = sequence_bias(sequences, scores)
     if repetition != 1.0:
         scores = repetition_penalty(sequences, scores, repetition, prompt_padding)
     if no_repeat_ngram_size:
         scores = no_repeat_ngram(sequences, scores, no_repeat_ngram_size)
+    if bad_words is not None:
+        scores = bad_words(sequences, scores)
+    if forced[0] is not None or forced[1]:
+        scores = force_tokens(scores, sequences.shape[1], max_length, *forced)
+    if suppress_tokens is not None:
+        scores = suppress(scores, suppress_tokens)
+    # a forced BOS after a one-token start delays the first free step, as transformers' begin_index does
+    if begin_suppress_tokens is not None \
+            and sequences.shape[1] == (start if start > 1 or forced[0] is None else start + 1):
+        scores = suppress(scores, begin_suppress_tokens)
     if do_sample:
         if temperature != 1.0:
             scores = scores / temperature
         if top_k:
-            scores = top_k_filter(scores, top_k)
+            scores = top_k_filter(scores, top_k, keep)
         if top_p is not None and top_p < 1.0:
-            scores = top_p_filter(scores, top_p)
+            scores = top_p_filter(scores, top_p, keep)
+        if min_p is not None:
+            scores = min_p_filter(scores, min_p, keep)
+        if typical_p is not None and typical_p < 1.0:
+            scores = typical_filter(scores, typical_p, keep)
+        if epsilon_cutoff:
+            scores = epsilon_filter(scores, epsilon_cutoff, keep)
+        if eta_cutoff:
+            scores = eta_filter(scores, eta_cutoff, keep)
     return scores
 
 

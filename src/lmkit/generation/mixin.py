@@ -14,7 +14,7 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.decode_plan import DecodePlan
-from lmkit.generation.logits import force_tokens, process
+from lmkit.generation.logits import changes_scores, process, processor_options
 from lmkit.nn import build_attention_bias
 
 
@@ -25,6 +25,19 @@ class DecodingState:
     cache: Any
     attention_mask: torch.Tensor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenerateOutput:
+    """generate's result with return_dict_in_generate, as transformers names it: the sequences, and per step
+    (B, V) float32 the processed scores (output_scores) and the raw logits (output_logits)."""
+
+    sequences: torch.Tensor | None = None
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
 
 
 def _as_list(value) -> list[int]:
@@ -96,7 +109,12 @@ class GenerationMixin:
                  min_new_tokens: int | None = None, stop_strings: str | list[str] | None = None,
                  tokenizer=None, streamer=None, forced_bos_token_id: int | None = None,
                  forced_eos_token_id: int | list[int] | None = None, num_return_sequences: int | None = None,
-                 max_length: int | None = None, min_length: int | None = None, **model_kwargs) -> torch.Tensor:
+                 max_length: int | None = None, min_length: int | None = None, min_p: float | None = None,
+                 typical_p: float | None = None, epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
+                 sequence_bias=None, bad_words_ids: list[list[int]] | None = None,
+                 suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
+                 return_dict_in_generate: bool | None = None, output_scores: bool | None = None,
+                 output_logits: bool | None = None, **model_kwargs) -> "torch.Tensor | GenerateOutput":
         """Continue each row of `input_ids`; see transformers' `generate` for every argument.
 
         An argument left unset takes the loaded folder's generation_config.json value, else transformers'
@@ -132,6 +150,9 @@ class GenerationMixin:
         if num_return_sequences > 1 and num_beams == 1 and not do_sample:
             raise GenerationError(f"greedy decoding returns one sequence per prompt, not {num_return_sequences}; "
                                   f"sample (do_sample=True) or use num_beams >= {num_return_sequences}")
+        if num_beams > 1 and setting("return_dict_in_generate", return_dict_in_generate, False):
+            raise GenerationError("return_dict_in_generate is not supported with beam search (num_beams > 1); "
+                                  "leave it unset to get the sequences as one tensor")
         if num_beams > 1 and num_return_sequences > num_beams:
             raise GenerationError(f"num_return_sequences ({num_return_sequences}) must be at most num_beams "
                                   f"({num_beams})")
@@ -152,8 +173,9 @@ class GenerationMixin:
         if input_ids.shape[-1] == 0:
             raise GenerationError("the prompt is empty; give at least one token (for a model trained here, its BOS token)")
         self._check_context(input_ids, max_new_tokens)
-        eos = _as_list(next((v for v in (eos_token_id, defaults.get("eos_token_id"), self.config.eos_token_id)
-                             if v is not None), None))
+        eos_setting = next((v for v in (eos_token_id, defaults.get("eos_token_id"), self.config.eos_token_id)
+                            if v is not None), None)
+        eos = _as_list(eos_setting)
         if pad_token_id is None:
             pad_token_id = next((v for v in (defaults.get("pad_token_id"), self.config.pad_token_id) if v is not None),
                                 None)
@@ -172,6 +194,15 @@ class GenerationMixin:
         options = dict(do_sample=do_sample, temperature=temperature, top_k=50 if top_k is None else top_k,
                        top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                        prompt_padding=prompt_padding)
+        options.update(processor_options(
+            self.config.vocab_size, eos, min_p=setting("min_p", min_p, None),
+            typical_p=setting("typical_p", typical_p, None), epsilon_cutoff=setting("epsilon_cutoff", epsilon_cutoff, None),
+            eta_cutoff=setting("eta_cutoff", eta_cutoff, None), sequence_bias=setting("sequence_bias", sequence_bias, None),
+            bad_words_ids=setting("bad_words_ids", bad_words_ids, None),
+            suppress_tokens=setting("suppress_tokens", suppress_tokens, None),
+            begin_suppress_tokens=setting("begin_suppress_tokens", begin_suppress_tokens, None)))
+        if do_sample and num_beams > 1:  # beam sampling keeps a non-EOS token to explore, as transformers does
+            options["keep"] = len(eos) + 1 if eos_setting is not None else 2
         stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
         forced = (forced_bos_token_id, _as_list(forced_eos_token_id))
         if stops and tokenizer is None:
@@ -194,8 +225,16 @@ class GenerationMixin:
                     options["prompt_padding"] = prompt_padding.repeat_interleave(n)
                 model_kwargs = {k: v.repeat_interleave(n, dim=0) if torch.is_tensor(v) and v.dim() and v.shape[0] == rows
                                 else v for k, v in model_kwargs.items()}
-            return self._sample(input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options,
-                                stops, tokenizer, streamer, forced=forced, **model_kwargs)
+            record = None
+            if setting("return_dict_in_generate", return_dict_in_generate, False):
+                record = GenerateOutput(scores=() if setting("output_scores", output_scores, False) else None,
+                                        logits=() if setting("output_logits", output_logits, False) else None)
+            sequences = self._sample(input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens,
+                                     options, stops, tokenizer, streamer, forced=forced, record=record, **model_kwargs)
+            if record is None:
+                return sequences
+            record.sequences = sequences
+            return record
         finally:
             self.train(was_training)
 
@@ -226,8 +265,10 @@ class GenerationMixin:
                                   f"model's {limit} positions; lower max_new_tokens to {limit - input_ids.shape[1]}")
 
     def _sample(self, input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options, stops,
-                tokenizer, streamer, forced=(None, []), **model_kwargs) -> torch.Tensor:
-        """Greedy decoding, or sampling from the processed distribution when options['do_sample']."""
+                tokenizer, streamer, forced=(None, []), record: "GenerateOutput | None" = None,
+                **model_kwargs) -> torch.Tensor:
+        """Greedy decoding, or sampling from the processed distribution when options['do_sample'];
+        `record` collects each step's raw logits and processed scores where asked."""
         sequences, state = self._generation_start(input_ids, attention_mask, **model_kwargs)
         batch, start = sequences.shape
         if streamer is not None:
@@ -240,18 +281,21 @@ class GenerationMixin:
         eos_tensor = torch.tensor(eos, device=sequences.device) if eos else None
         pad = torch.tensor(pad_token_id, device=sequences.device, dtype=sequences.dtype)
         track = eos_tensor is not None or bool(stops)  # else every row runs to max_new_tokens
-        processing = options["do_sample"] or options["repetition"] != 1.0 or bool(options["no_repeat_ngram_size"])
+        processing = changes_scores(options, forced)
         tokens = sequences
         for step in range(max_new_tokens):
             scores = self._generation_logits(state, tokens)
             if scores.dtype != torch.float32:
                 scores = scores.float()
+            if record is not None and record.logits is not None:
+                record.logits += (scores.clone(),)
             if step < min_new_tokens and eos:
                 scores[:, eos] = -float("inf")
             if processing:
-                scores = process(out[:, :length], scores, **options)
-            if forced[0] is not None or forced[1]:
-                scores = force_tokens(scores, length, start + max_new_tokens, *forced)
+                scores = process(out[:, :length], scores, start=start, max_length=start + max_new_tokens, forced=forced,
+                                 **options)
+            if record is not None and record.scores is not None:
+                record.scores += (scores,)
             if options["do_sample"]:
                 next_tokens = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
             else:

@@ -147,7 +147,9 @@ def _resolve_dtype(dtype: torch.dtype | str | None, raw: dict) -> torch.dtype | 
 GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id",
                            "max_new_tokens", "max_length", "min_new_tokens", "min_length", "do_sample", "num_beams",
                            "temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size", "length_penalty",
-                           "early_stopping", "num_return_sequences")
+                           "early_stopping", "num_return_sequences", "min_p", "typical_p", "epsilon_cutoff",
+                           "eta_cutoff", "sequence_bias", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens",
+                           "return_dict_in_generate", "output_scores", "output_logits")
 
 
 def generation_defaults(folder: Path) -> dict:
@@ -178,6 +180,9 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
     if family is not None and config.sliding_window and not getattr(family, "SLIDING_WINDOW", False):
         raise ConfigError(f"the {config.family} format has no sliding window (sliding_window={config.sliding_window}); "
                           "save with family='mistral', 'qwen2', 'mixtral' or None")
+    if family is not None and config.attention_scale_by_layer and not getattr(family, "SCALE_BY_LAYER", False):
+        raise ConfigError(f"the {config.family} format cannot scale layer i's attention scores by 1/(i + 1) "
+                          "(attention_scale_by_layer); save with family='gpt2' or None")
     state = {k: v for k, v in model.state_dict().items()}
     if family is None:
         tensors = _untie(model, state)

@@ -42,6 +42,10 @@ def from_hf(hf: dict[str, torch.Tensor], rules: list[Rule], expected: dict[str, 
     for rule in rules:
         candidates = [rule.hf] + [b + rule.hf[len(a):] for a, b in aliases if rule.hf.startswith(a)]
         name = next((c for c in candidates if c in hf), None)
+        if name is None and rule.hf == "lm_head.weight":  # a decoder's head, untied by config.json
+            raise CheckpointError(f"{source} has no lm_head.weight: it holds a base model saved without its "
+                                  "language-model head (e.g. LlamaModel), and config.json does not tie the head to the "
+                                  "token embeddings (tie_word_embeddings is false); load a ...ForCausalLM folder")
         if name is None:
             raise CheckpointError(f"{source} lacks tensor {rule.hf!r}; is this folder of the family its config names?")
         t = hf[name]

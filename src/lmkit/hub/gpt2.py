@@ -8,18 +8,13 @@ from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
 MODEL_TYPES = ("gpt2",)
 ALIASES = (("transformer.", ""),)
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+SCALE_BY_LAYER = True  # config.json's scale_attn_by_inverse_layer_idx is read and written
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-                "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
+                "gelu_accurate": "gelu_tanh", "gelu_python_tanh": "gelu_tanh", "gelu": "gelu", "gelu_python": "gelu",
+                "relu": "relu", "silu": "silu", "swish": "silu"}  # the same functions, written differently
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
-    if hf.get("scale_attn_by_inverse_layer_idx"):
-        raise ConfigError("GPT-2 option scale_attn_by_inverse_layer_idx=true (scores of layer i scaled by 1/(i+1)) is not "
-                          "supported by lmkit, and setting it to false would change the model's outputs; such a model "
-                          "cannot be loaded")
-    if hf.get("reorder_and_upcast_attn"):
-        raise ConfigError("GPT-2 option reorder_and_upcast_attn=true is not supported by lmkit; set it to false to load "
-                          "(in float32 it computes the same scores)")
     act = hf_activation(hf, "activation_function", "gelu_new", _ACTIVATIONS, "GPT-2")
     d = hf.get("n_embd", 768)
     return ModelConfig(
@@ -28,10 +23,14 @@ def config_from_hf(hf: dict) -> ModelConfig:
         max_seq_len=hf.get("n_positions", 1024), position="learned", norm="layernorm", norm_placement="pre",
         norm_eps=hf.get("layer_norm_epsilon", 1e-5), activation=_ACTIVATIONS[act], bias=True,
         attention_scale=None if hf.get("scale_attn_weights", True) else 1.0,  # false: softmax(Q K^T), no 1/sqrt(d)
+        attention_scale_by_layer=bool(hf.get("scale_attn_by_inverse_layer_idx", False)),
         tie_embeddings=hf.get("tie_word_embeddings", True), bos_token_id=hf.get("bos_token_id", 50256),
         eos_token_id=hf.get("eos_token_id", 50256), pad_token_id=hf.get("pad_token_id"),
         dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
-        init_std=hf.get("initializer_range", 0.02))
+        init_std=hf.get("initializer_range", 0.02),
+        # the same scores, computed in float32 by transformers' eager attention only (its default SDPA ignores it);
+        # kept so that a saved folder says so too
+        extra={"reorder_and_upcast_attn": True} if hf.get("reorder_and_upcast_attn") else {})
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -50,6 +49,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "attn_pdrop": cfg.attention_dropout, "initializer_range": cfg.init_std,
         "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
         "pad_token_id": cfg.pad_token_id, "scale_attn_weights": cfg.attention_scale != 1.0 or cfg.dim_head == 1, "use_cache": True,
+        "reorder_and_upcast_attn": bool(cfg.extra.get("reorder_and_upcast_attn", False)),
+        "scale_attn_by_inverse_layer_idx": cfg.attention_scale_by_layer,
     }
 
 

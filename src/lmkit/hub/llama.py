@@ -13,7 +13,8 @@ ALIASES = (("model.", ""),)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # hidden_act -> gated FFN; the tanh approximations of GELU are their own activation (they differ by up to 1e-3)
 ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh",
-               "gelu_new": "geglu_tanh", "gelu_fast": "geglu_tanh", "relu": "reglu"}
+               "gelu_new": "geglu_tanh", "gelu_fast": "geglu_tanh", "relu": "reglu",
+               "gelu_python": "geglu", "gelu_accurate": "geglu_tanh", "gelu_python_tanh": "geglu_tanh"}
 
 
 def rope_from_hf(hf: dict) -> tuple[float, dict | None]:
