@@ -171,3 +171,25 @@ def test_forced_bos_and_eos_bart(tmp_path, num_beams):
                         forced_eos_token_id=2, **common)
     assert got.tolist() == ref.tolist()
     assert (got[:, 1] == 0).all() and got.shape[1] <= 7
+
+
+@pytest.mark.parametrize("filters,eos", [(dict(top_k=1), 1), (dict(top_p=0.05), [1, 5]), (dict(top_k=1, top_p=0.5), None)],
+                         ids=["top_k1", "top_p-two-eos", "no-eos"])
+def test_beam_sampling_keeps_tokens_besides_eos(tmp_path, filters, eos):
+    """With beams, transformers' top-k / top-p leave at least (number of EOS tokens) + 1 tokens (2 without EOS)."""
+    cfg = transformers.T5Config(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=2, num_heads=4,
+                                relative_attention_num_buckets=8, relative_attention_max_distance=6,
+                                decoder_start_token_id=0, dropout_rate=0.0, initializer_factor=0.3)
+    torch.manual_seed(0)
+    hf_model = _peaky(transformers.T5ForConditionalGeneration(cfg).eval(), 3.0)
+    hf_model.save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    kwargs = _source_inputs(0)
+    common = dict(max_new_tokens=8, do_sample=True, num_beams=3, repetition_penalty=1.3, eos_token_id=eos,
+                  pad_token_id=0, **filters)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        ref = hf_model.generate(**kwargs, **common)
+        torch.manual_seed(seed)
+        got = ours.generate(kwargs["input_ids"], attention_mask=kwargs["attention_mask"], **common)
+        assert got.tolist() == ref.tolist()

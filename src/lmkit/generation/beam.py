@@ -42,6 +42,8 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     fill = (pad_token_id if pad_token_id else eos[0]) if eos else -1
     keep = max(2, 1 + len(eos)) * k
     top_k_mask = torch.arange(keep, device=device) < k
+    # sampling filters leave every beam one token besides the EOS ones to explore, as transformers' do
+    min_keep = len(eos) + 1 if eos else 2
     eos_t = torch.tensor(eos, device=device) if eos else None
     if options.get("prompt_padding") is not None:  # one entry per beam
         options = {**options, "prompt_padding": options["prompt_padding"].repeat_interleave(k)}
@@ -64,7 +66,7 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         flat_running = running[:, :, :cur_len].reshape(B * k, cur_len)
         if cur_len - prompt_len < min_new_tokens and eos:
             log_probs[:, eos] = -float("inf")
-        log_probs = process(flat_running, log_probs, **options)
+        log_probs = process(flat_running, log_probs, min_keep=min_keep, **options)
         if forced[0] is not None or forced[1]:
             log_probs = force_tokens(log_probs, cur_len, max_length, *forced)
         V = log_probs.shape[-1]

@@ -40,27 +40,28 @@ def no_repeat_ngram(sequences: torch.Tensor, scores: torch.Tensor, n: int) -> to
     return scores
 
 
-def top_k_filter(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the k largest logits of each row (ties at the k-th value kept), -inf elsewhere."""
-    k = min(max(k, 1), scores.shape[-1])
+def top_k_filter(scores: torch.Tensor, k: int, min_keep: int = 1) -> torch.Tensor:
+    """Keep the max(k, min_keep) largest logits of each row (ties at the last value kept), -inf elsewhere."""
+    k = min(max(k, min_keep, 1), scores.shape[-1])
     threshold = torch.topk(scores, k)[0][..., -1, None]
     return scores.masked_fill(scores < threshold, NEG_INF)
 
 
-def top_p_filter(scores: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probability reaches p (at least one)."""
+def top_p_filter(scores: torch.Tensor, p: float, min_keep: int = 1) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches p (at least min_keep)."""
     sorted_logits, sorted_indices = torch.sort(scores, descending=False)
     cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     remove_sorted = cumulative <= (1 - p)
-    remove_sorted[..., -1:] = False
+    remove_sorted[..., -max(min_keep, 1):] = False
     remove = remove_sorted.scatter(1, sorted_indices, remove_sorted)
     return scores.masked_fill(remove, NEG_INF)
 
 
 def process(sequences: torch.Tensor, scores: torch.Tensor, *, do_sample: bool, temperature: float,
             top_k: int | None, top_p: float | None, repetition: float, no_repeat_ngram_size: int,
-            prompt_padding: torch.Tensor | None = None) -> torch.Tensor:
-    """All processors the arguments ask for, in transformers' order (prompt_padding: left pads per row)."""
+            prompt_padding: torch.Tensor | None = None, min_keep: int = 1) -> torch.Tensor:
+    """All processors the arguments ask for, in transformers' order (prompt_padding: left pads per row;
+    min_keep: the fewest tokens top-k and top-p leave)."""
     if repetition != 1.0:
         scores = repetition_penalty(sequences, scores, repetition, prompt_padding)
     if no_repeat_ngram_size:
@@ -69,9 +70,9 @@ def process(sequences: torch.Tensor, scores: torch.Tensor, *, do_sample: bool, t
         if temperature != 1.0:
             scores = scores / temperature
         if top_k:
-            scores = top_k_filter(scores, top_k)
+            scores = top_k_filter(scores, top_k, min_keep)
         if top_p is not None and top_p < 1.0:
-            scores = top_p_filter(scores, top_p)
+            scores = top_p_filter(scores, top_p, min_keep)
     return scores
 
 
