@@ -185,3 +185,30 @@ def test_bart_untied_has_a_token_table_per_stack(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(back(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
                                    hf(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fields", [dict(feed_forward_proj="gated-gelu", dense_act_fn="gelu"),
+                                    dict(feed_forward_proj="relu", dense_act_fn="gelu_new", is_gated_act=True),
+                                    dict(feed_forward_proj="gated-silu", is_gated_act=False)],
+                         ids=["gated-exact-gelu", "gated-by-flag", "ungated-by-flag"])
+def test_t5_dense_act_fn_and_is_gated_act_win(tmp_path, fields):
+    """transformers runs config.json's dense_act_fn / is_gated_act over what feed_forward_proj says; so does lmkit,
+    and what lmkit saves (exact-GELU gating included) loads back in transformers with the same logits."""
+    cfg = transformers.T5Config(vocab_size=V, d_model=16, d_kv=4, d_ff=20, num_layers=1, num_heads=2,
+                                decoder_start_token_id=0, dropout_rate=0.0, **fields)
+    torch.manual_seed(0)
+    hf_model = transformers.T5ForConditionalGeneration(cfg).eval()
+    hf_model.save_pretrained(tmp_path / "hf")
+    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**raw, **fields}))
+    hf_model = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
+    ours = lmkit.load_model(tmp_path / "hf")
+    src, mask, dec = _inputs(0, 0)
+    with torch.no_grad():
+        logits = ours(src, attention_mask=mask, decoder_input_ids=dec).logits
+        torch.testing.assert_close(logits, hf_model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   atol=1e-4, rtol=1e-4)
+        ours.save_pretrained(tmp_path / "ours")
+        again = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
+        torch.testing.assert_close(again(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits, logits,
+                                   atol=1e-4, rtol=1e-4)

@@ -20,15 +20,19 @@ _GATED = {"relu": "reglu", "gelu": "geglu", "gelu_new": "geglu_tanh", "gelu_pyto
           "silu": "swiglu", "swish": "swiglu"}
 
 
-def _activation(proj: str) -> str:
+def _activation(hf: dict) -> str:
+    """feed_forward_proj ("relu", "gated-gelu", "gated-silu", ...) as transformers reads it, where
+    config.json's own dense_act_fn / is_gated_act (written by every save) win over it."""
+    proj = hf.get("feed_forward_proj", "relu")
     parts = proj.split("-")
-    gated = len(parts) == 2 and parts[0] == "gated"
-    act = parts[-1]
-    if proj == "gated-gelu":
-        act = "gelu_new"  # what transformers has always run for "gated-gelu"
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        raise ConfigError(f"T5 feed_forward_proj {proj!r} is not of the form 'ACT' or 'gated-ACT' (e.g. relu, gated-gelu)")
+    act = "gelu_new" if proj == "gated-gelu" else parts[-1]  # what transformers has always run for "gated-gelu"
+    act, gated = hf.get("dense_act_fn", act), bool(hf.get("is_gated_act", parts[0] == "gated"))
     table = _GATED if gated else _ACTS
-    if len(parts) > 2 or (len(parts) == 2 and not gated) or act not in table:
-        raise ConfigError(f"T5 feed_forward_proj {proj!r} is not supported; use relu, gated-gelu or gated-silu")
+    if act not in table:
+        raise ConfigError(f"T5 activation {act!r} (feed_forward_proj {proj!r}) is not supported; use one of "
+                          f"{', '.join(table)}")
     return table[act]
 
 
@@ -44,7 +48,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         head_dim=hf.get("d_kv", 64), d_ff=hf.get("d_ff", 2048), max_seq_len=hf.get("n_positions", 512),
         position="relative", relative_buckets=hf.get("relative_attention_num_buckets", 32),
         relative_max_distance=hf.get("relative_attention_max_distance", 128), norm="rmsnorm", norm_placement="pre",
-        norm_eps=hf.get("layer_norm_epsilon", 1e-6), norm_bias=False, activation=_activation(hf.get("feed_forward_proj", "relu")),
+        norm_eps=hf.get("layer_norm_epsilon", 1e-6), norm_bias=False, activation=_activation(hf),
         bias=False, attention_scale=1.0, tie_embeddings=bool(scale), output_scale=d ** -0.5 if scale else 1.0,
         dropout=hf.get("dropout_rate", 0.1), init_std=hf.get("initializer_factor", 1.0) * 0.02,
         pad_token_id=pad, eos_token_id=hf.get("eos_token_id", 1), bos_token_id=hf.get("bos_token_id"),
@@ -52,16 +56,17 @@ def config_from_hf(hf: dict) -> ModelConfig:
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    acts = {v: k for k, v in _ACTS.items() if k != "swish"}
-    gated = {"reglu": "gated-relu", "geglu": "gated-gelu_exact", "geglu_tanh": "gated-gelu", "swiglu": "gated-silu"}
-    proj = gated.get(cfg.activation) or acts.get(cfg.activation)
+    gated = cfg.activation in _GATED.values()
+    act = {v: k for k, v in reversed((_GATED if gated else _ACTS).items())}.get(cfg.activation)
+    # transformers runs dense_act_fn, so gated exact GELU is "gated-gelu" with dense_act_fn "gelu"
+    proj = None if act is None else ("gated-gelu" if act.startswith("gelu") else f"gated-{act}") if gated else act
     scaled = abs(cfg.output_scale - cfg.d_model ** -0.5) < 1e-12
     if cfg.position != "relative" or cfg.norm != "rmsnorm" or cfg.norm_placement != "pre" or cfg.use_attention_bias \
             or cfg.use_mlp_bias or cfg.attention_scale != 1.0 or cfg.kv_heads != cfg.n_heads or cfg.embedding_norm \
-            or not cfg.final_norm or cfg.architecture != "encoder-decoder" or proj in (None, "gated-gelu_exact") \
+            or not cfg.final_norm or cfg.architecture != "encoder-decoder" or proj is None \
             or cfg.output_bias or cfg.embedding_scale != 1.0 or cfg.n_experts:
         raise ConfigError("this model does not fit the T5 format (needs relative positions, pre-RMSNorm, no biases, "
-                          "unscaled scores and a relu / gated-gelu(tanh) / gated-silu FFN); save it with another family")
+                          "unscaled scores and a relu / gelu / silu FFN, gated or not); save it with another family")
     if cfg.tie_embeddings != scaled or (not scaled and cfg.output_scale != 1.0):
         raise ConfigError("T5 ties the head and scales the decoder output by d^-0.5 together (v1.0) or neither (v1.1); "
                           f"this config has tie_embeddings={cfg.tie_embeddings}, output_scale={cfg.output_scale}")
@@ -72,6 +77,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "relative_attention_num_buckets": cfg.relative_buckets,
         "relative_attention_max_distance": cfg.relative_max_distance, "dropout_rate": cfg.dropout,
         "layer_norm_epsilon": cfg.norm_eps, "initializer_factor": cfg.init_std / 0.02, "feed_forward_proj": proj,
+        "dense_act_fn": act, "is_gated_act": gated,
         "is_encoder_decoder": True, "use_cache": True, "tie_word_embeddings": cfg.tie_embeddings,
         "scale_decoder_outputs": scaled, "n_positions": cfg.max_seq_len,
         "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id,
