@@ -130,6 +130,8 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
             raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")
         memory = self.encode(input_ids, attention_mask)
         if decoder_input_ids is None:
+            if decoder_start_token_id is None:  # the folder's generation config first, as in transformers
+                decoder_start_token_id = getattr(self, "generation_defaults", {}).get("decoder_start_token_id")
             start = self.decoder_start_token_id if decoder_start_token_id is None else int(decoder_start_token_id)
             decoder_input_ids = torch.full((input_ids.shape[0], 1), start, dtype=torch.long, device=input_ids.device)
         state = DecodingState(cache=KVCache(), attention_mask=attention_mask, extra={"memory": memory})
