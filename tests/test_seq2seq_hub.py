@@ -212,3 +212,34 @@ def test_t5_dense_act_fn_and_is_gated_act_win(tmp_path, fields):
         again = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
         torch.testing.assert_close(again(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits, logits,
                                    atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("own_head", [True, False], ids=["own-head", "head-is-shared"])
+def test_mt5_loads_unscaled_and_round_trips(tmp_path, own_head):
+    """mT5 (model_type mt5): v1.1's math whatever tie_word_embeddings says (transformers forces it true and never
+    scales); its own lm_head when stored, else the shared table; saved back as an MT5 folder."""
+    cfg = transformers.MT5Config(vocab_size=V, d_model=24, d_kv=5, d_ff=37, num_layers=2, num_decoder_layers=1,
+                                 num_heads=3, relative_attention_num_buckets=8, relative_attention_max_distance=12,
+                                 dropout_rate=0.0)
+    torch.manual_seed(0)
+    hf_model = transformers.MT5ForConditionalGeneration(cfg).eval()
+    if own_head:
+        hf_model.lm_head.weight = torch.nn.Parameter(torch.randn(V, 24) * 0.3)
+    ours, src, mask, dec = _compare(hf_model, tmp_path / "hf", 0, 0)
+    assert ours.config.output_scale == 1.0
+    ours.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["model_type"] == "mt5"
+    again = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "ours").eval()
+    assert type(again) is transformers.MT5ForConditionalGeneration
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   ours(src, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["umt5", "longt5", "mbart", "marian", "pegasus"])
+def test_t5_and_bart_relatives_are_refused(tmp_path, model_type):
+    from lmkit.errors import ConfigError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "d_model": 8}))
+    with pytest.raises(ConfigError, match=f"model_type '{model_type}'"):
+        lmkit.load_model(tmp_path)

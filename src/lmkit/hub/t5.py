@@ -1,9 +1,10 @@
-"""T5 (T5ForConditionalGeneration / T5Model), v1.0 and v1.1 / flan: config mapping and weight table.
+"""T5 (T5ForConditionalGeneration / T5Model), v1.0, v1.1 / flan and mT5: config mapping and weight table.
 
 T5: relative position buckets (one table per stack, in its first block), pre-RMSNorm without bias,
 no 1/sqrt(d_k) in the scores, ReLU or gated-GELU (tanh) FFN `wi`/`wo`, decoder start = pad.
 v1.0 ties the head to the embeddings and scales the decoder output by d^-0.5; v1.1 does neither.
-transformers 4.x says which by `tie_word_embeddings`, 5.x by `scale_decoder_outputs`.
+transformers 4.x says which by `tie_word_embeddings`, 5.x by `scale_decoder_outputs`; mT5 (model_type mt5,
+v1.1's math with other config defaults) never scales, whatever its config says.
 """
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import Rule, layer_rules, rename
 
-MODEL_TYPES = ("t5",)
+MODEL_TYPES = ("t5", "mt5")
+# MT5Config's defaults where they differ from T5Config's (read when config.json leaves them out)
+_MT5_DEFAULTS = {"vocab_size": 250112, "d_ff": 1024, "num_layers": 8, "num_heads": 6, "feed_forward_proj": "gated-gelu",
+                 "decoder_start_token_id": 0}
 # an untied head falls back to the shared table (5.x writes it once when equal); T5Model has no head
 ALIASES = (("shared.", "encoder.embed_tokens."), ("lm_head.", "shared."))
 _ACTS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu",
@@ -37,13 +41,16 @@ def _activation(hf: dict) -> str:
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
+    mt5 = hf.get("model_type") == "mt5"
+    if mt5:
+        hf = {**_MT5_DEFAULTS, **hf}
     d = hf.get("d_model", 512)
     tie = hf.get("tie_word_embeddings", True) is not False
-    scale = hf.get("scale_decoder_outputs", tie)
+    scale = not mt5 and hf.get("scale_decoder_outputs", tie)
     pad = hf.get("pad_token_id", 0)
     n_layers = hf.get("num_layers", 6)
     return ModelConfig(
-        family="t5", architecture="encoder-decoder", vocab_size=hf.get("vocab_size", 32128), d_model=d,
+        family="mt5" if mt5 else "t5", architecture="encoder-decoder", vocab_size=hf.get("vocab_size", 32128), d_model=d,
         n_layers=n_layers, n_decoder_layers=hf.get("num_decoder_layers") or n_layers, n_heads=hf.get("num_heads", 8),
         head_dim=hf.get("d_kv", 64), d_ff=hf.get("d_ff", 2048), max_seq_len=hf.get("n_positions", 512),
         position="relative", relative_buckets=hf.get("relative_attention_num_buckets", 32),
@@ -67,11 +74,16 @@ def config_to_hf(cfg: ModelConfig) -> dict:
             or cfg.output_bias or cfg.embedding_scale != 1.0 or cfg.n_experts:
         raise ConfigError("this model does not fit the T5 format (needs relative positions, pre-RMSNorm, no biases, "
                           "unscaled scores and a relu / gelu / silu FFN, gated or not); save it with another family")
+    mt5 = cfg.family == "mt5"
+    if mt5 and cfg.output_scale != 1.0:
+        raise ConfigError(f"mT5 does not scale the decoder output (output_scale={cfg.output_scale}); save it with "
+                          "family 't5'")
     if cfg.tie_embeddings != scaled or (not scaled and cfg.output_scale != 1.0):
         raise ConfigError("T5 ties the head and scales the decoder output by d^-0.5 together (v1.0) or neither (v1.1); "
                           f"this config has tie_embeddings={cfg.tie_embeddings}, output_scale={cfg.output_scale}")
     return {
-        "architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": cfg.vocab_size,
+        "architectures": ["MT5ForConditionalGeneration" if mt5 else "T5ForConditionalGeneration"],
+        "model_type": "mt5" if mt5 else "t5", "vocab_size": cfg.vocab_size,
         "d_model": cfg.d_model, "d_kv": cfg.dim_head, "d_ff": cfg.ffn_dim, "num_layers": cfg.n_layers,
         "num_decoder_layers": cfg.decoder_layers, "num_heads": cfg.n_heads,
         "relative_attention_num_buckets": cfg.relative_buckets,
