@@ -193,3 +193,27 @@ def test_beam_sampling_keeps_tokens_besides_eos(tmp_path, filters, eos):
         torch.manual_seed(seed)
         got = ours.generate(kwargs["input_ids"], attention_mask=kwargs["attention_mask"], **common)
         assert got.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_decoder_prompt_counts_in_lengths_and_gets_the_start_token(tmp_path, num_beams):
+    """generate(decoder_input_ids=...) as transformers: the decoder start goes in front unless a row already has it,
+    max_length / min_length count the decoder prompt, and decoder_start_token_id may be one id per row."""
+    cfg = transformers.T5Config(vocab_size=V, d_model=16, d_kv=4, d_ff=20, num_layers=1, num_heads=2,
+                                decoder_start_token_id=0, dropout_rate=0.0, initializer_factor=3.0)
+    torch.manual_seed(0)
+    hf_model = transformers.T5ForConditionalGeneration(cfg).eval()
+    hf_model.save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    src = _source_inputs(0)["input_ids"][:2]
+    prompt = torch.tensor([[0, 6, 7], [0, 8, 9]])
+    free = hf_model.generate(src, decoder_input_ids=prompt, max_new_tokens=8, eos_token_id=None)[0, 3:].tolist()
+    eos = free[4]  # min_length 7 lets row 0 end there, at its 5th new token (not held back to the 7th)
+    assert eos not in free[:4]
+    cases = [dict(decoder_input_ids=torch.tensor([[5, 6], [7, 8]]), max_new_tokens=4),
+             dict(decoder_input_ids=prompt, max_length=6),
+             dict(decoder_input_ids=prompt, min_length=7, max_new_tokens=8, eos_token_id=eos),
+             dict(decoder_start_token_id=torch.tensor([4, 5]), max_new_tokens=3)]
+    for case in cases:
+        ref = hf_model.generate(src, num_beams=num_beams, **case)
+        assert ours.generate(src, num_beams=num_beams, **case).tolist() == ref.tolist(), case
