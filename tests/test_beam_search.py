@@ -171,3 +171,49 @@ def test_forced_bos_and_eos_bart(tmp_path, num_beams):
                         forced_eos_token_id=2, **common)
     assert got.tolist() == ref.tolist()
     assert (got[:, 1] == 0).all() and got.shape[1] <= 7
+
+
+@pytest.mark.parametrize("filters,eos", [(dict(top_k=1), 1), (dict(top_p=0.05), [1, 5]), (dict(top_k=1, top_p=0.5), None)],
+                         ids=["top_k1", "top_p-two-eos", "no-eos"])
+def test_beam_sampling_keeps_tokens_besides_eos(tmp_path, filters, eos):
+    """With beams, transformers' top-k / top-p leave at least (number of EOS tokens) + 1 tokens (2 without EOS)."""
+    cfg = transformers.T5Config(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=2, num_heads=4,
+                                relative_attention_num_buckets=8, relative_attention_max_distance=6,
+                                decoder_start_token_id=0, dropout_rate=0.0, initializer_factor=0.3)
+    torch.manual_seed(0)
+    hf_model = _peaky(transformers.T5ForConditionalGeneration(cfg).eval(), 3.0)
+    hf_model.save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    kwargs = _source_inputs(0)
+    common = dict(max_new_tokens=8, do_sample=True, num_beams=3, repetition_penalty=1.3, eos_token_id=eos,
+                  pad_token_id=0, **filters)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        ref = hf_model.generate(**kwargs, **common)
+        torch.manual_seed(seed)
+        got = ours.generate(kwargs["input_ids"], attention_mask=kwargs["attention_mask"], **common)
+        assert got.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_decoder_prompt_counts_in_lengths_and_gets_the_start_token(tmp_path, num_beams):
+    """generate(decoder_input_ids=...) as transformers: the decoder start goes in front unless a row already has it,
+    max_length / min_length count the decoder prompt, and decoder_start_token_id may be one id per row."""
+    cfg = transformers.T5Config(vocab_size=V, d_model=16, d_kv=4, d_ff=20, num_layers=1, num_heads=2,
+                                decoder_start_token_id=0, dropout_rate=0.0, initializer_factor=3.0)
+    torch.manual_seed(0)
+    hf_model = transformers.T5ForConditionalGeneration(cfg).eval()
+    hf_model.save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    src = _source_inputs(0)["input_ids"][:2]
+    prompt = torch.tensor([[0, 6, 7], [0, 8, 9]])
+    free = hf_model.generate(src, decoder_input_ids=prompt, max_new_tokens=8, eos_token_id=None)[0, 3:].tolist()
+    eos = free[4]  # min_length 7 lets row 0 end there, at its 5th new token (not held back to the 7th)
+    assert eos not in free[:4]
+    cases = [dict(decoder_input_ids=torch.tensor([[5, 6], [7, 8]]), max_new_tokens=4),
+             dict(decoder_input_ids=prompt, max_length=6),
+             dict(decoder_input_ids=prompt, min_length=7, max_new_tokens=8, eos_token_id=eos),
+             dict(decoder_start_token_id=torch.tensor([4, 5]), max_new_tokens=3)]
+    for case in cases:
+        ref = hf_model.generate(src, num_beams=num_beams, **case)
+        assert ours.generate(src, num_beams=num_beams, **case).tolist() == ref.tolist(), case

@@ -101,3 +101,23 @@ def test_bad_arguments_are_one_line_and_print_no_prompt(run_dir, args, message, 
     assert captured.out == ""  # the prompt is echoed only once generation has passed its checks
     err = captured.err.strip()
     assert err.startswith("lmkit: error: ") and "\n" not in err and message in err, err
+
+
+def test_seq2seq_default_length_fits_bart_positions(tmp_path, capsys):
+    """A BART folder of 24 learned positions: without --max-new-tokens the decoder stops at the table's end
+    (its start token + 23), as model.generate does with that length, instead of failing."""
+    from lmkit.cli import main
+
+    transformers = pytest.importorskip("transformers")
+    tok = lmkit.train_tokenizer(["translate the numbers into words, one two three"] * 8, kind="bpe", vocab_size=280)
+    cfg = transformers.BartConfig(vocab_size=tok.vocab_size, d_model=16, encoder_layers=1, decoder_layers=1,
+                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=24,
+                                  decoder_ffn_dim=24, max_position_embeddings=24, forced_eos_token_id=None,
+                                  eos_token_id=tok.vocab_size - 1)  # an id greedy decoding does not reach
+    torch.manual_seed(0)
+    transformers.BartForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    tok.save(tmp_path / "tokenizer.json")
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "one two"]) == 0
+    model = lmkit.load_model(tmp_path)
+    out = model.generate(torch.tensor([tok.encode("one two")]), max_new_tokens=23)
+    assert capsys.readouterr().out == tok.decode(out[0].tolist(), skip_special_tokens=True) + "\n"

@@ -106,3 +106,37 @@ def test_unknown_generate_arguments_are_one_clear_error(bart_folder):
     model = lmkit.CausalLM(lmkit.get_preset("tiny")).eval()
     with pytest.raises(GenerationError, match="does not know: max_new_token"):
         model.generate(torch.tensor([[1, 2, 3]]), max_new_token=4)
+
+
+def test_without_generation_config_json_config_json_keys_apply(tmp_path):
+    """A folder without generation_config.json (transformers 4, hand-written): transformers takes the generation keys
+    of config.json (num_beams, max_length, forced tokens, ...), and so does lmkit."""
+    torch.manual_seed(0)
+    cfg = transformers.BartConfig(vocab_size=61, d_model=24, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                  decoder_attention_heads=4, encoder_ffn_dim=40, decoder_ffn_dim=40,
+                                  max_position_embeddings=48)
+    transformers.BartForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").unlink()
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw.update(num_beams=3, no_repeat_ngram_size=2, max_length=9, min_length=4, forced_bos_token_id=0,
+               length_penalty=2.0, early_stopping=True)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    hf = transformers.BartForConditionalGeneration.from_pretrained(tmp_path).eval()
+    src = torch.randint(3, 61, (3, 11), generator=torch.Generator().manual_seed(3))
+    theirs = hf.generate(src)
+    assert theirs[:, 1].tolist() == [0, 0, 0]  # the forced BOS: the keys did apply
+    assert lmkit.load_model(tmp_path).generate(src).tolist() == theirs.tolist()
+
+
+def test_decoder_start_of_the_generation_config_wins(bart_folder, tmp_path):
+    """generate starts the decoder from generation_config.json's decoder_start_token_id, as transformers does."""
+    folder, _ = bart_folder
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    saved = json.loads((folder / "generation_config.json").read_text())
+    (tmp_path / "generation_config.json").write_text(json.dumps({**saved, "decoder_start_token_id": 7}))
+    hf = transformers.BartForConditionalGeneration.from_pretrained(tmp_path).eval()
+    src = torch.randint(3, 61, (2, 6), generator=torch.Generator().manual_seed(2))
+    theirs = hf.generate(src, max_new_tokens=5)
+    assert (theirs[:, 0] == 7).all()
+    assert lmkit.load_model(tmp_path).generate(src, max_new_tokens=5).tolist() == theirs.tolist()

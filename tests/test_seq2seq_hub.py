@@ -185,3 +185,61 @@ def test_bart_untied_has_a_token_table_per_stack(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(back(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
                                    hf(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fields", [dict(feed_forward_proj="gated-gelu", dense_act_fn="gelu"),
+                                    dict(feed_forward_proj="relu", dense_act_fn="gelu_new", is_gated_act=True),
+                                    dict(feed_forward_proj="gated-silu", is_gated_act=False)],
+                         ids=["gated-exact-gelu", "gated-by-flag", "ungated-by-flag"])
+def test_t5_dense_act_fn_and_is_gated_act_win(tmp_path, fields):
+    """transformers runs config.json's dense_act_fn / is_gated_act over what feed_forward_proj says; so does lmkit,
+    and what lmkit saves (exact-GELU gating included) loads back in transformers with the same logits."""
+    cfg = transformers.T5Config(vocab_size=V, d_model=16, d_kv=4, d_ff=20, num_layers=1, num_heads=2,
+                                decoder_start_token_id=0, dropout_rate=0.0, **fields)
+    torch.manual_seed(0)
+    hf_model = transformers.T5ForConditionalGeneration(cfg).eval()
+    hf_model.save_pretrained(tmp_path / "hf")
+    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**raw, **fields}))
+    hf_model = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
+    ours = lmkit.load_model(tmp_path / "hf")
+    src, mask, dec = _inputs(0, 0)
+    with torch.no_grad():
+        logits = ours(src, attention_mask=mask, decoder_input_ids=dec).logits
+        torch.testing.assert_close(logits, hf_model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   atol=1e-4, rtol=1e-4)
+        ours.save_pretrained(tmp_path / "ours")
+        again = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
+        torch.testing.assert_close(again(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits, logits,
+                                   atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("own_head", [True, False], ids=["own-head", "head-is-shared"])
+def test_mt5_loads_unscaled_and_round_trips(tmp_path, own_head):
+    """mT5 (model_type mt5): v1.1's math whatever tie_word_embeddings says (transformers forces it true and never
+    scales); its own lm_head when stored, else the shared table; saved back as an MT5 folder."""
+    cfg = transformers.MT5Config(vocab_size=V, d_model=24, d_kv=5, d_ff=37, num_layers=2, num_decoder_layers=1,
+                                 num_heads=3, relative_attention_num_buckets=8, relative_attention_max_distance=12,
+                                 dropout_rate=0.0)
+    torch.manual_seed(0)
+    hf_model = transformers.MT5ForConditionalGeneration(cfg).eval()
+    if own_head:
+        hf_model.lm_head.weight = torch.nn.Parameter(torch.randn(V, 24) * 0.3)
+    ours, src, mask, dec = _compare(hf_model, tmp_path / "hf", 0, 0)
+    assert ours.config.output_scale == 1.0
+    ours.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["model_type"] == "mt5"
+    again = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "ours").eval()
+    assert type(again) is transformers.MT5ForConditionalGeneration
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   ours(src, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["umt5", "longt5", "mbart", "marian", "pegasus"])
+def test_t5_and_bart_relatives_are_refused(tmp_path, model_type):
+    from lmkit.errors import ConfigError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "d_model": 8}))
+    with pytest.raises(ConfigError, match=f"model_type '{model_type}'"):
+        lmkit.load_model(tmp_path)

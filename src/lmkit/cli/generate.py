@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
     n = args.num_return_sequences
     if cfg.architecture == "encoder-decoder":
         ids = torch.tensor([tok.encode(args.prompt)])
+        if args.max_new_tokens is None and cfg.position in ("learned", "sinusoidal"):
+            # the decoder starts from one token; the default stops where its position table ends (BART)
+            options["max_new_tokens"] = min(options["max_new_tokens"], cfg.max_seq_len - 1)
         out = model.generate(ids, **options)
         for i, row in enumerate(out.tolist()):
             print(_heading(i, n) + tok.decode(row, skip_special_tokens=True))

@@ -120,7 +120,7 @@ class GenerationMixin:
         An argument left unset takes the loaded folder's generation_config.json value, else transformers'
         default (max_new_tokens: up to generation_config.json's max_length in all, else 20, within the
         model's positions). max_length and min_length count the prompt (for encoder-decoders, the decoder's
-        start token), and max_new_tokens / min_new_tokens win over them, as in transformers. With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
+        start token and decoder_input_ids), and max_new_tokens / min_new_tokens win over them, as in transformers. With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
         continue prompt i: n samples, or the n best beams (best first)."""
         defaults = getattr(self, "generation_defaults", {})  # a loaded folder's generation_config.json
 
@@ -139,11 +139,11 @@ class GenerationMixin:
         num_return_sequences = setting("num_return_sequences", num_return_sequences, 1)
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        start = self._prompt_length(input_ids, model_kwargs)
         if max_new_tokens is None:
-            max_new_tokens = self._default_new_tokens(input_ids, setting("max_length", max_length, None))
+            max_new_tokens = self._default_new_tokens(start, setting("max_length", max_length, None))
         min_length = setting("min_length", min_length, 0)
         if min_length:  # a total length: as many new tokens as the prompt leaves short of it
-            start = input_ids.shape[1] if self.config.architecture == "decoder" else 1
             min_new_tokens = max(min_new_tokens, min_length - start)
         if num_return_sequences < 1:
             raise GenerationError(f"num_return_sequences must be >= 1, got {num_return_sequences}")
@@ -238,10 +238,15 @@ class GenerationMixin:
         finally:
             self.train(was_training)
 
-    def _default_new_tokens(self, input_ids: torch.Tensor, max_length: int | None) -> int:
-        """transformers' length when max_new_tokens is unset: max_length tokens in all (prompt, or decoder start,
-        included), else 20 new ones, capped at max_position_embeddings in all where the model has positions."""
-        start = input_ids.shape[1] if self.config.architecture == "decoder" else 1
+    def _prompt_length(self, input_ids: torch.Tensor, model_kwargs: dict) -> int:
+        """Length of what the output starts from, which max_length and min_length count: the prompt here
+        (an encoder-decoder model's decoder prompt instead)."""
+        return input_ids.shape[-1]
+
+    def _default_new_tokens(self, start: int, max_length: int | None) -> int:
+        """transformers' length when max_new_tokens is unset: max_length tokens in all (the `start` tokens of the
+        prompt, or decoder prompt, included), else 20 new ones, capped at max_position_embeddings in all where the
+        model has positions."""
         if max_length is None:
             max_length = start + 20
             if self.config.architecture == "decoder" or self.config.position == "learned":

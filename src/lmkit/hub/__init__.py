@@ -144,19 +144,21 @@ def _resolve_dtype(dtype: torch.dtype | str | None, raw: dict) -> torch.dtype | 
 
 
 # generation_config.json keys that `generate` takes as defaults, as transformers does when they are unset
-GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "forced_bos_token_id", "forced_eos_token_id",
-                           "max_new_tokens", "max_length", "min_new_tokens", "min_length", "do_sample", "num_beams",
-                           "temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size", "length_penalty",
-                           "early_stopping", "num_return_sequences", "min_p", "typical_p", "epsilon_cutoff",
-                           "eta_cutoff", "sequence_bias", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens",
-                           "return_dict_in_generate", "output_scores", "output_logits")
+GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "decoder_start_token_id", "forced_bos_token_id",
+                           "forced_eos_token_id", "max_new_tokens", "max_length", "min_new_tokens", "min_length",
+                           "do_sample", "num_beams", "temperature", "top_k", "top_p", "repetition_penalty",
+                           "no_repeat_ngram_size", "length_penalty", "early_stopping", "num_return_sequences", "min_p",
+                           "typical_p", "epsilon_cutoff", "eta_cutoff", "sequence_bias", "bad_words_ids",
+                           "suppress_tokens", "begin_suppress_tokens", "return_dict_in_generate", "output_scores",
+                           "output_logits")
 
 
 def generation_defaults(folder: Path) -> dict:
-    """The generate defaults of a folder's generation_config.json (empty when it has none)."""
+    """The generate defaults of a folder: its generation_config.json, or without one (folders of transformers 4,
+    hand-written ones) the same keys of config.json, where transformers then reads them."""
     path = Path(folder) / "generation_config.json"
     if not path.is_file():
-        return {}
+        path = Path(folder) / "config.json"
     raw = read_json(path)
     return {k: raw[k] for k in GENERATION_DEFAULT_KEYS if raw.get(k) is not None}
 

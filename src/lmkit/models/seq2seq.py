@@ -120,18 +120,45 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
                            aux_loss=sum(aux) if aux else None, encoder_last_hidden_state=memory, loss=loss)
 
     # --- decoding hooks of GenerationMixin ------------------------------------------------------
+    def _decoder_prompt(self, batch: int, device: torch.device, decoder_input_ids: torch.Tensor | None = None,
+                        decoder_start_token_id=None) -> torch.Tensor:
+        """What the decoder output starts from, as transformers builds it: decoder_start_token_id (an id, or one
+        per row; else the folder's generation config's, else the model config's), and a given decoder prompt
+        behind it unless some row already begins with it."""
+        if decoder_start_token_id is None:  # the folder's generation config first, as in transformers
+            decoder_start_token_id = getattr(self, "generation_defaults", {}).get("decoder_start_token_id")
+        if decoder_start_token_id is None:
+            decoder_start_token_id = self.decoder_start_token_id
+        start = torch.as_tensor(decoder_start_token_id, dtype=torch.long, device=device)
+        if start.dim() > 1 or (start.dim() == 1 and start.numel() != batch):
+            from lmkit.errors import GenerationError
+
+            raise GenerationError(f"decoder_start_token_id must be one id or one per row ({batch}), got shape "
+                                  f"{tuple(start.shape)}")
+        start = start.reshape(-1, 1).expand(batch, 1)
+        if decoder_input_ids is None:
+            return start.clone()
+        decoder_input_ids = torch.as_tensor(decoder_input_ids, dtype=torch.long, device=device).reshape(batch, -1)
+        if decoder_input_ids.shape[1] and bool((decoder_input_ids[:, 0] != start[:, 0]).all()):
+            decoder_input_ids = torch.cat([start, decoder_input_ids], dim=1)
+        return decoder_input_ids
+
+    def _prompt_length(self, input_ids: torch.Tensor, model_kwargs: dict) -> int:
+        keys = ("decoder_input_ids", "decoder_start_token_id")
+        return self._decoder_prompt(input_ids.shape[0], input_ids.device,
+                                    **{k: model_kwargs[k] for k in keys if k in model_kwargs}).shape[1]
+
     def _generation_start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                          decoder_input_ids: torch.Tensor | None = None, decoder_start_token_id: int | None = None,
+                          decoder_input_ids: torch.Tensor | None = None, decoder_start_token_id=None,
                           **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
-        """Encode the source once; the output starts from decoder_start_token_id (or a given decoder prompt)."""
+        """Encode the source once; the output starts from the decoder prompt (see `_decoder_prompt`)."""
         if model_kwargs:
             from lmkit.errors import GenerationError
 
             raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")
         memory = self.encode(input_ids, attention_mask)
-        if decoder_input_ids is None:
-            start = self.decoder_start_token_id if decoder_start_token_id is None else int(decoder_start_token_id)
-            decoder_input_ids = torch.full((input_ids.shape[0], 1), start, dtype=torch.long, device=input_ids.device)
+        decoder_input_ids = self._decoder_prompt(input_ids.shape[0], input_ids.device, decoder_input_ids,
+                                                 decoder_start_token_id)
         state = DecodingState(cache=KVCache(), attention_mask=attention_mask, extra={"memory": memory})
         return decoder_input_ids, state
 
