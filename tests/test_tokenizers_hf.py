@@ -260,3 +260,19 @@ def test_wordpiece_trainer_alphabet_matches_tokenizers_on_edge_corpora(corpus):
     assert fixed(ours) == fixed(theirs)
     continuations = lambda v: {t for t in v if t.startswith("##") and len(t) == 3}  # noqa: E731
     assert continuations(ours) == continuations(theirs)
+
+
+def test_decode_skips_ids_past_the_vocabulary_as_tokenizers(minilm):
+    """A model's embedding table may be padded past the tokenizer (T5: 32128 rows, 32100 tokens); tokenizers
+    skips such ids when decoding, and so does lmkit. Negative ids (e.g. -100 labels) are a clear error."""
+    from lmkit.errors import TokenizerError
+
+    ours, ref = minilm
+    ids = ref.encode("hello world, once more").ids
+    n = ref.get_vocab_size()
+    mixed = ids[:2] + [n, n + 7] + ids[2:] + [10 ** 6]
+    for skip in (False, True):
+        assert ours.decode(mixed, skip_special_tokens=skip) == ref.decode(mixed, skip_special_tokens=skip)
+    assert ours.decode([n]) == ref.decode([n]) == ""
+    with pytest.raises(TokenizerError, match="negative id -100"):
+        ours.decode(ids + [-100])

@@ -248,15 +248,17 @@ class Tokenizer:
 
     # ---- decoding ---------------------------------------------------------------------------
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        """Text of `ids`; special tokens are kept unless skip_special_tokens."""
+        """Text of `ids`; special tokens are kept unless skip_special_tokens. Ids past the vocabulary are
+        skipped, as `tokenizers` does (a model's embedding table is often padded past it: T5 has 32128 rows
+        for 32100 tokens)."""
         tokens = []
         special = self.added.special_contents if skip_special_tokens else ()
         for i in ids:
             i = int(i)
+            if i < 0:
+                raise TokenizerError(f"cannot decode the negative id {i}; token ids are >= 0 (drop padding such as -100 first)")
             t = self.id_to_token(i)
-            if t is None:
-                raise TokenizerError(f"id {i} is not in the vocabulary (size {self.vocab_size})")
-            if t not in special:
+            if t is not None and t not in special:
                 tokens.append(t)
         return self.decoder.decode(tokens) if self.decoder is not None else " ".join(tokens)
 
