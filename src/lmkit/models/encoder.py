@@ -73,9 +73,15 @@ class Encoder(PreTrainedModel):
                 inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 next_sentence_label: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
                 end_positions: torch.Tensor | None = None) -> ModelOutput:
-        """Hidden states (B, T, d) and the head's logits; with labels, the head's mean loss."""
+        """Hidden states (B, T, d) and the head's logits; with labels, the head's mean loss.
+
+        position_ids index the position table as transformers' classes do: from 0 for BERT and DistilBERT, and as
+        table rows for RoBERTa (whose own positions start at pad + 1)."""
         cfg = self.config
-        if position_ids is None and cfg.position_skip_padding and input_ids is not None:
+        if cfg.position_skip_padding and position_ids is not None:
+            # RobertaEmbeddings indexes its table with given position_ids as they are (its own start at pad + 1)
+            position_ids = position_ids - cfg.position_offset
+        elif cfg.position_skip_padding and input_ids is not None:
             position_ids = padding_skipping_positions(input_ids, cfg.pad_token_id)
         h = self.encoder(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
@@ -111,7 +117,7 @@ class Encoder(PreTrainedModel):
             out.start_logits, out.end_logits = (x.squeeze(-1).contiguous() for x in out.logits.split(1, dim=-1))
             if start_positions is not None and end_positions is not None:
                 T = h.shape[1]  # positions past the end are ignored, as transformers does
-                start, end = start_positions.clamp(0, T), end_positions.clamp(0, T)
+                start, end = (p.reshape(-1).clamp(0, T) for p in (start_positions, end_positions))  # (B,) or (B, 1)
                 losses.append((F.cross_entropy(out.start_logits.float(), start, ignore_index=T)
                                + F.cross_entropy(out.end_logits.float(), end, ignore_index=T)) / 2)
         if losses:

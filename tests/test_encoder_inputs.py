@@ -1,0 +1,39 @@
+"""Encoder inputs and heads beyond the plain forward, against transformers: explicit position ids, label
+shapes, folders without BERT's pooler, prepared 4-D masks, multiple choice."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lmkit
+from test_encoder import batch, bert_config, distil_config, roberta_config, save_hf
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("arch,make", [("BertModel", bert_config), ("RobertaModel", roberta_config),
+                                       ("DistilBertModel", distil_config)])
+def test_explicit_position_ids_index_the_table_as_transformers_does(tmp_path, arch, make):
+    """Given position_ids are table rows as they are: RoBERTa adds no pad + 1 to them (only to its own)."""
+    hf = getattr(transformers, arch)(make())
+    ours = lmkit.load_model(save_hf(hf, tmp_path))
+    ids, mask, _ = batch(hf.config.pad_token_id)
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [3] * 11, list(range(20, 9, -1))])
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+        got = ours(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch,make", [("BertForQuestionAnswering", bert_config),
+                                       ("RobertaForQuestionAnswering", roberta_config)])
+def test_qa_positions_of_shape_batch_by_one(tmp_path, arch, make):
+    """start/end positions may come as (B, 1), as transformers squeezes them; past-the-end ones are ignored."""
+    hf = getattr(transformers, arch)(make())
+    ours = lmkit.load_model(save_hf(hf, tmp_path))
+    ids, mask, _ = batch(hf.config.pad_token_id)
+    start, end = torch.tensor([[1], [2], [40]]), torch.tensor([[3], [6], [2]])
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, start_positions=start, end_positions=end).loss
+        got = ours(input_ids=ids, attention_mask=mask, start_positions=start, end_positions=end).loss
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
