@@ -37,3 +37,22 @@ def test_qa_positions_of_shape_batch_by_one(tmp_path, arch, make):
         ref = hf(input_ids=ids, attention_mask=mask, start_positions=start, end_positions=end).loss
         got = ours(input_ids=ids, attention_mask=mask, start_positions=start, end_positions=end).loss
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch,make", [("BertModel", bert_config), ("RobertaModel", roberta_config)])
+def test_base_folder_without_pooler_loads_without_one(tmp_path, arch, make):
+    """BertModel(config, add_pooling_layer=False) writes no pooler and no flag in config.json: the folder loads
+    with no pooler (pooler_output None, as transformers' own model gives) and saves back without one."""
+    hf = getattr(transformers, arch)(make(), add_pooling_layer=False)
+    ours = lmkit.load_model(save_hf(hf, tmp_path))
+    assert ours.pooler is None
+    ids, mask, _ = batch(hf.config.pad_token_id)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask)
+        got = ours(input_ids=ids, attention_mask=mask)
+    assert ref.pooler_output is None and got.pooler_output is None
+    torch.testing.assert_close(got.last_hidden_state, ref.last_hidden_state, atol=1e-4, rtol=0)
+    ours.save_pretrained(tmp_path / "ours")
+    from safetensors.torch import load_file
+    assert not any("pooler" in k for k in load_file(tmp_path / "ours" / "model.safetensors"))
+    assert lmkit.load_model(tmp_path / "ours").pooler is None

@@ -196,8 +196,11 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     return format_rules(FORMAT, cfg)
 
 
-def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict):
-    """An `Encoder` with the head of the HF class in raw["architectures"] (bare with a pooler if none is named)."""
+def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict, names=()):
+    """An `Encoder` with the head of the HF class in raw["architectures"] (bare with a pooler if none is named).
+
+    names: the checkpoint's tensor names; a bare model whose weights hold no pooler is built without one
+    (BertModel(config, add_pooling_layer=False) saves no trace of that flag but its missing tensors)."""
     from lmkit.models.encoder import Encoder
 
     archs = raw.get("architectures") or [next(iter(fmt.archs))]
@@ -205,11 +208,12 @@ def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict):
     if arch is None:
         raise ConfigError(f"lmkit does not load {fmt.model_type} class {archs[0]}; supported: {', '.join(fmt.archs)}")
     head, pooler = fmt.archs[arch]
-    if head is None and raw.get("add_pooling_layer") is False:
+    if head is None and (raw.get("add_pooling_layer") is False
+                         or names and not any(n.endswith("pooler.dense.weight") for n in names)):
         pooler = None
     return Encoder(config, head=head, pooler=pooler, num_labels=config.extra.get("num_labels", 2),
                    pooling=raw.get("lmkit_pooling", "cls"))
 
 
-def build(config: ModelConfig, raw: dict):
-    return build_encoder(FORMAT, config, raw)
+def build(config: ModelConfig, raw: dict, names=()):
+    return build_encoder(FORMAT, config, raw, names)

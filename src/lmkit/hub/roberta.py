@@ -56,5 +56,5 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     return format_rules(FORMAT, cfg)
 
 
-def build(config: ModelConfig, raw: dict):
-    return build_encoder(FORMAT, config, raw)
+def build(config: ModelConfig, raw: dict, names=()):
+    return build_encoder(FORMAT, config, raw, names)
