@@ -56,3 +56,30 @@ def test_base_folder_without_pooler_loads_without_one(tmp_path, arch, make):
     from safetensors.torch import load_file
     assert not any("pooler" in k for k in load_file(tmp_path / "ours" / "model.safetensors"))
     assert lmkit.load_model(tmp_path / "ours").pooler is None
+
+
+@pytest.mark.parametrize("arch,make,types", [("BertForMultipleChoice", bert_config, 3),
+                                             ("RobertaForMultipleChoice", roberta_config, 1),
+                                             ("DistilBertForMultipleChoice", distil_config, 0)])
+def test_multiple_choice_matches_transformers_and_round_trips(tmp_path, arch, make, types):
+    """Inputs (B, C, T), one score per choice from the pooler: logits (B, C) and the loss as transformers'; the
+    folder lmkit saves is the same class again."""
+    hf = getattr(transformers, arch)(make())
+    ours = lmkit.load_model(save_hf(hf, tmp_path))
+    ids, mask, tt = batch(hf.config.pad_token_id, types)
+    kwargs = dict(input_ids=ids.view(1, 3, -1).expand(2, 3, -1).contiguous(),
+                  attention_mask=mask.view(1, 3, -1).expand(2, 3, -1).contiguous())
+    kwargs["input_ids"][1, 0, 1] = 9  # the two questions differ
+    if types:
+        kwargs["token_type_ids"] = tt.view(1, 3, -1).expand(2, 3, -1).contiguous()
+    labels = torch.tensor([2, 0])
+    with torch.no_grad():
+        ref = hf(**kwargs, labels=labels)
+        got = ours(**kwargs, labels=labels)
+    assert got.logits.shape == (2, 3)
+    torch.testing.assert_close(got.logits, ref.logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(got.loss, ref.loss, atol=1e-5, rtol=0)
+    ours.save_pretrained(tmp_path / "ours")
+    back = getattr(transformers, arch).from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(**kwargs).logits, ref.logits, atol=1e-5, rtol=0)

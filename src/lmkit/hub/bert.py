@@ -1,5 +1,5 @@
 """BERT (BertModel, BertForMaskedLM, ...ForPreTraining/NextSentencePrediction/SequenceClassification/
-TokenClassification/QuestionAnswering): config mapping and weight-name tables.
+TokenClassification/QuestionAnswering/MultipleChoice): config mapping and weight-name tables.
 
 The encoder families (BERT, RoBERTa, DistilBERT) share the machinery below; each describes its
 format as data in an `EncoderFormat`: names of the embeddings, of one layer, of the pooler and
@@ -60,11 +60,13 @@ FORMAT = EncoderFormat(
     model_type="bert", prefix="bert.", embeddings=_EMBEDDINGS, layer_prefix="encoder.layer.{i}.", layer=_LAYER,
     archs={"BertModel": (None, "tanh"), "BertForMaskedLM": ("mlm", None), "BertForPreTraining": ("pretraining", "tanh"),
            "BertForNextSentencePrediction": ("nsp", "tanh"), "BertForSequenceClassification": ("sequence", "tanh"),
-           "BertForTokenClassification": ("token", None), "BertForQuestionAnswering": ("qa", None)},
-    pooler={h: "bert.pooler.dense" for h in (None, "pretraining", "nsp", "sequence")},
+           "BertForTokenClassification": ("token", None), "BertForQuestionAnswering": ("qa", None),
+           "BertForMultipleChoice": ("choice", "tanh")},
+    pooler={h: "bert.pooler.dense" for h in (None, "pretraining", "nsp", "sequence", "choice")},
     heads={"mlm": _MLM, "pretraining": _MLM + linear("nsp_head", "cls.seq_relationship"),
            "nsp": linear("nsp_head", "cls.seq_relationship"), "sequence": linear("classifier", "classifier"),
-           "token": linear("classifier", "classifier"), "qa": linear("qa_outputs", "qa_outputs")},
+           "token": linear("classifier", "classifier"), "qa": linear("qa_outputs", "qa_outputs"),
+           "choice": linear("classifier", "classifier")},
     mlm_decoder="cls.predictions.decoder.weight",
     # transformers 5 keeps decoder.bias apart from bias when untied and uses decoder.bias; both are written, the
     # second read wins, and a checkpoint holding only one of the names loads through these aliases

@@ -1,5 +1,5 @@
 """DistilBERT (DistilBertModel, DistilBertForMaskedLM, ...ForSequenceClassification/TokenClassification/
-QuestionAnswering): config mapping and weight-name tables.
+QuestionAnswering/MultipleChoice): config mapping and weight-name tables.
 
 A post-norm encoder without segment embeddings; LayerNorm eps is fixed at 1e-12; the sequence
 classifier is pre_classifier + ReLU on [CLS] (lmkit's pooler with a ReLU) then classifier.
@@ -28,10 +28,11 @@ FORMAT = EncoderFormat(
     layer=_LAYER,
     archs={"DistilBertModel": (None, None), "DistilBertForMaskedLM": ("mlm", None),
            "DistilBertForSequenceClassification": ("sequence", "relu"),
-           "DistilBertForTokenClassification": ("token", None), "DistilBertForQuestionAnswering": ("qa", None)},
-    pooler={"sequence": "pre_classifier"},
+           "DistilBertForTokenClassification": ("token", None), "DistilBertForQuestionAnswering": ("qa", None),
+           "DistilBertForMultipleChoice": ("choice", "relu")},
+    pooler={"sequence": "pre_classifier", "choice": "pre_classifier"},
     heads={"mlm": _MLM, "sequence": linear("classifier", "classifier"), "token": linear("classifier", "classifier"),
-           "qa": linear("qa_outputs", "qa_outputs")},
+           "qa": linear("qa_outputs", "qa_outputs"), "choice": linear("classifier", "classifier")},
     mlm_decoder="vocab_projector.weight")
 ALIASES = (("distilbert.", ""), ("embeddings.", "distilbert.embeddings."), ("transformer.", "distilbert.transformer."))
 

@@ -1,5 +1,5 @@
 """RoBERTa (RobertaModel, RobertaForMaskedLM, ...ForSequenceClassification/TokenClassification/
-QuestionAnswering): the BERT tables with RoBERTa's names and its positions.
+QuestionAnswering/MultipleChoice): the BERT tables with RoBERTa's names and its positions.
 
 Positions start at padding_idx + 1 and skip padding (position_offset = pad + 1,
 position_skip_padding), so max_position_embeddings = max_seq_len + pad + 1 (514 for 512 tokens).
@@ -21,10 +21,11 @@ FORMAT = EncoderFormat(
     model_type="roberta", prefix="roberta.", embeddings=_EMBEDDINGS, layer_prefix="encoder.layer.{i}.", layer=_LAYER,
     archs={"RobertaModel": (None, "tanh"), "RobertaForMaskedLM": ("mlm", None),
            "RobertaForSequenceClassification": ("sequence", "tanh"), "RobertaForTokenClassification": ("token", None),
-           "RobertaForQuestionAnswering": ("qa", None)},
-    pooler={None: "roberta.pooler.dense", "sequence": "classifier.dense"},
+           "RobertaForQuestionAnswering": ("qa", None), "RobertaForMultipleChoice": ("choice", "tanh")},
+    pooler={None: "roberta.pooler.dense", "sequence": "classifier.dense", "choice": "roberta.pooler.dense"},
     heads={"mlm": _MLM, "sequence": linear("classifier", "classifier.out_proj"),
-           "token": linear("classifier", "classifier"), "qa": linear("qa_outputs", "qa_outputs")},
+           "token": linear("classifier", "classifier"), "qa": linear("qa_outputs", "qa_outputs"),
+           "choice": linear("classifier", "classifier")},
     mlm_decoder="lm_head.decoder.weight",
     aliases=(("lm_head.bias", "lm_head.decoder.bias"), ("lm_head.decoder.bias", "lm_head.bias")))
 ALIASES = (("roberta.", ""), ("embeddings.", "roberta.embeddings."), ("encoder.", "roberta.encoder."),

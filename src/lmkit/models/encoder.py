@@ -19,7 +19,7 @@ from lmkit.models.output import ModelOutput
 from lmkit.models.stack import Stack
 _UNSET = object()
 IGNORE_INDEX = -100  # labels that score nothing (padding, unmasked positions)
-NEEDS_POOLER = ("pretraining", "nsp", "sequence")
+NEEDS_POOLER = ("pretraining", "nsp", "sequence", "choice")
 
 
 def padding_skipping_positions(input_ids: torch.Tensor, pad_token_id: int) -> torch.Tensor:
@@ -35,7 +35,8 @@ class Encoder(PreTrainedModel):
     """A bidirectional stack with an optional pooler and one head.
 
     head: None (bare encoder), "mlm", "pretraining" (MLM + NSP), "nsp", "sequence" (classification or,
-    with num_labels=1, regression on the pooled output), "token" (per-position labels), "qa" (start/end).
+    with num_labels=1, regression on the pooled output), "token" (per-position labels), "qa" (start/end),
+    "choice" (multiple choice: inputs (B, C, T), one score per choice from the pooled output, logits (B, C)).
     pooler: None, "tanh" or "relu" (dense + activation on the pooled hidden state); pooling: "cls" or "mean".
     """
 
@@ -60,7 +61,8 @@ class Encoder(PreTrainedModel):
         self.pooler = Pooler(d, pooling, pooler) if pooler else None
         self.mlm_head = MaskedLMHead(config, self.encoder.embeddings.tokens) if head in ("mlm", "pretraining") else None
         self.nsp_head = nn.Linear(d, 2) if head in ("pretraining", "nsp") else None
-        self.classifier = nn.Linear(d, num_labels) if head in ("sequence", "token") else None
+        self.classifier = nn.Linear(d, 1 if head == "choice" else num_labels) if head in ("sequence", "token", "choice") \
+            else None
         self.qa_outputs = nn.Linear(d, 2) if head == "qa" else None
         self.dropout = nn.Dropout(config.extra.get("classifier_dropout") or config.dropout)
         self.init_weights()
@@ -78,6 +80,12 @@ class Encoder(PreTrainedModel):
         position_ids index the position table as transformers' classes do: from 0 for BERT and DistilBERT, and as
         table rows for RoBERTa (whose own positions start at pad + 1)."""
         cfg = self.config
+        if self.head == "choice":  # (B, C, T) -> (B * C, T): each choice is scored as its own row
+            choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+            input_ids, attention_mask, token_type_ids, position_ids = (
+                None if x is None else x.reshape(-1, x.shape[-1])
+                for x in (input_ids, attention_mask, token_type_ids, position_ids))
+            inputs_embeds = None if inputs_embeds is None else inputs_embeds.flatten(0, 1)
         if cfg.position_skip_padding and position_ids is not None:
             # RobertaEmbeddings indexes its table with given position_ids as they are (its own start at pad + 1)
             position_ids = position_ids - cfg.position_offset
@@ -107,6 +115,10 @@ class Encoder(PreTrainedModel):
             out.logits = self.classifier(self.dropout(out.pooler_output))
             if labels is not None:
                 losses.append(self._sequence_loss(out.logits, labels))
+        elif self.head == "choice":
+            out.logits = self.classifier(self.dropout(out.pooler_output)).view(-1, choices)
+            if labels is not None:
+                losses.append(F.cross_entropy(out.logits.float(), labels.reshape(-1)))
         elif self.head == "token":
             out.logits = self.classifier(self.dropout(h))
             if labels is not None:
