@@ -83,3 +83,23 @@ def test_multiple_choice_matches_transformers_and_round_trips(tmp_path, arch, ma
     back = getattr(transformers, arch).from_pretrained(tmp_path / "ours").eval()
     with torch.no_grad():
         torch.testing.assert_close(back(**kwargs).logits, ref.logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch,make", [("BertModel", bert_config), ("DistilBertForSequenceClassification", distil_config)])
+def test_prepared_4d_masks_are_used_as_given(tmp_path, arch, make):
+    """A (B, 1, T, T) mask goes to attention as it is, as transformers takes it: boolean (here block-diagonal,
+    two packed sequences per row) or an additive float bias."""
+    hf = getattr(transformers, arch)(make())
+    ours = lmkit.load_model(save_hf(hf, tmp_path))
+    ids, _, _ = batch(hf.config.pad_token_id)
+    segment = (torch.arange(11) >= torch.tensor([4, 6, 9])[:, None]).long()  # (B, T): which packed sequence
+    blocks = (segment[:, :, None] == segment[:, None, :])[:, None]
+    bias = torch.randn(3, 1, 11, 11, generator=torch.Generator().manual_seed(5))
+    for mask in (blocks, bias):
+        with torch.no_grad():
+            ref, got = hf(input_ids=ids, attention_mask=mask), ours(input_ids=ids, attention_mask=mask)
+        name = "logits" if "Classification" in arch else "last_hidden_state"
+        torch.testing.assert_close(got[name], getattr(ref, name), atol=1e-4, rtol=0)
+    pooled = lmkit.models.encoder.Encoder(ours.config, head="sequence", pooling="mean")
+    with pytest.raises(lmkit.errors.ConfigError, match="2-D"):
+        pooled(input_ids=ids, attention_mask=blocks)

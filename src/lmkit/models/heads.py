@@ -30,6 +30,9 @@ def pool(h: torch.Tensor, attention_mask: torch.Tensor | None, mode: str) -> tor
         return h[:, 0]
     if attention_mask is None:
         return h.mean(dim=1)
+    if attention_mask.dim() != 2:
+        raise ConfigError(f"mean pooling reads a (batch, length) attention_mask, not one of shape "
+                          f"{tuple(attention_mask.shape)}; pass the 2-D padding mask")
     m = attention_mask.to(h.dtype).unsqueeze(-1)
     return (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
 
