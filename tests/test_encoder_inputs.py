@@ -103,3 +103,14 @@ def test_prepared_4d_masks_are_used_as_given(tmp_path, arch, make):
     pooled = lmkit.models.encoder.Encoder(ours.config, head="sequence", pooling="mean")
     with pytest.raises(lmkit.errors.ConfigError, match="2-D"):
         pooled(input_ids=ids, attention_mask=blocks)
+
+
+def test_pretraining_outputs_answer_to_transformers_names(tmp_path):
+    """BertForPreTraining's prediction_logits / seq_relationship_logits are there by those names too."""
+    hf = transformers.BertForPreTraining(bert_config())
+    ours = lmkit.load_model(save_hf(hf, tmp_path))
+    ids, mask, tt = batch(0, 3)
+    with torch.no_grad():
+        ref, got = hf(ids, mask, tt), ours(ids, mask, tt)
+    for name in ("prediction_logits", "seq_relationship_logits"):
+        torch.testing.assert_close(got[name], ref[name], atol=1e-4, rtol=0)
