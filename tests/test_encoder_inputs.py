@@ -114,3 +114,19 @@ def test_pretraining_outputs_answer_to_transformers_names(tmp_path):
         ref, got = hf(ids, mask, tt), ours(ids, mask, tt)
     for name in ("prediction_logits", "seq_relationship_logits"):
         torch.testing.assert_close(got[name], ref[name], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh",
+                                 "gelu_fast", "gelu_accurate", "relu", "silu", "swish"])
+@pytest.mark.parametrize("arch,make,key", [("BertForMaskedLM", bert_config, "hidden_act"),
+                                           ("RobertaForMaskedLM", roberta_config, "hidden_act"),
+                                           ("DistilBertForMaskedLM", distil_config, "activation")])
+def test_every_activation_name_transformers_spells_alike(tmp_path, act, arch, make, key):
+    """Each ACT2FN name of GELU (exact or tanh), ReLU and SiLU loads as its function, in the FFN and the MLM
+    head (RoBERTa's head stays exact GELU whatever hidden_act says)."""
+    hf = getattr(transformers, arch)(make(**{key: act}))
+    ours = lmkit.load_model(save_hf(hf, tmp_path))
+    ids, mask, _ = batch(hf.config.pad_token_id)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, attention_mask=mask).logits, hf(ids, attention_mask=mask).logits,
+                                   atol=1e-4, rtol=0)

@@ -14,8 +14,9 @@ from lmkit.errors import ConfigError
 from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
 
 MODEL_TYPES = ("bert",)
-ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-               "relu": "relu", "silu": "silu", "swish": "silu"}
+ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "gelu_python_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_accurate": "gelu_tanh",
+               "relu": "relu", "silu": "silu", "swish": "silu"}  # transformers' ACT2FN names of the same functions
 TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 
