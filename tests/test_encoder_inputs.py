@@ -130,3 +130,24 @@ def test_every_activation_name_transformers_spells_alike(tmp_path, act, arch, ma
     with torch.no_grad():
         torch.testing.assert_close(ours(ids, attention_mask=mask).logits, hf(ids, attention_mask=mask).logits,
                                    atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch,config_class", [("RobertaForMaskedLM", "RobertaConfig"), ("BertForMaskedLM", "BertConfig"),
+                                               ("DistilBertForMaskedLM", "DistilBertConfig")])
+def test_keys_left_out_of_config_json_take_the_config_class_defaults(tmp_path, arch, config_class):
+    """A hand-trimmed config.json: every key it omits means what the transformers config class defaults to."""
+    import json
+
+    sizes = {"RobertaConfig": dict(vocab_size=50265, hidden_size=12, num_hidden_layers=1, num_attention_heads=3,
+                                   intermediate_size=10),
+             "BertConfig": dict(hidden_size=12, num_hidden_layers=1, num_attention_heads=3, intermediate_size=10),
+             "DistilBertConfig": dict(dim=12, n_layers=1, n_heads=3, hidden_dim=10)}[config_class]
+    hf = getattr(transformers, arch)(getattr(transformers, config_class)(**sizes))
+    path = save_hf(hf, tmp_path)
+    (path / "config.json").write_text(json.dumps({"model_type": hf.config.model_type, "architectures": [arch], **sizes}))
+    ours = lmkit.load_model(path)
+    ids = torch.tensor([[0, 31, 2045, 77, 2, 1, 1]])
+    with torch.no_grad():
+        ref = getattr(transformers, arch).from_pretrained(path).eval()(ids, attention_mask=(ids != 1).long()).logits
+        got = ours(ids, attention_mask=(ids != 1).long()).logits
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)

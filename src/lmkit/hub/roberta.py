@@ -33,13 +33,17 @@ ALIASES = (("roberta.", ""), ("embeddings.", "roberta.embeddings."), ("encoder."
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
+    """Keys config.json leaves out take RobertaConfig's defaults (not roberta-base's values: 512 positions,
+    2 token types, LayerNorm eps 1e-12), as transformers reads such a file."""
     pad = hf.get("pad_token_id", 1)
     offset = pad + 1
-    n_pos = hf.get("max_position_embeddings", 514)
+    n_pos = hf.get("max_position_embeddings", 512)
     if n_pos <= offset:
         raise ConfigError(f"RoBERTa max_position_embeddings={n_pos} leaves no position after padding_idx={pad}")
     fields = dict(max_seq_len=n_pos - offset, position_offset=offset, position_skip_padding=True, pad_token_id=pad,
-                  type_vocab_size=hf.get("type_vocab_size", 1), norm_eps=hf.get("layer_norm_eps", 1e-5))
+                  vocab_size=hf.get("vocab_size", 50265), type_vocab_size=hf.get("type_vocab_size", 2),
+                  norm_eps=hf.get("layer_norm_eps", 1e-12), bos_token_id=hf.get("bos_token_id", 0),
+                  eos_token_id=hf.get("eos_token_id", 2))
     cfg = encoder_config_from_hf(hf, "roberta", **fields)
     cfg.extra["mlm_activation"] = "gelu"
     return cfg
