@@ -151,3 +151,18 @@ def test_keys_left_out_of_config_json_take_the_config_class_defaults(tmp_path, a
         ref = getattr(transformers, arch).from_pretrained(path).eval()(ids, attention_mask=(ids != 1).long()).logits
         got = ours(ids, attention_mask=(ids != 1).long()).logits
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch,make,key", [("BertForSequenceClassification", bert_config, "classifier_dropout"),
+                                           ("DistilBertForSequenceClassification", distil_config, "seq_classif_dropout")])
+def test_classifier_dropout_zero_is_kept(tmp_path, arch, make, key):
+    """classifier_dropout 0.0 means no dropout before the classifier (only None falls back to hidden dropout),
+    and the value survives save_pretrained."""
+    import json
+
+    hidden = {} if "Distil" in arch else {"hidden_dropout_prob": 0.3}  # what the BERT head fell back to
+    hf = getattr(transformers, arch)(make(**{key: 0.0, **hidden}))
+    ours = lmkit.load_model(save_hf(hf, tmp_path))
+    assert ours.dropout.p == hf.dropout.p == 0.0
+    ours.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())[key] == 0.0

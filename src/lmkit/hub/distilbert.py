@@ -59,12 +59,12 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         raise ConfigError("the DistilBERT format has no segment embeddings, positions from 0 and LayerNorm eps 1e-12; "
                           "use family='bert' for this config")
     labels = labels_to_hf(cfg)
-    labels.pop("classifier_dropout")
+    classifier_dropout = labels.pop("classifier_dropout")
     raw = {"model_type": "distilbert", "vocab_size": cfg.vocab_size, "dim": cfg.d_model, "n_layers": cfg.n_layers,
            "n_heads": cfg.n_heads, "hidden_dim": cfg.ffn_dim, "activation": act,
            "max_position_embeddings": cfg.max_seq_len, "sinusoidal_pos_embds": False, "dropout": cfg.dropout,
            "attention_dropout": cfg.attention_dropout, "initializer_range": cfg.init_std,
-           "seq_classif_dropout": cfg.extra.get("classifier_dropout") or 0.2, "qa_dropout": cfg.dropout,
+           "seq_classif_dropout": 0.2 if classifier_dropout is None else classifier_dropout, "qa_dropout": cfg.dropout,
            "pad_token_id": cfg.pad_token_id, "tie_word_embeddings": cfg.tie_embeddings, **labels}
     return with_architecture(FORMAT, cfg, raw)
 

@@ -64,7 +64,8 @@ class Encoder(PreTrainedModel):
         self.classifier = nn.Linear(d, 1 if head == "choice" else num_labels) if head in ("sequence", "token", "choice") \
             else None
         self.qa_outputs = nn.Linear(d, 2) if head == "qa" else None
-        self.dropout = nn.Dropout(config.extra.get("classifier_dropout") or config.dropout)
+        classifier_dropout = config.extra.get("classifier_dropout")  # 0.0 is a setting, None means hidden dropout
+        self.dropout = nn.Dropout(config.dropout if classifier_dropout is None else classifier_dropout)
         self.init_weights()
 
     def get_input_embeddings(self) -> nn.Embedding:
