@@ -61,8 +61,8 @@ class Encoder(PreTrainedModel):
         self.pooler = Pooler(d, pooling, pooler) if pooler else None
         self.mlm_head = MaskedLMHead(config, self.encoder.embeddings.tokens) if head in ("mlm", "pretraining") else None
         self.nsp_head = nn.Linear(d, 2) if head in ("pretraining", "nsp") else None
-        self.classifier = nn.Linear(d, 1 if head == "choice" else num_labels) if head in ("sequence", "token", "choice") \
-            else None
+        classes = 1 if head == "choice" else num_labels  # multiple choice scores each choice alone
+        self.classifier = nn.Linear(d, classes) if head in ("sequence", "token", "choice") else None
         self.qa_outputs = nn.Linear(d, 2) if head == "qa" else None
         classifier_dropout = config.extra.get("classifier_dropout")  # 0.0 is a setting, None means hidden dropout
         self.dropout = nn.Dropout(config.dropout if classifier_dropout is None else classifier_dropout)
