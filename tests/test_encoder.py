@@ -243,8 +243,8 @@ def test_unsupported_class_and_position_type_are_user_errors(tmp_path):
     hf = transformers.BertModel(bert_config())
     path = save_hf(hf, tmp_path)
     raw = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**raw, "architectures": ["BertForMultipleChoice"]}))
-    with pytest.raises(ConfigError, match="BertForMultipleChoice"):
+    (path / "config.json").write_text(json.dumps({**raw, "architectures": ["BertLMHeadModel"]}))
+    with pytest.raises(ConfigError, match="BertLMHeadModel"):
         lmkit.load_model(path)
     (path / "config.json").write_text(json.dumps({**raw, "position_embedding_type": "relative_key"}))
     with pytest.raises(ConfigError, match="absolute"):

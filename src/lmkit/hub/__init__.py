@@ -80,7 +80,7 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
             raise ConfigError(f"{folder} holds an int8-quantized model, which runs in float32; load it without dtype")
         hf, int8 = split_int8(hf, quantized.get("modules", []))
     _check_weights_fit(config, family, raw, hf, folder)
-    model = _build(config, family, raw)
+    model = _build(config, family, raw, hf)
     if config.extra.get("attention_heads"):  # a model whose heads were pruned: per-layer head counts
         from lmkit.compress.prune import apply_head_layout
 
@@ -110,10 +110,13 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
     return model.eval()
 
 
-def _build(config: ModelConfig, family, raw: dict):
+def _build(config: ModelConfig, family, raw: dict, hf: dict[str, torch.Tensor]):
+    """The model config.json describes; a family's `build` also sees the tensor names (optional modules)."""
     from lmkit.models import build_model
 
-    return build_model(config) if family is None or not hasattr(family, "build") else family.build(config, raw)
+    if family is None or not hasattr(family, "build"):
+        return build_model(config)
+    return family.build(config, raw, hf.keys())
 
 
 def _check_weights_fit(config: ModelConfig, family, raw: dict, hf: dict[str, torch.Tensor], folder: Path) -> None:
@@ -121,7 +124,7 @@ def _check_weights_fit(config: ModelConfig, family, raw: dict, hf: dict[str, tor
     (a bare {"model_type": "llama"} would otherwise build transformers' 7B defaults and exhaust memory)."""
     try:
         with torch.device("meta"):
-            needed = sum(p.numel() for p in _build(config, family, raw).parameters())
+            needed = sum(p.numel() for p in _build(config, family, raw, hf).parameters())
     except Exception:  # a family that cannot be built on the meta device: the shape checks later still apply
         return
     stored = sum(t.numel() for t in hf.values())

@@ -1,5 +1,5 @@
 """BERT (BertModel, BertForMaskedLM, ...ForPreTraining/NextSentencePrediction/SequenceClassification/
-TokenClassification/QuestionAnswering): config mapping and weight-name tables.
+TokenClassification/QuestionAnswering/MultipleChoice): config mapping and weight-name tables.
 
 The encoder families (BERT, RoBERTa, DistilBERT) share the machinery below; each describes its
 format as data in an `EncoderFormat`: names of the embeddings, of one layer, of the pooler and
@@ -14,8 +14,9 @@ from lmkit.errors import ConfigError
 from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
 
 MODEL_TYPES = ("bert",)
-ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-               "relu": "relu", "silu": "silu", "swish": "silu"}
+ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "gelu_python_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_accurate": "gelu_tanh",
+               "relu": "relu", "silu": "silu", "swish": "silu"}  # transformers' ACT2FN names of the same functions
 TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 
@@ -60,11 +61,13 @@ FORMAT = EncoderFormat(
     model_type="bert", prefix="bert.", embeddings=_EMBEDDINGS, layer_prefix="encoder.layer.{i}.", layer=_LAYER,
     archs={"BertModel": (None, "tanh"), "BertForMaskedLM": ("mlm", None), "BertForPreTraining": ("pretraining", "tanh"),
            "BertForNextSentencePrediction": ("nsp", "tanh"), "BertForSequenceClassification": ("sequence", "tanh"),
-           "BertForTokenClassification": ("token", None), "BertForQuestionAnswering": ("qa", None)},
-    pooler={h: "bert.pooler.dense" for h in (None, "pretraining", "nsp", "sequence")},
+           "BertForTokenClassification": ("token", None), "BertForQuestionAnswering": ("qa", None),
+           "BertForMultipleChoice": ("choice", "tanh")},
+    pooler={h: "bert.pooler.dense" for h in (None, "pretraining", "nsp", "sequence", "choice")},
     heads={"mlm": _MLM, "pretraining": _MLM + linear("nsp_head", "cls.seq_relationship"),
            "nsp": linear("nsp_head", "cls.seq_relationship"), "sequence": linear("classifier", "classifier"),
-           "token": linear("classifier", "classifier"), "qa": linear("qa_outputs", "qa_outputs")},
+           "token": linear("classifier", "classifier"), "qa": linear("qa_outputs", "qa_outputs"),
+           "choice": linear("classifier", "classifier")},
     mlm_decoder="cls.predictions.decoder.weight",
     # transformers 5 keeps decoder.bias apart from bias when untied and uses decoder.bias; both are written, the
     # second read wins, and a checkpoint holding only one of the names loads through these aliases
@@ -196,8 +199,11 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     return format_rules(FORMAT, cfg)
 
 
-def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict):
-    """An `Encoder` with the head of the HF class in raw["architectures"] (bare with a pooler if none is named)."""
+def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict, names=()):
+    """An `Encoder` with the head of the HF class in raw["architectures"] (bare with a pooler if none is named).
+
+    names: the checkpoint's tensor names; a bare model whose weights hold no pooler is built without one
+    (BertModel(config, add_pooling_layer=False) saves no trace of that flag but its missing tensors)."""
     from lmkit.models.encoder import Encoder
 
     archs = raw.get("architectures") or [next(iter(fmt.archs))]
@@ -205,11 +211,12 @@ def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict):
     if arch is None:
         raise ConfigError(f"lmkit does not load {fmt.model_type} class {archs[0]}; supported: {', '.join(fmt.archs)}")
     head, pooler = fmt.archs[arch]
-    if head is None and raw.get("add_pooling_layer") is False:
+    if head is None and (raw.get("add_pooling_layer") is False
+                         or names and not any(n.endswith("pooler.dense.weight") for n in names)):
         pooler = None
     return Encoder(config, head=head, pooler=pooler, num_labels=config.extra.get("num_labels", 2),
                    pooling=raw.get("lmkit_pooling", "cls"))
 
 
-def build(config: ModelConfig, raw: dict):
-    return build_encoder(FORMAT, config, raw)
+def build(config: ModelConfig, raw: dict, names=()):
+    return build_encoder(FORMAT, config, raw, names)

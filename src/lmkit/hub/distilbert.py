@@ -1,5 +1,5 @@
 """DistilBERT (DistilBertModel, DistilBertForMaskedLM, ...ForSequenceClassification/TokenClassification/
-QuestionAnswering): config mapping and weight-name tables.
+QuestionAnswering/MultipleChoice): config mapping and weight-name tables.
 
 A post-norm encoder without segment embeddings; LayerNorm eps is fixed at 1e-12; the sequence
 classifier is pre_classifier + ReLU on [CLS] (lmkit's pooler with a ReLU) then classifier.
@@ -28,10 +28,11 @@ FORMAT = EncoderFormat(
     layer=_LAYER,
     archs={"DistilBertModel": (None, None), "DistilBertForMaskedLM": ("mlm", None),
            "DistilBertForSequenceClassification": ("sequence", "relu"),
-           "DistilBertForTokenClassification": ("token", None), "DistilBertForQuestionAnswering": ("qa", None)},
-    pooler={"sequence": "pre_classifier"},
+           "DistilBertForTokenClassification": ("token", None), "DistilBertForQuestionAnswering": ("qa", None),
+           "DistilBertForMultipleChoice": ("choice", "relu")},
+    pooler={"sequence": "pre_classifier", "choice": "pre_classifier"},
     heads={"mlm": _MLM, "sequence": linear("classifier", "classifier"), "token": linear("classifier", "classifier"),
-           "qa": linear("qa_outputs", "qa_outputs")},
+           "qa": linear("qa_outputs", "qa_outputs"), "choice": linear("classifier", "classifier")},
     mlm_decoder="vocab_projector.weight")
 ALIASES = (("distilbert.", ""), ("embeddings.", "distilbert.embeddings."), ("transformer.", "distilbert.transformer."))
 
@@ -58,12 +59,12 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         raise ConfigError("the DistilBERT format has no segment embeddings, positions from 0 and LayerNorm eps 1e-12; "
                           "use family='bert' for this config")
     labels = labels_to_hf(cfg)
-    labels.pop("classifier_dropout")
+    classifier_dropout = labels.pop("classifier_dropout")
     raw = {"model_type": "distilbert", "vocab_size": cfg.vocab_size, "dim": cfg.d_model, "n_layers": cfg.n_layers,
            "n_heads": cfg.n_heads, "hidden_dim": cfg.ffn_dim, "activation": act,
            "max_position_embeddings": cfg.max_seq_len, "sinusoidal_pos_embds": False, "dropout": cfg.dropout,
            "attention_dropout": cfg.attention_dropout, "initializer_range": cfg.init_std,
-           "seq_classif_dropout": cfg.extra.get("classifier_dropout") or 0.2, "qa_dropout": cfg.dropout,
+           "seq_classif_dropout": 0.2 if classifier_dropout is None else classifier_dropout, "qa_dropout": cfg.dropout,
            "pad_token_id": cfg.pad_token_id, "tie_word_embeddings": cfg.tie_embeddings, **labels}
     return with_architecture(FORMAT, cfg, raw)
 
@@ -72,5 +73,5 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     return format_rules(FORMAT, cfg)
 
 
-def build(config: ModelConfig, raw: dict):
-    return build_encoder(FORMAT, config, raw)
+def build(config: ModelConfig, raw: dict, names=()):
+    return build_encoder(FORMAT, config, raw, names)

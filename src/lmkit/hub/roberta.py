@@ -1,5 +1,5 @@
 """RoBERTa (RobertaModel, RobertaForMaskedLM, ...ForSequenceClassification/TokenClassification/
-QuestionAnswering): the BERT tables with RoBERTa's names and its positions.
+QuestionAnswering/MultipleChoice): the BERT tables with RoBERTa's names and its positions.
 
 Positions start at padding_idx + 1 and skip padding (position_offset = pad + 1,
 position_skip_padding), so max_position_embeddings = max_seq_len + pad + 1 (514 for 512 tokens).
@@ -21,10 +21,11 @@ FORMAT = EncoderFormat(
     model_type="roberta", prefix="roberta.", embeddings=_EMBEDDINGS, layer_prefix="encoder.layer.{i}.", layer=_LAYER,
     archs={"RobertaModel": (None, "tanh"), "RobertaForMaskedLM": ("mlm", None),
            "RobertaForSequenceClassification": ("sequence", "tanh"), "RobertaForTokenClassification": ("token", None),
-           "RobertaForQuestionAnswering": ("qa", None)},
-    pooler={None: "roberta.pooler.dense", "sequence": "classifier.dense"},
+           "RobertaForQuestionAnswering": ("qa", None), "RobertaForMultipleChoice": ("choice", "tanh")},
+    pooler={None: "roberta.pooler.dense", "sequence": "classifier.dense", "choice": "roberta.pooler.dense"},
     heads={"mlm": _MLM, "sequence": linear("classifier", "classifier.out_proj"),
-           "token": linear("classifier", "classifier"), "qa": linear("qa_outputs", "qa_outputs")},
+           "token": linear("classifier", "classifier"), "qa": linear("qa_outputs", "qa_outputs"),
+           "choice": linear("classifier", "classifier")},
     mlm_decoder="lm_head.decoder.weight",
     aliases=(("lm_head.bias", "lm_head.decoder.bias"), ("lm_head.decoder.bias", "lm_head.bias")))
 ALIASES = (("roberta.", ""), ("embeddings.", "roberta.embeddings."), ("encoder.", "roberta.encoder."),
@@ -32,13 +33,17 @@ ALIASES = (("roberta.", ""), ("embeddings.", "roberta.embeddings."), ("encoder."
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
+    """Keys config.json leaves out take RobertaConfig's defaults (not roberta-base's values: 512 positions,
+    2 token types, LayerNorm eps 1e-12), as transformers reads such a file."""
     pad = hf.get("pad_token_id", 1)
     offset = pad + 1
-    n_pos = hf.get("max_position_embeddings", 514)
+    n_pos = hf.get("max_position_embeddings", 512)
     if n_pos <= offset:
         raise ConfigError(f"RoBERTa max_position_embeddings={n_pos} leaves no position after padding_idx={pad}")
     fields = dict(max_seq_len=n_pos - offset, position_offset=offset, position_skip_padding=True, pad_token_id=pad,
-                  type_vocab_size=hf.get("type_vocab_size", 1), norm_eps=hf.get("layer_norm_eps", 1e-5))
+                  vocab_size=hf.get("vocab_size", 50265), type_vocab_size=hf.get("type_vocab_size", 2),
+                  norm_eps=hf.get("layer_norm_eps", 1e-12), bos_token_id=hf.get("bos_token_id", 0),
+                  eos_token_id=hf.get("eos_token_id", 2))
     cfg = encoder_config_from_hf(hf, "roberta", **fields)
     cfg.extra["mlm_activation"] = "gelu"
     return cfg
@@ -56,5 +61,5 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     return format_rules(FORMAT, cfg)
 
 
-def build(config: ModelConfig, raw: dict):
-    return build_encoder(FORMAT, config, raw)
+def build(config: ModelConfig, raw: dict, names=()):
+    return build_encoder(FORMAT, config, raw, names)

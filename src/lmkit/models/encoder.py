@@ -19,7 +19,7 @@ from lmkit.models.output import ModelOutput
 from lmkit.models.stack import Stack
 _UNSET = object()
 IGNORE_INDEX = -100  # labels that score nothing (padding, unmasked positions)
-NEEDS_POOLER = ("pretraining", "nsp", "sequence")
+NEEDS_POOLER = ("pretraining", "nsp", "sequence", "choice")
 
 
 def padding_skipping_positions(input_ids: torch.Tensor, pad_token_id: int) -> torch.Tensor:
@@ -35,7 +35,8 @@ class Encoder(PreTrainedModel):
     """A bidirectional stack with an optional pooler and one head.
 
     head: None (bare encoder), "mlm", "pretraining" (MLM + NSP), "nsp", "sequence" (classification or,
-    with num_labels=1, regression on the pooled output), "token" (per-position labels), "qa" (start/end).
+    with num_labels=1, regression on the pooled output), "token" (per-position labels), "qa" (start/end),
+    "choice" (multiple choice: inputs (B, C, T), one score per choice from the pooled output, logits (B, C)).
     pooler: None, "tanh" or "relu" (dense + activation on the pooled hidden state); pooling: "cls" or "mean".
     """
 
@@ -60,9 +61,11 @@ class Encoder(PreTrainedModel):
         self.pooler = Pooler(d, pooling, pooler) if pooler else None
         self.mlm_head = MaskedLMHead(config, self.encoder.embeddings.tokens) if head in ("mlm", "pretraining") else None
         self.nsp_head = nn.Linear(d, 2) if head in ("pretraining", "nsp") else None
-        self.classifier = nn.Linear(d, num_labels) if head in ("sequence", "token") else None
+        classes = 1 if head == "choice" else num_labels  # multiple choice scores each choice alone
+        self.classifier = nn.Linear(d, classes) if head in ("sequence", "token", "choice") else None
         self.qa_outputs = nn.Linear(d, 2) if head == "qa" else None
-        self.dropout = nn.Dropout(config.extra.get("classifier_dropout") or config.dropout)
+        classifier_dropout = config.extra.get("classifier_dropout")  # 0.0 is a setting, None means hidden dropout
+        self.dropout = nn.Dropout(config.dropout if classifier_dropout is None else classifier_dropout)
         self.init_weights()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -73,9 +76,21 @@ class Encoder(PreTrainedModel):
                 inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 next_sentence_label: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
                 end_positions: torch.Tensor | None = None) -> ModelOutput:
-        """Hidden states (B, T, d) and the head's logits; with labels, the head's mean loss."""
+        """Hidden states (B, T, d) and the head's logits; with labels, the head's mean loss.
+
+        position_ids index the position table as transformers' classes do: from 0 for BERT and DistilBERT, and as
+        table rows for RoBERTa (whose own positions start at pad + 1)."""
         cfg = self.config
-        if position_ids is None and cfg.position_skip_padding and input_ids is not None:
+        if self.head == "choice":  # (B, C, T) -> (B * C, T): each choice is scored as its own row
+            choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+            input_ids, attention_mask, token_type_ids, position_ids = (
+                None if x is None else x.reshape(-1, x.shape[-1])
+                for x in (input_ids, attention_mask, token_type_ids, position_ids))
+            inputs_embeds = None if inputs_embeds is None else inputs_embeds.flatten(0, 1)
+        if cfg.position_skip_padding and position_ids is not None:
+            # RobertaEmbeddings indexes its table with given position_ids as they are (its own start at pad + 1)
+            position_ids = position_ids - cfg.position_offset
+        elif cfg.position_skip_padding and input_ids is not None:
             position_ids = padding_skipping_positions(input_ids, cfg.pad_token_id)
         h = self.encoder(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
@@ -101,6 +116,10 @@ class Encoder(PreTrainedModel):
             out.logits = self.classifier(self.dropout(out.pooler_output))
             if labels is not None:
                 losses.append(self._sequence_loss(out.logits, labels))
+        elif self.head == "choice":
+            out.logits = self.classifier(self.dropout(out.pooler_output)).view(-1, choices)
+            if labels is not None:
+                losses.append(F.cross_entropy(out.logits.float(), labels.reshape(-1)))
         elif self.head == "token":
             out.logits = self.classifier(self.dropout(h))
             if labels is not None:
@@ -111,7 +130,7 @@ class Encoder(PreTrainedModel):
             out.start_logits, out.end_logits = (x.squeeze(-1).contiguous() for x in out.logits.split(1, dim=-1))
             if start_positions is not None and end_positions is not None:
                 T = h.shape[1]  # positions past the end are ignored, as transformers does
-                start, end = start_positions.clamp(0, T), end_positions.clamp(0, T)
+                start, end = (p.reshape(-1).clamp(0, T) for p in (start_positions, end_positions))  # (B,) or (B, 1)
                 losses.append((F.cross_entropy(out.start_logits.float(), start, ignore_index=T)
                                + F.cross_entropy(out.end_logits.float(), end, ignore_index=T)) / 2)
         if losses:

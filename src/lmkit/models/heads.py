@@ -4,7 +4,8 @@ pooling:        cls: H[:, 0];  mean: sum_t m_t H_t / sum_t m_t over the attentio
 Pooler:         act(W pool(H) + b)          (BERT/RoBERTa: tanh; DistilBERT's pre-classifier: ReLU)
 MaskedLMHead:   LN(act(W H + b)) W_E^T + b_V (the output matrix is the token embedding matrix)
 sequence / NSP: a linear layer on the pooler output; token classification: a linear layer per position;
-question answering: start and end logits from one (d -> 2) linear layer.
+question answering: start and end logits from one (d -> 2) linear layer; multiple choice: a (d -> 1) linear layer
+on each choice's pooler output, the C scores of a question side by side.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from lmkit.nn.ffn import activation
 from lmkit.nn.norms import build_norm
 
 # head name -> (what it predicts); None is the bare encoder
-HEADS = (None, "mlm", "pretraining", "nsp", "sequence", "token", "qa")
+HEADS = (None, "mlm", "pretraining", "nsp", "sequence", "token", "qa", "choice")
 POOLINGS = ("cls", "mean")
 POOLER_ACTIVATIONS = {"tanh": torch.tanh, "relu": F.relu}
 
@@ -29,6 +30,9 @@ def pool(h: torch.Tensor, attention_mask: torch.Tensor | None, mode: str) -> tor
         return h[:, 0]
     if attention_mask is None:
         return h.mean(dim=1)
+    if attention_mask.dim() != 2:
+        raise ConfigError(f"mean pooling reads a (batch, length) attention_mask, not one of shape "
+                          f"{tuple(attention_mask.shape)}; pass the 2-D padding mask")
     m = attention_mask.to(h.dtype).unsqueeze(-1)
     return (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
 

@@ -22,5 +22,15 @@ class ModelOutput:
     nsp_logits: torch.Tensor | None = None        # next-sentence prediction (B, 2) beside MLM logits
     loss: torch.Tensor | None = None
 
+    @property
+    def prediction_logits(self) -> torch.Tensor | None:
+        """BertForPreTraining's name of its masked-LM logits (`logits` beside `nsp_logits`)."""
+        return self.logits if self.nsp_logits is not None else None
+
+    @property
+    def seq_relationship_logits(self) -> torch.Tensor | None:
+        """BertForPreTraining's name of its next-sentence logits."""
+        return self.nsp_logits
+
     def __getitem__(self, key: str):
         return getattr(self, key)

@@ -42,7 +42,11 @@ def build_attention_bias(attention_mask: torch.Tensor | None, batch: int, q_len:
                          window: int | None = None) -> tuple[torch.Tensor | None, bool]:
     """(mask, is_causal) for scaled_dot_product_attention: a boolean mask (True = may attend), as
     transformers passes it, so rows that see nothing come out as SDPA makes them; is_causal lets SDPA
-    build a plain causal mask itself."""
+    build a plain causal mask itself. A 4-D (B, 1, q_len, k_len) mask is taken as already prepared and used as
+    given, as transformers does: boolean or 0/1 (True = may attend), or floating point (an additive bias)."""
+    if attention_mask is not None and attention_mask.dim() == 4:
+        prepared = attention_mask.to(dtype) if attention_mask.is_floating_point() else attention_mask.bool()
+        return prepared.to(device), False
     padded = attention_mask is not None and not bool(attention_mask[:, :k_len].all())
     if causal and not padded and q_len == k_len and (window is None or k_len <= window):
         return None, True
