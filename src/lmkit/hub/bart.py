@@ -10,14 +10,12 @@ import torch
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
+from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
 
 MODEL_TYPES = ("bart",)
 # checkpoints that store the table under the stacks' names only; BartModel has no "model." prefix
 ALIASES = (("model.shared.", "model.encoder.embed_tokens."), ("model.encoder.embed_tokens.", "model.shared."),
            ("model.decoder.embed_tokens.", "model.shared."), ("model.", ""))
-_ACTS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu",
-         "swish": "silu"}
 _KEPT = ("forced_bos_token_id", "forced_eos_token_id")  # generation settings kept for the round trip
 
 
@@ -31,7 +29,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
                         ("static_position_embeddings", False), ("add_bias_logits", False)):
         if flag in hf and bool(hf[flag]) is not plain:
             raise ConfigError(f"BART option {flag}={hf[flag]} (a BART variant) is not supported by lmkit")
-    act = hf_activation(hf, "activation_function", "gelu", _ACTS, "BART")
+    act = hf_activation(hf, "activation_function", "gelu", HF_ACTIVATIONS, "BART")
     d = hf.get("d_model", 1024)
     return ModelConfig(
         family="bart", architecture="encoder-decoder", vocab_size=hf.get("vocab_size", 50265), d_model=d,
@@ -39,7 +37,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         n_heads=hf.get("encoder_attention_heads", 16), d_ff=hf.get("encoder_ffn_dim", 4096),
         max_seq_len=hf.get("max_position_embeddings", 1024), position="learned", position_offset=2,
         norm="layernorm", norm_placement="post", norm_eps=1e-5, final_norm=False, embedding_norm=True,
-        activation=_ACTS[act], bias=True, tie_embeddings=hf.get("tie_word_embeddings", True) is not False,
+        activation=HF_ACTIVATIONS[act], bias=True, tie_embeddings=hf.get("tie_word_embeddings", True) is not False,
         embedding_scale=d ** 0.5 if hf.get("scale_embedding") else 1.0, output_bias=True,
         dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
         init_std=hf.get("init_std", 0.02), pad_token_id=hf.get("pad_token_id", 1), bos_token_id=hf.get("bos_token_id", 0),
@@ -50,7 +48,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    act = {v: k for k, v in reversed(_ACTS.items())}.get(cfg.activation)
+    act = hf_activation_name(cfg.activation, HF_ACTIVATIONS)
     if cfg.position != "learned" or cfg.position_offset != 2 or cfg.norm != "layernorm" \
             or cfg.norm_placement != "post" or cfg.final_norm or not cfg.embedding_norm or act is None \
             or not cfg.use_attention_bias or not cfg.use_mlp_bias or not cfg.norm_bias or cfg.kv_heads != cfg.n_heads \

@@ -11,13 +11,9 @@ from dataclasses import dataclass, field
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
+from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
 
 MODEL_TYPES = ("bert",)
-ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-               "gelu_python_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_accurate": "gelu_tanh",
-               "relu": "relu", "silu": "silu", "swish": "silu"}  # transformers' ACT2FN names of the same functions
-TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 
 def linear(ours: str, hf: str) -> list[tuple[str, str]]:
@@ -95,7 +91,7 @@ def num_labels_of(hf: dict) -> int:
 
 def encoder_config_from_hf(hf: dict, family: str, **fields) -> ModelConfig:
     """The settings BERT-like configs share (BERT and RoBERTa spell them alike)."""
-    act = hf_activation(hf, "hidden_act", "gelu", ACTIVATIONS, family)
+    act = hf_activation(hf, "hidden_act", "gelu", HF_ACTIVATIONS, family)
     kind = hf.get("position_embedding_type", "absolute")
     if kind not in ("absolute", None):
         raise ConfigError(f"{family} position_embedding_type={kind!r} is not supported; lmkit loads 'absolute' only")
@@ -110,7 +106,7 @@ def encoder_config_from_hf(hf: dict, family: str, **fields) -> ModelConfig:
         n_layers=hf.get("num_hidden_layers", 12), n_heads=hf.get("num_attention_heads", 12),
         d_ff=hf.get("intermediate_size", 3072), max_seq_len=hf.get("max_position_embeddings", 512), position="learned",
         norm="layernorm", norm_placement="post", norm_eps=hf.get("layer_norm_eps", 1e-12), final_norm=False,
-        embedding_norm=True, activation=ACTIVATIONS[act], bias=True, type_vocab_size=hf.get("type_vocab_size", 2),
+        embedding_norm=True, activation=HF_ACTIVATIONS[act], bias=True, type_vocab_size=hf.get("type_vocab_size", 2),
         tie_embeddings=hf.get("tie_word_embeddings", True), pad_token_id=hf.get("pad_token_id", 0),
         bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
         dropout=hf.get("hidden_dropout_prob", 0.1), attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
@@ -125,7 +121,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
 
 def check_encoder(cfg: ModelConfig, family: str) -> str:
     """The HF hidden_act of an lmkit config that fits a BERT-like format, or a ConfigError saying why not."""
-    act = TO_HF_ACTIVATION.get(cfg.activation)
+    act = hf_activation_name(cfg.activation, HF_ACTIVATIONS)
     if act is None or cfg.architecture != "encoder" or cfg.position != "learned" or cfg.norm != "layernorm" \
             or cfg.norm_placement != "post" or not cfg.embedding_norm or cfg.final_norm or cfg.kv_heads != cfg.n_heads \
             or not cfg.bias or cfg.dim_head * cfg.n_heads != cfg.d_model or cfg.n_experts:

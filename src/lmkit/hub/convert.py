@@ -77,6 +77,20 @@ def layer_rules(n_layers: int, table: list[tuple], ours_prefix: str, hf_prefix: 
     return rules
 
 
+# transformers' ACT2FN names of the functions lmkit has (exact GELU, tanh GELU, ReLU, SiLU), first the name
+# lmkit writes for each
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu",
+                  "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_accurate": "gelu_tanh",
+                  "gelu_python": "gelu", "gelu_python_tanh": "gelu_tanh"}
+_GLU = {"gelu": "geglu", "gelu_tanh": "geglu_tanh", "relu": "reglu", "silu": "swiglu"}
+HF_GATED_ACTIVATIONS = {name: _GLU[act] for name, act in HF_ACTIVATIONS.items()}  # the same names gating a GLU FFN
+
+
+def hf_activation_name(act: str, table: dict, prefer: tuple[str, ...] = ()) -> str | None:
+    """The config.json name of lmkit's activation `act`: the first of `prefer`, then of `table`, that maps to it."""
+    return next((name for name in (*prefer, *table) if table.get(name) == act), None)
+
+
 def hf_activation(hf: dict, key: str, default: str, table: dict, family: str) -> str:
     """The config's activation name under `key`, checked against the names `table` maps to lmkit's."""
     act = hf.get(key, default)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.bert import ACTIVATIONS, EncoderFormat, build_encoder, check_encoder, format_rules, labels_to_hf, linear, \
+from lmkit.hub.bert import EncoderFormat, build_encoder, check_encoder, format_rules, labels_to_hf, linear, \
     num_labels_of, problem_type_of, with_architecture
-from lmkit.hub.convert import Rule, hf_activation
+from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation
 
 MODEL_TYPES = ("distilbert",)
 _EMBEDDINGS = [("tokens.weight", "embeddings.word_embeddings.weight"),
@@ -38,7 +38,7 @@ ALIASES = (("distilbert.", ""), ("embeddings.", "distilbert.embeddings."), ("tra
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
-    act = hf_activation(hf, "activation", "gelu", ACTIVATIONS, "DistilBERT")
+    act = hf_activation(hf, "activation", "gelu", HF_ACTIVATIONS, "DistilBERT")
     extra = {"num_labels": num_labels_of(hf), "classifier_dropout": hf.get("seq_classif_dropout", 0.2),
              "problem_type": problem_type_of(hf)}
     if hf.get("id2label"):
@@ -47,7 +47,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         family="distilbert", architecture="encoder", vocab_size=hf.get("vocab_size", 30522), d_model=hf.get("dim", 768),
         n_layers=hf.get("n_layers", 6), n_heads=hf.get("n_heads", 12), d_ff=hf.get("hidden_dim", 3072),
         max_seq_len=hf.get("max_position_embeddings", 512), position="learned", norm="layernorm",
-        norm_placement="post", norm_eps=1e-12, final_norm=False, embedding_norm=True, activation=ACTIVATIONS[act],
+        norm_placement="post", norm_eps=1e-12, final_norm=False, embedding_norm=True, activation=HF_ACTIVATIONS[act],
         bias=True, type_vocab_size=0, tie_embeddings=hf.get("tie_word_embeddings", True),
         pad_token_id=hf.get("pad_token_id", 0), dropout=hf.get("dropout", 0.1),
         attention_dropout=hf.get("attention_dropout", 0.1), init_std=hf.get("initializer_range", 0.02), extra=extra)

@@ -3,25 +3,22 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
+from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
 
 MODEL_TYPES = ("gpt2",)
 ALIASES = (("transformer.", ""),)
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 SCALE_BY_LAYER = True  # config.json's scale_attn_by_inverse_layer_idx is read and written
-_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-                "gelu_accurate": "gelu_tanh", "gelu_python_tanh": "gelu_tanh", "gelu": "gelu", "gelu_python": "gelu",
-                "relu": "relu", "silu": "silu", "swish": "silu"}  # the same functions, written differently
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
-    act = hf_activation(hf, "activation_function", "gelu_new", _ACTIVATIONS, "GPT-2")
+    act = hf_activation(hf, "activation_function", "gelu_new", HF_ACTIVATIONS, "GPT-2")
     d = hf.get("n_embd", 768)
     return ModelConfig(
         family="gpt2", architecture="decoder", vocab_size=hf.get("vocab_size", 50257), d_model=d,
         n_layers=hf.get("n_layer", 12), n_heads=hf.get("n_head", 12), d_ff=hf.get("n_inner") or 4 * d,
         max_seq_len=hf.get("n_positions", 1024), position="learned", norm="layernorm", norm_placement="pre",
-        norm_eps=hf.get("layer_norm_epsilon", 1e-5), activation=_ACTIVATIONS[act], bias=True,
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5), activation=HF_ACTIVATIONS[act], bias=True,
         attention_scale=None if hf.get("scale_attn_weights", True) else 1.0,  # false: softmax(Q K^T), no 1/sqrt(d)
         attention_scale_by_layer=bool(hf.get("scale_attn_by_inverse_layer_idx", False)),
         tie_embeddings=hf.get("tie_word_embeddings", True), bos_token_id=hf.get("bos_token_id", 50256),
@@ -34,7 +31,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}.get(cfg.activation)
+    act = hf_activation_name(cfg.activation, HF_ACTIVATIONS)
     if act is None or cfg.position != "learned" or cfg.norm != "layernorm" or cfg.norm_placement != "pre" \
             or cfg.gated or cfg.kv_heads != cfg.n_heads or not cfg.bias or cfg.dim_head * cfg.n_heads != cfg.d_model \
             or cfg.attention_scale not in (None, 1.0, cfg.dim_head ** -0.5):

@@ -6,15 +6,11 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import Rule, hf_activation, layer_rules, rename
+from lmkit.hub.convert import HF_GATED_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
 
 MODEL_TYPES = ("llama",)
 ALIASES = (("model.", ""),)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-# hidden_act -> gated FFN; the tanh approximations of GELU are their own activation (they differ by up to 1e-3)
-ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh",
-               "gelu_new": "geglu_tanh", "gelu_fast": "geglu_tanh", "relu": "reglu",
-               "gelu_python": "geglu", "gelu_accurate": "geglu_tanh", "gelu_python_tanh": "geglu_tanh"}
 
 
 def rope_from_hf(hf: dict) -> tuple[float, dict | None]:
@@ -48,7 +44,7 @@ def rope_to_hf(cfg: ModelConfig) -> dict:
 def config_from_hf(hf: dict, family: str = "llama", **overrides) -> ModelConfig:
     """The LLaMA reading of config.json; relatives (Mistral, Qwen2, Mixtral) pass their defaults inside `hf`
     and their own fields (sliding window, biases, experts) as `overrides`."""
-    act = hf_activation(hf, "hidden_act", "silu", ACTIVATIONS, family)
+    act = hf_activation(hf, "hidden_act", "silu", HF_GATED_ACTIVATIONS, family)
     if hf.get("pretraining_tp", 1) not in (1, None):
         raise ConfigError("pretraining_tp > 1 is not supported; set it to 1 (it does not change the weights)")
     theta, scaling = rope_from_hf(hf)
@@ -59,7 +55,7 @@ def config_from_hf(hf: dict, family: str = "llama", **overrides) -> ModelConfig:
         head_dim=hf.get("head_dim") or d // heads, d_ff=hf.get("intermediate_size", 11008),
         max_seq_len=hf.get("max_position_embeddings", 2048), position="rope", rope_theta=theta, rope_scaling=scaling,
         norm="rmsnorm", norm_placement="pre", norm_eps=hf.get("rms_norm_eps", 1e-6), norm_bias=False,
-        activation=ACTIVATIONS[act], bias=False, attention_bias=bool(hf.get("attention_bias", False)),
+        activation=HF_GATED_ACTIVATIONS[act], bias=False, attention_bias=bool(hf.get("attention_bias", False)),
         mlp_bias=bool(hf.get("mlp_bias", False)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"), pad_token_id=hf.get("pad_token_id"),
         attention_dropout=hf.get("attention_dropout", 0.0), init_std=hf.get("initializer_range", 0.02))
@@ -77,7 +73,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 def llama_like_to_hf(cfg: ModelConfig, model_type: str, architecture: str) -> dict:
     """The config.json keys LLaMA shares with its relatives (Mistral, Qwen2, Mixtral): sizes, RoPE in both
     spellings, RMSNorm, the gated activation, tying and special tokens."""
-    hidden_act = {v: k for k, v in reversed(ACTIVATIONS.items())}.get(cfg.activation)
+    hidden_act = hf_activation_name(cfg.activation, HF_GATED_ACTIVATIONS, prefer=("gelu_pytorch_tanh",))
     if cfg.position != "rope" or cfg.norm != "rmsnorm" or cfg.norm_placement != "pre" or hidden_act is None \
             or cfg.rope_interleaved or cfg.architecture != "decoder":
         raise ConfigError(f"this model does not fit the {model_type} format (needs RoPE, pre-RMSNorm and a gated "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import Rule, layer_rules, rename
+from lmkit.hub.convert import HF_ACTIVATIONS, HF_GATED_ACTIVATIONS, Rule, hf_activation_name, layer_rules, rename
 
 MODEL_TYPES = ("t5", "mt5")
 # MT5Config's defaults where they differ from T5Config's (read when config.json leaves them out)
@@ -18,10 +18,6 @@ _MT5_DEFAULTS = {"vocab_size": 250112, "d_ff": 1024, "num_layers": 8, "num_heads
                  "decoder_start_token_id": 0}
 # an untied head falls back to the shared table (5.x writes it once when equal); T5Model has no head
 ALIASES = (("shared.", "encoder.embed_tokens."), ("lm_head.", "shared."))
-_ACTS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu",
-         "swish": "silu"}
-_GATED = {"relu": "reglu", "gelu": "geglu", "gelu_new": "geglu_tanh", "gelu_pytorch_tanh": "geglu_tanh",
-          "silu": "swiglu", "swish": "swiglu"}
 
 
 def _activation(hf: dict) -> str:
@@ -33,7 +29,7 @@ def _activation(hf: dict) -> str:
         raise ConfigError(f"T5 feed_forward_proj {proj!r} is not of the form 'ACT' or 'gated-ACT' (e.g. relu, gated-gelu)")
     act = "gelu_new" if proj == "gated-gelu" else parts[-1]  # what transformers has always run for "gated-gelu"
     act, gated = hf.get("dense_act_fn", act), bool(hf.get("is_gated_act", parts[0] == "gated"))
-    table = _GATED if gated else _ACTS
+    table = HF_GATED_ACTIVATIONS if gated else HF_ACTIVATIONS
     if act not in table:
         raise ConfigError(f"T5 activation {act!r} (feed_forward_proj {proj!r}) is not supported; use one of "
                           f"{', '.join(table)}")
@@ -63,8 +59,8 @@ def config_from_hf(hf: dict) -> ModelConfig:
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    gated = cfg.activation in _GATED.values()
-    act = {v: k for k, v in reversed((_GATED if gated else _ACTS).items())}.get(cfg.activation)
+    gated = cfg.activation in HF_GATED_ACTIVATIONS.values()
+    act = hf_activation_name(cfg.activation, HF_GATED_ACTIVATIONS if gated else HF_ACTIVATIONS)
     # transformers runs dense_act_fn, so gated exact GELU is "gated-gelu" with dense_act_fn "gelu"
     proj = None if act is None else ("gated-gelu" if act.startswith("gelu") else f"gated-{act}") if gated else act
     scaled = abs(cfg.output_scale - cfg.d_model ** -0.5) < 1e-12
