@@ -16,6 +16,7 @@ VARIANTS = {
     "llama": dict(get_preset("llama").to_dict(), **SMALL, n_kv_heads=2),
     "transformer-2017": dict(get_preset("transformer-2017").to_dict(), **SMALL, d_ff=40, dropout=0.0),
     "sandwich-mqa": dict(get_preset("llama").to_dict(), **SMALL, n_kv_heads=1, norm_placement="sandwich"),
+    "peri-gpt2": dict(get_preset("gpt2").to_dict(), **SMALL, norm_placement="peri"),
 }
 
 

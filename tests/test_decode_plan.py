@@ -29,6 +29,7 @@ CONFIGS = {
                                  attention_bias=True, attention_out_bias=False, family="qwen2", **SMALL),
     "sandwich-no-bias": get_preset("gpt2", d_model=32, n_layers=2, n_heads=4, norm_placement="sandwich", bias=False,
                                    output_scale=0.5, **SMALL),
+    "peri-rms": get_preset("llama", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, norm_placement="peri", **SMALL),
 }
 
 

@@ -179,13 +179,28 @@ def test_post_norm_is_norm_of_x_plus_f_x():
     torch.testing.assert_close(block(x), block.norm(x + 2 * x + 1))
 
 
-def test_sandwich_norm_is_x_plus_norm2_of_f_of_norm1_x():
-    """Sandwich (CogView, Gemma-2): x + LN'(F(LN(x))), two norms with their own weights.
+def test_sandwich_norm_is_x_plus_norm_of_f_x():
+    """Sandwich as the issue defines it: x + LN(F(x)); one norm, on the branch, none before F."""
+    block = residual("sandwich")
+    assert block.norm is None and block.post_norm is not None
+    x = torch.randn(2, 4, 12)
+    torch.testing.assert_close(block(x), x + block.post_norm(2 * x + 1))
+    # the branch is normalized: an affine change of F that LN removes (F' = 3F) adds the same
+    block.sublayer = nn.Sequential(Affine(), nn.Linear(12, 12, bias=False))
+    with torch.no_grad():
+        block.sublayer[1].weight.copy_(3 * torch.eye(12))
+    torch.testing.assert_close(block(x), x + block.post_norm(2 * x + 1), rtol=1e-5, atol=1e-5)
+    # and the stream itself is not normalized: x passes through unscaled
+    assert not torch.allclose(block(x), block.post_norm(x + 2 * x + 1))
+
+
+def test_peri_norm_is_x_plus_norm2_of_f_of_norm1_x():
+    """Peri (CogView's sandwich-LN, Gemma-2): x + LN'(F(LN(x))), two norms with their own weights.
 
     Checked: the output equals the formula with both norms, and differs from pre-norm, so the second
     norm is really applied to the branch (the residual path itself stays un-normalized).
     """
-    block = residual("sandwich")
+    block = residual("peri")
     assert block.post_norm is not None and block.post_norm is not block.norm
     x = torch.randn(2, 4, 12)
     torch.testing.assert_close(block(x), x + block.post_norm(2 * block.norm(x) + 1))

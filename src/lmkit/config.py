@@ -16,7 +16,7 @@ from lmkit.errors import ConfigError
 ARCHITECTURES = ("decoder", "encoder", "encoder-decoder")
 POSITIONS = ("learned", "sinusoidal", "rope", "relative", "none")
 NORMS = ("layernorm", "rmsnorm")
-NORM_PLACEMENTS = ("pre", "post", "sandwich")
+NORM_PLACEMENTS = ("pre", "post", "sandwich", "peri")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh", "reglu")
 
 
@@ -46,7 +46,8 @@ class ModelConfig:
     relative_max_distance: int = 128
     # normalization
     norm: str = "layernorm"                # layernorm | rmsnorm
-    norm_placement: str = "pre"            # pre: x + F(LN(x)); post: LN(x + F(x)); sandwich: x + LN(F(LN(x)))
+    norm_placement: str = "pre"            # pre: x + F(LN(x)); post: LN(x + F(x)); sandwich: x + LN(F(x));
+                                           # peri: x + LN'(F(LN(x))) (nn/blocks.py)
     norm_eps: float = 1e-5
     norm_bias: bool = True
     final_norm: bool = True                # a norm after the last block (pre-norm stacks)

@@ -32,7 +32,9 @@ def _norm_spec(module: nn.Module | None) -> Norm | None:
     return (module.weight, module.bias, module.eps, False)
 
 
-def _apply_norm(spec: Norm, x: torch.Tensor) -> torch.Tensor:
+def _apply_norm(spec: Norm | None, x: torch.Tensor) -> torch.Tensor:
+    if spec is None:  # sandwich placement: no norm before F
+        return x
     weight, bias, eps, is_rms = spec
     if is_rms:
         return rms_norm(x, weight, eps)
@@ -212,8 +214,8 @@ class DecodePlan:
 
 
 def _residual(x: torch.Tensor, f: torch.Tensor, norm: Norm, post_norm: Norm | None, pre: bool) -> torch.Tensor:
-    """x + F (pre-norm), x + LN'(F) (sandwich) or LN(x + F) (post-norm): the placements of
-    nn.blocks.Residual on an F already computed (test_decode_plan.py checks all three against it)."""
+    """x + F (pre-norm), x + LN'(F) (sandwich, peri) or LN(x + F) (post-norm): the placements of
+    nn.blocks.Residual on an F already computed (test_decode_plan.py checks each against it)."""
     if not pre:
         return _apply_norm(norm, x + f)
     if post_norm is not None:

@@ -1,8 +1,10 @@
-"""Residual transformer blocks with pre-, post- or sandwich-norm placement.
+"""Residual transformer blocks with pre-, post-, sandwich- or peri-norm placement.
 
 pre:      x = x + F(LN(x))            (GPT-2, LLaMA)
 post:     x = LN(x + F(x))            (Transformer 2017, BERT, BART)
-sandwich: x = x + LN'(F(LN(x)))       (CogView's sandwich-LN, Gemma-2)
+sandwich: x = x + LN(F(x))            (the branch normalized before it joins the stream, as the issue defines
+                                       it; OLMo-2's reordered norm)
+peri:     x = x + LN'(F(LN(x)))       (norms on both sides of F: CogView's sandwich-LN, Gemma-2, Peri-LN)
 Each block holds self-attention, optional cross-attention (decoders of encoder-decoder models)
 and a feed-forward network (dense, or a mixture of experts when config.n_experts > 0).
 """
@@ -33,8 +35,8 @@ class Residual(nn.Module):
         super().__init__()
         self.placement = config.norm_placement
         self.sublayer = sublayer
-        self.norm = build_norm(config)
-        self.post_norm = build_norm(config) if self.placement == "sandwich" else None
+        self.norm = None if self.placement == "sandwich" else build_norm(config)  # before F, or after the sum (post)
+        self.post_norm = build_norm(config) if self.placement in ("sandwich", "peri") else None  # on F's output
         self.dropout = nn.Dropout(config.dropout)
 
     def _drop(self, h: torch.Tensor) -> torch.Tensor:
@@ -43,7 +45,7 @@ class Residual(nn.Module):
     def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         if self.placement == "post":
             return self.norm(x + self._drop(self.sublayer(x, **kwargs)))
-        h = self.sublayer(self.norm(x), **kwargs)
+        h = self.sublayer(x if self.norm is None else self.norm(x), **kwargs)
         if self.post_norm is not None:
             h = self.post_norm(h)
         return x + self._drop(h)
