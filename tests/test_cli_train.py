@@ -106,3 +106,25 @@ def test_eval_refuses_what_it_cannot_score_in_one_line(tmp_path, capsys):
     assert main(["eval", "--model", str(tmp_path / "bare-encoder")]) == 2
     err = capsys.readouterr().err
     assert "without a masked-LM head" in err and err.count("\n") == 1, err
+
+
+def test_eval_on_the_training_files_spelled_otherwise_scores_their_validation_split(corpus_file, tmp_path,
+                                                                                    monkeypatch, capsys):
+    """Trained on `small.jsonl`, evaluated on its absolute path or a glob: the model was trained on it, so only
+    its validation split is scored (document ids follow the spelling training used, so the split does too)."""
+    from lmkit.cli import main
+
+    (tmp_path / "small.jsonl").write_text(open(corpus_file, encoding="utf-8").read(), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--preset", "tiny", "--corpus", "small.jsonl", "--out", "run", "--max-steps", "1",
+                 "--batch-size", "2", "--seq-len", "16", "--precision", "fp32"]) == 0
+    capsys.readouterr()
+    reports = []
+    for spelling in ("small.jsonl", str(tmp_path / "small.jsonl"), "./sm*.jsonl"):
+        assert main(["eval", "--model", "run", "--corpus", spelling]) == 0
+        reports.append(capsys.readouterr().out.splitlines())
+    assert "validation split" in reports[0][0]
+    assert reports[1] == reports[2] == reports[0]
+    (tmp_path / "other.jsonl").write_text(open(corpus_file, encoding="utf-8").read(), encoding="utf-8")
+    assert main(["eval", "--model", "run", "--corpus", "other.jsonl"]) == 0  # a copy is other text: all of it
+    assert "(all " in capsys.readouterr().out

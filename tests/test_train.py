@@ -172,6 +172,17 @@ def test_out_folder_is_a_loadable_model_with_metrics(corpus_file, tmp_path):
     assert again["bpb"] == pytest.approx(again["loss"] * again["tokens"] / (math.log(2) * again["bytes"]))
 
 
+def test_default_evaluations_fall_on_the_logged_steps(corpus_file, tmp_path):
+    """Without --save-every, the about-ten evaluations of a fixed run come at multiples of --log-every, so
+    metrics.jsonl keeps the spacing asked for (it used to add a row at every 1-step evaluation of 12 steps)."""
+    out = tmp_path / "run"
+    Trainer(config(corpus_file, out, max_steps=12, log_every=5, save_every=None)).fit()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 10, 12]               # and the last step
+    assert all({"val_loss", "val_bpb"} <= set(r) for r in rows)
+    assert sorted(p.name for p in (out / "checkpoint").glob("step-*")) == [f"step-{s:08d}" for s in (5, 10, 12)]
+
+
 def test_time_budget_fixes_a_step_count(corpus_file, tmp_path):
     trainer = Trainer(config(corpus_file, tmp_path / "t", max_steps=None, time_budget=3.0, save_every=None))
     result = trainer.fit()

@@ -25,6 +25,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import lmkit
     from lmkit.data import load_corpus
+    from lmkit.data.corpus import same_files
     from lmkit.data.tokenize import check_fits
     from lmkit.errors import ConfigError, CorpusError
     from lmkit.evaluate import evaluate_text
@@ -32,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
 
     settings = run_settings(args.model) or {}
     corpus = args.corpus or settings.get("corpus") or ["pydocs"]
+    trained_on = settings.get("corpus")
+    if args.corpus and trained_on and args.corpus != trained_on and same_files(args.corpus, trained_on):
+        # the training files spelled otherwise: document ids (and so the split) follow the spelling training used
+        corpus = args.corpus = trained_on
     model = lmkit.load_model(args.model)
     arch = model.config.architecture
     if (args.pairs or args.task) and arch != "encoder-decoder":

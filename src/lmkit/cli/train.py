@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="default: bf16 where the CPU has native bf16")
     p.add_argument("--log-every", type=int, metavar="N", help="write metrics.jsonl every N steps (default 10)")
-    p.add_argument("--save-every", type=int, metavar="N", help="checkpoint and evaluate every N steps")
+    p.add_argument("--save-every", type=int, metavar="N", help="checkpoint and evaluate every N steps (default: about ten times a run, on --log-every steps when the run is that long)")
     p.add_argument("--seed", type=int, metavar="N", help="random seed (default 0)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--data", metavar="DIR", help="train on token shards made by `lmkit data prepare` (instead of --corpus)")

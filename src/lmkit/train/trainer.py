@@ -299,6 +299,12 @@ class Trainer:
             for name in ("tokenizer.json", "metrics.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
 
+    def _fixed_interval(self, total: int) -> int:
+        """Evaluations of a fixed run: about ten, at multiples of --log-every once the run logs at all,
+        so that evaluation rows keep metrics.jsonl's spacing (a shorter run still evaluates ten times)."""
+        every, log = max(1, total // 10), self.cfg.log_every
+        return -(-every // log) * log if total >= log else every
+
     def _loop(self, bar) -> dict[str, Any]:
         cfg = self.cfg
         t_start = time.perf_counter()
@@ -326,7 +332,7 @@ class Trainer:
             done = self.total_steps is not None and self.step >= self.total_steps
             # 0: a time budget not planned yet
             every = max(1, (self.total_steps - self._planned_at[0]) // self._n_evals) if self._planned_at else \
-                max(1, self.total_steps // 10) if self.total_steps else 0
+                self._fixed_interval(self.total_steps) if self.total_steps else 0
             # --eval-every / --save-every: at multiples of N; otherwise `every` steps after the last one (a
             # replanned run changes `every`, and multiples of the new value would come right after an evaluation)
             fixed_eval = cfg.eval_every or cfg.save_every
