@@ -121,3 +121,16 @@ def test_seq2seq_default_length_fits_bart_positions(tmp_path, capsys):
     model = lmkit.load_model(tmp_path)
     out = model.generate(torch.tensor([tok.encode("one two")]), max_new_tokens=23)
     assert capsys.readouterr().out == tok.decode(out[0].tolist(), skip_special_tokens=True) + "\n"
+
+
+def test_a_reader_that_goes_away_stops_generation_quietly(run_dir):
+    """`lmkit generate ... | head -c 1`: the closed pipe ends the command without a traceback (exit 141, as a
+    shell reports SIGPIPE), not with BrokenPipeError's stack."""
+    cmd = [sys.executable, "-m", "lmkit", "generate", "--model", str(run_dir), "--prompt", "The", "--max-new-tokens",
+           "30", "--seed", "0", "--temperature", "1.0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(1)
+    proc.stdout.close()  # the reader goes away while tokens are still streamed
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) in (0, 141)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from lmkit.errors import LmkitError
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader went away (`lmkit eval ... | head -1`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not raise again
+        return 141
     except LmkitError as exc:
         print(f"lmkit: error: {exc}", file=sys.stderr)
         return 2
