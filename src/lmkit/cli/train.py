@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--log-every", type=int, metavar="N", help="write metrics.jsonl every N steps (default 10)")
     p.add_argument("--save-every", type=int, metavar="N", help="checkpoint and evaluate every N steps (default: about ten times a run, on --log-every steps when the run is that long)")
     p.add_argument("--seed", type=int, metavar="N", help="random seed (default 0)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint (a run killed before its first save starts again at step 0)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--data", metavar="DIR", help="train on token shards made by `lmkit data prepare` (instead of --corpus)")
     p.add_argument("--micro-batch-size", type=int, metavar="N",
                    help="sequences per forward/backward (global); smaller than --batch-size accumulates gradients")
@@ -59,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
                   f"vocab {trainer.model_config.vocab_size}, " + (f"data {c.data}" if c.data else f"corpus {' '.join(c.corpus)}")
                   + f" ({trainer.stream.num_tokens} training tokens), batch {c.batch_size} x {c.seq_len}, {c.precision}"
                   + (f", {ctx.world_size} processes ({'FSDP' if c.fsdp else 'DDP'}, {ctx.backend})" if ctx.world_size > 1 else "")
-                  + (f", resuming at step {trainer.step}" if c.resume else "")
-                  + (f"; --resume: no checkpoint in {c.out} yet, so the run starts at step 0" if trainer.fresh_resume else ""))
+                  + (f", resuming at step {trainer.step}" if c.resume else ""))
         result = trainer.fit()
         if ctx.is_main:
             print(summary(result, c.out))

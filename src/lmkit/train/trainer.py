@@ -8,7 +8,6 @@ resumed run continues with the losses the uninterrupted run would have had.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import shutil
@@ -64,10 +63,9 @@ class Trainer:
         if blocker is not None:
             raise TrainingError(f"--out {self.out}: {blocker} is a file, not a folder; choose another --out")
         self.checkpoint = latest_checkpoint(self.out) if self.out.exists() else None
-        self.fresh_resume = cfg.resume and self.checkpoint is None
-        if self.fresh_resume:  # killed before its first save (or a job that always passes --resume): start at step 0
-            cfg = dataclasses.replace(cfg, resume=False)
         if cfg.resume:
+            if self.checkpoint is None:
+                raise TrainingError(f"--resume: {self.out} holds no checkpoint to resume; drop --resume to start a new run")
             saved = load_checkpoint_state(self.checkpoint)
             cfg = resume_config(cfg, saved["train_config"], explicit, content_checked="data" in saved)
         elif self.checkpoint is not None:
