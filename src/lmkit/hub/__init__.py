@@ -80,22 +80,15 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
             raise ConfigError(f"{folder} holds an int8-quantized model, which runs in float32; load it without dtype")
         hf, int8 = split_int8(hf, quantized.get("modules", []))
     _check_weights_fit(config, family, raw, hf, folder)
-    model = _build(config, family, raw, hf)
-    if config.extra.get("attention_heads"):  # a model whose heads were pruned: per-layer head counts
-        from lmkit.compress.prune import apply_head_layout
-
-        apply_head_layout(model)
+    if family is not None and hasattr(family, "prepare_weights"):  # e.g. fused expert tensors split into per-expert names
+        hf = family.prepare_weights(hf)
+    model, state = _model_and_state(config, family, raw, hf, folder)
+    if _head_stored_apart(model.config, family, hf):  # the built model's config names its head (encoders)
+        # transformers 5 leaves the head untied when a checkpoint stores it and the embeddings with other values
+        untied = _model_and_state(model.config.replace(tie_embeddings=False), family, raw, hf, folder)
+        if _differ(untied[1], _tied_names(model)):
+            model, state = untied
     expected = model.state_dict()
-    if family is None:
-        state = {k: hf[k] for k in expected if k in hf}
-        missing = sorted(k for k in set(expected) - set(state) if not _is_tied(model, k))  # tied: stored once
-        if missing:
-            raise CheckpointError(f"{folder} lacks tensors {', '.join(missing[:5])}; the folder is incomplete")
-    else:
-        if hasattr(family, "prepare_weights"):  # e.g. fused expert tensors split into per-expert names
-            hf = family.prepare_weights(hf)
-        rules = family.rules(model.config) if not hasattr(family, "model_rules") else family.model_rules(model)
-        state = from_hf(hf, rules, expected, getattr(family, "ALIASES", ()), source=str(folder))
     tied = {k for k in expected if k not in state}
     result = model.load_state_dict(state, strict=False)
     really_missing = [k for k in result.missing_keys if k in tied and not _is_tied(model, k)]
@@ -108,6 +101,45 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
         model = restore_int8(model, int8)
     model.generation_defaults = generation_defaults(folder)
     return model.eval()
+
+
+def _model_and_state(config: ModelConfig, family, raw: dict, hf: dict[str, torch.Tensor], folder: Path):
+    """The model config.json describes (pruned heads laid out) and its state dict read from the checkpoint."""
+    model = _build(config, family, raw, hf)
+    if config.extra.get("attention_heads"):  # a model whose heads were pruned: per-layer head counts
+        from lmkit.compress.prune import apply_head_layout
+
+        apply_head_layout(model)
+    expected = model.state_dict()
+    if family is None:
+        state = {k: hf[k] for k in expected if k in hf}
+        missing = sorted(k for k in set(expected) - set(state) if not _is_tied(model, k))  # tied: stored once
+        if missing:
+            raise CheckpointError(f"{folder} lacks tensors {', '.join(missing[:5])}; the folder is incomplete")
+        return model, state
+    rules = family.rules(model.config) if not hasattr(family, "model_rules") else family.model_rules(model)
+    return model, from_hf(hf, rules, expected, getattr(family, "ALIASES", ()), source=str(folder))
+
+
+def _head_stored_apart(config: ModelConfig, family, hf: dict[str, torch.Tensor]) -> bool:
+    """True when config.json ties the head to the token table but the checkpoint also holds the head's own tensor."""
+    if family is None or not config.tie_embeddings or hasattr(family, "model_rules"):
+        return False
+    tied = {rule.hf for rule in family.rules(config)}
+    return any(rule.hf in hf and rule.hf not in tied for rule in family.rules(config.replace(tie_embeddings=False)))
+
+
+def _tied_names(model) -> list[str]:
+    """The parameter names that share the token table (its embeddings, the tied head)."""
+    table = model.get_input_embeddings().weight
+    return [k for k, p in model.named_parameters(remove_duplicate=False) if p is table]
+
+
+def _differ(state: dict[str, torch.Tensor], names: list[str]) -> bool:
+    """True when the tensors `state` holds under `names` are not all equal."""
+    names = [k for k in names if k in state]
+    first = state[names[0]]
+    return any(state[k].shape != first.shape or not torch.equal(state[k], first) for k in names[1:])
 
 
 def _build(config: ModelConfig, family, raw: dict, hf: dict[str, torch.Tensor]):
