@@ -152,9 +152,10 @@ def save_adapter(peft_model: PeftModel, path) -> None:
 def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:
     """Add the adapter of a PEFT-format folder to `model` (in place) and return the PeftModel."""
     folder = Path(path)
+    for name in (CONFIG, WEIGHTS):
+        if not (folder / name).is_file():
+            raise CheckpointError(f"{folder / name} is missing; an adapter folder holds {CONFIG} and {WEIGHTS}")
     raw = read_json(folder / CONFIG)
-    if not (folder / WEIGHTS).is_file():
-        raise CheckpointError(f"{folder / WEIGHTS} is missing; an adapter folder holds {CONFIG} and {WEIGHTS}")
     tensors = load_safetensors(folder / WEIGHTS)
     ours = dict(raw.get("lmkit") or {})
     kind = raw.get("peft_type")
