@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from lmkit.config import ModelConfig
-from lmkit.errors import ConfigError
+from lmkit.errors import CheckpointError, ConfigError
 from lmkit.models import build_model
 from lmkit.peft import LoRALinear, QuantizedLinear, format_summary, get_peft_model, load_adapter, trainable_summary
 from lmkit.peft.quant import nf4_levels
@@ -251,3 +251,12 @@ def test_adapter_and_ia3_formulas():
         in_scaled.ia3_l.uniform_(0, 2)
     torch.testing.assert_close(out_scaled(x), base(x) * out_scaled.ia3_l)                 # l * (W x + b)
     torch.testing.assert_close(in_scaled(x), (x * in_scaled.ia3_l) @ base.weight.t() + base.bias)  # W (l * a) + b
+
+
+@pytest.mark.parametrize("missing", ["adapter_config.json", "adapter_model.safetensors"])
+def test_missing_adapter_file_names_the_adapter_folder(tmp_path, missing):
+    peft = get_peft_model(make("llama"), "lora", r=2)
+    peft.save_adapter(tmp_path)
+    (tmp_path / missing).unlink()
+    with pytest.raises(CheckpointError, match=f"{missing} is missing; an adapter folder holds adapter_config.json"):
+        load_adapter(make("llama"), tmp_path)

@@ -177,3 +177,53 @@ def test_peft_seq2seq_prompt_with_decoder_tokens_is_refused(tmp_path):
                         ).save_pretrained(tmp_path / "adapter")
     with pytest.raises(lmkit.errors.ConfigError, match="num_transformer_submodules"):
         load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+
+
+@pytest.mark.parametrize("targets", [["c_attn"], "all-linear"])
+def test_gpt2_fused_c_attn_is_one_lora_as_in_peft(tmp_path, targets):
+    """Targeting GPT-2's fused c_attn adapts it as one rank-r LoRA (q, k, v share A): PEFT's parameter count,
+    and the adapter saves at rank r and reloads with A still shared."""
+    ref = hf_model("gpt2", tmp_path, seed=4)
+    ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", r=4, alpha=8, target_modules=targets)
+    theirs = peft.get_peft_model(ref, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                                      fan_in_fan_out=True))
+    trainable, total = theirs.get_nb_trainable_parameters()
+    assert (ours.trainable_summary()["trainable"], ours.trainable_summary()["total"]) == (trainable, total)
+    randomize(ours)
+    ours.save_adapter(tmp_path / "adapter")
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert saved["r"] == 4 and saved["rank_pattern"] == {}
+    back = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter", trainable=True)
+    assert back.trainable_summary() == ours.trainable_summary()
+    attn = back.decoder.layers[0].self_attn.sublayer
+    assert attn.q_proj.lora_A is attn.k_proj.lora_A is attn.v_proj.lora_A
+    with torch.no_grad():
+        torch.testing.assert_close(back(IDS).logits, ours(IDS).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("direction", ["lmkit->peft", "peft->lmkit"])
+def test_tied_lm_head_in_modules_to_save_is_trained_apart_from_the_embedding(tmp_path, direction):
+    """PEFT trains a copy of a tied lm_head; lmkit unties it too (it used to leave the head frozen), so the
+    adapter carries the head and the input embedding stays as it was."""
+    ref = hf_model("gpt2", tmp_path, seed=6)
+    if direction == "lmkit->peft":
+        ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", r=4, target_modules=["c_attn"],
+                              modules_to_save=["lm_head"])
+        assert ours.lm_head.weight.requires_grad and not ours.decoder.embeddings.tokens.weight.requires_grad
+        theirs = peft.get_peft_model(hf_model("gpt2", tmp_path / "other", seed=6), peft.LoraConfig(
+            r=4, target_modules=["c_attn"], fan_in_fan_out=True, modules_to_save=["lm_head"]))
+        assert ours.trainable_summary()["trainable"] == theirs.get_nb_trainable_parameters()[0]
+        randomize(ours)
+        ours.save_adapter(tmp_path / "adapter")
+        theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "adapter").eval()
+    else:
+        theirs = peft.get_peft_model(ref, peft.LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True,
+                                                          modules_to_save=["lm_head"]))
+        randomize(theirs)
+        theirs.save_pretrained(tmp_path / "adapter")
+        theirs.eval()
+        ours = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+    base = lmkit.load_model(tmp_path / "base")
+    torch.testing.assert_close(ours.decoder.embeddings.tokens.weight, base.decoder.embeddings.tokens.weight)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(IDS).logits, theirs(input_ids=IDS).logits, rtol=1e-4, atol=1e-4)

@@ -3,12 +3,14 @@
 Tensor names are the Hugging Face names of the family (`base_model.model.model.layers.0.self_attn.q_proj
 .lora_A.weight`), so the PEFT library loads a LoRA, IA3 or prompt-tuning adapter saved here onto the
 transformers model, and lmkit loads theirs. Where HF fuses several lmkit layers (GPT-2's c_attn = q, k, v),
-LoRA factors are joined exactly: A = [A_q; A_k; A_v], B = blockdiag(B_q, B_k, B_v) (rank 3r, alpha 3 alpha),
-and split on loading as A_part = A, B_part = rows of B. Prefix tuning and bottleneck adapters have no PEFT
+parts sharing one A (the fused layer targeted) save as A, B = [B_q; B_k; B_v]; parts with their own A join
+exactly as A = [A_q; A_k; A_v], B = blockdiag(B_q, B_k, B_v) (rank 3r, alpha 3 alpha). Loading gives every
+part the one A (shared) and its rows of B. Prefix tuning and bottleneck adapters have no PEFT
 counterpart with lmkit's layout; they are written in the same folder format with lmkit's names.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from pathlib import Path
@@ -17,10 +19,10 @@ import torch
 from torch import nn
 
 from lmkit.errors import CheckpointError, ConfigError
-from lmkit.hub.convert import from_hf
+from lmkit.hub.convert import from_hf, rename
 from lmkit.hub.files import atomic_save_safetensors, atomic_write_json, load_safetensors, read_json
 from lmkit.peft import adapters, lora, prompt, quant
-from lmkit.peft.model import ADAPTER_PARAMS, PeftConfig, PeftModel, mark_trainable
+from lmkit.peft.model import ADAPTER_PARAMS, PeftConfig, PeftModel, mark_trainable, untie_saved
 from lmkit.peft.names import hf_groups, hf_rules, matches, replace_module
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -81,14 +83,16 @@ def save_adapter(peft_model: PeftModel, path) -> None:
             adapted = [m for m in mods if isinstance(m, lora.LoRALinear)]
             if len({m.scaling for m in adapted}) > 1:
                 raise ConfigError(f"LoRA layers fused into {hf} have different alpha/r; give them one alpha/r")
-            A = torch.cat([m.lora_A.weight for m in adapted], dim=0)
+            owners = list({id(m.lora_A): m.lora_A for m in adapted}.values())   # parts may share one A
+            A = torch.cat([a.weight for a in owners], dim=0)
             rank = A.shape[0]
+            cols = dict(zip(map(id, owners), itertools.accumulate([0] + [a.out_features for a in owners])))
             B = A.new_zeros(sum(m.out_features for m in mods), rank)
-            row = col = 0
+            row = 0
             for m in mods:
                 if isinstance(m, lora.LoRALinear):
+                    col = cols[id(m.lora_A)]
                     B[row:row + m.out_features, col:col + m.r] = m.lora_B.weight
-                    col += m.r
                 row += m.out_features
             tensors[f"{PREFIX}{hf}.lora_A.weight"] = A
             tensors[f"{PREFIX}{hf}.lora_B.weight"] = B
@@ -148,9 +152,10 @@ def save_adapter(peft_model: PeftModel, path) -> None:
 def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:
     """Add the adapter of a PEFT-format folder to `model` (in place) and return the PeftModel."""
     folder = Path(path)
+    for name in (CONFIG, WEIGHTS):
+        if not (folder / name).is_file():
+            raise CheckpointError(f"{folder / name} is missing; an adapter folder holds {CONFIG} and {WEIGHTS}")
     raw = read_json(folder / CONFIG)
-    if not (folder / WEIGHTS).is_file():
-        raise CheckpointError(f"{folder / WEIGHTS} is missing; an adapter folder holds {CONFIG} and {WEIGHTS}")
     tensors = load_safetensors(folder / WEIGHTS)
     ours = dict(raw.get("lmkit") or {})
     kind = raw.get("peft_type")
@@ -160,6 +165,7 @@ def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:
     if method == "lora" and ours.get("method") == "qlora":
         method = "qlora"
     config = PeftConfig(**{**ours, "method": method})
+    untie_saved(model, raw.get("modules_to_save") or config.modules_to_save)
     if method in ("lora", "qlora", "ia3", "prompt"):
         _check_supported(raw, tensors, method)
         # tensors trained in full (modules_to_save, biases with bias="all"/"lora_only"), on the unwrapped model
@@ -229,6 +235,10 @@ def _check_supported(raw: dict, tensors: dict, method: str) -> None:
 def _load_full(model: nn.Module, tensors: dict, folder: Path, prefix: str = PREFIX) -> None:
     """Copy HF-named tensors trained in full into the model, splitting fused ones (GPT-2's c_attn) by the rules."""
     rules = {rule.hf: rule for rule in hf_rules(model)}
+    covered = {o for rule in rules.values() for o in rule.ours}
+    for name, _ in model.named_parameters():  # not in the family's table (an untied head): lmkit's name
+        if name not in covered:
+            rules.setdefault(name, rename(name, name))
     wanted: dict[str, torch.Tensor] = {}
     for key, t in tensors.items():
         if ".modules_to_save." in key or ".original_module." in key:
@@ -263,10 +273,11 @@ def _load_lora(model: nn.Module, raw: dict, tensors: dict, config: PeftConfig) -
         A, B = tensors[key], tensors[key.replace(".lora_A.", ".lora_B.")]
         rank = A.shape[0]
         alpha = float(_suffix_lookup(raw.get("alpha_pattern"), hf, config.alpha))
-        row = 0
-        for part in groups[hf]:
+        row, shared = 0, None
+        for part in groups[hf]:   # the parts of a fused layer share its A (one LoRA, as in PEFT)
             base = model.get_submodule(part)
-            layer = lora.LoRALinear(base, rank, alpha, config.dropout, config.use_rslora)
+            layer = lora.LoRALinear(base, rank, alpha, config.dropout, config.use_rslora, lora_A=shared)
+            shared = layer.lora_A
             with torch.no_grad():
                 layer.lora_A.weight.copy_(A)
                 layer.lora_B.weight.copy_(B[row:row + base.out_features])

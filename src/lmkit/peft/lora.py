@@ -3,6 +3,9 @@
 A (r, in) starts Kaiming-uniform and B (out, r) at zero, so the adapted model starts equal to the
 base. `merge` adds (alpha / r) B A into W (outputs unchanged, no extra cost); `unmerge` subtracts it.
 The base may be a `QuantizedLinear` (QLoRA): then merging yields a dequantized full-precision layer.
+Where the Hugging Face weights fuse several lmkit layers (GPT-2's c_attn = q, k, v) and the target names
+that fused module, the parts share one A and each keeps its rows of B: one rank-r LoRA on the fused
+layer, as PEFT builds it (same parameters, same count).
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import torch
 from torch import nn
 
 from lmkit.errors import ConfigError
-from lmkit.peft.names import WrappedLinear, find_modules, hf_names, replace_module
+from lmkit.peft.names import WrappedLinear, find_modules, hf_groups, hf_names, matches, replace_module
 from lmkit.peft.quant import QuantizedLinear
 
 
@@ -25,7 +28,8 @@ class LoRALinear(WrappedLinear):
     """A frozen `base_layer` plus the low-rank update (alpha / r) B A; names follow the PEFT library."""
 
     def __init__(self, base_layer: nn.Module, r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-                 use_rslora: bool = False):
+                 use_rslora: bool = False, lora_A: nn.Linear | None = None):
+        """`lora_A`: an A shared with the other parts of a fused HF layer (then r is its rank)."""
         super().__init__()
         if r <= 0:
             raise ConfigError(f"LoRA rank r must be positive, got {r}")
@@ -33,9 +37,16 @@ class LoRALinear(WrappedLinear):
         self.r, self.alpha = r, alpha
         self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r   # rsLoRA: alpha / sqrt(r)
         weight = base_layer.weight
-        self.lora_A = nn.Linear(base_layer.in_features, r, bias=False, device=weight.device, dtype=weight.dtype)
+        own = lora_A is None
+        if own:
+            lora_A = nn.Linear(base_layer.in_features, r, bias=False, device=weight.device, dtype=weight.dtype)
+        elif lora_A.weight.shape != (r, base_layer.in_features):
+            raise ValueError(f"shared lora_A {tuple(lora_A.weight.shape)} does not fit rank {r}, "
+                             f"{base_layer.in_features} inputs")
+        self.lora_A = lora_A
         self.lora_B = nn.Linear(r, base_layer.out_features, bias=False, device=weight.device, dtype=weight.dtype)
-        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        if own:
+            nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
         nn.init.zeros_(self.lora_B.weight)
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.merged = False
@@ -94,9 +105,23 @@ def apply_lora(model: nn.Module, target_modules, r: int = 8, alpha: float = 16.0
     if not names:
         raise ConfigError(f"no linear layer matches target_modules={target_modules!r}; use names such as q_proj, "
                           "v_proj (or the Hugging Face names of the model's family)")
+    shared = fused_parts(model, names, lambda hf: target_modules == "all-linear" or matches(hf, target_modules))
     for name in names:
-        replace_module(model, name, LoRALinear(model.get_submodule(name), r, alpha, dropout, use_rslora))
+        first = model.get_submodule(shared[name][0]) if name in shared and shared[name][0] != name else None
+        replace_module(model, name, LoRALinear(model.get_submodule(name), r, alpha, dropout, use_rslora,
+                                               lora_A=first.lora_A if first is not None else None))
     return names
+
+
+def fused_parts(model: nn.Module, names: list[str], targeted) -> dict[str, list[str]]:
+    """lmkit name -> all parts of its fused HF layer, for the layers adapted as one (`targeted(hf_name)`, every
+    part chosen, one input size): these share one A."""
+    chosen, out = set(names), {}
+    for hf, parts in hf_groups(model).items():
+        if len(parts) > 1 and chosen.issuperset(parts) and targeted(hf) and \
+                len({model.get_submodule(p).in_features for p in parts}) == 1:
+            out.update({p: parts for p in parts})
+    return out
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:

@@ -70,6 +70,7 @@ class PeftModel(nn.Module):
         else:
             self.targets = adapters.apply_ia3(model, c.target_modules or ["k_proj", "v_proj", "down_proj"],
                                               c.feedforward_modules)
+        untie_saved(model, c.modules_to_save)
         mark_trainable(model, c.modules_to_save)
 
     @property
@@ -161,12 +162,38 @@ def mark_trainable(model: nn.Module, modules_to_save=()) -> None:
     """requires_grad only for the methods' parameters and the modules listed in modules_to_save."""
     names = hf_names(model)
     for name, p in model.named_parameters():
-        module = name.rpartition(".")[0]
-        hf = names.get(module)  # a module inside an HF module to save (RoBERTa's pooler is classifier.dense)
-        keep = any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS) or (bool(modules_to_save) and (
-            any(matches(m, modules_to_save, names.get(m)) for m in _prefixes(module))
-            or (hf is not None and any(matches(h, modules_to_save) for h in _prefixes(hf)))))
+        keep = any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS) or _to_save(name.rpartition(".")[0],
+                                                                               modules_to_save, names)
         p.requires_grad_(keep)
+
+
+def _to_save(module: str, modules_to_save, names: dict[str, str]) -> bool:
+    """Whether lmkit module `module` lies in one of modules_to_save, by its name or its HF name."""
+    if not modules_to_save:
+        return False
+    hf = names.get(module)  # a module inside an HF module to save (RoBERTa's pooler is classifier.dense)
+    return (any(matches(m, modules_to_save, names.get(m)) for m in _prefixes(module))
+            or (hf is not None and any(matches(h, modules_to_save) for h in _prefixes(hf))))
+
+
+def untie_saved(model: nn.Module, modules_to_save=()) -> None:
+    """Give a module to save its own copy of a weight it shares (a tied LM head), as PEFT trains a copy of it:
+    training the head then leaves the input embedding as it was."""
+    if not modules_to_save:
+        return
+    names = hf_names(model)
+    owners: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name)
+    for shared in (o for o in owners.values() if len(o) > 1):
+        saved = [n for n in shared if _to_save(n.rpartition(".")[0], modules_to_save, names)]
+        # the original stays with a module not to save (else with the first); the others get copies
+        keep = next((n for n in shared if n not in saved), shared[0])
+        for name in saved:
+            if name != keep:
+                module, _, attr = name.rpartition(".")
+                p = model.get_parameter(name)
+                setattr(model.get_submodule(module), attr, nn.Parameter(p.detach().clone(), p.requires_grad))
 
 
 def _prefixes(name: str) -> list[str]:
