@@ -227,3 +227,10 @@ def test_tied_lm_head_in_modules_to_save_is_trained_apart_from_the_embedding(tmp
     torch.testing.assert_close(ours.decoder.embeddings.tokens.weight, base.decoder.embeddings.tokens.weight)
     with torch.no_grad():
         torch.testing.assert_close(ours(IDS).logits, theirs(input_ids=IDS).logits, rtol=1e-4, atol=1e-4)
+    # merged, the model keeps its trained head apart: the saved folder is untied and loads in transformers as such
+    merged = ours.merge_and_unload() if hasattr(ours, "merge_and_unload") else ours
+    merged.save_pretrained(tmp_path / "merged")
+    reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "merged").eval()
+    assert reloaded.lm_head.weight is not reloaded.transformer.wte.weight
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=IDS).logits, theirs(input_ids=IDS).logits, rtol=1e-4, atol=1e-4)

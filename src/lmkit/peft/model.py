@@ -194,6 +194,9 @@ def untie_saved(model: nn.Module, modules_to_save=()) -> None:
                 module, _, attr = name.rpartition(".")
                 p = model.get_parameter(name)
                 setattr(model.get_submodule(module), attr, nn.Parameter(p.detach().clone(), p.requires_grad))
+                config = getattr(model, "config", None)
+                if getattr(config, "tie_embeddings", False):  # so that a merged model saves its trained head too
+                    model.config = config.replace(tie_embeddings=False)
 
 
 def _prefixes(name: str) -> list[str]:
