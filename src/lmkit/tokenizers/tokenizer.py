@@ -165,14 +165,14 @@ class Tokenizer:
 
     def _finish(self, a: list[int], b: list[int] | None, add_special_tokens: bool, truncation: bool,
                 max_length: int | None) -> Encoding:
-        proc = self.post_processor if add_special_tokens else None
+        proc = self.post_processor
         if truncation:
             max_length = max_length or (self.truncation or {}).get("max_length")
             if not max_length:
                 raise TokenizerError("truncation=True needs max_length=N")
-            a, b = truncate(a, b, max_length, proc.added_tokens(b is not None) if proc else 0)
-        if proc is not None:
-            ids, types, special = proc.process(a, b)
+            a, b = truncate(a, b, max_length, proc.added_tokens(b is not None) if proc and add_special_tokens else 0)
+        if proc is not None:  # also without special tokens: a template still orders A and B and sets type ids
+            ids, types, special = proc.process(a, b, add_special_tokens)
         else:
             ids = a + (b or [])
             types, special = [0] * len(a) + [1] * len(b or []), [0] * len(ids)
@@ -235,12 +235,12 @@ class Tokenizer:
 
     def tokenize(self, text: str) -> list[str]:
         """Token strings of `text` without special tokens (to see how a text splits): HF's `Encoding.tokens`, where
-        an unknown stretch of a Unigram model shows as its text."""
+        an unknown stretch of a Unigram model shows as its text, an added token as the text it matched."""
         out: list[str] = []
         pre, model = self.pre_tokenizer, self.model
         for piece, tid, first in self._stretches(text):
-            if tid is not None:
-                out.append(self.id_to_token(tid))
+            if tid is not None:  # the matched text, with what lstrip/rstrip swallowed, as HF shows it
+                out.append(piece)
                 continue
             for w in (pre.split(piece, first) if pre is not None else ([piece] if piece else [])):
                 out += model.tokenize(w)
