@@ -82,3 +82,12 @@ def test_roles_survive_added_tokens(tmp_path):
     tok.bos_token_id = 0
     new = tok.add_special_tokens(["[MASK]", "[EOS]"])
     assert (tok.pad_token_id, tok.bos_token_id, tok.mask_token_id, tok.eos_token_id) == (1, 0, *new)
+
+
+def test_a_batch_is_a_list_not_a_string():
+    ours = tokenizer_from_json(json.loads(_hf().to_str()))
+    with pytest.raises(LmkitError, match="list"):
+        ours.encode_batch("hello world")
+    with pytest.raises(LmkitError, match="list"):
+        ours(["hello", "a b"], pair="ab")
+    assert ours("hello", pair="a")["input_ids"] == [2, 4, 3, 6, 3]

@@ -234,7 +234,7 @@ class Tokenizer:
                      pad_to_multiple_of: int | None = None, padding_side: str | None = None):
         """Ids of each text. Fast paths: tiktoken's threads, or for the Python pipeline and large batches,
         a pool of `num_workers` processes (default: the CPU count). Pads only when asked."""
-        texts = [_check_text(t) for t in texts]
+        texts = _check_batch(texts, pairs)
         if pairs is None and not truncation and not padding:
             from lmkit.tokenizers.fast import encode_many
             plain = encode_many(self, texts, num_workers)
@@ -250,7 +250,7 @@ class Tokenizer:
         as lists (a batch: lists of lists). padding: False, True/"longest" or "max_length"; padding_side
         "right" unless given or set in tokenizer.json."""
         single = isinstance(text, str)
-        texts = [text] if single else [_check_text(t) for t in text]
+        texts = [text] if single else _check_batch(text, pair)
         pairs = None if pair is None else ([pair] if single else list(pair))
         encs = self._encodings(texts, pairs, add_special_tokens, padding, truncation, max_length, pad_to_multiple_of,
                                padding_side, None)
@@ -334,6 +334,14 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({type(self.model).__name__}, vocab_size={self.vocab_size})"
+
+
+def _check_batch(texts, pairs) -> list[str]:
+    """A batch must be a list of texts (a str would be taken character by character), pairs a list as well."""
+    for what, x in (("texts", texts), ("pairs", pairs)):
+        if isinstance(x, str):
+            raise TokenizerError(f"a batch takes a list of {what}, not one string; wrap it in a list (or use encode)")
+    return [_check_text(t) for t in texts]
 
 
 def _check_text(text):
