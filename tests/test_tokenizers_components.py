@@ -245,3 +245,22 @@ def test_unicode_scripts_on_every_character():
     for c in chars:
         text = f"{c}a{c}1 {c}"
         assert ours.split(text) == [w for w, _ in hf.pre_tokenize_str(text)], hex(ord(c))
+
+
+def test_adding_a_token_again_replaces_its_flags():
+    """HF's add_special_tokens on a content already added makes it a plain special token with the same id."""
+    hf = _wordlevel()
+    hf.normalizer = N.Lowercase()
+    hf.add_tokens([tokenizers.AddedToken("<X>", single_word=True, normalized=True, special=False)])
+    hf.add_special_tokens([tokenizers.AddedToken("[MASK]", lstrip=True, rstrip=True)])
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    new = ["<X>", "[MASK]", "hello", "<new>"]
+    hf.add_special_tokens(new)
+    assert ours.add_special_tokens(new) == [hf.token_to_id(t) for t in new]
+    assert ours.to_json()["added_tokens"] == json.loads(hf.to_str())["added_tokens"]
+    reloaded = tokenizers.Tokenizer.from_str(hf.to_str())  # hf itself still decodes <X> as it was normalized
+    for s in ["a<X>b  [MASK]  hello", "<x> <X>[MASK]<new>"]:
+        ids = hf.encode(s).ids
+        assert ours.encode(s) == ids == reloaded.encode(s).ids
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == reloaded.decode(ids, skip_special_tokens=skip)
