@@ -97,20 +97,29 @@ def _wordlevel():
     R.TemplateProcessing(single="$A:0 </s>:0", pair="$A:0 $B:1 </s>:1", special_tokens=[("</s>", 4)]),
     R.Sequence([R.ByteLevel(), R.TemplateProcessing(single="<s> $A", pair="<s> $A <s>:1 $B:1",
                                                     special_tokens=[("<s>", 3)])]),
-], ids=lambda p: state(p)["type"])
-def test_post_processors_pairs_and_truncation(proc):
+    R.TemplateProcessing(single="$A:1 </s>:2", pair="$B:1 </s>:0 $A:0 <s>:3", special_tokens=[("<s>", 3), ("</s>", 4)]),
+    R.Sequence([R.ByteLevel(), R.RobertaProcessing(("</s>", 4), ("<s>", 3))]),
+], ids=lambda p: json.dumps(state(p))[:70])
+@pytest.mark.parametrize("add", [True, False])
+def test_post_processors_pairs_and_truncation(proc, add):
+    """Without special tokens the processor still runs in `tokenizers`: a template orders A and B and gives
+    their type ids, RoBERTa's makes every type id 0."""
     hf = _wordlevel()
     hf.post_processor = proc
     ours = tokenizer_from_json(json.loads(hf.to_str()))
     a, b = "hello world ! a b c hello", "c b a , world"
     for args in [(a,), (a, b), (b, a)]:
-        assert ours.encode(*args[:1], pair=args[1] if len(args) > 1 else None) == hf.encode(*args).ids
-        enc, mine = hf.encode(*args), ours.encode_plus(args[0], pair=args[1] if len(args) > 1 else None)
+        pair = args[1] if len(args) > 1 else None
+        enc = hf.encode(*args, add_special_tokens=add)
+        assert ours.encode(args[0], pair=pair, add_special_tokens=add) == enc.ids
+        mine = ours.encode_plus(args[0], pair=pair, add_special_tokens=add)
         assert (mine.ids, mine.type_ids, mine.special_tokens_mask) == (enc.ids, enc.type_ids, enc.special_tokens_mask)
+        batch = ours([args[0]] * 2, pair=[pair] * 2 if pair else None, add_special_tokens=add)
+        assert batch["token_type_ids"] == [enc.type_ids] * 2
         for n in (6, 9, 10):
             hf.enable_truncation(n)
-            enc = hf.encode(*args)
-            mine = ours.encode_plus(args[0], pair=args[1] if len(args) > 1 else None, truncation=True, max_length=n)
+            enc = hf.encode(*args, add_special_tokens=add)
+            mine = ours.encode_plus(args[0], pair=pair, truncation=True, max_length=n, add_special_tokens=add)
             assert (mine.ids, mine.type_ids) == (enc.ids, enc.type_ids), n
             hf.no_truncation()
 
@@ -126,6 +135,7 @@ def test_added_token_flags(flags):
     for s in ["hello [MASK] world", "hello[MASK]world", "a  [MASK]  b", "[MASK][MASK]", "x<X>y <x> <X> Hello",
               "HELLO [mask] World", "[MASK]", ""]:
         assert ours.encode(s) == hf.encode(s).ids, s
+        assert ours.tokenize(s) == hf.encode(s, add_special_tokens=False).tokens, s  # an added token: the text it matched
         ids = hf.encode(s).ids
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
@@ -235,3 +245,22 @@ def test_unicode_scripts_on_every_character():
     for c in chars:
         text = f"{c}a{c}1 {c}"
         assert ours.split(text) == [w for w, _ in hf.pre_tokenize_str(text)], hex(ord(c))
+
+
+def test_adding_a_token_again_replaces_its_flags():
+    """HF's add_special_tokens on a content already added makes it a plain special token with the same id."""
+    hf = _wordlevel()
+    hf.normalizer = N.Lowercase()
+    hf.add_tokens([tokenizers.AddedToken("<X>", single_word=True, normalized=True, special=False)])
+    hf.add_special_tokens([tokenizers.AddedToken("[MASK]", lstrip=True, rstrip=True)])
+    ours = tokenizer_from_json(json.loads(hf.to_str()))
+    new = ["<X>", "[MASK]", "hello", "<new>"]
+    hf.add_special_tokens(new)
+    assert ours.add_special_tokens(new) == [hf.token_to_id(t) for t in new]
+    assert ours.to_json()["added_tokens"] == json.loads(hf.to_str())["added_tokens"]
+    reloaded = tokenizers.Tokenizer.from_str(hf.to_str())  # hf itself still decodes <X> as it was normalized
+    for s in ["a<X>b  [MASK]  hello", "<x> <X>[MASK]<new>"]:
+        ids = hf.encode(s).ids
+        assert ours.encode(s) == ids == reloaded.encode(s).ids
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == reloaded.decode(ids, skip_special_tokens=skip)

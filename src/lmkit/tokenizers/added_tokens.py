@@ -43,9 +43,16 @@ class AddedVocabulary:
         self._rebuild()
 
     def add(self, token: AddedToken, rebuild: bool = True) -> None:
-        if not token.content or any(t.content == token.content for t in self.tokens):  # HF ignores both
+        """Add `token`; as in HF, an empty one is ignored and one whose content is there already replaces it
+        (its flags and specialness change, its id stays)."""
+        if not token.content:
             return
-        self.tokens.append(token)
+        same = [i for i, t in enumerate(self.tokens) if t.content == token.content]
+        if same:
+            token.id = self.tokens[same[0]].id
+            self.tokens[same[0]] = token
+        else:
+            self.tokens.append(token)
         if rebuild:
             self._rebuild()
 

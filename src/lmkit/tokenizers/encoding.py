@@ -37,14 +37,47 @@ def truncate_pair(n1: int, n2: int, budget: int) -> tuple[int, int]:
     return (long_, short) if swap else (short, long_)
 
 
-def truncate(a: list[int], b: list[int] | None, max_length: int, added: int) -> tuple[list[int], list[int] | None]:
+STRATEGIES = {"longest_first": "longest_first", "only_first": "only_first", "only_second": "only_second",
+              "LongestFirst": "longest_first", "OnlyFirst": "only_first", "OnlySecond": "only_second"}  # API / JSON
+
+
+def side_of(direction, default: str = "right") -> str:
+    """"left" or "right" from an API value or tokenizer.json's "Left"/"Right"."""
+    side = str(direction or default).lower()
+    if side not in ("left", "right"):
+        raise TokenizerError(f"side must be 'left' or 'right', not {direction!r}")
+    return side
+
+
+def truncate(a: list[int], b: list[int] | None, max_length: int, added: int, strategy: str = "longest_first",
+             side: str = "right") -> tuple[list[int], list[int] | None]:
+    """Cut A (and B) so that they fit max_length - added, as HF's truncate_encodings: longest_first, or only_first /
+    only_second, which cut that sequence alone; side "left" drops tokens from the start."""
     budget = max_length - added
     if budget < 0:
         raise TokenizerError(f"max_length={max_length} leaves no room for the {added} special tokens; raise max_length")
-    if b is None:
-        return a[:budget], None
-    n1, n2 = truncate_pair(len(a), len(b), budget)
-    return a[:n1], b[:n2]
+    n1, n2 = len(a), len(b or [])
+    if n1 + n2 <= budget:
+        return a, b
+    strategy = STRATEGIES.get(strategy)
+    if strategy is None:
+        raise TokenizerError("truncation strategy must be longest_first, only_first or only_second")
+    if b is None and strategy != "only_second":
+        n1 = budget
+    elif strategy == "longest_first":
+        n1, n2 = truncate_pair(n1, n2, budget)
+    else:
+        if b is None:
+            raise TokenizerError("truncation strategy only_second needs a pair; use longest_first for single texts")
+        cut = n1 + n2 - budget
+        if (n1 if strategy == "only_first" else n2) <= cut:
+            raise TokenizerError(f"the sequence {strategy} truncates is too short to fit max_length={max_length}; "
+                                 "use the longest_first strategy or raise max_length")
+        n1, n2 = (n1 - cut, n2) if strategy == "only_first" else (n1, n2 - cut)
+
+    def keep(seq, n):
+        return seq[:n] if side == "right" else seq[len(seq) - n:]
+    return keep(a, n1), (keep(b, n2) if b is not None else None)
 
 
 def pad(encodings: list[Encoding], pad_id: int | None, length: int | None = None, multiple_of: int | None = None,

@@ -1,5 +1,8 @@
 """Post-processors: wrap one or two encoded sequences with special tokens and give token type ids
-(`[CLS] A [SEP] B [SEP]` with types 0...0 1...1 for BERT, `<s> A </s></s> B </s>` for RoBERTa)."""
+(`[CLS] A [SEP] B [SEP]` with types 0...0 1...1 for BERT, `<s> A </s></s> B </s>` for RoBERTa).
+
+As in `tokenizers`, a processor runs even with add_special_tokens=False: it then adds no special token, but a
+template still orders the sequences and gives their type ids, and RoBERTa's still makes every type id 0."""
 from __future__ import annotations
 
 from lmkit.errors import TokenizerError
@@ -19,7 +22,7 @@ class PostProcessor:
     def added_tokens(self, is_pair: bool) -> int:
         return 0
 
-    def process(self, a: list[int], b: list[int] | None) -> Triple:
+    def process(self, a: list[int], b: list[int] | None, add_special_tokens: bool = True) -> Triple:
         return plain(a, b)
 
     def to_json(self) -> dict:
@@ -67,9 +70,11 @@ class TemplateProcessing(PostProcessor):
         tmpl = self.pair if is_pair else self.single
         return sum(len(self.special_tokens[n]["ids"]) for k, n, _ in tmpl if k == "SpecialToken")
 
-    def process(self, a: list[int], b: list[int] | None) -> Triple:
+    def process(self, a: list[int], b: list[int] | None, add_special_tokens: bool = True) -> Triple:
         ids, types, special = [], [], []
         for kind, name, t in (self.pair if b is not None else self.single):
+            if kind == "SpecialToken" and not add_special_tokens:
+                continue
             part = (a if name == "A" else b) if kind == "Sequence" else self.special_tokens[name]["ids"]
             ids += part
             types += [t] * len(part)
@@ -94,7 +99,9 @@ class BertProcessing(PostProcessor):
     def added_tokens(self, is_pair: bool) -> int:
         return 3 if is_pair else 2
 
-    def process(self, a: list[int], b: list[int] | None) -> Triple:
+    def process(self, a: list[int], b: list[int] | None, add_special_tokens: bool = True) -> Triple:
+        if not add_special_tokens:
+            return plain(a, b)
         c, s = self.cls[1], self.sep[1]
         ids = [c] + a + [s]
         types, special = [0] * len(ids), [1] + [0] * len(a) + [1]
@@ -120,7 +127,10 @@ class RobertaProcessing(BertProcessing):
     def added_tokens(self, is_pair: bool) -> int:
         return 4 if is_pair else 2
 
-    def process(self, a: list[int], b: list[int] | None) -> Triple:
+    def process(self, a: list[int], b: list[int] | None, add_special_tokens: bool = True) -> Triple:
+        if not add_special_tokens:
+            ids = a + (b or [])
+            return ids, [0] * len(ids), [0] * len(ids)
         c, s = self.cls[1], self.sep[1]
         ids = [c] + a + [s]
         special = [1] + [0] * len(a) + [1]
@@ -149,8 +159,8 @@ class Sequence(PostProcessor):
     def added_tokens(self, is_pair: bool) -> int:
         return self.active.added_tokens(is_pair) if self.active else 0
 
-    def process(self, a, b):
-        return self.active.process(a, b) if self.active else plain(a, b)
+    def process(self, a, b, add_special_tokens: bool = True):
+        return self.active.process(a, b, add_special_tokens) if self.active else plain(a, b)
 
     def to_json(self) -> dict:
         return {"type": self.type_name, "processors": [p.to_json() for p in self.processors]}

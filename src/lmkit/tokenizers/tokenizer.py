@@ -6,7 +6,7 @@ from itertools import chain
 
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.added_tokens import AddedToken, AddedVocabulary
-from lmkit.tokenizers.encoding import Encoding, pad, truncate
+from lmkit.tokenizers.encoding import Encoding, pad, side_of, truncate
 from lmkit.tokenizers.pre_tokenizers import ByteLevel, byte_level
 
 ROLES = {  # role -> token names that take it, most common first
@@ -38,7 +38,8 @@ class Tokenizer:
                  special_tokens_map: dict[str, str] | None = None):
         self.model, self.normalizer, self.pre_tokenizer = model, normalizer, pre_tokenizer
         self.post_processor, self.decoder = post_processor, decoder
-        self.truncation, self.padding = truncation, padding  # kept for saving; applied only when asked
+        # tokenizer.json's settings: applied only when asked, then they give what the call leaves open
+        self.truncation, self.padding = truncation, padding
         self.added = AddedVocabulary(list(added_tokens), normalizer)
         self._cache: dict[str, list[int]] = {}
         self._roles: dict[str, int | None] = {}
@@ -83,14 +84,18 @@ class Tokenizer:
             self._size = None
             ids.append(tid)
         self._reset()
-        self._set_roles({})
+        self._set_roles({}, keep=True)  # a new token may take an empty role; roles already given stay
         return ids
 
-    def _set_roles(self, mapping: dict[str, str]) -> None:
+    def _set_roles(self, mapping: dict[str, str], keep: bool = False) -> None:
         for role, names in ROLES.items():
+            if keep and self._roles.get(role) is not None:
+                continue
             name = mapping.get(f"{role}_token")
             if isinstance(name, dict):
                 name = name.get("content")
+            if not name and role == "pad":  # the token tokenizer.json pads with, as transformers reads it
+                name = (self.padding or {}).get("pad_token")
             candidates = [name] if name else [n for n in names if n in self.added.by_content]
             if not candidates and role == "unk" and getattr(self.model, "unk_token", None):
                 candidates = [self.model.unk_token]
@@ -165,14 +170,16 @@ class Tokenizer:
 
     def _finish(self, a: list[int], b: list[int] | None, add_special_tokens: bool, truncation: bool,
                 max_length: int | None) -> Encoding:
-        proc = self.post_processor if add_special_tokens else None
+        proc = self.post_processor
         if truncation:
-            max_length = max_length or (self.truncation or {}).get("max_length")
+            json = self.truncation or {}
+            max_length = max_length or json.get("max_length")
             if not max_length:
                 raise TokenizerError("truncation=True needs max_length=N")
-            a, b = truncate(a, b, max_length, proc.added_tokens(b is not None) if proc else 0)
-        if proc is not None:
-            ids, types, special = proc.process(a, b)
+            a, b = truncate(a, b, max_length, proc.added_tokens(b is not None) if proc and add_special_tokens else 0,
+                            json.get("strategy", "longest_first"), side_of(json.get("direction")))
+        if proc is not None:  # also without special tokens: a template still orders A and B and sets type ids
+            ids, types, special = proc.process(a, b, add_special_tokens)
         else:
             ids = a + (b or [])
             types, special = [0] * len(a) + [1] * len(b or []), [0] * len(ids)
@@ -197,50 +204,68 @@ class Tokenizer:
     def encode_pair(self, text: str, pair: str, **kw) -> Encoding:
         return self.encode_plus(text, pair, **kw)
 
-    def encode_batch(self, texts, pairs=None, add_special_tokens: bool = True, padding=False,
-                     truncation: bool = False, max_length: int | None = None, num_workers: int | None = None):
-        """Ids of each text. Fast paths: tiktoken's threads, or for the Python pipeline and large batches,
-        a pool of `num_workers` processes (default: the CPU count). Pads only when asked."""
-        texts = [_check_text(t) for t in texts]
+    def _encodings(self, texts, pairs, add_special_tokens, padding, truncation, max_length, pad_to_multiple_of,
+                   padding_side, num_workers) -> list[Encoding]:
+        """Truncated and padded encodings of a batch. What the call leaves open (max_length, truncation strategy
+        and side, padding side, multiple, pad token and type id) comes from tokenizer.json's settings."""
         from lmkit.tokenizers.fast import encode_many
         plain = encode_many(self, texts, num_workers)
+        bs = encode_many(self, [_check_text(p) for p in pairs], num_workers) if pairs is not None else [None] * len(texts)
+        if pairs is not None and len(bs) != len(texts):
+            raise TokenizerError(f"{len(texts)} texts but {len(bs)} pairs; give one pair per text")
+        encs = [self._finish(a, b, add_special_tokens, truncation, max_length) for a, b in zip(plain, bs)]
+        if padding:
+            if padding not in (True, "longest", "max_length"):
+                raise TokenizerError(f"padding must be False, True, 'longest' or 'max_length', not {padding!r}")
+            json = self.padding or {}
+            length = None
+            if padding == "max_length":
+                fixed = json.get("strategy") if isinstance(json.get("strategy"), dict) else {}
+                length = max_length or fixed.get("Fixed") or (self.truncation or {}).get("max_length")
+                if not length:
+                    raise TokenizerError("padding='max_length' needs max_length=N")
+            multiple = pad_to_multiple_of if pad_to_multiple_of is not None else json.get("pad_to_multiple_of")
+            pad(encs, self.pad_token_id, length, multiple, side_of(padding_side or json.get("direction")),
+                json.get("pad_type_id", 0))
+        return encs
+
+    def encode_batch(self, texts, pairs=None, add_special_tokens: bool = True, padding=False,
+                     truncation: bool = False, max_length: int | None = None, num_workers: int | None = None,
+                     pad_to_multiple_of: int | None = None, padding_side: str | None = None):
+        """Ids of each text. Fast paths: tiktoken's threads, or for the Python pipeline and large batches,
+        a pool of `num_workers` processes (default: the CPU count). Pads only when asked."""
+        texts = _check_batch(texts, pairs)
         if pairs is None and not truncation and not padding:
+            from lmkit.tokenizers.fast import encode_many
+            plain = encode_many(self, texts, num_workers)
             if add_special_tokens and self.post_processor is not None:
                 return [self.post_processor.process(ids, None)[0] for ids in plain]
             return plain
-        bs = encode_many(self, [_check_text(p) for p in pairs], num_workers) if pairs is not None else [None] * len(texts)
-        encs = [self._finish(a, b, add_special_tokens, truncation, max_length) for a, b in zip(plain, bs)]
-        if padding:
-            length = max_length if padding == "max_length" else None
-            pad(encs, self.pad_token_id, length, (self.padding or {}).get("pad_to_multiple_of"))
-        return [e.ids for e in encs]
+        return [e.ids for e in self._encodings(texts, pairs, add_special_tokens, padding, truncation, max_length,
+                                               pad_to_multiple_of, padding_side, num_workers)]
 
     def __call__(self, text, pair=None, add_special_tokens: bool = True, padding=False, truncation: bool = False,
-                 max_length: int | None = None, pad_to_multiple_of: int | None = None, padding_side: str = "right"):
+                 max_length: int | None = None, pad_to_multiple_of: int | None = None, padding_side: str | None = None):
         """Model inputs for a string or a list of strings: {"input_ids", "attention_mask", "token_type_ids"}
-        as lists (a batch: lists of lists). padding: False, True/"longest" or "max_length"."""
+        as lists (a batch: lists of lists). padding: False, True/"longest" or "max_length"; padding_side
+        "right" unless given or set in tokenizer.json."""
         single = isinstance(text, str)
-        texts = [text] if single else list(text)
+        texts = [text] if single else _check_batch(text, pair)
         pairs = None if pair is None else ([pair] if single else list(pair))
-        from lmkit.tokenizers.fast import encode_many
-        plain = encode_many(self, [_check_text(t) for t in texts], None)
-        bs = encode_many(self, [_check_text(p) for p in pairs], None) if pairs is not None else [None] * len(texts)
-        encs = [self._finish(a, b, add_special_tokens, truncation, max_length) for a, b in zip(plain, bs)]
-        if padding:
-            pad(encs, self.pad_token_id, max_length if padding == "max_length" else None, pad_to_multiple_of,
-                padding_side)
+        encs = self._encodings(texts, pairs, add_special_tokens, padding, truncation, max_length, pad_to_multiple_of,
+                               padding_side, None)
         out = {"input_ids": [e.ids for e in encs], "attention_mask": [e.attention_mask for e in encs],
                "token_type_ids": [e.type_ids for e in encs]}
         return {k: v[0] for k, v in out.items()} if single else out
 
     def tokenize(self, text: str) -> list[str]:
         """Token strings of `text` without special tokens (to see how a text splits): HF's `Encoding.tokens`, where
-        an unknown stretch of a Unigram model shows as its text."""
+        an unknown stretch of a Unigram model shows as its text, an added token as the text it matched."""
         out: list[str] = []
         pre, model = self.pre_tokenizer, self.model
         for piece, tid, first in self._stretches(text):
-            if tid is not None:
-                out.append(self.id_to_token(tid))
+            if tid is not None:  # the matched text, with what lstrip/rstrip swallowed, as HF shows it
+                out.append(piece)
                 continue
             for w in (pre.split(piece, first) if pre is not None else ([piece] if piece else [])):
                 out += model.tokenize(w)
@@ -309,6 +334,14 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({type(self.model).__name__}, vocab_size={self.vocab_size})"
+
+
+def _check_batch(texts, pairs) -> list[str]:
+    """A batch must be a list of texts (a str would be taken character by character), pairs a list as well."""
+    for what, x in (("texts", texts), ("pairs", pairs)):
+        if isinstance(x, str):
+            raise TokenizerError(f"a batch takes a list of {what}, not one string; wrap it in a list (or use encode)")
+    return [_check_text(t) for t in texts]
 
 
 def _check_text(text):
