@@ -64,3 +64,26 @@ def test_bert_tiny_preset_trains_into_a_folder_transformers_reads(corpus_file, t
     ids = torch.randint(5, c.vocab_size, (2, 17), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_mlm_run_folder_loads_in_auto_tokenizer_with_its_mask_token(corpus_file, tmp_path):
+    """AutoTokenizer on the run folder reads lmkit's special tokens (tokenizer_config.json), not BertTokenizer's
+    [UNK]/[MASK] defaults that the byte-level vocabulary lacks; ids and logits agree with lmkit's."""
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "tiny"
+    cfg = TrainConfig(preset="bert-tiny", objective="mlm", corpus=[corpus_file], out=str(out), max_steps=1,
+                      batch_size=4, seq_len=32, vocab_size=400, precision="fp32", progress=False)
+    Trainer(cfg).fit()
+    ours, tok = lmkit.load_model(out).eval(), lmkit.load_tokenizer(out)
+    auto = transformers.AutoTokenizer.from_pretrained(out)
+    assert auto.mask_token == "<|mask|>" and auto.mask_token_id == tok.token_to_id("<|mask|>")
+    assert len(auto) == ours.config.vocab_size
+    texts = ["def f(x): return x + 1", "a longer line of text to pad the other one against"]
+    enc = auto(texts, padding=True, return_tensors="pt")
+    assert enc["input_ids"][0][:enc["attention_mask"][0].sum()].tolist() == tok.encode(texts[0])
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        ref = hf(**enc).logits
+        got = ours(enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+    keep = enc["attention_mask"].bool()
+    torch.testing.assert_close(got[keep], ref[keep], atol=1e-4, rtol=0)

@@ -22,7 +22,6 @@ from safetensors import SafetensorError
 
 from lmkit.config import ModelConfig, get_preset
 from lmkit.data import load_corpus
-from lmkit.atomic import atomic_save_file
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.shards import open_prepared, prepared_fingerprint
 from lmkit.data.tokenize import corpus_tokenizer, special_ids, tokenizer_sha, vocab_size_of
@@ -41,6 +40,7 @@ from lmkit.train.tasks import get_objective
 
 DEFAULT_STEPS = 1000
 MODEL_TMP = ".model."  # the model folder is written here first, then moved into --out
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 CALIBRATION_STEPS = 8  # steps timed before a --time-budget run fixes its step count
 
 
@@ -267,7 +267,9 @@ class Trainer:
         try:
             if self.rank == 0:
                 self._remove_leftovers()
-                atomic_save_file(self.out / "tokenizer.json", lambda tmp: self.tokenizer.save(tmp))
+                # with tokenizer_config.json naming its special tokens, so transformers' AutoTokenizer reads
+                # the run as lmkit does (without it, a bert folder gets BertTokenizer's [UNK]/[MASK] defaults)
+                self.tokenizer.save_pretrained(self.out)
                 self.metrics.truncate(self.step) if cfg.resume else self.metrics.reset()
             bar = progress_bar(cfg.progress and self.rank == 0, total=self.total_steps, initial=self.step,
                                unit="step", dynamic_ncols=True, leave=True)
@@ -288,7 +290,7 @@ class Trainer:
             if path.is_dir() and path.name.startswith(MODEL_TMP):
                 shutil.rmtree(path, ignore_errors=True)
             elif path.is_file() and path.name.endswith(".tmp") and path.name[1:].startswith(
-                    ("tokenizer.json.", "metrics.jsonl.", "loss_curve.png.")):
+                    tuple(f"{name}." for name in TOKENIZER_FILES + ("metrics.jsonl", "loss_curve.png"))):
                 path.unlink(missing_ok=True)
 
     def _discard(self, created: bool) -> None:
@@ -296,7 +298,7 @@ class Trainer:
         if created:
             shutil.rmtree(self.out, ignore_errors=True)
         else:
-            for name in ("tokenizer.json", "metrics.jsonl"):
+            for name in TOKENIZER_FILES + ("metrics.jsonl",):
                 (self.out / name).unlink(missing_ok=True)
 
     def _fixed_interval(self, total: int) -> int:
