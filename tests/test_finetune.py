@@ -110,3 +110,23 @@ def test_data_reading_and_errors(tmp_path):
     assert len(held) == 2 and len(train) == 8
     with pytest.raises(ConfigError):
         FinetuneConfig(model="m", train="t", out="o", lr=1.0).check()
+
+
+def test_finetuned_folder_loads_in_auto_tokenizer(task, tmp_path):
+    """A base whose special tokens are not BERT's (a byte-level BPE, as `lmkit train` writes): the fine-tuned
+    folder keeps them, so AutoTokenizer gives lmkit's ids instead of failing on BertTokenizer's [UNK]."""
+    rows = [json.loads(line) for line in (task / "train.jsonl").read_text().splitlines()]
+    tok = lmkit.train_tokenizer([r["text"] for r in rows], kind="bpe", vocab_size=300,
+                                special_tokens=["<|endoftext|>", "<|pad|>"])
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=48, max_position_embeddings=32, pad_token_id=1)
+    torch.manual_seed(0)
+    transformers.BertModel(cfg).save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    out = tmp_path / "run"
+    finetune(FinetuneConfig(model=str(tmp_path / "base"), train=str(task / "train.jsonl"), out=str(out), epochs=1,
+                            batch_size=32, progress=False))
+    auto = transformers.AutoTokenizer.from_pretrained(out)
+    assert auto.pad_token == "<|pad|>"
+    texts = ["my red cherry the", "a saw old"]
+    assert auto(texts)["input_ids"] == [lmkit.load_tokenizer(out).encode(t) for t in texts]

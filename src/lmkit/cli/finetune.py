@@ -20,7 +20,9 @@ def register(subparsers) -> None:
                    "the method's own default)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
     p.add_argument("--max-length", type=int, default=128, metavar="N", help="tokens per example, cut beyond (default 128)")
-    p.add_argument("--pooling", choices=["cls", "mean"], default="cls", help="what the head reads (default cls)")
+    p.add_argument("--pooling", choices=["cls", "mean"], default="cls",
+                   help="what the head reads (default cls); a mean-pooled folder is lmkit's: transformers' "
+                   "...ForSequenceClassification pools [CLS] and gives other logits")
     p.add_argument("--val-fraction", type=float, default=0.1, metavar="F", help="held out when --eval is not given")
     p.add_argument("--warmup-ratio", type=float, default=0.1, metavar="F", help="share of steps warming up (default 0.1)")
     p.add_argument("--weight-decay", type=float, default=0.01, metavar="X", help="AdamW weight decay (default 0.01)")

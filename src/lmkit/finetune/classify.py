@@ -3,7 +3,8 @@ pooling, AdamW with linear warm-up then linear decay, a few epochs, accuracy and
 data after each epoch, and the best checkpoint (by macro-F1, then accuracy) saved as a model folder.
 
 The out folder holds config.json + model.safetensors (a ...ForSequenceClassification that transformers
-loads, id2label included), tokenizer.json, and metrics.jsonl (one line per epoch).
+loads, id2label included), the tokenizer as `transformers.AutoTokenizer` reads it (tokenizer.json,
+tokenizer_config.json, special_tokens_map.json), and metrics.jsonl (one line per epoch).
 """
 from __future__ import annotations
 
@@ -185,7 +186,7 @@ def _save(model, tok, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".best.", dir=out))
     try:
         model.save_adapter(tmp) if hasattr(model, "save_adapter") else model.save_pretrained(tmp)  # PEFT: the adapter
-        tok.save(tmp / "tokenizer.json")
+        tok.save_pretrained(tmp)  # tokenizer_config.json too: AutoTokenizer then reads the same special tokens
         for f in sorted(tmp.iterdir()):
             f.replace(out / f.name)
     finally:
