@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from lmkit.objectives import IGNORE_INDEX, mask_tokens, masked_lm_loss, next_sentence_loss, next_sentence_pairs
@@ -136,3 +137,18 @@ def test_next_sentence_loss_counts_pairs():
     ls = next_sentence_loss(logits, torch.tensor([0, 1]))
     assert int(ls.count) == 2
     torch.testing.assert_close(ls.mean, torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1])))
+
+
+def test_mask_tokens_rejects_impossible_probabilities():
+    ids, mask = rows(n=2, t=8)
+    for bad in (dict(mlm_probability=1.5), dict(mlm_probability=-0.1), dict(mask_fraction=0.9, random_fraction=0.2),
+                dict(random_fraction=-0.1)):
+        with pytest.raises(ValueError):
+            mask_tokens(ids, MASK, V, (CLS, SEP, PAD), mask, **bad)
+    # the edges are allowed: nothing chosen, or every eligible position chosen and all of them [MASK]
+    _, labels = mask_tokens(ids, MASK, V, (CLS, SEP, PAD), mask, mlm_probability=0.0)
+    assert (labels == IGNORE_INDEX).all()
+    inputs, labels = mask_tokens(ids, MASK, V, (CLS, SEP, PAD), mask, mlm_probability=1.0, mask_fraction=1.0,
+                                 random_fraction=0.0)
+    eligible = (mask == 1) & (ids != CLS) & (ids != SEP)
+    assert (labels != IGNORE_INDEX).eq(eligible).all() and (inputs[eligible] == MASK).all()

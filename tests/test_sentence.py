@@ -79,6 +79,9 @@ def test_errors(tmp_path, minilm_path):
     enc = lmkit.SentenceEncoder.from_pretrained(minilm_path)
     with pytest.raises(ConfigError):
         enc.encode([b"bytes"])
+    for bad in (None, 5):
+        with pytest.raises(ConfigError, match="string or a list of strings"):
+            enc.encode(bad)
     assert enc.encode([]).shape == (0, 384)
 
 

@@ -81,6 +81,12 @@ def mask_tokens(input_ids: torch.Tensor, mask_token_id: int, vocab_size: int, sp
     start) is chosen as a unit with probability p. Called with a fresh generator state per batch, this
     is RoBERTa's dynamic masking: every batch gets new masks.
     """
+    # the checks of transformers' DataCollatorForLanguageModeling
+    if not 0 <= mlm_probability <= 1:
+        raise ValueError(f"mlm_probability must be between 0 and 1, got {mlm_probability}")
+    if min(mask_fraction, random_fraction) < 0 or mask_fraction + random_fraction > 1:
+        raise ValueError(f"mask_fraction ({mask_fraction}) and random_fraction ({random_fraction}) must be "
+                         "non-negative and sum to at most 1 (the rest of the chosen tokens stay unchanged)")
     ids = input_ids
     eligible = torch.ones_like(ids, dtype=torch.bool)
     if attention_mask is not None:

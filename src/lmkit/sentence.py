@@ -191,7 +191,10 @@ class SentenceEncoder:
         (as sentence-transformers). `prompt` (a string) or `prompt_name` (a key of the folder's prompts) is
         put before every sentence; without either, the folder's default_prompt_name applies."""
         single = isinstance(sentences, str)
-        sentences = [sentences] if single else list(sentences)
+        try:
+            sentences = [sentences] if single else list(sentences)
+        except TypeError:  # None, a number: not a text nor a list of texts
+            raise ConfigError(f"encode takes a string or a list of strings, got {type(sentences).__name__}") from None
         if any(not isinstance(s, str) for s in sentences):
             raise ConfigError("encode takes strings; convert other values with str() first")
         text_prompt = self._prompt(prompt_name, prompt)
