@@ -130,3 +130,19 @@ def test_finetuned_folder_loads_in_auto_tokenizer(task, tmp_path):
     assert auto.pad_token == "<|pad|>"
     texts = ["my red cherry the", "a saw old"]
     assert auto(texts)["input_ids"] == [lmkit.load_tokenizer(out).encode(t) for t in texts]
+
+
+@pytest.mark.parametrize("rows, flags, match", [
+    ([("pear the", "fruit"), ("saw a", "tool")], [], "too few examples"),  # one example per label: none held out
+    ([("pear the", "fruit"), ("plum a", "fruit"), ("saw a", "tool"), ("drill", "tool")], ["--val-fraction", "1"],
+     "between 0 and 1"),
+])
+def test_cli_refuses_a_split_without_training_or_evaluation_rows(task, tmp_path, capsys, rows, flags, match):
+    data = tmp_path / "d.csv"
+    with data.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([("text", "label"), *rows])
+    out = tmp_path / "out"
+    assert main(["finetune", "--model", str(task / "base"), "--train", str(data), "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()

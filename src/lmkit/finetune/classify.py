@@ -50,6 +50,8 @@ class FinetuneConfig:
         for name in ("epochs", "batch_size", "max_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"--val-fraction must be between 0 and 1 (a share of --train), got {self.val_fraction}")
         if self.pooling not in ("cls", "mean"):
             raise ConfigError(f"--pooling must be cls or mean, got {self.pooling!r}")
 
@@ -118,6 +120,11 @@ def finetune(cfg: FinetuneConfig) -> dict:
     held = read_examples(cfg.eval) if cfg.eval else None
     if held is None:
         train, held = split_examples(train, cfg.val_fraction, cfg.seed)
+        if not held:  # a label holds one out only when it has two examples
+            raise CorpusError(f"{cfg.train} has too few examples to hold any out for evaluation (each label needs "
+                              "two); add examples or pass --eval FILE")
+        if not train:
+            raise CorpusError(f"--val-fraction {cfg.val_fraction} holds out all of {cfg.train}; lower it or pass --eval")
     for name, rows in (("training", train), ("evaluation", held)):
         if len({e.text_pair is None for e in rows}) > 1:
             raise CorpusError(f"some {name} rows have text_pair and some do not; give every row a text_pair or none")
