@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.evaluate import evaluate_text
     from lmkit.train.checkpoint import run_settings
 
+    if args.num_beams < 1:  # before loading anything: nothing printed for a run that cannot happen
+        raise ConfigError(f"--num-beams must be at least 1, got {args.num_beams}")
     settings = run_settings(args.model) or {}
     corpus = args.corpus or settings.get("corpus") or ["pydocs"]
     trained_on = settings.get("corpus")
