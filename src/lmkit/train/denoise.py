@@ -76,6 +76,18 @@ register_objective(DenoisingObjective("span", "encoder-decoder", _unprepared, _u
 register_objective(DenoisingObjective("denoise", "encoder-decoder", _unprepared, _unprepared, _unprepared))
 
 
+def seq2seq_run_settings(base: Any, eos_id: int, pad_id: int, seq_len: int) -> dict[str, int]:
+    """Config fields of an encoder-decoder trained on rows of seq_len tokens with the run's tokenizer.
+
+    The denoise target is the whole row plus EOS (seq_len + 1 tokens), so learned position tables
+    (BART) need seq_len + 1 rows. The preset's decoder start token keeps its role in the new
+    vocabulary: pad for T5 (and when unset), EOS for BART.
+    """
+    start = base.decoder_start_token_id
+    is_eos = start is not None and start == base.eos_token_id and start != base.pad_token_id
+    return {"max_seq_len": seq_len + 1, "decoder_start_token_id": eos_id if is_eos else pad_id}
+
+
 def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objective: str, seq_len: int | None = None,
                     batch_size: int = 16) -> dict[str, float]:
     """The validation numbers of a `span` / `denoise` run on `corpus`: the fixed corruption of its rows."""
