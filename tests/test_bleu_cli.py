@@ -71,3 +71,12 @@ def test_eval_bad_num_beams_is_refused_before_scoring(model_dir, tmp_path, capsy
     assert main(["eval", "--model", str(model_dir), "--pairs", str(tmp_path / "ok.tsv"), "--num-beams", "0"]) == 2
     out = capsys.readouterr()
     assert "--num-beams" in out.err and out.out == ""
+
+
+def test_eval_corpus_is_not_silently_ignored_for_text_to_text_models(model_dir, tmp_path, capsys):
+    (tmp_path / "ok.tsv").write_text("translate numbers to words: 12\ttwelve\n")
+    (tmp_path / "text.txt").write_text("Some text to score.\n")
+    for extra in (["--task", "numbers"], ["--pairs", str(tmp_path / "ok.tsv")]):
+        assert main(["eval", "--model", str(model_dir), "--corpus", str(tmp_path / "text.txt"), *extra]) == 2
+        out = capsys.readouterr()
+        assert "drop --corpus" in out.err and out.out == ""

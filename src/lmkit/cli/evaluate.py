@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     if args.pairs or args.task or (model.config.architecture == "encoder-decoder" and not seq2seq_objective):
         from lmkit.evaluate.seq2seq import report_pairs, resolve_pairs
 
+        if args.corpus:  # would be ignored: the scores come from pairs, not from text
+            raise ConfigError(f"--corpus scores text, but {args.model} is scored here on (source, reference) pairs; "
+                              "drop --corpus (a span/denoise run is scored on text without --pairs/--task)")
         name, pairs = resolve_pairs(args.model, args.pairs, args.task)
         print(f"{args.model} on {name} ({len(pairs)} pairs)")
         print("\n".join(report_pairs(model, tokenizer, pairs, args.num_beams)))
