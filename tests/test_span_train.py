@@ -79,3 +79,16 @@ def test_presets_with_their_own_ids_train_and_keep_the_start_token_role(corpus_f
     model = lmkit.load_model(tmp_path / preset)
     assert model.config.family == preset
     assert model.config.decoder_start_token_id == (trainer.bos_id if start == "eos" else trainer.pad_id)
+
+
+def test_span_rows_with_more_spans_than_sentinels_are_refused_up_front(corpus_file, tmp_path, capsys):
+    from lmkit.cli import main
+    from lmkit.objectives import noise_span_counts
+
+    assert noise_span_counts(2100) == (315, 105)  # round(0.15 * 2100) tokens in round(315 / 3) spans
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "t5-tiny", "--objective", "span", "--corpus", corpus_file, "--seq-len", "2100",
+                 "--max-steps", "1", "--batch-size", "1", "--out", str(out), "--precision", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert "100 sentinel tokens; use --seq-len 2009 or less" in err and "Traceback" not in err
+    assert not out.exists()

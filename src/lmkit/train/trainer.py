@@ -126,7 +126,7 @@ class Trainer:
         if base.architecture == "encoder-decoder":
             from lmkit.train.denoise import seq2seq_run_settings
 
-            ids.update(seq2seq_run_settings(base, self.bos_id, self.pad_id, cfg.seq_len))
+            ids.update(seq2seq_run_settings(base, self.objective.name, self.bos_id, self.pad_id, cfg.seq_len))
         self.model_config = base.replace(vocab_size=vocab_size_of(self.tokenizer), **ids)
 
     # one optimizer step ---------------------------------------------------------------------------
