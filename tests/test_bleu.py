@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lmkit.errors import LmkitError
+from lmkit.errors import LmkitError, MetricError
 from lmkit.evaluate.bleu import corpus_bleu
 from lmkit.evaluate.rouge import corpus_rouge, lcs_length, rouge_scores
 
@@ -119,3 +119,9 @@ def test_rouge_hand_computed():
     assert lcs_length(list("ABCBDAB"), list("BDCABA")) == 4  # the textbook LCS example
     assert rouge_scores("", "anything") == {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
     assert rouge_scores("same words", "Same, words!")["rougeL"] == 1.0
+
+
+@pytest.mark.parametrize("hyps, refs", [(["a"], [None]), ([3], ["a"]), (["a", b"b"], ["a", "b"])])
+def test_rouge_refuses_non_strings(hyps, refs):
+    with pytest.raises(MetricError, match="must be strings"):
+        corpus_rouge(hyps, refs)

@@ -55,3 +55,28 @@ def test_eval_errors_are_one_line(model_dir, tmp_path, capsys):
     (tmp_path / "bad.tsv").write_text("no tab here\n")
     assert main(["eval", "--model", str(model_dir), "--pairs", str(tmp_path / "bad.tsv")]) == 2
     assert "exactly one tab" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("row", [{"source": 1, "target": "x"}, {"source": "x", "target": None},
+                                 {"source": ["a"], "target": "b"}])
+def test_eval_jsonl_with_non_string_fields_is_one_line(model_dir, tmp_path, capsys, row):
+    (tmp_path / "bad.jsonl").write_text(json.dumps(row) + "\n")
+    assert main(["eval", "--model", str(model_dir), "--pairs", str(tmp_path / "bad.jsonl")]) == 2
+    out = capsys.readouterr()
+    assert "must be strings" in out.err and "Traceback" not in out.err and out.out == ""
+
+
+def test_eval_bad_num_beams_is_refused_before_scoring(model_dir, tmp_path, capsys):
+    (tmp_path / "ok.tsv").write_text("translate numbers to words: 12\ttwelve\n")
+    assert main(["eval", "--model", str(model_dir), "--pairs", str(tmp_path / "ok.tsv"), "--num-beams", "0"]) == 2
+    out = capsys.readouterr()
+    assert "--num-beams" in out.err and out.out == ""
+
+
+def test_eval_corpus_is_not_silently_ignored_for_text_to_text_models(model_dir, tmp_path, capsys):
+    (tmp_path / "ok.tsv").write_text("translate numbers to words: 12\ttwelve\n")
+    (tmp_path / "text.txt").write_text("Some text to score.\n")
+    for extra in (["--task", "numbers"], ["--pairs", str(tmp_path / "ok.tsv")]):
+        assert main(["eval", "--model", str(model_dir), "--corpus", str(tmp_path / "text.txt"), *extra]) == 2
+        out = capsys.readouterr()
+        assert "drop --corpus" in out.err and out.out == ""

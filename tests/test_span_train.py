@@ -62,3 +62,33 @@ def test_cli_span_without_preset_uses_t5_tiny(corpus_file, tmp_path, monkeypatch
                  "--seq-len", "24", "--precision", "fp32"]) == 0
     model = lmkit.load_model(tmp_path / "runs" / "t5-tiny")
     assert model.config.architecture == "encoder-decoder"
+
+
+@pytest.mark.parametrize("preset, objective, start", [("bart", "denoise", "eos"), ("t5", "span", "pad")])
+def test_presets_with_their_own_ids_train_and_keep_the_start_token_role(corpus_file, tmp_path, preset, objective, start):
+    """BART's learned positions hold the denoise target (the whole row + EOS), and the preset's decoder start
+    token is mapped onto the run's tokenizer by role: EOS for BART, pad for T5 (not the preset's raw id)."""
+    small = dict(d_model=32, n_layers=1, n_decoder_layers=1, n_heads=2, d_ff=64)
+    if preset == "t5":
+        small.update(head_dim=16, output_scale=32 ** -0.5)
+    cfg = TrainConfig(preset=preset, objective=objective, corpus=[corpus_file], out=str(tmp_path / preset),
+                      max_steps=2, save_every=2, log_every=1, batch_size=4, seq_len=32, lr=1e-3, warmup_steps=1,
+                      vocab_size=400, precision="fp32", progress=False, model_overrides=small)
+    trainer = Trainer(cfg)
+    assert trainer.fit()["step"] == 2
+    model = lmkit.load_model(tmp_path / preset)
+    assert model.config.family == preset
+    assert model.config.decoder_start_token_id == (trainer.bos_id if start == "eos" else trainer.pad_id)
+
+
+def test_span_rows_with_more_spans_than_sentinels_are_refused_up_front(corpus_file, tmp_path, capsys):
+    from lmkit.cli import main
+    from lmkit.objectives import noise_span_counts
+
+    assert noise_span_counts(2100) == (315, 105)  # round(0.15 * 2100) tokens in round(315 / 3) spans
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "t5-tiny", "--objective", "span", "--corpus", corpus_file, "--seq-len", "2100",
+                 "--max-steps", "1", "--batch-size", "1", "--out", str(out), "--precision", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert "100 sentinel tokens; use --seq-len 2009 or less" in err and "Traceback" not in err
+    assert not out.exists()

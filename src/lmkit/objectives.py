@@ -187,15 +187,21 @@ def _random_segmentation(num_items: int, num_segments: int, generator: torch.Gen
     return [b - a for a, b in zip(bounds, bounds[1:])]
 
 
+def noise_span_counts(length: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0) -> tuple[int, int]:
+    """(noise tokens, noise spans) of T5's mask for a row of `length` >= 2 tokens: round(length * density)
+    tokens (at least 1, at most length - 1) in round(noise / mean span) spans (at least 1)."""
+    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
+    return num_noise, min(num_spans, num_noise, length - num_noise)
+
+
 def random_spans_noise_mask(length: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0,
                             generator: torch.Generator | None = None) -> list[bool]:
     """T5's noise mask: round(length * density) noise tokens in round(noise / mean span) spans, the spans
     and the gaps between them of random lengths, starting with a gap. True marks noise."""
     if length < 2:
         return [False] * length
-    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
-    num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
-    num_spans = min(num_spans, num_noise, length - num_noise)
+    num_noise, num_spans = noise_span_counts(length, noise_density, mean_noise_span_length)
     noise = _random_segmentation(num_noise, num_spans, generator)
     keep = _random_segmentation(length - num_noise, num_spans, generator)
     mask: list[bool] = []

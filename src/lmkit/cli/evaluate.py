@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.evaluate import evaluate_text
     from lmkit.train.checkpoint import run_settings
 
+    if args.num_beams < 1:  # before loading anything: nothing printed for a run that cannot happen
+        raise ConfigError(f"--num-beams must be at least 1, got {args.num_beams}")
     settings = run_settings(args.model) or {}
     corpus = args.corpus or settings.get("corpus") or ["pydocs"]
     trained_on = settings.get("corpus")
@@ -51,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     if args.pairs or args.task or (model.config.architecture == "encoder-decoder" and not seq2seq_objective):
         from lmkit.evaluate.seq2seq import report_pairs, resolve_pairs
 
+        if args.corpus:  # would be ignored: the scores come from pairs, not from text
+            raise ConfigError(f"--corpus scores text, but {args.model} is scored here on (source, reference) pairs; "
+                              "drop --corpus (a span/denoise run is scored on text without --pairs/--task)")
         name, pairs = resolve_pairs(args.model, args.pairs, args.task)
         print(f"{args.model} on {name} ({len(pairs)} pairs)")
         print("\n".join(report_pairs(model, tokenizer, pairs, args.num_beams)))

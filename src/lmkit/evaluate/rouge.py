@@ -60,6 +60,9 @@ def corpus_rouge(hypotheses: Sequence[str], references: Sequence[str]) -> dict[s
         raise MetricError(f"{len(hypotheses)} hypotheses but {len(references)} references; give one per hypothesis")
     if not hypotheses:
         raise MetricError("ROUGE needs at least one hypothesis and reference")
+    bad = [x for x in [*hypotheses, *references] if not isinstance(x, str)]
+    if bad:
+        raise MetricError(f"hypotheses and references must be strings, got {type(bad[0]).__name__}")
     totals = Counter()
     for h, r in zip(hypotheses, references):
         totals.update(rouge_scores(h, r))

@@ -87,9 +87,12 @@ def read_pairs(path) -> list[tuple[str, str]]:
         if path.suffix == ".jsonl":
             try:
                 row = json.loads(line)
-                pairs.append((row["source"], row["target"]))
+                pair = (row["source"], row["target"])
             except (ValueError, KeyError, TypeError):
                 raise CorpusError(f"{path}:{n} is not a JSON object with 'source' and 'target'") from None
+            if not all(isinstance(x, str) for x in pair):
+                raise CorpusError(f"{path}:{n}: 'source' and 'target' must be strings")
+            pairs.append(pair)
         else:
             parts = line.split("\t")
             if len(parts) != 2:

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
-from lmkit.objectives import (LossSum, next_token_loss, sentence_permutation, seq2seq_batch, span_corruption,
-                              text_infilling)
+from lmkit.errors import ConfigError
+from lmkit.objectives import (LossSum, next_token_loss, noise_span_counts, sentence_permutation, seq2seq_batch,
+                              span_corruption, text_infilling)
 from lmkit.train.tasks import FixedCorruptionEvaluation, Objective, register_objective
 
 SENTINELS = [f"<extra_id_{i}>" for i in range(100)]
@@ -74,6 +75,22 @@ def _unprepared(*_: Any, **__: Any):
 
 register_objective(DenoisingObjective("span", "encoder-decoder", _unprepared, _unprepared, _unprepared))
 register_objective(DenoisingObjective("denoise", "encoder-decoder", _unprepared, _unprepared, _unprepared))
+
+
+def seq2seq_run_settings(base: Any, objective: str, eos_id: int, pad_id: int, seq_len: int) -> dict[str, int]:
+    """Config fields of an encoder-decoder trained on rows of seq_len tokens with the run's tokenizer.
+
+    The denoise target is the whole row plus EOS (seq_len + 1 tokens), so learned position tables
+    (BART) need seq_len + 1 rows. The preset's decoder start token keeps its role in the new
+    vocabulary: pad for T5 (and when unset), EOS for BART.
+    """
+    if objective == "span" and noise_span_counts(seq_len)[1] > len(SENTINELS):  # one sentinel per span
+        fits = max(n for n in range(2, seq_len) if noise_span_counts(n)[1] <= len(SENTINELS))
+        raise ConfigError(f"--seq-len {seq_len} gives {noise_span_counts(seq_len)[1]} noise spans per row, more than "
+                          f"the {len(SENTINELS)} sentinel tokens; use --seq-len {fits} or less")
+    start = base.decoder_start_token_id
+    is_eos = start is not None and start == base.eos_token_id and start != base.pad_token_id
+    return {"max_seq_len": seq_len + 1, "decoder_start_token_id": eos_id if is_eos else pad_id}
 
 
 def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objective: str, seq_len: int | None = None,

@@ -122,9 +122,12 @@ class Trainer:
             self.stream = PackedStream(tokenize_corpus(train, self.tokenizer), self.bos_id, cfg.seq_len)
             val = tokenize_corpus(val_corpus, self.tokenizer)
         self.val_rows, self.val_mask, self.val_bytes = eval_rows(val, self.bos_id, self.pad_id, cfg.seq_len)
-        self.model_config = base.replace(vocab_size=vocab_size_of(self.tokenizer), bos_token_id=self.bos_id,
-                                         eos_token_id=self.bos_id, pad_token_id=self.pad_id,
-                                         max_seq_len=cfg.seq_len)
+        ids = dict(bos_token_id=self.bos_id, eos_token_id=self.bos_id, pad_token_id=self.pad_id, max_seq_len=cfg.seq_len)
+        if base.architecture == "encoder-decoder":
+            from lmkit.train.denoise import seq2seq_run_settings
+
+            ids.update(seq2seq_run_settings(base, self.objective.name, self.bos_id, self.pad_id, cfg.seq_len))
+        self.model_config = base.replace(vocab_size=vocab_size_of(self.tokenizer), **ids)
 
     # one optimizer step ---------------------------------------------------------------------------
     def _all_reduce(self, value: torch.Tensor) -> torch.Tensor:
