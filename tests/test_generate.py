@@ -7,7 +7,6 @@ the same order, one torch.multinomial per step over the whole batch).
 import pytest
 import torch
 
-import lmkit
 from lmkit.errors import GenerationError
 from lmkit.generation import logits as processors
 
@@ -39,10 +38,9 @@ def build(kind: str):
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def pair(request, tmp_path_factory):
-    hf = build(request.param)
-    folder = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(folder)
-    return hf, lmkit.load_model(folder)
+    from test_hub_decoder import saved_pair
+
+    return saved_pair(build(request.param), request.param, tmp_path_factory)[:2]
 
 
 def prompts():

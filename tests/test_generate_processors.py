@@ -13,17 +13,16 @@ from lmkit.generation import logits as processors
 transformers = pytest.importorskip("transformers")
 from transformers.generation import logits_process as hf_proc  # noqa: E402
 
-import lmkit  # noqa: E402
 from test_generate import VOCAB, build, prompts  # noqa: E402
+from test_hub_decoder import saved_pair  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def pair(request, tmp_path_factory):
     """(transformers model, lmkit model loaded from its folder): test_generate's peaky small models."""
-    hf = build(request.param)
-    folder = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(folder)
-    return hf, lmkit.load_model(folder)
+    return saved_pair(build(request.param), request.param, tmp_path_factory)[:2]
+
+
 
 
 def both(hf, ours, seed=0, **kwargs):

@@ -78,13 +78,16 @@ def randomized(m):
     return m.eval()
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def pair(request, tmp_path_factory):
+def saved_pair(hf, name: str, tmp_path_factory):
     """(transformers model, lmkit model loaded from the folder transformers wrote, folder)."""
-    hf = hf_model(request.param)
-    folder = tmp_path_factory.mktemp(request.param)
+    folder = tmp_path_factory.mktemp(name)
     hf.save_pretrained(folder)
     return hf, lmkit.load_model(folder), folder
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, tmp_path_factory):
+    return saved_pair(hf_model(request.param), request.param, tmp_path_factory)
 
 
 def batch():

@@ -18,7 +18,8 @@ import torch
 import lmkit
 from lmkit.errors import ConfigError
 from lmkit.generation.decode_plan import DecodePlan
-from test_hub_decoder import VOCAB, as_v4, batch, check_saved_folder, check_sharded_folder, randomized, rewrite_config
+from test_hub_decoder import VOCAB, as_v4, batch, check_saved_folder, check_sharded_folder, randomized, rewrite_config, \
+    saved_pair
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -55,11 +56,7 @@ def hf_model(name: str):
 
 @pytest.fixture(scope="module", params=list(CASES))
 def pair(request, tmp_path_factory):
-    """(transformers model, lmkit model loaded from the folder transformers wrote, folder)."""
-    hf = hf_model(request.param)
-    folder = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(folder)
-    return hf, lmkit.load_model(folder), folder
+    return saved_pair(hf_model(request.param), request.param, tmp_path_factory)
 
 
 def test_config_reads_the_family(pair):
