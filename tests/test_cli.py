@@ -24,3 +24,16 @@ def test_tokenizer_training_draws_no_bar_into_a_file(tmp_path, capsys):
     assert main(["tokenizer", "train", "--kind", "bpe", "--vocab-size", "10", "--corpus", str(corpus),
                  "--out", str(tmp_path / "small.json")]) == 2
     assert capsys.readouterr().err.startswith("lmkit: error: vocab_size 10 is below")
+
+
+def test_subpackages_are_attributes_of_a_bare_import():
+    """`import lmkit` then lmkit.tokenizers.load_tokenizer, lmkit.peft..., as with torch.nn: in a fresh
+    interpreter, where nothing has imported the subpackages yet."""
+    code = ("import lmkit, sys; assert 'lmkit.tokenizers' not in sys.modules; "
+            "print(lmkit.tokenizers.load_tokenizer.__name__, lmkit.peft.__name__, lmkit.nn.__name__, "
+            "'tokenizers' in dir(lmkit))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["load_tokenizer", "lmkit.peft", "lmkit.nn", "True"]
+    proc = subprocess.run([sys.executable, "-c", "import lmkit; lmkit.nope"], capture_output=True, text=True, timeout=120)
+    assert "has no attribute 'nope'" in proc.stderr

@@ -20,14 +20,21 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
+# subpackages reachable as attributes (lmkit.tokenizers.load_tokenizer) without importing them first
+_SUBMODULES = ("atomic", "compress", "config", "data", "errors", "evaluate", "finetune", "generation", "hub", "models",
+               "nn", "objectives", "peft", "progress", "sentence", "tokenizers", "train")
 
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _EXPORTS:
         module, attr = _EXPORTS[name]
         return getattr(importlib.import_module(module), attr)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"lmkit.{name}")
     raise AttributeError(f"module 'lmkit' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_EXPORTS))
+    return sorted(list(globals()) + list(_EXPORTS) + list(_SUBMODULES))
