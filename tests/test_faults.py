@@ -97,6 +97,9 @@ def test_tokenizer_that_does_not_fit_the_model(assets, model_copy, capsys):
     before = snapshot(model_copy)
     fails(capsys, evaluate(model_copy, assets), model_copy / "tokenizer.json", "embeds only 300",
           "use the tokenizer.json saved with that model")
+    # generate too: a prompt of small ids would otherwise run and hide the mismatch
+    fails(capsys, ["generate", "--model", str(model_copy), "--prompt", "The", "--max-new-tokens", "2"],
+          model_copy / "tokenizer.json", "embeds only 300")
     assert snapshot(model_copy) == before
 
 
