@@ -187,6 +187,13 @@ def test_shard_index_that_does_not_match_its_files(shards, capsys, damage):
     assert snapshot(shards) == before and not (shards.parent / "run" / "checkpoint").exists()
 
 
+def test_data_and_corpus_together_is_refused(shards, assets, tmp_path, capsys):
+    out = tmp_path / "run"
+    fails(capsys, ["train", "--preset", "tiny", "--data", str(shards), "--corpus", str(assets / "corpus.txt"),
+                   "--out", str(out), "--max-steps", "1"], "--data", "--corpus")
+    assert not out.exists()
+
+
 def test_prepared_folder_without_validation_split(assets, tmp_path, capsys):
     shards = tmp_path / "data"
     prepare([str(assets / "corpus.txt")], assets / "tok.json", shards, workers=1, val_fraction=0.0)
