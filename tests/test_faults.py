@@ -90,6 +90,16 @@ def test_tensor_of_the_wrong_shape(assets, model_copy, capsys, name):
     assert snapshot(model_copy) == before
 
 
+def test_config_with_more_layers_than_the_weights(assets, model_copy, capsys):
+    path = model_copy / "config.json"
+    config = json.loads(path.read_text())
+    config["n_layer"] += 1
+    path.write_text(json.dumps(config))
+    before = snapshot(model_copy)
+    fails(capsys, evaluate(model_copy, assets), "transformer.h.", "config.json", "disagree")
+    assert snapshot(model_copy) == before
+
+
 def test_tokenizer_that_does_not_fit_the_model(assets, model_copy, capsys):
     big = lmkit.train_tokenizer([TEXT * 30 + "zebra quartz vortex jinx " * 30], kind="bpe", vocab_size=400,
                                 special_tokens=SPECIAL)
