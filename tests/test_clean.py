@@ -5,7 +5,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
+from lmkit.cli import main
 from lmkit.data.clean import CleanConfig, LSHIndex, MinHasher, clean_corpus, jaccard, shingles
 from lmkit.data.corpus import Corpus, Document, load_corpus
 
@@ -119,3 +121,26 @@ def test_cli_clean_writes_a_corpus_and_a_report(tmp_path):
     report = json.loads((tmp_path / "clean.jsonl.report.json").read_text())
     assert report["removed"]["exact_duplicate"] == 1 and report["removed"]["too_short"] == 1
     assert [d.id for d in load_corpus(str(out))] == ["0", "2"]
+
+
+@pytest.mark.parametrize("outputs, needle", [(["--out", "{c}"], "--out"),
+                                             (["--out", "{d}/clean.jsonl", "--report", "{c}"], "--report"),
+                                             (["--out", "{d}/clean.jsonl", "--report", "{d}/clean.jsonl"], "own name")])
+def test_clean_refuses_outputs_that_would_replace_the_corpus(tmp_path, capsys, outputs, needle):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": 0, "text": prose(60)}) + "\n" + json.dumps({"id": 1, "text": "hi"}) + "\n",
+                      encoding="utf-8")
+    raw = corpus.read_bytes()
+    argv = ["data", "clean", "--corpus", str(corpus)] + [a.format(c=corpus, d=tmp_path) for a in outputs]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lmkit: error: ") and "\n" not in err and needle in err, err
+    assert corpus.read_bytes() == raw and not (tmp_path / "clean.jsonl").exists()
+
+
+@pytest.mark.parametrize("flag", ["--min-alpha", "--max-digit", "--max-bad"])
+def test_clean_refuses_a_character_share_outside_0_1(tmp_path, capsys, flag):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(prose(60), encoding="utf-8")
+    assert main(["data", "clean", "--corpus", str(corpus), "--out", str(tmp_path / "o.jsonl"), flag, "1.5"]) == 2
+    assert flag in capsys.readouterr().err and not (tmp_path / "o.jsonl").exists()

@@ -90,6 +90,16 @@ def test_tensor_of_the_wrong_shape(assets, model_copy, capsys, name):
     assert snapshot(model_copy) == before
 
 
+def test_config_with_more_layers_than_the_weights(assets, model_copy, capsys):
+    path = model_copy / "config.json"
+    config = json.loads(path.read_text())
+    config["n_layer"] += 1
+    path.write_text(json.dumps(config))
+    before = snapshot(model_copy)
+    fails(capsys, evaluate(model_copy, assets), "transformer.h.", "config.json", "disagree")
+    assert snapshot(model_copy) == before
+
+
 def test_tokenizer_that_does_not_fit_the_model(assets, model_copy, capsys):
     big = lmkit.train_tokenizer([TEXT * 30 + "zebra quartz vortex jinx " * 30], kind="bpe", vocab_size=400,
                                 special_tokens=SPECIAL)
@@ -97,6 +107,9 @@ def test_tokenizer_that_does_not_fit_the_model(assets, model_copy, capsys):
     before = snapshot(model_copy)
     fails(capsys, evaluate(model_copy, assets), model_copy / "tokenizer.json", "embeds only 300",
           "use the tokenizer.json saved with that model")
+    # generate too: a prompt of small ids would otherwise run and hide the mismatch
+    fails(capsys, ["generate", "--model", str(model_copy), "--prompt", "The", "--max-new-tokens", "2"],
+          model_copy / "tokenizer.json", "embeds only 300")
     assert snapshot(model_copy) == before
 
 
@@ -182,6 +195,13 @@ def test_shard_index_that_does_not_match_its_files(shards, capsys, damage):
     fails(capsys, ["train", "--preset", "tiny", "--data", str(shards), "--out", str(shards.parent / "run"),
                    "--max-steps", "1"], *needles)
     assert snapshot(shards) == before and not (shards.parent / "run" / "checkpoint").exists()
+
+
+def test_data_and_corpus_together_is_refused(shards, assets, tmp_path, capsys):
+    out = tmp_path / "run"
+    fails(capsys, ["train", "--preset", "tiny", "--data", str(shards), "--corpus", str(assets / "corpus.txt"),
+                   "--out", str(out), "--max-steps", "1"], "--data", "--corpus")
+    assert not out.exists()
 
 
 def test_prepared_folder_without_validation_split(assets, tmp_path, capsys):

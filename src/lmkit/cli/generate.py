@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import lmkit
+    from lmkit.data.tokenize import check_fits
     from lmkit.errors import GenerationError
     from lmkit.train.checkpoint import run_settings
 
@@ -74,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         raise GenerationError(f"--repetition-penalty must be > 0 (1: none), got {args.repetition_penalty}")
     model = lmkit.load_model(args.model)
     tok = lmkit.load_tokenizer(args.model)
+    # an id past the embedding table fails deep in the model, or silently never matters: refuse it up front
+    check_fits(tok, model.config.vocab_size, Path(args.model) / "tokenizer.json", args.model)
     cfg = model.config
     # --temperature 0 means greedy even beside --top-k/--top-p, as its help says
     sampling = args.temperature != 0 and (any(v is not None for v in (args.top_k, args.top_p)) or bool(args.temperature))

@@ -38,7 +38,11 @@ def register(subparsers) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
+    from lmkit.errors import ConfigError
+
     given = {f: getattr(args, f) for f in FLAGS if getattr(args, f) is not None}
+    if "data" in given and "corpus" in given:  # --data wins in the trainer, so --corpus would be silently ignored
+        raise ConfigError("--data and --corpus both name the training text; give one (--data DIR for prepared shards)")
     if "preset" not in given and given.get("objective") in ("span", "denoise"):
         given["preset"] = "t5-tiny"  # encoder-decoder objectives need an encoder-decoder model
     given.setdefault("out", f"runs/{given.get('preset', 'default')}")

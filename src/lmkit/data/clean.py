@@ -21,12 +21,13 @@ import hashlib
 import json
 import zlib
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import regex
 
-from lmkit.data.corpus import Corpus, Document
+from lmkit.data.corpus import Corpus, Document, resolved_sources
 from lmkit.errors import CorpusError
 
 WORD = regex.compile(r"\w+")
@@ -63,6 +64,9 @@ class CleanConfig:
             raise CorpusError(f"--near-threshold must lie in (0, 1], got {self.near_threshold}")
         if self.shingle < 1:
             raise CorpusError(f"--shingle must be at least 1, got {self.shingle}")
+        for flag, share in (("--min-alpha", self.min_alpha), ("--max-digit", self.max_digit), ("--max-bad", self.max_bad)):
+            if not 0.0 <= share <= 1.0:  # a share outside [0, 1] silently keeps or removes every document
+                raise CorpusError(f"{flag} is a share of characters and must lie in [0, 1], got {share}")
 
 
 # MinHash and LSH ---------------------------------------------------------------------------------
@@ -296,6 +300,8 @@ def clean_files(specs: list[str], out: str, report_path: str | None = None,
     from lmkit.atomic import atomic_open, atomic_write_json
     from lmkit.data.prepare import stream_documents
 
+    report_path = report_path or f"{out}.report.json"
+    _check_outputs(specs, out, report_path)
     kept, cleaner = clean_stream(lambda: stream_documents(specs), config)
     with atomic_open(out, "w", encoding="utf-8") as f:
         for doc in kept:
@@ -303,5 +309,16 @@ def clean_files(specs: list[str], out: str, report_path: str | None = None,
         if cleaner.docs_in == 0:
             raise CorpusError(f"corpus {' '.join(specs)!r} is empty (no non-blank text); give files that contain text")
     report = cleaner.report()
-    atomic_write_json(report_path or f"{out}.report.json", report)
+    atomic_write_json(report_path, report)
     return report
+
+
+def _check_outputs(specs: list[str], out: str, report_path: str) -> None:
+    """Refuse outputs that would replace an input file or each other (the atomic rename would destroy it)."""
+    out_path, rep_path = (str(Path(p).expanduser().resolve()) for p in (out, report_path))
+    if out_path == rep_path:
+        raise CorpusError(f"--report {report_path} is the --out file; give the report its own name")
+    sources = resolved_sources(specs)
+    for flag, name, path in (("--out", out, out_path), ("--report", report_path, rep_path)):
+        if path in sources:
+            raise CorpusError(f"{flag} {name} is one of the corpus files and would be overwritten; write to a new file")

@@ -208,22 +208,24 @@ def read_files(specs: Sequence[str]) -> list[Document]:
     return docs
 
 
+def resolved_sources(specs: Sequence[str]) -> set[str]:
+    """The built-in corpus names and the resolved file paths that corpus specs read."""
+    from lmkit.data.builtin import BUILTIN
+
+    names: set[str] = set()
+    for s in specs:
+        if s in BUILTIN and not os.path.exists(s):  # as load_corpus reads it
+            names.add(s)
+        else:
+            names.update(str(p.resolve()) for p in _expand(s))
+    return names
+
+
 def same_files(a: Sequence[str], b: Sequence[str]) -> bool:
     """Whether two corpus specs name the same built-in corpora and files, however the paths are spelled
     (relative or absolute, a glob or its matches); False when either cannot be read from here."""
-    from lmkit.data.builtin import BUILTIN
-
-    def resolved(specs: Sequence[str]) -> set[str]:
-        names: set[str] = set()
-        for s in specs:
-            if s in BUILTIN and not os.path.exists(s):  # as load_corpus reads it
-                names.add(s)
-            else:
-                names.update(str(p.resolve()) for p in _expand(s))
-        return names
-
     try:
-        return resolved(a) == resolved(b)
+        return resolved_sources(a) == resolved_sources(b)
     except (CorpusError, OSError):
         return False
 

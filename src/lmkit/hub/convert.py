@@ -47,7 +47,9 @@ def from_hf(hf: dict[str, torch.Tensor], rules: list[Rule], expected: dict[str, 
                                   "language-model head (e.g. LlamaModel), and config.json does not tie the head to the "
                                   "token embeddings (tie_word_embeddings is false); load a ...ForCausalLM folder")
         if name is None:
-            raise CheckpointError(f"{source} lacks tensor {rule.hf!r}; is this folder of the family its config names?")
+            raise CheckpointError(f"{source} lacks tensor {rule.hf!r}: config.json and the weights disagree (more "
+                                  "layers than saved, or another family than config.json names); fix config.json "
+                                  "or re-save the model")
         t = hf[name]
         if rule.transpose:
             t = t.t()
