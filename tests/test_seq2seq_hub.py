@@ -145,8 +145,31 @@ def test_bart_base_style_config():
                   "norm_placement", "embedding_norm", "final_norm", "activation", "output_bias", "decoder_start_token_id"):
         assert getattr(cfg, field) == getattr(preset, field), field
     assert cfg.extra == {"forced_bos_token_id": 0, "forced_eos_token_id": 2}
-    with pytest.raises(ConfigError, match="normalize_before"):
-        config_from_hf({**raw, "normalize_before": True})
+    with pytest.raises(ConfigError, match="encoder_ffn_dim=3072 != decoder_ffn_dim=4096"):
+        config_from_hf({**raw, "decoder_ffn_dim": 4096})
+
+
+def test_bart_legacy_layout_keys_are_ignored_as_transformers_does(tmp_path):
+    """transformers' BART reads none of normalize_before / add_final_layer_norm / ... (mBART's values of them
+    included) and starts generation from bos_token_id when decoder_start_token_id is null: so does lmkit."""
+    hf_model = _bart()
+    hf_model.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw.update(normalize_before=True, add_final_layer_norm=True, normalize_embedding=False, add_bias_logits=True,
+               static_position_embeddings=True, decoder_start_token_id=None)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    (tmp_path / "generation_config.json").unlink()
+    ref = transformers.BartForConditionalGeneration.from_pretrained(tmp_path).eval()
+    ours = lmkit.load_model(tmp_path)
+    assert ours.config.norm_placement == "post" and not ours.config.final_norm
+    src, mask, dec = _inputs(1, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   ref(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   atol=1e-4, rtol=1e-4)
+    got = ours.generate(src, attention_mask=mask, max_new_tokens=5)
+    assert got.tolist() == ref.generate(src, attention_mask=mask, max_new_tokens=5, do_sample=False).tolist()
+    assert (got[:, 0] == ref.config.bos_token_id).all()
 
 
 def test_t5_small_and_flan_style_configs():
@@ -236,7 +259,7 @@ def test_mt5_loads_unscaled_and_round_trips(tmp_path, own_head):
                                    ours(src, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("model_type", ["umt5", "longt5", "mbart", "marian", "pegasus"])
+@pytest.mark.parametrize("model_type", ["umt5", "longt5", "marian", "pegasus"])
 def test_t5_and_bart_relatives_are_refused(tmp_path, model_type):
     from lmkit.errors import ConfigError
 

@@ -78,6 +78,8 @@ class ModelConfig:
     # encoder-decoder
     n_decoder_layers: int | None = None    # None: = n_layers
     decoder_start_token_id: int | None = None
+    decoder_start_from_labels: bool = False  # mBART: teacher forcing starts from each row's last non-pad label
+                                             # (its language code) instead of decoder_start_token_id
     # special tokens
     pad_token_id: int | None = None
     bos_token_id: int | None = None

@@ -163,6 +163,16 @@ def shift_right(labels: torch.Tensor, decoder_start_token_id: int, pad_token_id:
     return inputs.masked_fill(inputs == IGNORE_INDEX, pad_token_id)
 
 
+def shift_right_wrapped(labels: torch.Tensor, pad_token_id: int) -> torch.Tensor:
+    """mBART's teacher forcing: [y_n, y_0, ..., y_{T-2}], y_n the row's last non-pad label (its language code),
+    found as transformers finds it: at index (number of non-pad labels) - 1; ignored labels read as pad."""
+    labels = labels.masked_fill(labels == IGNORE_INDEX, pad_token_id)
+    last = (labels.ne(pad_token_id).sum(dim=1, keepdim=True) - 1).clamp(min=0)
+    inputs = labels.roll(1, dims=1)
+    inputs[:, :1] = labels.gather(1, last)
+    return inputs
+
+
 def seq2seq_batch(sources: list[list[int]], targets: list[list[int]], pad_id: int,
                   eos_id: int | None = None) -> dict[str, torch.Tensor]:
     """Right-padded input_ids and attention_mask of the sources, labels of the targets (+ EOS) with

@@ -18,7 +18,8 @@ from lmkit.hub.convert import from_hf, to_hf
 from lmkit.hub.files import atomic_write_json, read_json, read_weights, write_weights
 
 # model_type -> module holding MODEL_TYPES, config_from_hf, config_to_hf, rules, ALIASES, IGNORED_SUFFIXES
-FAMILY_MODULES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "roberta", "distilbert", "t5", "bart")
+FAMILY_MODULES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "roberta", "distilbert", "t5", "bart",
+                  "mbart")
 
 
 def _families() -> dict[str, ModuleType]:

@@ -1,8 +1,8 @@
-"""BART (BartForConditionalGeneration / BartModel): config mapping and weight table.
+"""BART (BartForConditionalGeneration / BartModel) and mBART: config mapping and weight table.
 
 BART: learned positions offset by 2, a LayerNorm after the embeddings, post-norm blocks
 LN(x + F(x)), GELU, biases everywhere, shared and tied embeddings, a fixed `final_logits_bias`
-added to the logits, decoder start = eos (2).
+added to the logits, decoder start = eos (2). mBART (hub/mbart.py) is the same table with `LAYOUTS["mbart"]`.
 """
 from __future__ import annotations
 
@@ -17,48 +17,71 @@ MODEL_TYPES = ("bart",)
 ALIASES = (("model.shared.", "model.encoder.embed_tokens."), ("model.encoder.embed_tokens.", "model.shared."),
            ("model.decoder.embed_tokens.", "model.shared."), ("model.", ""))
 _KEPT = ("forced_bos_token_id", "forced_eos_token_id")  # generation settings kept for the round trip
+# what sets each format apart: mBART runs pre-norm blocks x + F(LN(x)) with a final LayerNorm `layer_norm` per stack,
+# and its teacher forcing starts from the labels' last non-pad token (the language code), not a fixed start token
+LAYOUTS = {
+    "bart": dict(architecture="BartForConditionalGeneration", name="BART", default_start=2,
+                 fields=dict(norm_placement="post", final_norm=False, decoder_start_from_labels=False)),
+    "mbart": dict(architecture="MBartForConditionalGeneration", name="mBART", default_start=None,
+                  fields=dict(norm_placement="pre", final_norm=True, decoder_start_from_labels=True)),
+}
+# legacy keys of BART-era configs (mBART's hub folders still carry normalize_before / add_final_layer_norm: true);
+# transformers' BART and mBART read none of them, the model class alone fixes the layout, and so does lmkit
+_IGNORED = ("normalize_before", "add_final_layer_norm", "normalize_embedding", "static_position_embeddings",
+            "add_bias_logits")
 
 
-def config_from_hf(hf: dict) -> ModelConfig:
+def config_from_hf(hf: dict, family: str = "bart") -> ModelConfig:
+    layout = LAYOUTS[family]
+    name = layout["name"]
+    decoder_only = [a for a in hf.get("architectures") or () if isinstance(a, str) and a.endswith("ForCausalLM")]
+    if decoder_only:
+        raise ConfigError(f"{decoder_only[0]} holds a decoder without its encoder; lmkit loads {name} "
+                          f"encoder-decoder folders ({layout['architecture']})")
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if hf.get(a, 16 if "heads" in a else 4096) != hf.get(b, 16 if "heads" in b else 4096):
-            raise ConfigError(f"BART with {a}={hf.get(a)} != {b}={hf.get(b)} is not supported by lmkit; "
+            raise ConfigError(f"{name} with {a}={hf.get(a)} != {b}={hf.get(b)} is not supported by lmkit; "
                               "both stacks must have the same sizes")
-    # options of BART's relatives (mBART, Marian, BlenderBot) that the bart model_type also reads in old configs
-    for flag, plain in (("normalize_before", False), ("add_final_layer_norm", False), ("normalize_embedding", True),
-                        ("static_position_embeddings", False), ("add_bias_logits", False)):
-        if flag in hf and bool(hf[flag]) is not plain:
-            raise ConfigError(f"BART option {flag}={hf[flag]} (a BART variant) is not supported by lmkit")
-    act = hf_activation(hf, "activation_function", "gelu", HF_ACTIVATIONS, "BART")
+    act = hf_activation(hf, "activation_function", "gelu", HF_ACTIVATIONS, name)
     d = hf.get("d_model", 1024)
+    bos = hf.get("bos_token_id", 0)
+    start = hf.get("decoder_start_token_id", layout["default_start"])
     return ModelConfig(
-        family="bart", architecture="encoder-decoder", vocab_size=hf.get("vocab_size", 50265), d_model=d,
+        family=family, architecture="encoder-decoder", vocab_size=hf.get("vocab_size", 50265), d_model=d,
         n_layers=hf.get("encoder_layers", 12), n_decoder_layers=hf.get("decoder_layers", 12),
         n_heads=hf.get("encoder_attention_heads", 16), d_ff=hf.get("encoder_ffn_dim", 4096),
         max_seq_len=hf.get("max_position_embeddings", 1024), position="learned", position_offset=2,
-        norm="layernorm", norm_placement="post", norm_eps=1e-5, final_norm=False, embedding_norm=True,
+        norm="layernorm", norm_eps=1e-5, embedding_norm=True, **layout["fields"],
         activation=HF_ACTIVATIONS[act], bias=True, tie_embeddings=hf.get("tie_word_embeddings", True) is not False,
         embedding_scale=d ** 0.5 if hf.get("scale_embedding") else 1.0, output_bias=True,
         dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
-        init_std=hf.get("init_std", 0.02), pad_token_id=hf.get("pad_token_id", 1), bos_token_id=hf.get("bos_token_id", 0),
-        eos_token_id=hf.get("eos_token_id", 2), decoder_start_token_id=hf.get("decoder_start_token_id", 2),
+        init_std=hf.get("init_std", 0.02), pad_token_id=hf.get("pad_token_id", 1), bos_token_id=bos,
+        # generate starts from decoder_start_token_id, else bos_token_id (transformers' rule)
+        eos_token_id=hf.get("eos_token_id", 2), decoder_start_token_id=start if start is not None else bos,
         # transformers 5 unties the stacks' token tables from `shared` too when tie_word_embeddings is false
         extra={**{k: hf[k] for k in _KEPT if hf.get(k) is not None},
                **({"separate_stack_embeddings": True} if hf.get("tie_word_embeddings", True) is False else {})})
 
 
-def config_to_hf(cfg: ModelConfig) -> dict:
+def config_to_hf(cfg: ModelConfig, family: str = "bart") -> dict:
+    layout = LAYOUTS[family]
     act = hf_activation_name(cfg.activation, HF_ACTIVATIONS)
+    if any(getattr(cfg, k) != v for k, v in layout["fields"].items()):
+        other = "BART" if family == "mbart" else "mBART"
+        raise ConfigError(f"this model does not fit the {layout['name']} format (needs "
+                          f"{', '.join(f'{k}={v}' for k, v in layout['fields'].items())}); save it with family "
+                          f"{other.lower()!r} if it fits {other}, or with another family")
     if cfg.position != "learned" or cfg.position_offset != 2 or cfg.norm != "layernorm" \
-            or cfg.norm_placement != "post" or cfg.final_norm or not cfg.embedding_norm or act is None \
+            or not cfg.embedding_norm or act is None \
             or not cfg.use_attention_bias or not cfg.use_mlp_bias or not cfg.norm_bias or cfg.kv_heads != cfg.n_heads \
             or cfg.dim_head * cfg.n_heads != cfg.d_model or cfg.attention_scale is not None \
             or cfg.embedding_scale not in (1.0, cfg.d_model ** 0.5) or cfg.output_scale != 1.0 \
             or cfg.architecture != "encoder-decoder" or cfg.n_experts:
-        raise ConfigError("this model does not fit the BART format (needs learned positions with offset 2, an embedding "
-                          "LayerNorm, post-LayerNorm blocks with biases and a plain FFN); save it with another family")
+        raise ConfigError(f"this model does not fit the {layout['name']} format (needs learned positions with offset 2, "
+                          "an embedding LayerNorm, LayerNorm blocks with biases and a plain FFN); save it with another "
+                          "family")
     return {
-        "architectures": ["BartForConditionalGeneration"], "model_type": "bart", "vocab_size": cfg.vocab_size,
+        "architectures": [layout["architecture"]], "model_type": family, "vocab_size": cfg.vocab_size,
         "d_model": cfg.d_model, "encoder_layers": cfg.n_layers, "decoder_layers": cfg.decoder_layers,
         "encoder_attention_heads": cfg.n_heads, "decoder_attention_heads": cfg.n_heads,
         "encoder_ffn_dim": cfg.ffn_dim, "decoder_ffn_dim": cfg.ffn_dim, "max_position_embeddings": cfg.max_seq_len,
@@ -93,7 +116,7 @@ _MLP = [(f"mlp.{ours}.{w}", f"{hf}.{w}") for ours, hf in (("sublayer.up_proj", "
 
 
 def rules(cfg: ModelConfig) -> list[Rule]:
-    """lmkit Seq2SeqLM names -> BartForConditionalGeneration names."""
+    """lmkit Seq2SeqLM names -> BartForConditionalGeneration / MBartForConditionalGeneration names."""
     out = [rename("encoder.embeddings.tokens.weight", "model.shared.weight")]
     tables = {"encoder": _attention("self_attn", "self_attn") + _MLP,
               "decoder": _attention("self_attn", "self_attn") + _attention("cross_attn", "encoder_attn") + _MLP}
@@ -101,6 +124,8 @@ def rules(cfg: ModelConfig) -> list[Rule]:
         out.append(rename(f"{stack}.embeddings.positions.weight", f"model.{stack}.embed_positions.weight"))
         out += [rename(f"{stack}.embeddings.norm.{w}", f"model.{stack}.layernorm_embedding.{w}") for w in ("weight", "bias")]
         out += layer_rules(n, tables[stack], f"{stack}.layers.{{i}}.", f"model.{stack}.layers.{{i}}.")
+        if cfg.final_norm:  # mBART
+            out += [rename(f"{stack}.norm.{w}", f"model.{stack}.layer_norm.{w}") for w in ("weight", "bias")]
     if cfg.extra.get("separate_stack_embeddings"):  # read after shared, so the tables the stacks use win
         out += [rename(f"{stack}.embeddings.tokens.weight", f"model.{stack}.embed_tokens.weight")
                 for stack in ("encoder", "decoder")]

@@ -4,7 +4,8 @@ E is a bidirectional `Stack` over the source; D a causal `Stack` whose blocks al
 E(x) (queries from the decoder, keys and values from the encoder output). Both stacks share the
 token embedding W_E; with tied embeddings W_o = W_E^T, applied to the hidden states times
 config.output_scale (T5: d^-0.5). BART adds a fixed bias to the logits (config.output_bias).
-Teacher forcing: the decoder reads the targets shifted right behind decoder_start_token_id.
+Teacher forcing: the decoder reads the targets shifted right behind decoder_start_token_id (mBART: behind
+each row's last non-pad target, its language code).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from lmkit.models.base import PreTrainedModel
 from lmkit.models.output import ModelOutput
 from lmkit.models.stack import Stack
 from lmkit.nn import Embeddings, KVCache
-from lmkit.objectives import IGNORE_INDEX, shift_right
+from lmkit.objectives import IGNORE_INDEX, shift_right, shift_right_wrapped
 
 
 class Seq2SeqLM(PreTrainedModel, GenerationMixin):
@@ -81,7 +82,8 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
                 labels: torch.Tensor | None = None, logits_to_keep: int = 0) -> ModelOutput:
         """Logits (B, Td, V); with labels (B, Td), the mean cross-entropy over labels != -100.
 
-        Without decoder_input_ids, the decoder reads `labels` shifted right (teacher forcing).
+        Without decoder_input_ids, the decoder reads `labels` shifted right (teacher forcing; mBART wraps the last
+        non-pad label to the front).
         `encoder_outputs` (a tensor or a ModelOutput) skips the encoder.
         """
         if encoder_outputs is None:
@@ -92,7 +94,8 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
             if labels is None:
                 raise ValueError("Seq2SeqLM needs decoder_input_ids or labels")
             pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
-            decoder_input_ids = shift_right(labels, self.decoder_start_token_id, pad)
+            decoder_input_ids = (shift_right_wrapped(labels, pad) if self.config.decoder_start_from_labels
+                                 else shift_right(labels, self.decoder_start_token_id, pad))
         if use_cache and past_key_values is None:
             past_key_values = KVCache()
         past = past_key_values.get_seq_length() if past_key_values is not None else 0

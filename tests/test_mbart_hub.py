@@ -1,0 +1,212 @@
+"""mBART: folders transformers wrote (v4- and v5-style config.json) load with transformers' logits, losses from labels
+alone (the language code wrapped to the front) and generate ids; the folders lmkit writes load back there."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import lmkit
+from lmkit.errors import ConfigError
+from lmkit.models.seq2seq import Seq2SeqLM
+from test_beam_search import _check, _peaky, _source_inputs
+
+transformers = pytest.importorskip("transformers")
+
+V = 97
+WORDS = [f"w{i}" for i in range(V - 6)]  # the tokenizer's words after <s> <pad> </s> <unk> en_XX ro_RO
+
+
+def _mbart(tied: bool = True, **kw):
+    cfg = transformers.MBartConfig(vocab_size=V, d_model=24, encoder_layers=2, decoder_layers=1,
+                                   encoder_attention_heads=3, decoder_attention_heads=3, encoder_ffn_dim=40,
+                                   decoder_ffn_dim=40, max_position_embeddings=64, scale_embedding=True, dropout=0.0,
+                                   init_std=0.3, tie_word_embeddings=tied, **kw)
+    torch.manual_seed(0)
+    model = transformers.MBartForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_()  # not zero, so that it must be carried over
+        for p in model.parameters():  # layer norms away from (1, 0)
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def as_v4(folder) -> None:
+    """A transformers 4.x era folder: torch_dtype, no decoder_start_token_id, BART's legacy layout keys (which
+    transformers' mBART ignores), generation keys in config.json and no generation_config.json."""
+    raw = json.loads((folder / "config.json").read_text())
+    raw.pop("dtype")
+    raw.pop("decoder_start_token_id")
+    raw.update(torch_dtype="float32", transformers_version="4.44.0", add_bias_logits=False, add_final_layer_norm=True,
+               normalize_before=True, normalize_embedding=True, static_position_embeddings=False, output_past=True,
+               num_hidden_layers=2, num_beams=3, max_length=9)
+    (folder / "config.json").write_text(json.dumps(raw))
+    (folder / "generation_config.json").unlink()
+
+
+def _batch():
+    torch.manual_seed(1)
+    src = torch.randint(6, V, (3, 11))
+    mask = torch.ones_like(src)
+    mask[1, 7:] = 0  # padded source rows
+    mask[2, 4:] = 0
+    src = src.masked_fill(mask == 0, 1)
+    dec = torch.randint(6, V, (3, 9))
+    dec[:, 0] = 5
+    dec_mask = torch.ones_like(dec)
+    dec_mask[2, 6:] = 0
+    labels = torch.randint(6, V, (3, 9))
+    labels[0, 7:] = torch.tensor([2, 4])  # </s> en_XX: the language code ends the target
+    labels[1, 4:] = torch.tensor([2, 5, -100, -100, -100])
+    labels[2, 5:] = torch.tensor([2, 4, 1, 1])  # pad labels (not ignored) read as padding by the shift
+    return src, mask, dec, dec_mask, labels
+
+
+def _check_logits(ours, ref) -> None:
+    src, mask, dec, dec_mask, labels = _batch()
+    with torch.no_grad():
+        want = ref(input_ids=src, attention_mask=mask, decoder_input_ids=dec, decoder_attention_mask=dec_mask)
+        got = ours(src, attention_mask=mask, decoder_input_ids=dec, decoder_attention_mask=dec_mask)
+        torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+        keep = mask.bool()
+        torch.testing.assert_close(got.encoder_last_hidden_state[keep], want.encoder_last_hidden_state[keep],
+                                   atol=1e-4, rtol=1e-4)
+        want, got = ref(input_ids=src, attention_mask=mask, labels=labels), ours(src, attention_mask=mask, labels=labels)
+        torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.loss, want.loss, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("style,tied", [("v5", True), ("v5", False), ("v4", True)], ids=["v5", "v5-untied", "v4"])
+def test_mbart_logits_loss_and_round_trip(tmp_path, style, tied):
+    hf = _mbart(tied)
+    hf.save_pretrained(tmp_path / "hf")
+    if style == "v4":
+        as_v4(tmp_path / "hf")
+    ref = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()  # as transformers reads the folder
+    ours = lmkit.load_model(tmp_path / "hf")
+    assert isinstance(ours, Seq2SeqLM) and ours.config.family == "mbart"
+    assert (ours.lm_head.weight is ours.get_input_embeddings().weight) == tied
+    _check_logits(ours, hf)
+    _check_logits(ours, ref)
+    ours.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["model_type"] == "mbart"
+    back = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "ours").eval()
+    assert type(back) is transformers.MBartForConditionalGeneration
+    _check_logits(ours, back)
+    _check_logits(lmkit.load_model(tmp_path / "ours"), hf)
+
+
+def test_mbart_v4_folder_generation_defaults(tmp_path):
+    """A v4-era folder's num_beams / max_length in config.json, and the decoder start from bos_token_id (its
+    decoder_start_token_id unset), give the ids transformers gives."""
+    hf = _peaky(_mbart(), 2.0)
+    hf.save_pretrained(tmp_path)
+    as_v4(tmp_path)
+    ref = transformers.MBartForConditionalGeneration.from_pretrained(tmp_path).eval()
+    src, mask = _batch()[:2]
+    want = ref.generate(src, attention_mask=mask)
+    got = lmkit.load_model(tmp_path).generate(src, attention_mask=mask)
+    assert got.tolist() == want.tolist()
+    assert (got[:, 0] == 0).all() and got.shape[1] <= 9
+
+
+@pytest.mark.parametrize("setting", [
+    dict(num_beams=1),
+    dict(num_beams=3, length_penalty=0.5, early_stopping=True, repetition_penalty=1.5, num_return_sequences=2),
+    dict(num_beams=2, length_penalty=2.0, forced_bos_token_id=5, decoder_start_token_id=2, no_repeat_ngram_size=2),
+    dict(num_beams=1, forced_bos_token_id=4, decoder_start_token_id=[2, 5, 2], repetition_penalty=1.5),
+], ids=["greedy", "beams-lp0.5-return2", "beams-forced-lang", "greedy-start-per-row"])
+def test_mbart_generate_matches_transformers(tmp_path, setting):
+    """Batched, padded sources: greedy and beam ids equal transformers' with its start rules (bos_token_id when
+    decoder_start_token_id is unset), forced language codes, several EOS ids and length penalties."""
+    hf = _peaky(_mbart(), 2.0)
+    got, eos = _check(hf, tmp_path, _source_inputs(1), setting)
+    start = setting.get("decoder_start_token_id", 0)  # unset: bos_token_id (0), as transformers starts
+    assert got[:, 0].tolist() == (start if isinstance(start, list) else [start] * got.shape[0])
+    if "forced_bos_token_id" in setting:
+        assert (got[:, 1] == setting["forced_bos_token_id"]).all()
+    assert torch.isin(got[:, 1:], torch.tensor(eos)).any()  # some hypothesis ended at one of the EOS ids
+
+
+def test_shift_wraps_the_language_code_as_transformers():
+    from transformers.models.mbart.modeling_mbart import shift_tokens_right
+
+    from lmkit.objectives import shift_right_wrapped
+
+    labels = _batch()[4]
+    assert shift_right_wrapped(labels, 1).tolist() == shift_tokens_right(labels, 1).tolist()
+    assert shift_right_wrapped(labels, 1)[:, 0].tolist() == [4, 5, 4]
+
+
+def test_mbart_causal_lm_folder_and_bart_layout_are_refused(tmp_path):
+    """A decoder-only MBartForCausalLM folder, and a post-norm (BART) model saved as mBART, are one clear error."""
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    transformers.MBartForCausalLM(_mbart().config).save_pretrained(tmp_path / "causal")
+    with pytest.raises(ConfigError, match="MBartForCausalLM holds a decoder without its encoder"):
+        lmkit.load_model(tmp_path / "causal")
+    bart = build_model(get_preset("bart", vocab_size=V, d_model=24, n_layers=1, n_heads=3, d_ff=40, max_seq_len=16,
+                                  family="mbart"))
+    with pytest.raises(ConfigError, match="does not fit the mBART format .*norm_placement=pre"):
+        bart.save_pretrained(tmp_path / "out")
+
+
+# --- the command line on an mBART folder ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cli_folder(tmp_path_factory):
+    """An mBART folder whose tokenizer.json (built with `tokenizers`) appends `</s> en_XX` to a source, as mBART's
+    does, and whose generation starts from ro_RO (decoder_start_token_id, as in mbart-large-en-ro)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    folder = tmp_path_factory.mktemp("mbart-cli")
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "en_XX", "ro_RO"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(specials + WORDS)}, unk_token="<unk>"))
+    tok.add_special_tokens(specials)
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s> en_XX", special_tokens=[("</s>", 2), ("en_XX", 4)])
+    tok.save(str(folder / "tokenizer.json"))
+    hf = _peaky(_mbart(decoder_start_token_id=5), 2.0)
+    hf.save_pretrained(folder)
+    return folder, hf, tok
+
+
+def test_cli_generate_on_an_mbart_folder(cli_folder, capsys):
+    from lmkit.cli import main
+
+    folder, hf, tok = cli_folder
+    prompt = "w3 w17 w40 w8"
+    assert main(["generate", "--model", str(folder), "--prompt", prompt, "--max-new-tokens", "8", "--num-beams", "2"]) == 0
+    ids = torch.tensor([tok.encode(prompt).ids])
+    assert ids[0, -2:].tolist() == [2, 4]
+    want = hf.generate(ids, max_new_tokens=8, num_beams=2)
+    assert want[0, 0] == 5
+    assert capsys.readouterr().out == tok.decode(want[0].tolist(), skip_special_tokens=True) + "\n"
+
+
+def test_cli_eval_on_an_mbart_folder(cli_folder, tmp_path, capsys):
+    """`lmkit eval --pairs`: the reference loss (labels shifted with the last one wrapped to the front, as
+    transformers' mBART shifts them) and BLEU of the greedy outputs, both as transformers computes them."""
+    from lmkit.cli import main
+    from lmkit.evaluate.seq2seq import score_translations
+    from lmkit.objectives import seq2seq_batch
+
+    folder, hf, tok = cli_folder
+    pairs = [("w1 w2 w3", "w2 w3 w4"), ("w10 w11", "w11 w12 w13 w14"), ("w5 w6 w7 w8 w9", "w6")]
+    (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    assert main(["eval", "--model", str(folder), "--pairs", str(tmp_path / "pairs.tsv")]) == 0
+    out = capsys.readouterr().out
+    # what lmkit eval feeds the model: sources and targets without special tokens, targets + EOS, right-padded
+    batch = seq2seq_batch([tok.encode(s, add_special_tokens=False).ids for s, _ in pairs],
+                          [tok.encode(t, add_special_tokens=False).ids for _, t in pairs], 1, 2)
+    with torch.no_grad():
+        loss = hf(**batch).loss
+        gen = hf.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=32)
+    hyps = [tok.decode(row.tolist(), skip_special_tokens=True).strip() for row in gen]
+    line = next(l for l in out.splitlines() if l.startswith("loss"))
+    assert float(line.split()[1]) == pytest.approx(float(loss), abs=1e-4)
+    bleu = next(l for l in out.splitlines() if l.startswith("BLEU"))
+    assert float(bleu.split()[1]) == pytest.approx(score_translations(hyps, [t for _, t in pairs])["bleu"], abs=0.006)
