@@ -90,6 +90,11 @@ def test_generation_past_the_window_matches_transformers_cached_generate(pair, o
             assert ours.generate(rows, attention_mask=m, eos_token_id=[], **common).tolist() == want.tolist()
 
 
+def test_dense_sliding_models_decode_through_the_plan(pair):
+    hf, ours = pair
+    assert (DecodePlan.build(ours, 3) is not None) == (hf.config.model_type != "mixtral")  # experts: modules
+
+
 def mixed_qwen2(sliding_layers: list[int]) -> torch.nn.Module:
     torch.manual_seed(4)
     model = build_model(get_preset("llama", vocab_size=VOCAB, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2,
