@@ -2,7 +2,8 @@
 
 Each case feeds a prompt through the modules, then one more token through `DecodePlan.step`, and
 compares the logits with a full forward pass over prompt + token; `generate` with and without the
-plan must choose the same ids (greedy, seeded sampling, beam search, padded batches). Models the
+plan must choose the same ids (greedy, seeded sampling, beam search, padded batches); sliding-window
+layers (one window on every layer, or on some) see the last W keys, past the window here. Models the
 plan does not reproduce (mixtures of experts, LoRA, forward hooks) must decode through the modules.
 """
 import contextlib
@@ -30,6 +31,11 @@ CONFIGS = {
     "sandwich-no-bias": get_preset("gpt2", d_model=32, n_layers=2, n_heads=4, norm_placement="sandwich", bias=False,
                                    output_scale=0.5, **SMALL),
     "peri-rms": get_preset("llama", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, norm_placement="peri", **SMALL),
+    "mistral-window3": get_preset("llama", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, sliding_window=3,
+                                  family="mistral", **SMALL),
+    "qwen2-layers-0-2-of-3-slide-4": get_preset("llama", d_model=36, n_layers=3, n_heads=6, n_kv_heads=2, head_dim=10,
+                                                attention_bias=True, attention_out_bias=False, sliding_window=4,
+                                                sliding_layers=[0, 2], family="qwen2", **SMALL),
 }
 
 
@@ -100,7 +106,8 @@ def test_a_plan_step_on_a_left_padded_batch_equals_the_masked_forward_pass(name)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gpt2-odd", "llama-gqa", "transformer-2017", "qwen2-qkv-bias"])
+@pytest.mark.parametrize("name", ["gpt2-odd", "llama-gqa", "transformer-2017", "qwen2-qkv-bias", "mistral-window3",
+                                  "qwen2-layers-0-2-of-3-slide-4"])
 @pytest.mark.parametrize("options", [dict(), dict(do_sample=True, top_k=10), dict(num_beams=3)],
                          ids=["greedy", "sampling", "beams"])
 def test_generate_chooses_the_same_ids_with_and_without_the_plan(name, options, monkeypatch):

@@ -46,6 +46,9 @@ CASES = {
     "qwen2-every-layer-slides-4": lambda: Qwen2ForCausalLM(Qwen2Config(
         hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=4, use_sliding_window=True,
         sliding_window=4, max_window_layers=0, **SMALL)),
+    "qwen2-layers-1-2-of-3-slide-3": lambda: Qwen2ForCausalLM(Qwen2Config(  # sliding and full layers mixed
+        hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+        sliding_window=3, max_window_layers=1, **{**SMALL, "num_hidden_layers": 3})),
 }
 
 
@@ -65,7 +68,8 @@ def test_config_reads_the_family(pair):
     assert ours.config.family == cfg.model_type
     assert (ours.config.dim_head, ours.config.kv_heads, ours.config.tie_embeddings) == \
         (hf.model.layers[0].self_attn.head_dim, cfg.num_key_value_heads, cfg.tie_word_embeddings)
-    assert ours.config.sliding_window == cfg.sliding_window
+    assert [ours.config.layer_window(i) for i in range(cfg.num_hidden_layers)] == \
+        [getattr(layer.self_attn, "sliding_window", cfg.sliding_window) for layer in hf.model.layers]  # Qwen2's per layer
     attn = ours.decoder.layers[0].self_attn.sublayer
     qwen = cfg.model_type == "qwen2"
     assert (attn.q_proj.bias is not None, attn.v_proj.bias is not None, attn.o_proj.bias is not None) == (qwen, qwen, False)
@@ -81,10 +85,10 @@ def test_greedy_generation_matches_transformers_with_and_without_left_padding(pa
 
 def test_cached_decoding_equals_full_recomputation(pair):
     """generate's cached steps (DecodePlan where the model allows one) choose what full forwards choose,
-    padded rows included; the plan is used exactly when there is no window."""
+    padded rows included; the plan covers sliding windows too."""
     _, ours, _ = pair
     ids, left, _ = batch()
-    assert (DecodePlan.build(ours, 3) is not None) == (ours.config.sliding_window is None)
+    assert DecodePlan.build(ours, 3) is not None
     for mask in (None, left):
         got = ours.generate(ids, attention_mask=mask, max_new_tokens=12, pad_token_id=0)
         seq, m = ids, mask if mask is not None else torch.ones_like(ids)
@@ -160,21 +164,28 @@ def write_config(folder: Path, raw: dict) -> Path:
     return folder
 
 
-def test_qwen2_sliding_only_on_some_layers_is_refused(tmp_path):
+def test_qwen2_sliding_layers_are_read_as_transformers_reads_them(tmp_path):
+    """use_sliding_window + max_window_layers (4.x) or layer_types (5.x, which wins) give the sliding layers."""
     from lmkit.hub import load_config
 
-    with pytest.raises(ConfigError, match="layers 1..2 of 3 slide over 4 positions.*one window"):
-        load_config(write_config(tmp_path, qwen2_config(use_sliding_window=True, sliding_window=4, max_window_layers=1)))
+    def read(raw: dict):
+        cfg = load_config(write_config(tmp_path, raw))[0]
+        return cfg.sliding_window, cfg.sliding_layers
+
+    assert read(qwen2_config(use_sliding_window=True, sliding_window=4, max_window_layers=1)) == (4, [1, 2])
     v4 = qwen2_config(use_sliding_window=True, sliding_window=4, max_window_layers=2)
     v4.pop("layer_types")  # 4.x: the layers come from max_window_layers
-    with pytest.raises(ConfigError, match="layers 2..2 of 3"):
-        load_config(write_config(tmp_path, v4))
+    assert read(v4) == (4, [2])
+    v5 = qwen2_config(use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    v5["layer_types"] = ["sliding_attention", "full_attention", "sliding_attention"]
+    assert read(v5) == (4, [0, 2])
+    assert read(qwen2_config(use_sliding_window=True, sliding_window=4, max_window_layers=0)) == (4, None)  # every layer
     # windows switched off, or starting past the last layer: full attention everywhere
     for changes in (dict(use_sliding_window=False, sliding_window=4, max_window_layers=0),
                     dict(use_sliding_window=True, sliding_window=4, max_window_layers=3)):
         raw = qwen2_config(**changes)
         raw["sliding_window"] = 4  # as 4.x wrote it whatever use_sliding_window said
-        assert load_config(write_config(tmp_path, raw))[0].sliding_window is None
+        assert read(raw) == (None, None)
     bad = qwen2_config()
     bad["layer_types"] = ["full_attention", "chunked_attention", "full_attention"]
     with pytest.raises(ConfigError, match="layer_types"):

@@ -202,7 +202,7 @@ def test_dense_model_with_a_window_decodes_like_its_full_forward():
     model = build_model(get_preset("llama", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                                    sliding_window=3, init_std=0.3)).eval()
     ids = torch.randint(0, 64, (1, 6))
-    got = model.generate(ids, max_new_tokens=8, do_sample=False)     # cached steps (no DecodePlan for windows)
+    got = model.generate(ids, max_new_tokens=8, do_sample=False)     # cached steps through DecodePlan
     seq = ids
     with torch.no_grad():
         for _ in range(8):

@@ -32,6 +32,8 @@ class ModelConfig:
     n_kv_heads: int | None = None          # None: = n_heads (MHA); 1: MQA; else GQA
     head_dim: int | None = None            # None: d_model // n_heads
     sliding_window: int | None = None      # causal attention to the last W positions only (Mistral, Mixtral)
+    sliding_layers: list[int] | None = None  # the layers that slide when sliding_window is set, in increasing
+                                           # order; None: every layer (Qwen2 mixes sliding and full layers)
     d_ff: int | None = None                # None: 4 d, or 2/3 * 4 d rounded up to 8 for gated FFNs
     max_seq_len: int = 256
     # positions
@@ -116,6 +118,12 @@ class ModelConfig:
     def decoder_layers(self) -> int:
         return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
 
+    def layer_window(self, layer: int) -> int | None:
+        """The window W that causal layer `layer` slides over (it sees keys j with i - W < j <= i), None for all keys."""
+        if self.sliding_window is None or self.sliding_layers is not None and layer not in self.sliding_layers:
+            return None
+        return self.sliding_window
+
     @property
     def use_attention_bias(self) -> bool:
         return self.bias if self.attention_bias is None else self.attention_bias
@@ -158,6 +166,15 @@ class ModelConfig:
             raise ConfigError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.kv_heads}")
         if self.position == "rope" and self.dim_head % 2:
             raise ConfigError(f"RoPE needs an even head dimension, got {self.dim_head}")
+        if self.sliding_layers is not None:
+            layers = max(self.n_layers, self.decoder_layers)
+            if self.sliding_window is None:
+                raise ConfigError("sliding_layers needs sliding_window (the window those layers slide over); set it, "
+                                  "or set sliding_layers to null")
+            if self.sliding_layers != sorted(set(self.sliding_layers)) \
+                    or not all(0 <= i < layers for i in self.sliding_layers):
+                raise ConfigError(f"sliding_layers must list distinct layer indices in 0..{layers - 1} in increasing "
+                                  f"order, got {self.sliding_layers!r}")
         if self.n_experts and not 1 <= self.n_experts_per_token <= self.n_experts:
             raise ConfigError(f"n_experts_per_token={self.n_experts_per_token} must lie in 1..n_experts={self.n_experts}")
 
@@ -238,6 +255,16 @@ def get_preset(name: str, **overrides: Any) -> ModelConfig:
     return ModelConfig(**{**PRESETS[name], **overrides})
 
 
+def sliding_fields(window: int | None, slides: list[bool]) -> dict[str, Any]:
+    """sliding_window and sliding_layers for layers where slides[i] says whether layer i slides over `window`,
+    in the one spelling ModelConfig equality relies on: no window when no layer slides, sliding_layers None
+    when every layer does."""
+    layers = [i for i, s in enumerate(slides) if s]
+    if window is None or not layers:
+        return {"sliding_window": None, "sliding_layers": None}
+    return {"sliding_window": window, "sliding_layers": None if len(layers) == len(slides) else layers}
+
+
 def _check_types(cfg: ModelConfig) -> None:
     """Each field holds the type its annotation names: config.json can put a string, a float or a
     list where an integer belongs, and the builders would fail far from the cause."""
@@ -250,6 +277,8 @@ def _check_types(cfg: ModelConfig) -> None:
               or "bool" in kinds and isinstance(value, bool)
               or "str" in kinds and isinstance(value, str)
               or any(k.startswith("dict") for k in kinds) and isinstance(value, dict)
+              or "list[int]" in kinds and isinstance(value, list)
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
               # token ids: transformers allows a list (several end-of-sequence tokens)
               or f.name.endswith("token_id") and isinstance(value, list) and value
               and all(isinstance(v, int) and not isinstance(v, bool) for v in value))

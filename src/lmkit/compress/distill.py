@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmkit.config import sliding_fields
 from lmkit.errors import ConfigError
 
 _LAYER = re.compile(r"^(.*?(?:^|\.)layers\.)(\d+)(\..*)$")
@@ -88,6 +89,9 @@ def student_from_teacher(teacher: nn.Module, every: int = 2) -> nn.Module:
         # the decoder stack of an encoder-decoder model is sized by n_decoder_layers
         field = "n_decoder_layers" if cfg.architecture == "encoder-decoder" and prefix.startswith("decoder") else "n_layers"
         changes[field] = len(kept)
+    if cfg.sliding_layers is not None and "decoder.layers." in keep:  # the kept blocks keep their windows
+        kept = keep["decoder.layers."]
+        changes.update(sliding_fields(cfg.sliding_window, [cfg.layer_window(i) is not None for i in kept]))
     student = type(teacher)(cfg.replace(**changes))
     state = {}
     for name, tensor in teacher.state_dict().items():

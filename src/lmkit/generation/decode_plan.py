@@ -5,9 +5,11 @@ x + Attn(LN(x)) and x + FFN(LN(x)) or the post-/sandwich-norm forms, the final n
 but as a flat list of tensor operations on weights gathered (and, for models up to RELAYOUT_LIMIT
 bytes, laid out for the CPU kernel that is fastest at the batch size) until they change: no module
 calls, hooks or mask building per layer. At batch 1 the framework overhead of those calls was about
-half the time of a small model's step. Models with parts the plan does not cover (mixtures of
-experts, LoRA or quantized projections, relative position bias, a sliding window, forward hooks, a
-subclass with its own forward) return None from `DecodePlan.build` and decode through the modules.
+half the time of a small model's step. A layer that slides over a window W (config.layer_window) attends
+to the last W keys of the cache only: what the sliding mask k > i - W leaves of them, so the cache (every key)
+and the logits stay those of full recomputation. Models with parts the plan does not cover (mixtures of
+experts, LoRA or quantized projections, relative position bias, forward hooks, a subclass with its own
+forward) return None from `DecodePlan.build` and decode through the modules.
 """
 from __future__ import annotations
 
@@ -115,6 +117,7 @@ class DecodePlan:
         self.output_scale = config.output_scale
         self.final_norm = _norm_spec(stack.norm)
         self.lm_head = projection(model.lm_head.weight.detach(), model.lm_head.bias, batch, relayout)
+        self.windows = [config.layer_window(i) for i in range(len(stack.layers))]
         self.layers = []
         for block in stack.layers:
             attn, ffn = block.self_attn.sublayer, block.mlp.sublayer
@@ -138,13 +141,13 @@ class DecodePlan:
         """The plan for `batch` rows, or None when the model has a part the plan does not reproduce exactly.
 
         A model keeps its latest plan until its weights change (in place or replaced) or the batch
-        size, thread count or autocast setting does."""
+        size, thread count, autocast setting or sliding windows do."""
         from lmkit.models.causal_lm import CausalLM
         from lmkit.models.stack import Stack
 
         config = model.config
         if type(model).forward is not CausalLM.forward or model.training or config.architecture != "decoder" \
-                or config.n_experts or config.sliding_window or type(model.decoder) is not Stack:
+                or config.n_experts or type(model.decoder) is not Stack:
             return None
         stack = model.decoder
         emb = stack.embeddings
@@ -166,6 +169,7 @@ class DecodePlan:
         if any(_hooked(m) for m in modules):
             return None
         key = (batch, torch.get_num_threads(), torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+               config.sliding_window, tuple(config.sliding_layers or ()),
                tuple((p.data_ptr(), 0 if p.is_inference() else p._version) for p in model.parameters()))
         cached = _PLANS.get(model)
         if cached is None or cached[0] != key:
@@ -196,7 +200,11 @@ class DecodePlan:
                 if q.dtype != v.dtype:  # as in Attention.forward: under autocast the rotation ran in float32
                     q, k = q.to(v.dtype), k.to(v.dtype)
             k, v = cache.update(i, k, v)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
+            mask, window = bias, self.windows[i]
+            if window is not None and k.shape[2] > window:  # the keys the sliding mask leaves: the last W
+                k, v = k[:, :, -window:], v[:, :, -window:]
+                mask = None if bias is None else bias[..., -window:]
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                enable_gqa=kv_heads != heads)
             x = _residual(x, o(a.reshape(B, q_dim), *o_args), norm1, post1, pre)
             h = _apply_norm(norm2, x) if pre else x

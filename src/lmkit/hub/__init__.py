@@ -218,6 +218,10 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
     if family is not None and config.sliding_window and not getattr(family, "SLIDING_WINDOW", False):
         raise ConfigError(f"the {config.family} format has no sliding window (sliding_window={config.sliding_window}); "
                           "save with family='mistral', 'qwen2', 'mixtral' or None")
+    if family is not None and config.sliding_window and config.sliding_layers is not None \
+            and not getattr(family, "SLIDING_LAYERS", False):
+        raise ConfigError(f"the {config.family} format slides every layer or none, and this model slides layers "
+                          f"{config.sliding_layers} only; save with family='qwen2' or None")
     if family is not None and config.attention_scale_by_layer and not getattr(family, "SCALE_BY_LAYER", False):
         raise ConfigError(f"the {config.family} format cannot scale layer i's attention scores by 1/(i + 1) "
                           "(attention_scale_by_layer); save with family='gpt2' or None")

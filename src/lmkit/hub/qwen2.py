@@ -1,18 +1,20 @@
 """Qwen2 (Qwen2ForCausalLM): LLaMA with biases on the q/k/v projections (none on o_proj or the FFN).
 
 Sliding windows: transformers slides layer i over `sliding_window` positions when `use_sliding_window`
-and i >= `max_window_layers` (or as a 5.x `layer_types` list says). lmkit has one window for every layer
-or none, so a config that mixes windowed and full layers is refused rather than computed otherwise.
+and i >= `max_window_layers` (4.x), or as the `layer_types` list says (5.x, and 4.x since it has one; the
+list wins). lmkit reads either into sliding_window + sliding_layers, and writes both: `layer_types`, and
+`max_window_layers` = the first sliding layer (exact for 4.x readers when the sliding layers are the last ones).
 """
 from __future__ import annotations
 
-from lmkit.config import ModelConfig
+from lmkit.config import ModelConfig, sliding_fields
 from lmkit.errors import ConfigError
 from lmkit.hub import llama
 from lmkit.hub.convert import Rule
 
 MODEL_TYPES = ("qwen2",)
-SLIDING_WINDOW = True  # written as use_sliding_window with max_window_layers 0
+SLIDING_WINDOW = True  # written as use_sliding_window, sliding_window, max_window_layers and layer_types
+SLIDING_LAYERS = True  # windows on some layers only
 ALIASES = llama.ALIASES
 IGNORED_SUFFIXES = llama.IGNORED_SUFFIXES
 DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
@@ -20,8 +22,8 @@ DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "num_key_value_hea
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-def sliding_window_from_hf(hf: dict) -> int | None:
-    """The window every layer slides over, None when none does; ConfigError when only some layers do."""
+def sliding_from_hf(hf: dict) -> dict:
+    """sliding_window and sliding_layers as transformers' Qwen2Config reads them from config.json."""
     n = hf.get("num_hidden_layers", 32)
     window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window", False) else None
     types = hf.get("layer_types")
@@ -30,28 +32,22 @@ def sliding_window_from_hf(hf: dict) -> int | None:
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
     if not isinstance(types, list) or len(types) != n or any(t not in LAYER_TYPES for t in types):
         raise ConfigError(f"layer_types must list {n} entries, each one of {', '.join(LAYER_TYPES)}")
-    if window is None or "sliding_attention" not in types:
-        return None
-    if "full_attention" in types:
-        sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
-        raise ConfigError(f"layers {sliding[0]}..{sliding[-1]} of {n} slide over {window} positions and the others "
-                          "attend to all; lmkit applies one window to every layer or to none, so it cannot run this "
-                          "model exactly (use transformers, or set use_sliding_window false if the model was "
-                          "trained without windows)")
-    return window
+    return sliding_fields(window, [t == "sliding_attention" for t in types])
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
-    return llama.config_from_hf({**DEFAULTS, **hf}, family="qwen2", attention_bias=True, attention_out_bias=False,
-                                mlp_bias=False, sliding_window=sliding_window_from_hf({**DEFAULTS, **hf}))
+    hf = {**DEFAULTS, **hf}
+    return llama.config_from_hf(hf, family="qwen2", attention_bias=True, attention_out_bias=False, mlp_bias=False,
+                                **sliding_from_hf(hf))
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     llama.check_biases(cfg, "Qwen2", qkv=True)
-    window = cfg.sliding_window
+    slides = [cfg.layer_window(i) is not None for i in range(cfg.n_layers)]
+    window = cfg.sliding_window if any(slides) else None
     return {**llama.llama_like_to_hf(cfg, "qwen2", "Qwen2ForCausalLM"), "use_sliding_window": window is not None,
-            "sliding_window": window, "max_window_layers": 0 if window else cfg.n_layers,
-            "layer_types": ["sliding_attention" if window else "full_attention"] * cfg.n_layers}
+            "sliding_window": window, "max_window_layers": slides.index(True) if window else cfg.n_layers,
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in slides]}
 
 
 def rules(cfg: ModelConfig) -> list[Rule]:

@@ -47,25 +47,30 @@ class Stack(nn.Module):
         h = self.embeddings(input_ids, position_ids=position_ids, token_type_ids=token_type_ids,
                             inputs_embeds=inputs_embeds)
         dtype, device = h.dtype, h.device
-        window = self.config.sliding_window
-        if self.relative_bias is None:
-            bias, is_causal = build_attention_bias(attention_mask, B, T, past + T, self.causal, dtype, device, window)
-        else:
-            allowed = allowed_positions(attention_mask, B, T, past + T, self.causal, device, window)
-            bias = self.relative_bias(T, past + T, offset=past).to(dtype)
-            if allowed is not None:
-                bias = bias + additive_mask(allowed, dtype)
-            is_causal = False
+        windows = [self.config.layer_window(i) if self.causal else None for i in range(len(self.layers))]
+        masks = {w: self._self_attention_bias(attention_mask, B, T, past, dtype, device, w) for w in set(windows)}
         rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
         memory_bias = None
         if memory is not None and memory_mask is not None:
             memory_bias, _ = build_attention_bias(memory_mask, B, T, memory.shape[1], False, dtype, device)
         for i, layer in enumerate(self.layers):
+            bias, is_causal = masks[windows[i]]
             h = layer(h, bias=bias, is_causal=is_causal, rope=rope, cache=cache, layer=i, memory=memory,
                       memory_bias=memory_bias)
         if self.norm is not None:
             h = self.norm(h)
         return h
+
+    def _self_attention_bias(self, attention_mask: torch.Tensor | None, B: int, T: int, past: int, dtype: torch.dtype,
+                             device: torch.device, window: int | None) -> tuple[torch.Tensor | None, bool]:
+        """(mask, is_causal) of the T queries over past + T keys for layers that slide over `window` (None: all)."""
+        if self.relative_bias is None:
+            return build_attention_bias(attention_mask, B, T, past + T, self.causal, dtype, device, window)
+        allowed = allowed_positions(attention_mask, B, T, past + T, self.causal, device, window)
+        bias = self.relative_bias(T, past + T, offset=past).to(dtype)
+        if allowed is not None:
+            bias = bias + additive_mask(allowed, dtype)
+        return bias, False
 
     def moe_layers(self) -> list[nn.Module]:
         """The mixture-of-experts FFNs of the blocks, in layer order (found through any PEFT wrapper)."""
