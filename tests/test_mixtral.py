@@ -194,6 +194,19 @@ def test_a_window_cannot_be_saved_where_the_format_has_none(tmp_path):
         model.save_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "bert", "t5"])
+def test_experts_cannot_be_saved_where_the_format_has_none(tmp_path, family):
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    preset = {"mistral": "llama"}.get(family, family)
+    config = get_preset(preset, vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=4, d_ff=24, n_experts=3,
+                        family=family)
+    with pytest.raises(ConfigError, match="mixture of experts"):
+        build_model(config).save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
+
+
 def test_dense_model_with_a_window_decodes_like_its_full_forward():
     from lmkit.config import get_preset
     from lmkit.models import build_model

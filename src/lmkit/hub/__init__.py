@@ -217,6 +217,9 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
     if family is not None and config.sliding_window and not getattr(family, "SLIDING_WINDOW", False):
         raise ConfigError(f"the {config.family} format has no sliding window (sliding_window={config.sliding_window}); "
                           "save with family='mistral', 'qwen2', 'mixtral' or None")
+    if family is not None and config.n_experts and not getattr(family, "EXPERTS", False):
+        raise ConfigError(f"the {config.family} format has no mixture of experts (n_experts={config.n_experts}); "
+                          "save a decoder with family='mixtral', or any model with family=None")
     if family is not None and config.attention_scale_by_layer and not getattr(family, "SCALE_BY_LAYER", False):
         raise ConfigError(f"the {config.family} format cannot scale layer i's attention scores by 1/(i + 1) "
                           "(attention_scale_by_layer); save with family='gpt2' or None")
@@ -229,9 +232,10 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
             tensors.update(int8_tensors(model))
         raw = {"lmkit": config.to_dict(), "architectures": [type(model).__name__]}
     else:
+        # the config first: it says in one line why a model does not fit the format, before a weight name is missing
+        raw = family.config_to_hf(config) if not hasattr(family, "model_config_to_hf") else family.model_config_to_hf(model)
         rules = family.rules(config) if not hasattr(family, "model_rules") else family.model_rules(model)
         tensors = to_hf(state, rules)
-        raw = family.config_to_hf(config) if not hasattr(family, "model_config_to_hf") else family.model_config_to_hf(model)
         raw["torch_dtype"] = raw["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     raw.setdefault("transformers_version", "4.46.0")
     write_weights(folder, tensors, max_shard_bytes)
