@@ -227,6 +227,10 @@ def test_user_errors(tmp_path):
     model.config.family = "bert"
     with pytest.raises(ConfigError, match="roberta"):
         model.save_pretrained(tmp_path / "x")
+    # what the format cannot hold is the config's one-line error, not a missing weight name (a KeyError)
+    model = Encoder(get_preset("bert", vocab_size=50, d_model=16, n_layers=1, n_heads=2, d_ff=20, bias=False))
+    with pytest.raises(ConfigError, match="does not fit the bert format"):
+        model.save_pretrained(tmp_path / "y")
 
 
 def test_lmkit_native_format_keeps_head(tmp_path):

@@ -119,6 +119,54 @@ def test_loss_aux_loss_and_router_logits_match_transformers(tmp_path, experts, k
     torch.testing.assert_close(back(ids, attention_mask=mask).logits, want.logits, rtol=1e-5, atol=1e-5)
 
 
+MATRIX = [  # layers, experts, k, hidden (odd widths: head_dim 8 is set apart from hidden / heads), heads
+    (1, 4, 1, 35, 5), (1, 8, 2, 48, 6), (2, 4, 2, 33, 3), (2, 8, 1, 35, 5), (3, 4, 1, 48, 6), (3, 8, 2, 35, 5),
+]
+
+
+@pytest.mark.parametrize("layers,experts,k,hidden,heads", MATRIX)
+def test_loss_aux_loss_and_gradients_match_transformers_padded_either_side(tmp_path, layers, experts, k, hidden, heads):
+    """loss = CE + coef * aux_loss with aux_loss pooled over every layer's unpadded rows, as MixtralForCausalLM
+    computes it with output_router_logits=True; the gradients through the router agree too."""
+    torch.manual_seed(layers * 100 + experts * 10 + k)
+    config = transformers.MixtralConfig(
+        vocab_size=97, hidden_size=hidden, intermediate_size=19, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=1, head_dim=8, num_local_experts=experts, num_experts_per_tok=k,
+        max_position_embeddings=64, router_aux_loss_coef=0.29, tie_word_embeddings=False)
+    ref = transformers.MixtralForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "gate.weight" in name:
+                p.normal_(0, 0.7)
+    ref.save_pretrained(tmp_path)
+    ref.config._experts_implementation = "eager"   # grouped_mm needs 16-byte aligned strides, odd widths have none
+    model = lmkit.load_model(tmp_path)
+    ids = torch.randint(1, 97, (3, 10))
+    for side in ("left", "right", None):
+        mask = torch.ones_like(ids)
+        if side == "left":
+            mask[1, :3], mask[2, :7] = 0, 0
+        elif side == "right":
+            mask[1, -3:], mask[2, -7:] = 0, 0
+        labels = ids.masked_fill(mask == 0, -100)
+        m = mask if side else None
+        ref.zero_grad()
+        model.zero_grad()
+        want = ref(ids, attention_mask=m, labels=labels, output_router_logits=True)
+        got = model(ids, attention_mask=m, labels=labels, output_router_logits=True)
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.aux_loss, want.aux_loss, rtol=1e-5, atol=1e-5)
+        keep = mask.bool().reshape(-1)
+        assert len(got.router_logits) == len(want.router_logits) == layers
+        for mine, theirs in zip(got.router_logits, want.router_logits):
+            torch.testing.assert_close(mine[keep], theirs[keep], rtol=1e-4, atol=1e-5)
+        want.loss.backward()
+        got.loss.backward()
+        for i in range(layers):
+            torch.testing.assert_close(model.decoder.layers[i].mlp.sublayer.gate.weight.grad,
+                                       ref.model.layers[i].mlp.gate.weight.grad, rtol=1e-4, atol=1e-6)
+
+
 def test_output_router_logits_and_jitter_come_from_config_json(tmp_path):
     torch.manual_seed(8)
     config = transformers.MixtralConfig(
@@ -141,6 +189,9 @@ def test_output_router_logits_and_jitter_come_from_config_json(tmp_path):
     model.save_pretrained(tmp_path / "lm")
     saved = json.loads((tmp_path / "lm" / "config.json").read_text())
     assert saved["output_router_logits"] is True and saved["router_jitter_noise"] == 0.3
+    assert model.config.router_aux_loss_coef == saved["router_aux_loss_coef"] == 0.5
+    back = transformers.MixtralForCausalLM.from_pretrained(tmp_path / "lm")
+    assert (back.config.router_aux_loss_coef, back.config.output_router_logits) == (0.5, True)
 
 
 def test_greedy_generation_matches(tmp_path):
@@ -192,6 +243,19 @@ def test_a_window_cannot_be_saved_where_the_format_has_none(tmp_path):
     model = build_model(get_preset("llama", vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, sliding_window=8))
     with pytest.raises(ConfigError, match="no sliding window"):
         model.save_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "bert", "t5"])
+def test_experts_cannot_be_saved_where_the_format_has_none(tmp_path, family):
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    preset = {"mistral": "llama"}.get(family, family)
+    config = get_preset(preset, vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=4, d_ff=24, n_experts=3,
+                        family=family)
+    with pytest.raises(ConfigError, match="mixture of experts"):
+        build_model(config).save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
 
 
 def test_dense_model_with_a_window_decodes_like_its_full_forward():

@@ -1,8 +1,10 @@
 """Mixture-of-experts feed-forward: routing, equivalences and the load-balancing loss."""
 import math
 
+import pytest
 import torch
 
+import lmkit
 from lmkit.config import ModelConfig, get_preset
 from lmkit.models import CausalLM
 from lmkit.nn.ffn import FeedForward
@@ -165,6 +167,57 @@ def test_trainer_adds_the_coefficient_times_the_aux_loss(corpus_file, tmp_path, 
     (ce + 0.3 * out.aux_loss).backward()
     for (name, p), q in zip(trainer.model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_mlm_trainer_adds_the_coefficient_times_a_moe_encoders_aux_loss(corpus_file, tmp_path, monkeypatch):
+    """An encoder with experts returns its aux_loss (padding left out), so --objective mlm balances the load too."""
+    from lmkit.models.encoder import Encoder
+    from lmkit.objectives import masked_lm_loss
+    from lmkit.train import TrainConfig, Trainer
+
+    overrides = dict(d_model=32, n_layers=2, n_heads=2, d_ff=24, dropout=0.0, attention_dropout=0.0, n_experts=3,
+                     router_aux_loss_coef=0.3, family=None)     # lmkit's own format: BERT's has no experts
+    trainer = Trainer(TrainConfig(preset="bert", objective="mlm", model_overrides=overrides, corpus=[corpus_file],
+                                  out=str(tmp_path / "r"), max_steps=1, batch_size=2, seq_len=16, vocab_size=400,
+                                  precision="fp32", progress=False, grad_clip=0.0, save_every=None))
+    twin = Encoder(trainer.model_config)
+    twin.load_state_dict(trainer.model.state_dict())
+    twin.train()
+    seen = []
+    loss = trainer.objective.loss
+    monkeypatch.setattr(trainer.objective, "loss", lambda model, batch: seen.append(batch) or loss(model, batch))
+    monkeypatch.setattr(trainer.optimizer, "step", lambda: None)
+    monkeypatch.setattr(trainer.optimizer, "zero_grad", lambda set_to_none=True: None)
+    trainer.train_step(0)
+    (batch,) = seen
+    batch["attention_mask"][0, -3:] = 0                     # padded rows leave the balance loss
+    out = twin(batch["input_ids"], attention_mask=batch["attention_mask"])
+    want = reference_balance_loss(out.router_logits, 3, 2, batch["attention_mask"])
+    torch.testing.assert_close(out.aux_loss, want)
+    batch["attention_mask"][0, -3:] = 1
+    out = twin(batch["input_ids"], attention_mask=batch["attention_mask"])
+    (masked_lm_loss(out.logits, batch["labels"]).mean + 0.3 * out.aux_loss).backward()
+    for (name, p), q in zip(trainer.model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_trainer_refuses_experts_its_folder_format_cannot_hold_before_the_first_step(corpus_file, tmp_path):
+    """A BERT (or LLaMA) folder has no experts: the run stops at once, not at its first save after training."""
+    from lmkit.errors import ConfigError
+    from lmkit.train import TrainConfig, Trainer
+
+    for preset, objective in (("bert", "mlm"), ("llama", "clm")):
+        overrides = dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=24, n_experts=3)
+        cfg = TrainConfig(preset=preset, objective=objective, model_overrides=overrides, corpus=[corpus_file],
+                          out=str(tmp_path / preset), max_steps=1, batch_size=2, seq_len=16, vocab_size=400,
+                          precision="fp32", progress=False)
+        with pytest.raises(ConfigError, match="mixture of experts"):
+            Trainer(cfg)
+        assert not (tmp_path / preset / "metrics.jsonl").exists()
+    cfg.model_overrides["family"] = None                      # lmkit's own format holds them
+    Trainer(cfg).fit()
+    model = lmkit.load_model(tmp_path / "llama")
+    assert model.config.n_experts == 3 and model(torch.tensor([[1, 2, 3]])).aux_loss is not None
 
 
 def test_capacity_drops_overflow_assignments():

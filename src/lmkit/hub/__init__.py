@@ -208,23 +208,39 @@ def _is_tied(model, key: str) -> bool:
     return any(p is target and k != key for k, p in params.items())
 
 
+def check_savable(model) -> tuple[ModuleType | None, dict | None]:
+    """(family module, its config.json) that save_pretrained writes; a ConfigError if the format cannot hold the model.
+
+    Writes nothing, so a trainer can refuse a model before its first step rather than at its first save.
+    """
+    config = model.config
+    family = _families().get(config.family) if config.family else None
+    if family is None:
+        return None, None
+    if config.sliding_window and not getattr(family, "SLIDING_WINDOW", False):
+        raise ConfigError(f"the {config.family} format has no sliding window (sliding_window={config.sliding_window}); "
+                          "save with family='mistral', 'qwen2', 'mixtral' or None")
+    if config.sliding_window and config.sliding_layers is not None and not getattr(family, "SLIDING_LAYERS", False):
+        raise ConfigError(f"the {config.family} format slides every layer or none, and this model slides layers "
+                          f"{config.sliding_layers} only; save with family='qwen2' or None")
+    if config.n_experts and not getattr(family, "EXPERTS", False):
+        raise ConfigError(f"the {config.family} format has no mixture of experts (n_experts={config.n_experts}); "
+                          "save a decoder with family='mixtral', or any model with family=None")
+    if config.attention_scale_by_layer and not getattr(family, "SCALE_BY_LAYER", False):
+        raise ConfigError(f"the {config.family} format cannot scale layer i's attention scores by 1/(i + 1) "
+                          "(attention_scale_by_layer); save with family='gpt2' or None")
+    # the family's own config check says in one line why a model does not fit, before a weight name is missing
+    if hasattr(family, "model_config_to_hf"):
+        return family, family.model_config_to_hf(model)
+    return family, family.config_to_hf(config)
+
+
 def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None) -> None:
     """config.json + model.safetensors in the format of the model's family (lmkit's own if it has none)."""
+    family, raw = check_savable(model)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     config = model.config
-    families = _families()
-    family = families.get(config.family) if config.family else None
-    if family is not None and config.sliding_window and not getattr(family, "SLIDING_WINDOW", False):
-        raise ConfigError(f"the {config.family} format has no sliding window (sliding_window={config.sliding_window}); "
-                          "save with family='mistral', 'qwen2', 'mixtral' or None")
-    if family is not None and config.sliding_window and config.sliding_layers is not None \
-            and not getattr(family, "SLIDING_LAYERS", False):
-        raise ConfigError(f"the {config.family} format slides every layer or none, and this model slides layers "
-                          f"{config.sliding_layers} only; save with family='qwen2' or None")
-    if family is not None and config.attention_scale_by_layer and not getattr(family, "SCALE_BY_LAYER", False):
-        raise ConfigError(f"the {config.family} format cannot scale layer i's attention scores by 1/(i + 1) "
-                          "(attention_scale_by_layer); save with family='gpt2' or None")
     state = {k: v for k, v in model.state_dict().items()}
     if family is None:
         tensors = _untie(model, state)
@@ -236,7 +252,6 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
     else:
         rules = family.rules(config) if not hasattr(family, "model_rules") else family.model_rules(model)
         tensors = to_hf(state, rules)
-        raw = family.config_to_hf(config) if not hasattr(family, "model_config_to_hf") else family.model_config_to_hf(model)
         raw["torch_dtype"] = raw["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     raw.setdefault("transformers_version", "4.46.0")
     write_weights(folder, tensors, max_shard_bytes)

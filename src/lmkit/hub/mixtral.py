@@ -18,6 +18,7 @@ from lmkit.hub.convert import Rule
 
 MODEL_TYPES = ("mixtral",)
 SLIDING_WINDOW = True  # config.json's sliding_window is read and written
+EXPERTS = True  # num_local_experts routed SwiGLU experts
 ALIASES = (("model.", ""),)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 

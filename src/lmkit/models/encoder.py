@@ -95,6 +95,8 @@ class Encoder(PreTrainedModel):
         h = self.encoder(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         out = ModelOutput(last_hidden_state=h)
+        if cfg.n_experts:  # the unscaled load-balancing loss over unpadded tokens; trainers add coef * aux_loss
+            out.aux_loss, out.router_logits = self.encoder.aux_loss(attention_mask), self.encoder.router_logits()
         if self.pooler is not None:
             out.pooler_output = self.pooler(h, attention_mask)
         losses = []

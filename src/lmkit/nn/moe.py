@@ -5,8 +5,11 @@ y = sum_{e in topk} g_e E_e(x), with g = softmax over all N in float32, then top
 renormalised over the chosen k (transformers' MixtralTopKRouter, in that order).
 Load balancing (Switch Transformer eq. 4-6, transformers' `load_balancing_loss_func`):
 L = N * sum_e f_e P_e, where over the real (unpadded) tokens of all MoE layers pooled together
-f_e = (top-k assignments to e) / rows and P_e = mean router probability of e. L is unscaled;
-training adds router_aux_loss_coef * L.
+f_e = (top-k assignments to e) / rows and P_e = mean router probability of e. transformers 4.39+
+(layers concatenated) and 5.x (layers accumulated) give this number; older 4.x counted or mis-masked padding.
+L is the models' unscaled `aux_loss`; CausalLM's `loss` adds router_aux_loss_coef * L when
+output_router_logits is set (as MixtralForCausalLM), and the trainers add it to every step's loss once.
+Router jitter (training only): x * U(1 - j, 1 + j) before routing, the experts see the jittered x too.
 """
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from lmkit.data.shards import open_prepared, prepared_fingerprint
 from lmkit.data.tokenize import corpus_tokenizer, special_ids, tokenizer_sha, vocab_size_of
 from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import autocast
+from lmkit.hub import check_savable
 from lmkit.models import build_model
 from lmkit.train import distributed as D
 from lmkit.train.checkpoint import (checkpoints, latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
@@ -85,6 +86,7 @@ class Trainer:
             check_same_data(saved.get("data"), self.data_identity, cfg, self.out)
         torch.manual_seed(_seed_int("init", cfg.seed))
         self.model = build_model(self.model_config).to(self.device)
+        check_savable(self.model)  # a format that cannot hold the model is refused now, not at the first save
         self.model.train()
         self.engine = D.wrap_model(self.model, self.ctx, cfg.fsdp)  # what the step calls: DDP / FSDP / the model
         self.loss_scale = D.loss_scale(self.ctx, cfg.fsdp)
