@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.data import load_corpus
     from lmkit.data.cache import cache_dir
     from lmkit.errors import ConfigError
-    from lmkit.sentence import SemanticIndex, SentenceEncoder, paragraphs
+    from lmkit.search import SemanticIndex, paragraphs
+    from lmkit.sentence import SentenceEncoder
 
     if args.top_k < 1:
         raise ConfigError("--top-k must be at least 1")
