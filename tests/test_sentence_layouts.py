@@ -201,3 +201,35 @@ def test_settings_file_of_older_releases_and_tokenizer_args(bases, tmp_path):
         (folder / "sentence_distilbert_config.json").write_text(json.dumps({**config, "max_seq_length": 5, **extra}))
         assert lmkit.SentenceEncoder.from_pretrained(folder).max_seq_length == length
         _assert_same(folder)
+
+
+def test_plain_hugging_face_folder_is_mean_pooled(bases, tmp_path):
+    """No modules.json: the encoder with mean pooling, as sentence-transformers builds it; a default prompt that
+    is not among the prompts is refused at load, as there."""
+    _assert_same(bases["bert"])
+    folder = _save(bases["bert"], tmp_path / "m", prompts={"query": "q: "})
+    config = json.loads((folder / "config_sentence_transformers.json").read_text())
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({**config, "default_prompt_name": "nope"}))
+    with pytest.raises(ConfigError, match="nope"):
+        lmkit.SentenceEncoder.from_pretrained(folder)
+
+
+def test_search_cache_follows_the_model_settings(bases, tmp_path, monkeypatch, capsys):
+    """`lmkit search` re-embeds the passages when a setting of the model changes (here the pooling mode), not
+    only its weights: the scores then equal a run without the cache."""
+    from lmkit.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = _save(bases["bert"], tmp_path / "m")
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(TEXTS[1:])))
+    args = ["search", "--model", str(folder), "--corpus", str(corpus), "--min-chars", "1", "--json", "--query", "hi"]
+
+    def scores(*extra):
+        assert main(args + list(extra)) == 0
+        return [h["score"] for h in json.loads(capsys.readouterr().out)["hits"]]
+
+    mean = scores()
+    config = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({**config, "pooling_mode": "max"}))
+    assert scores() == scores("--no-cache") != mean

@@ -117,10 +117,10 @@ class Dense:
     residual: torch.Tensor | bool = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = x @ self.weight.t().to(x.dtype)
-        y = self.act(y + self.bias.to(x.dtype) if self.bias is not None else y)
+        y = x @ self.weight.t().to(x)
+        y = self.act(y + self.bias.to(x) if self.bias is not None else y)
         if isinstance(self.residual, torch.Tensor):
-            return y + x @ self.residual.t().to(x.dtype)
+            return y + x @ self.residual.t().to(x)
         return y + x if self.residual else y
 
 
@@ -156,6 +156,9 @@ class SentenceEncoder:
         # the modules after pooling, in the order of modules.json: Dense and LayerNorm layers, "normalize"
         self.head = list(head or [])
         self.prompts, self.default_prompt_name = dict(prompts or {}), default_prompt_name
+        if default_prompt_name is not None and default_prompt_name not in self.prompts:
+            raise ConfigError(f"default_prompt_name {default_prompt_name!r} is not one of the prompts "
+                              f"({', '.join(self.prompts) or 'none'}); fix config_sentence_transformers.json")
         self.include_prompt = include_prompt
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model.config.pad_token_id or 0)
 
@@ -168,9 +171,9 @@ class SentenceEncoder:
         folder = Path(path)
         if not folder.is_dir():
             raise CheckpointError(f"{folder} is not a folder; pass a sentence-transformers model folder")
+        # a plain Hugging Face folder: the encoder and mean pooling, as sentence-transformers builds it
         modules = _read_json(folder / "modules.json") if (folder / "modules.json").is_file() else \
-            [{"path": "", "type": "sentence_transformers.models.Transformer"},
-             {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+            [{"path": "", "type": "sentence_transformers.models.Transformer"}]
         model = tokenizer = None
         modes, head, settings, include_prompt = ("mean",), [], {}, True
         for module in sorted(modules, key=lambda m: m.get("idx", 0)):
@@ -250,7 +253,7 @@ class SentenceEncoder:
 
         weights = read_weights(folder)
         w, b = weights["norm.weight"].float(), weights["norm.bias"].float()
-        return lambda x: torch.nn.functional.layer_norm(x, w.shape, w.to(x.dtype), b.to(x.dtype), 1e-5)
+        return lambda x: torch.nn.functional.layer_norm(x, w.shape, w.to(x), b.to(x), 1e-5)
 
     # encoding ----------------------------------------------------------------------------------------
     def tokenize(self, sentences: list[str]) -> list[list[int]]:
