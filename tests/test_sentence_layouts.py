@@ -233,3 +233,20 @@ def test_search_cache_follows_the_model_settings(bases, tmp_path, monkeypatch, c
     config = json.loads((folder / "1_Pooling" / "config.json").read_text())
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({**config, "pooling_mode": "max"}))
     assert scores() == scores("--no-cache") != mean
+
+
+def test_left_padding_and_left_truncation_of_the_tokenizer_config(bases, tmp_path):
+    """tokenizer_config.json's padding_side / truncation_side "left", which transformers applies: rows cut from the
+    front, padded on the left (BERT's absolute positions then move with the padding, so the batches must be
+    sentence-transformers' own), prompt left out after the padding, weighted mean counted from the first token."""
+    for kind in ("bert", "roberta"):
+        folder = _save(bases[kind], tmp_path / kind, modes=ALL_MODES, max_seq_length=8, include_prompt=False,
+                       prompts={"query": "query: "}, default_prompt_name="query")
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "padding_side": "left",
+                                                                 "truncation_side": "left"}))
+        _assert_same(folder)
+        _assert_same(folder, prompt="")
+        ref = st.SentenceTransformer(str(folder), device="cpu").encode(TEXTS, batch_size=3, output_value="token_embeddings")
+        got = lmkit.SentenceEncoder.from_pretrained(folder).encode(TEXTS, batch_size=3, output_value="token_embeddings")
+        _same(got, ref)

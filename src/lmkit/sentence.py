@@ -2,18 +2,17 @@
 
 modules.json lists the modules in order: Transformer (the model folder and sentence_bert_config.json:
 max_seq_length, do_lower_case), Pooling (1_Pooling/config.json: cls, max, mean, mean of sqrt length,
-concatenated in that order), optional Dense (y = act(W x + b)), optional Normalize (x / ||x||_2).
+weighted mean, last token, concatenated in the order given), then Dense (y = act(W x + b)), LayerNorm,
+Dropout (the identity) and Normalize (x / ||x||_2) in their order.
 Mean pooling: e = sum_t m_t h_t / max(sum_t m_t, 1e-9) over the attention mask m.
 
-`encode` tokenizes everything at once, sorts the sentences by token length so each batch holds
-similar lengths (little padding), runs the batches under `torch.inference_mode`, and returns float32
-rows in the order of the input.
+`encode` tokenizes everything at once, sorts the sentences by token length so each batch holds similar
+lengths (little padding; a left-padding tokenizer gets sentence-transformers' batches instead), runs the
+batches under `torch.inference_mode`, and returns float32 rows in the order of the input.
 """
 from __future__ import annotations
 
-import importlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -21,7 +20,9 @@ import numpy as np
 import torch
 
 from lmkit.errors import CheckpointError, ConfigError
+from lmkit.sentence_pooling import QUANTIZE, Dense, dense_activation, pool_tokens, quantize
 from lmkit.progress import progress_bar
+from lmkit.tokenizers.encoding import side_of
 from lmkit.tokenizers.normalizers import Lowercase, Sequence
 
 MODULE_KINDS = {"Transformer": "transformer", "Pooling": "pooling", "Dense": "dense", "Normalize": "normalize",
@@ -46,6 +47,17 @@ def _read_json(path: Path) -> dict | list:
         raise CheckpointError(f"{path} is not valid JSON ({exc}); restore it from a good copy") from None
 
 
+def _tokenizer_config(folder: Path) -> dict:
+    path = folder / "tokenizer_config.json"
+    config = _read_json(path) if path.is_file() else {}
+    return config if isinstance(config, dict) else {}
+
+
+def _max_length(tokenizer_config: dict) -> int | None:
+    value = tokenizer_config.get("model_max_length")
+    return int(value) if isinstance(value, (int, float)) and 0 < value < 10**7 else None
+
+
 def _lowercase_first(tokenizer) -> None:
     """do_lower_case as sentence-transformers 6 applies it: a Lowercase normalizer before the tokenizer's own,
     unless one is there already, so special tokens are still matched on the text as written."""
@@ -63,91 +75,13 @@ def _kind(module: dict) -> str:
     return MODULE_KINDS[name]
 
 
-def pool_tokens(h: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> torch.Tensor:
-    """The pooled vectors of each mode, concatenated: (B, T, d), mask (B, T) -> (B, d * len(modes)).
-
-    The mask keeps the tokens pooled: right padding, and a prompt excluded from the front (include_prompt false).
-    cls: the first kept token; max: max_t over kept t; mean: sum_t m_t h_t / sum_t m_t; mean_sqrt_len_tokens:
-    the same sum over sqrt(sum_t m_t); weightedmean: weights t + 1; lasttoken: the last kept token (zeros if none).
-    """
-    m = mask.unsqueeze(-1).to(h.dtype)
-    rows, kept = torch.arange(h.shape[0], device=h.device), mask.to(torch.int)
-    parts = []
-    for mode in modes:
-        if mode == "cls":
-            parts.append(h[rows, kept.argmax(dim=1)])
-        elif mode == "max":
-            parts.append(h.masked_fill(m == 0, float("-inf")).max(dim=1).values)
-        elif mode in ("mean", "mean_sqrt_len_tokens"):
-            total, count = (h * m).sum(dim=1), m.sum(dim=1).clamp(min=1e-9)
-            parts.append(total / count if mode == "mean" else total / count.sqrt())
-        elif mode == "weightedmean":
-            w = m * torch.arange(1, h.shape[1] + 1, device=h.device, dtype=h.dtype).view(1, -1, 1)
-            parts.append((h * w).sum(dim=1) / w.sum(dim=1).clamp(min=1e-9))
-        else:  # lasttoken
-            last = h.shape[1] - 1 - kept.flip(1).argmax(dim=1)
-            parts.append((h * m)[rows, last])
-    return torch.cat(parts, dim=-1)
-
-
-QUANTIZE = ("float32", "int8", "uint8", "binary", "ubinary")
-
-
-def quantize(emb: np.ndarray, precision: str) -> np.ndarray:
-    """sentence-transformers' `precision`: int8/uint8 cut each dimension's [min, max] over these rows into 255 steps,
-    q = clip(floor((e - min) / step), 0, 255) (minus 128 for int8); binary/ubinary pack the bits e > 0 (minus 128)."""
-    if precision.endswith("int8"):
-        if len(emb) < 2:
-            raise ConfigError(f"precision {precision!r} takes its ranges from the embeddings, so it needs at least two; "
-                              "encode more texts at once or quantize with ranges of your own")
-        low, high = emb.min(axis=0), emb.max(axis=0)
-        step = (high - low) / 255
-        q = np.clip(np.floor((emb - low) / np.where(step == 0, 1, step)), 0, 255)
-        return q.astype(np.uint8) if precision == "uint8" else (q - 128).astype(np.int8)
-    bits = np.packbits(emb > 0, axis=-1)
-    return bits if precision == "ubinary" else (bits - 128).astype(np.int8)
-
-
-@dataclass
-class Dense:
-    """y = act(W x + b), plus x (or R x when the sizes differ) with use_residual."""
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    act: torch.nn.Module
-    residual: torch.Tensor | bool = False
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = x @ self.weight.t().to(x)
-        y = self.act(y + self.bias.to(x) if self.bias is not None else y)
-        if isinstance(self.residual, torch.Tensor):
-            return y + x @ self.residual.t().to(x)
-        return y + x if self.residual else y
-
-
-def dense_activation(name: str) -> torch.nn.Module:
-    """The activation a Dense config names, as sentence-transformers builds it: a torch.nn.Module class
-    (torch.nn.modules.activation.Tanh, ...) called without arguments. Other code is never imported."""
-    module, _, cls = name.rpartition(".")
-    if not module.startswith("torch."):
-        raise ConfigError(f"Dense activation {name!r} is not a torch.nn activation; lmkit runs torch.nn classes only "
-                          "(sentence-transformers needs trust_remote_code for others)")
-    try:
-        act = getattr(importlib.import_module(module), cls)
-        if not (isinstance(act, type) and issubclass(act, torch.nn.Module)):
-            raise TypeError("not a torch.nn.Module class")
-        return act()
-    except (ImportError, AttributeError, TypeError) as exc:
-        raise ConfigError(f"Dense activation {name!r} cannot be built ({exc}); name a torch.nn activation class "
-                          "such as torch.nn.modules.activation.Tanh") from None
-
-
 class SentenceEncoder:
     """encode(sentences) -> (N, dim) float32 embeddings, the numbers sentence-transformers gives."""
 
     def __init__(self, model, tokenizer, pooling_modes: tuple[str, ...] = ("mean",),
                  head: list[Dense | str] | None = None, max_seq_length: int = 512, do_lower_case: bool = False,
                  prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
-                 include_prompt: bool = True):
+                 include_prompt: bool = True, padding_side: str = "right", truncation_side: str = "right"):
         self.model, self.tokenizer = model.eval(), tokenizer
         self.pooling_modes = tuple(pooling_modes)
         self.max_seq_length, self.do_lower_case = max_seq_length, do_lower_case
@@ -160,6 +94,9 @@ class SentenceEncoder:
             raise ConfigError(f"default_prompt_name {default_prompt_name!r} is not one of the prompts "
                               f"({', '.join(self.prompts) or 'none'}); fix config_sentence_transformers.json")
         self.include_prompt = include_prompt
+        # the tokenizer config's sides, which transformers applies over tokenizer.json's own
+        self.padding_side = side_of(padding_side)
+        tokenizer.truncation = {**(tokenizer.truncation or {}), "direction": side_of(truncation_side)}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model.config.pad_token_id or 0)
 
     @classmethod
@@ -204,13 +141,15 @@ class SentenceEncoder:
         # sentence-transformers 2-5 keep max_seq_length in sentence_bert_config.json, 6 in the tokenizer's config
         # the tokenizer arguments' model_max_length wins over max_seq_length, as sentence-transformers passes them
         tokenizer_args = settings.get("processor_kwargs") or settings.get("tokenizer_args") or {}
+        tokenizer_config = _tokenizer_config(transformer_dir)
         max_len = tokenizer_args.get("model_max_length") or settings.get("max_seq_length") or \
-            cls._tokenizer_max_length(transformer_dir) or model.config.max_seq_len
+            _max_length(tokenizer_config) or model.config.max_seq_len
+        sides = [tokenizer_args.get(key, tokenizer_config.get(key)) or "right" for key in ("padding_side", "truncation_side")]
         st_config = folder / "config_sentence_transformers.json"
         st_config = _read_json(st_config) if st_config.is_file() else {}
         return cls(model, tokenizer, modes, head, min(int(max_len), model.config.max_seq_len),
                    bool(settings.get("do_lower_case", False)), st_config.get("prompts") or {},
-                   st_config.get("default_prompt_name"), include_prompt)
+                   st_config.get("default_prompt_name"), include_prompt, *sides)
 
     @staticmethod
     def _pooling_modes(config: dict) -> tuple[str, ...]:
@@ -223,12 +162,6 @@ class SentenceEncoder:
         if bad:
             raise ConfigError(f"pooling mode {', '.join(map(str, bad))} is not supported; use {', '.join(POOLING_MODES)}")
         return modes
-
-    @staticmethod
-    def _tokenizer_max_length(folder: Path) -> int | None:
-        path = folder / "tokenizer_config.json"
-        value = _read_json(path).get("model_max_length") if path.is_file() else None
-        return int(value) if isinstance(value, (int, float)) and 0 < value < 10**7 else None
 
     @staticmethod
     def _dense(folder: Path) -> Dense:
@@ -291,12 +224,17 @@ class SentenceEncoder:
             raise ConfigError(f"precision {precision!r} is not supported; use one of {', '.join(QUANTIZE)}")
         if tokens and precision != "float32":
             raise ConfigError("precision applies to sentence embeddings; quantize token embeddings yourself")
-        text_prompt = self._prompt(prompt_name, prompt)
+        text_prompt, texts = self._prompt(prompt_name, prompt), sentences
         if text_prompt:
             sentences = [text_prompt + s for s in sentences]
         ids = self.tokenize(sentences)
         skip = self._prompt_length(text_prompt) if text_prompt and not self.include_prompt else 0
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        # longest first, in tokens: the least padding. With left padding and absolute positions a row's numbers
+        # depend on the padding its batch gives it, so there the batches are sentence-transformers' (by characters)
+        if self.padding_side == "left":
+            order = np.argsort([-len(s) for s in texts]).tolist()
+        else:
+            order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         out: list = [None] * len(ids)
         starts = range(0, len(order), batch_size)
         # as sentence-transformers: a "Batches" bar when asked (drawn on a terminal only)
@@ -336,19 +274,20 @@ class SentenceEncoder:
     def _embed(self, rows: list[list[int]], normalize: bool | None, skip: int = 0, truncate_dim: int | None = None,
                tokens: bool = False) -> list[torch.Tensor]:
         """Each row's float32 sentence embedding, or with tokens=True its token states (T_i, d)."""
-        width = max(len(r) for r in rows)
+        width, device = max(len(r) for r in rows), self.model.device
+        lengths = torch.tensor([len(r) for r in rows])
+        start = width - lengths if self.padding_side == "left" else torch.zeros_like(lengths)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
-            input_ids[i, :len(r)] = torch.tensor(r)
-            mask[i, :len(r)] = 1
-        device = self.model.device
+            input_ids[i, int(start[i]):int(start[i]) + len(r)] = torch.tensor(r)
+        t = torch.arange(width).view(1, -1)
+        mask = ((t >= start.view(-1, 1)) & (t < (start + lengths).view(-1, 1))).long()
         h = self.model(input_ids.to(device), attention_mask=mask.to(device)).last_hidden_state.float()
-        if tokens:
-            return [h[i, :len(r)] for i, r in enumerate(rows)]
-        pooled = mask.clone()
-        pooled[:, :skip] = 0  # the prompt's tokens attend and are attended to, but are not pooled
-        emb = pool_tokens(h, pooled.to(device), self.pooling_modes)
+        if tokens:  # up to the last real token, as sentence-transformers cuts them (left padding stays)
+            return [h[i, :int(start[i]) + len(r)] for i, r in enumerate(rows)]
+        # the prompt's tokens attend and are attended to, but are not pooled
+        pooled = mask * (t >= (start + skip).view(-1, 1))
+        emb = pool_tokens(h, pooled.to(device), self.pooling_modes, start.to(device))
         for layer in self.head:
             emb = torch.nn.functional.normalize(emb, p=2, dim=-1) if isinstance(layer, str) else layer(emb)
         if truncate_dim is not None:
@@ -368,7 +307,8 @@ class SentenceEncoder:
         return dense[-1].weight.shape[0] if dense else self.model.config.d_model * len(self.pooling_modes)
 
 
-# semantic search lives in lmkit.search; these names stay importable from here
+# pooling and Dense live in lmkit.sentence_pooling, semantic search in lmkit.search; their names stay importable here
 from lmkit.search import SemanticIndex, paragraphs, top_k  # noqa: E402
 
-__all__ = ["SentenceEncoder", "Dense", "pool_tokens", "dense_activation", "SemanticIndex", "paragraphs", "top_k"]
+__all__ = ["SentenceEncoder", "Dense", "pool_tokens", "dense_activation", "quantize", "SemanticIndex", "paragraphs",
+           "top_k"]
