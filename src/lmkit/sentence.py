@@ -95,8 +95,10 @@ class SentenceEncoder:
                               f"({', '.join(self.prompts) or 'none'}); fix config_sentence_transformers.json")
         self.include_prompt = include_prompt
         # the tokenizer config's sides, which transformers applies over tokenizer.json's own
-        self.padding_side = side_of(padding_side)
-        tokenizer.truncation = {**(tokenizer.truncation or {}), "direction": side_of(truncation_side)}
+        self.padding_side, side = side_of(padding_side), side_of(truncation_side)
+        if side != side_of((tokenizer.truncation or {}).get("direction")):  # kept a valid tokenizer.json setting
+            base = tokenizer.truncation or {"max_length": max_seq_length, "strategy": "LongestFirst", "stride": 0}
+            tokenizer.truncation = {**base, "direction": side.capitalize()}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model.config.pad_token_id or 0)
 
     @classmethod
