@@ -17,7 +17,7 @@ import torch
 
 from lmkit import SentenceEncoder
 from lmkit.data import load_corpus
-from lmkit.sentence import SemanticIndex, paragraphs
+from lmkit.search import SemanticIndex, paragraphs
 
 
 def minilm_folder() -> Path:

@@ -174,9 +174,6 @@ def test_do_lower_case_and_prompts(minilm_path, tmp_path):
         assert np.abs(enc.encode(texts, batch_size=4, **kw) - ref_model.encode(texts, batch_size=4, **kw)).max() < 1e-5, kw
     with pytest.raises(ConfigError, match="nope"):
         enc.encode(["x"], prompt_name="nope")
-    enc.include_prompt = False  # pooling that leaves the prompt out is not supported: an error, not other numbers
-    with pytest.raises(ConfigError, match="include_prompt"):
-        enc.encode(["x"])
     assert enc.encode(["x"], prompt="").shape == (1, 24)
 
 

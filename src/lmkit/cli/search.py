@@ -29,14 +29,16 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.data import load_corpus
     from lmkit.data.cache import cache_dir
     from lmkit.errors import ConfigError
-    from lmkit.sentence import SemanticIndex, SentenceEncoder, paragraphs
+    from lmkit.search import SemanticIndex, paragraphs
+    from lmkit.sentence import SentenceEncoder
 
     if args.top_k < 1:
         raise ConfigError("--top-k must be at least 1")
     encoder = SentenceEncoder.from_pretrained(args.model, dtype=torch.bfloat16 if args.bf16 else None)
     corpus = load_corpus(args.corpus)
-    weights = sorted(Path(args.model).rglob("*.safetensors"))
-    key = json.dumps([str(Path(args.model).resolve()), [(str(w), w.stat().st_mtime_ns) for w in weights],
+    # every weight and setting of the model (pooling, Dense, prompts, tokenizer) keys the cached embeddings
+    files = sorted(f for f in Path(args.model).rglob("*") if f.suffix in (".safetensors", ".json"))
+    key = json.dumps([str(Path(args.model).resolve()), [(str(f), f.stat().st_mtime_ns) for f in files],
                       corpus.fingerprint(), args.min_chars, args.bf16])
     folder = cache_dir("search", hashlib.sha256(key.encode()).hexdigest()[:16])
     if not args.no_cache and (folder / "passages.json").is_file():

@@ -115,6 +115,13 @@ class Tokenizer:
     def all_special_ids(self) -> list[int]:
         return sorted(self.added.special_ids)
 
+    def set_normalizer(self, normalizer) -> None:
+        """Replace the normalizer, as assigning `tokenizers.Tokenizer.normalizer`: added tokens with
+        normalized=True are matched in the new normalized form from then on."""
+        self.normalizer = self.added.normalizer = normalizer
+        self.added._rebuild()
+        self._reset()
+
     # ---- encoding ---------------------------------------------------------------------------
     def _reset(self) -> None:
         self._cache.clear()
