@@ -137,13 +137,14 @@ def test_eos_stops_rows_and_pads_them_like_transformers(pair):
 
 def test_max_length_and_min_length_count_the_prompt_like_transformers(pair):
     """generate(max_length=N) stops at N tokens in all; min_length=M holds EOS back until M tokens in all;
-    max_new_tokens / min_new_tokens win over them."""
+    max_new_tokens / min_new_tokens win over them, even when smaller."""
     hf, ours = pair
     ids, mask = prompts()
     free = ours.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[], pad_token_id=0)
     eos = int(free[1, 7 + 2])
     for kw in (dict(max_length=15), dict(max_length=18, min_length=14), dict(max_length=18, min_length=12, num_beams=3),
-               dict(max_new_tokens=5, max_length=30), dict(max_length=16, min_length=9, min_new_tokens=6)):
+               dict(max_new_tokens=5, max_length=30), dict(max_length=16, min_length=9, min_new_tokens=6),
+               dict(max_length=18, min_length=14, min_new_tokens=1), dict(max_length=18, min_length=14, min_new_tokens=0)):
         expected = hf.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0, eos_token_id=eos, **kw)
         got = ours.generate(ids, attention_mask=mask, pad_token_id=0, eos_token_id=eos, **kw)
         assert got.tolist() == expected.tolist(), kw

@@ -88,7 +88,8 @@ def test_bad_words_sequence_bias_and_suppressed_tokens_match_transformers(pair, 
              dict(sequence_bias={(free[0][1],): 2.0, (free[2][0], free[2][1]): -1.5}),
              dict(suppress_tokens=[free[0][0], free[1][0], free[2][0], VOCAB + 4]),
              dict(begin_suppress_tokens=[free[0][0], free[1][0], free[2][0]]),
-             dict(begin_suppress_tokens=[free[0][1]], forced_bos_token_id=5)]
+             dict(begin_suppress_tokens=[free[0][1]], forced_bos_token_id=5),
+             dict(encoder_no_repeat_ngram_size=1), dict(encoder_no_repeat_ngram_size=2)]  # the prompt's n-grams
     for case in cases:
         got, expected = both(hf, ours, 3, max_new_tokens=8, **mode, **case)
         assert got == expected, case

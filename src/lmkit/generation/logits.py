@@ -1,7 +1,7 @@
 """Logit processors, applied in transformers' order (its `_get_logits_processor`): sequence bias, repetition
-penalty, n-gram blocking, bad words, forced BOS/EOS, suppressed tokens; then, for sampling, temperature, top-k,
-top-p (nucleus), min-p, typical, epsilon and eta truncation. (The minimum-length EOS ban, which commutes with
-the first four, is applied by the decoding loops.)
+penalty, n-gram blocking (of the output, then the prompt's n-grams), bad words, forced BOS/EOS, suppressed tokens;
+then, for sampling, temperature, top-k, top-p (nucleus), min-p, typical, epsilon and eta truncation. (The
+minimum-length EOS ban, which commutes with the first four, is applied by the decoding loops.)
 
 Each takes (sequences (B, T), scores (B, V) float32) and returns new scores. The truncation filters keep at
 least `keep` tokens: 1, or in beam sampling one more than the EOS tokens (2 without any), as transformers does.
@@ -43,6 +43,32 @@ def no_repeat_ngram(sequences: torch.Tensor, scores: torch.Tensor, n: int) -> to
         if banned:
             scores[row, banned] = NEG_INF
     return scores
+
+
+class EncoderNoRepeatNGram:
+    """Forbid any token that would complete an n-gram of the row's prompt (the encoder's input ids, padding
+    included), however many times the output already holds it: transformers' EncoderNoRepeatNGramLogitsProcessor.
+    Rows i*r .. i*r + r - 1 of the sequences (beams or samples of prompt i) share prompt i's n-grams."""
+
+    def __init__(self, prompts: torch.Tensor, n: int):
+        self.n, self.tables = n, []
+        for row in prompts.tolist():
+            table: dict[tuple[int, ...], list[int]] = {}
+            for i in range(len(row) - n + 1):
+                table.setdefault(tuple(row[i:i + n - 1]), []).append(row[i + n - 1])
+            self.tables.append(table)
+
+    def __call__(self, sequences: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        length = sequences.shape[1]
+        if length + 1 < self.n:
+            return scores
+        scores = scores.clone()
+        per_prompt = scores.shape[0] // len(self.tables)
+        for row, prefix in enumerate(sequences[:, length - self.n + 1:].tolist()):
+            banned = self.tables[row // per_prompt].get(tuple(prefix))
+            if banned:
+                scores[row, banned] = NEG_INF
+        return scores
 
 
 def top_k_filter(scores: torch.Tensor, k: int, keep: int = 1) -> torch.Tensor:
@@ -166,10 +192,12 @@ def suppress(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.where(banned, NEG_INF, scores)
 
 
-def processor_options(vocab_size: int, eos: list[int], *, min_p=None, typical_p=None, epsilon_cutoff=None,
-                      eta_cutoff=None, sequence_bias=None, bad_words_ids=None, suppress_tokens=None,
+def processor_options(vocab_size: int, eos: list[int], *, forced: tuple = (None, []), prompts=None,
+                      no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, min_p=None, typical_p=None,
+                      epsilon_cutoff=None, eta_cutoff=None, sequence_bias=None, bad_words_ids=None, suppress_tokens=None,
                       begin_suppress_tokens=None) -> dict:
-    """`process` keywords for generate's optional processors, checked as transformers checks them."""
+    """`process` keywords for generate's optional processors, checked as transformers checks them; `forced` is the
+    (BOS, EOS list) to force and `prompts` the ids whose n-grams encoder_no_repeat_ngram_size bans."""
     for name, value, low_open, high_open in (("min_p", min_p, False, False), ("typical_p", typical_p, True, False),
                                              ("epsilon_cutoff", epsilon_cutoff, False, True),
                                              ("eta_cutoff", eta_cutoff, False, True)):
@@ -187,7 +215,35 @@ def processor_options(vocab_size: int, eos: list[int], *, min_p=None, typical_p=
             if not isinstance(value, (list, tuple)) or any(isinstance(t, bool) or not isinstance(t, int) for t in value):
                 raise GenerationError(f"{name} must be a list of token ids, got {value!r}")
             out[name] = torch.tensor(list(value), dtype=torch.long)
+    for name, tokens in (("forced_bos_token_id", [] if forced[0] is None else [forced[0]]),
+                         ("forced_eos_token_id", forced[1])):
+        if tokens and suppress_tokens is not None and set(tokens) <= set(suppress_tokens):
+            raise GenerationError(f"every token of {name} ({sorted(set(tokens))}) is also in suppress_tokens, which "
+                                  f"leaves no token at the forced step; remove it from one of them")
+    for name, n in (("no_repeat_ngram_size", no_repeat_ngram_size),
+                    ("encoder_no_repeat_ngram_size", encoder_no_repeat_ngram_size)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise GenerationError(f"{name} must be an int >= 0 (0 turns it off), got {n!r}")
+    if encoder_no_repeat_ngram_size:
+        out["encoder_no_repeat"] = EncoderNoRepeatNGram(prompts, encoder_no_repeat_ngram_size)
     return out
+
+
+# generation_config.json settings that change transformers' ids but that lmkit does not implement: name -> the
+# values that leave decoding as it is (any other value is refused rather than silently ignored)
+UNSUPPORTED_SETTINGS = {"encoder_repetition_penalty": (None, 1.0), "exponential_decay_length_penalty": (None,),
+                        "num_beam_groups": (None, 1), "penalty_alpha": (None, 0.0), "guidance_scale": (None, 1.0),
+                        "top_h": (None,), "renormalize_logits": (None, False), "constraints": (None,),
+                        "force_words_ids": (None,), "dola_layers": (None,), "watermarking_config": (None,)}
+
+
+def check_supported(defaults: dict) -> None:
+    """Refuse a generation_config.json that asks for a decoding lmkit does not implement."""
+    for name, neutral in UNSUPPORTED_SETTINGS.items():
+        if defaults.get(name) not in neutral:
+            raise GenerationError(f"generation_config.json sets {name}={defaults[name]!r}, which lmkit's generate does "
+                                  f"not implement; delete it from model.generation_defaults (or the file) to decode "
+                                  f"without it")
 
 
 def changes_scores(options: dict, forced: tuple) -> bool:
@@ -195,7 +251,7 @@ def changes_scores(options: dict, forced: tuple) -> bool:
     return bool(options["do_sample"] or options["repetition"] != 1.0 or options["no_repeat_ngram_size"]
                 or forced[0] is not None or forced[1]
                 or any(options.get(k) is not None for k in ("sequence_bias", "bad_words", "suppress_tokens",
-                                                             "begin_suppress_tokens")))
+                                                             "begin_suppress_tokens", "encoder_no_repeat")))
 
 
 def process(sequences: torch.Tensor, scores: torch.Tensor, *, do_sample: bool, temperature: float,
@@ -203,9 +259,9 @@ def process(sequences: torch.Tensor, scores: torch.Tensor, *, do_sample: bool, t
             prompt_padding: torch.Tensor | None = None, start: int = 0, max_length: int = 0,
             forced: tuple = (None, []), sequence_bias: SequenceBias | None = None,
             bad_words: SequenceBias | None = None, suppress_tokens: torch.Tensor | None = None,
-            begin_suppress_tokens: torch.Tensor | None = None, min_p: float | None = None,
-            typical_p: float | None = None, epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
-            keep: int = 1) -> torch.Tensor:
+            begin_suppress_tokens: torch.Tensor | None = None, encoder_no_repeat: EncoderNoRepeatNGram | None = None,
+            min_p: float | None = None, typical_p: float | None = None, epsilon_cutoff: float | None = None,
+            eta_cutoff: float | None = None, keep: int = 1) -> torch.Tensor:
     """All processors the arguments ask for, in transformers' order (prompt_padding: left pads per row).
 
     `start` is the length the sequences had before the first new token, `max_length` the length they stop
@@ -216,6 +272,8 @@ def process(sequences: torch.Tensor, scores: torch.Tensor, *, do_sample: bool, t
         scores = repetition_penalty(sequences, scores, repetition, prompt_padding)
     if no_repeat_ngram_size:
         scores = no_repeat_ngram(sequences, scores, no_repeat_ngram_size)
+    if encoder_no_repeat is not None:
+        scores = encoder_no_repeat(sequences, scores)
     if bad_words is not None:
         scores = bad_words(sequences, scores)
     if forced[0] is not None or forced[1]:

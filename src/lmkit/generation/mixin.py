@@ -14,7 +14,7 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.decode_plan import DecodePlan
-from lmkit.generation.logits import changes_scores, process, processor_options
+from lmkit.generation.logits import changes_scores, check_supported, process, processor_options
 from lmkit.nn import build_attention_bias
 
 
@@ -114,15 +114,18 @@ class GenerationMixin:
                  sequence_bias=None, bad_words_ids: list[list[int]] | None = None,
                  suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
                  return_dict_in_generate: bool | None = None, output_scores: bool | None = None,
-                 output_logits: bool | None = None, **model_kwargs) -> "torch.Tensor | GenerateOutput":
+                 output_logits: bool | None = None, encoder_no_repeat_ngram_size: int | None = None,
+                 **model_kwargs) -> "torch.Tensor | GenerateOutput":
         """Continue each row of `input_ids`; see transformers' `generate` for every argument.
 
         An argument left unset takes the loaded folder's generation_config.json value, else transformers'
         default (max_new_tokens: up to generation_config.json's max_length in all, else 20, within the
         model's positions). max_length and min_length count the prompt (for encoder-decoders, the decoder's
-        start token and decoder_input_ids), and max_new_tokens / min_new_tokens win over them, as in transformers. With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
+        start token and decoder_input_ids), and max_new_tokens / min_new_tokens, even when smaller, win over them,
+        as in transformers. With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
         continue prompt i: n samples, or the n best beams (best first)."""
         defaults = getattr(self, "generation_defaults", {})  # a loaded folder's generation_config.json
+        check_supported(defaults)
 
         def setting(name: str, value, fallback):
             return value if value is not None else defaults.get(name, fallback)
@@ -135,16 +138,18 @@ class GenerationMixin:
             setting("early_stopping", early_stopping, False)
         repetition_penalty = setting("repetition_penalty", repetition_penalty, 1.0)
         no_repeat_ngram_size = setting("no_repeat_ngram_size", no_repeat_ngram_size, 0)
-        min_new_tokens = setting("min_new_tokens", min_new_tokens, 0)
+        encoder_no_repeat_ngram_size = setting("encoder_no_repeat_ngram_size", encoder_no_repeat_ngram_size, 0)
+        min_new_tokens = setting("min_new_tokens", min_new_tokens, None)
         num_return_sequences = setting("num_return_sequences", num_return_sequences, 1)
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         start = self._prompt_length(input_ids, model_kwargs)
         if max_new_tokens is None:
             max_new_tokens = self._default_new_tokens(start, setting("max_length", max_length, None))
-        min_length = setting("min_length", min_length, 0)
-        if min_length:  # a total length: as many new tokens as the prompt leaves short of it
-            min_new_tokens = max(min_new_tokens, min_length - start)
+        if min_new_tokens is None:  # min_length, a total length: as many new tokens as the prompt leaves short of it
+            min_new_tokens = max(setting("min_length", min_length, 0) - start, 0)
+        if early_stopping not in (True, False, "never"):
+            raise GenerationError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
         if num_return_sequences < 1:
             raise GenerationError(f"num_return_sequences must be >= 1, got {num_return_sequences}")
         if num_return_sequences > 1 and num_beams == 1 and not do_sample:
@@ -194,8 +199,10 @@ class GenerationMixin:
         options = dict(do_sample=do_sample, temperature=temperature, top_k=50 if top_k is None else top_k,
                        top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                        prompt_padding=prompt_padding)
+        forced = (forced_bos_token_id, _as_list(forced_eos_token_id))
         options.update(processor_options(
-            self.config.vocab_size, eos, min_p=setting("min_p", min_p, None),
+            self.config.vocab_size, eos, forced=forced, prompts=input_ids, no_repeat_ngram_size=no_repeat_ngram_size,
+            encoder_no_repeat_ngram_size=encoder_no_repeat_ngram_size, min_p=setting("min_p", min_p, None),
             typical_p=setting("typical_p", typical_p, None), epsilon_cutoff=setting("epsilon_cutoff", epsilon_cutoff, None),
             eta_cutoff=setting("eta_cutoff", eta_cutoff, None), sequence_bias=setting("sequence_bias", sequence_bias, None),
             bad_words_ids=setting("bad_words_ids", bad_words_ids, None),
@@ -203,10 +210,13 @@ class GenerationMixin:
             begin_suppress_tokens=setting("begin_suppress_tokens", begin_suppress_tokens, None)))
         if do_sample and num_beams > 1:  # beam sampling keeps a non-EOS token to explore, as transformers does
             options["keep"] = len(eos) + 1 if eos_setting is not None else 2
+        stop_strings = setting("stop_strings", stop_strings, None)
         stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
-        forced = (forced_bos_token_id, _as_list(forced_eos_token_id))
         if stops and tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: pass tokenizer=... to generate")
+        if stops and num_beams > 1:  # beam search would otherwise decode on past them
+            raise GenerationError("stop_strings are not supported with beam search (num_beams > 1); use "
+                                  "eos_token_id, or num_beams=1")
         was_training = self.training
         self.eval()
         try:
