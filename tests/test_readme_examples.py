@@ -65,3 +65,17 @@ def test_readme_python_block_runs(scratch, monkeypatch, line, code):
         assert lmkit.load_model(scratch / "out").config.vocab_size == namespace["tok"].vocab_size
     if "bpe" in namespace:
         assert lmkit.load_tokenizer(scratch / "tokenizer.json").vocab_size == 8000
+
+
+def test_readme_demo_line_is_what_training_prints():
+    """The line the README shows from `make demo` has the form `lmkit train` / `lmkit demo` print."""
+    from lmkit.cli.train import summary
+
+    text = README.read_text(encoding="utf-8")
+    line = re.search(r"^What `make demo` prints.*?^```\n(.*?)\n```", text, flags=re.S | re.M).group(1)
+    m = re.fullmatch(r"step (\d+): (\d+) tokens in (\d+)s; validation loss ([\d.]+) nats/token, perplexity ([\d.]+), "
+                     r"([\d.]+) bits per byte; saved to (\S+)", line)
+    assert m, line
+    result = {"step": int(m[1]), "train_tokens": int(m[2]), "elapsed": float(m[3]), "val_loss": float(m[4]),
+              "val_perplexity": float(m[5]), "val_bpb": float(m[6])}
+    assert summary(result, m[7]) == line
