@@ -96,3 +96,43 @@ def test_cli_classification_with_lora(tmp_path, capsys):
     preds = predict(model, lmkit.load_tokenizer(tmp_path / "base"), held, {"fruit": 0, "tool": 1})
     acc = sum(p == (0 if e.label == "fruit" else 1) for p, e in zip(preds, held)) / len(held)
     assert abs(acc - best["accuracy"]) < 1e-9
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    """A GPT-2-style model (learned positions: 24 of them, fewer than --max-length's classification default)."""
+    root = tmp_path_factory.mktemp("ft-gpt2")
+    (root / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    tok = lmkit.train_tokenizer([TEXT], kind="bpe", vocab_size=260, special_tokens=["<|endoftext|>", "<|pad|>"])
+    torch.manual_seed(0)
+    from lmkit.config import get_preset
+
+    model = build_model(get_preset("tiny", vocab_size=vocab_size_of(tok), d_model=16, n_heads=2, max_seq_len=24))
+    model.save_pretrained(root / "model")
+    tok.save(str(root / "model" / "tokenizer.json"))
+    return root
+
+
+@pytest.mark.parametrize("method", ["prompt", "lora"])
+def test_cli_clm_default_rows_fit_the_model_context(gpt2_folder, method, capsys):
+    """Without --max-length, --task clm rows fit the model's positions, prompt tuning's virtual tokens included
+    (they were 128 tokens, which a model with fewer learned positions refused mid-run)."""
+    from lmkit.cli import main
+
+    out = gpt2_folder / f"cli-{method}"
+    assert main(["finetune", "--task", "clm", "--model", str(gpt2_folder / "model"), "--train",
+                 str(gpt2_folder / "corpus.txt"), "--out", str(out), "--peft", method, "--virtual-tokens", "4",
+                 "--max-steps", "2", "--batch-size", "2"]) == 0
+    assert f"--peft {method}" in capsys.readouterr().out
+    assert (out / "adapter_config.json").is_file()
+
+
+def test_clm_rows_too_long_for_the_context_are_refused_up_front(gpt2_folder, capsys):
+    from lmkit.cli import main
+
+    rc = main(["finetune", "--task", "clm", "--model", str(gpt2_folder / "model"), "--train",
+               str(gpt2_folder / "corpus.txt"), "--out", str(gpt2_folder / "too-long"), "--peft", "prompt",
+               "--virtual-tokens", "4", "--max-length", "24", "--max-steps", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--max-length 20 or less" in err and len(err.strip().splitlines()) == 1
+    assert not (gpt2_folder / "too-long").exists()

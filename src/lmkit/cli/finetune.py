@@ -19,7 +19,8 @@ def register(subparsers) -> None:
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default 3e-5; with --peft or --task clm "
                    "the method's own default)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
-    p.add_argument("--max-length", type=int, default=128, metavar="N", help="tokens per example, cut beyond (default 128)")
+    p.add_argument("--max-length", type=int, metavar="N", help="tokens per example, cut beyond (default 128; --task clm: "
+                   "what fits the model's context, at most 256)")
     p.add_argument("--pooling", choices=["cls", "mean"], default="cls",
                    help="what the head reads (default cls); a mean-pooled folder is lmkit's: transformers' "
                    "...ForSequenceClassification pools [CLS] and gives other logits")

@@ -153,14 +153,26 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
                               max_val_docs: int | None = None, log=None, **settings) -> dict:
     """Fine-tune the causal LM of `model_dir` on `corpus` with a PEFT method (or "full"); write to `out`.
 
+    Rows are `seq_len` tokens (default: what fits the model's context, at most 256).
+
     `out` gets the adapter in PEFT format (adapter_config.json + adapter_model.safetensors), or the whole
     model for "full", plus finetune.json with the validation scores before and after and the parameter counts.
     """
     from lmkit.hub.files import atomic_write_json
     from lmkit.peft.model import trainable_summary
 
+    from lmkit.errors import ConfigError
+
     model, tok = model_folder(model_dir)
-    data = CausalLMData(tok, list(corpus), seq_len or min(model.config.max_seq_len, 256), max_val_docs)
+    # prompt tuning puts its virtual tokens before every row, in the model's positions
+    virtual = settings.get("num_virtual_tokens", 10) if method == "prompt" else 0
+    room = model.config.max_seq_len - virtual
+    if seq_len is None:
+        seq_len = min(room, 256)
+    elif seq_len > room:
+        raise ConfigError(f"rows of {seq_len} tokens{f' after {virtual} virtual tokens' if virtual else ''} do not fit "
+                          f"the model's {model.config.max_seq_len} positions; use --max-length {room} or less")
+    data = CausalLMData(tok, list(corpus), seq_len, max_val_docs)
     before = data.evaluate(model)
     torch.manual_seed(seed)
     tuned = peft_for_task(model, method, **settings)
