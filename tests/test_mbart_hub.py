@@ -11,6 +11,7 @@ import lmkit
 from lmkit.errors import ConfigError
 from lmkit.models.seq2seq import Seq2SeqLM
 from test_beam_search import _check, _peaky, _source_inputs
+from test_seq2seq_hub import perturbed
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,14 +24,7 @@ def _mbart(tied: bool = True, **kw):
                                    encoder_attention_heads=3, decoder_attention_heads=3, encoder_ffn_dim=40,
                                    decoder_ffn_dim=40, max_position_embeddings=64, scale_embedding=True, dropout=0.0,
                                    init_std=0.3, tie_word_embeddings=tied, **kw)
-    torch.manual_seed(0)
-    model = transformers.MBartForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        model.final_logits_bias.normal_()  # not zero, so that it must be carried over
-        for p in model.parameters():  # layer norms away from (1, 0)
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
+    return perturbed(transformers.MBartForConditionalGeneration, cfg)
 
 
 def as_v4(folder) -> None:

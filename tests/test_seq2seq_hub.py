@@ -30,11 +30,17 @@ def _bart(scale: bool = False):
     cfg = transformers.BartConfig(vocab_size=V, d_model=24, encoder_layers=2, decoder_layers=3,
                                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
                                   decoder_ffn_dim=40, max_position_embeddings=64, scale_embedding=scale, dropout=0.0)
+    return perturbed(transformers.BartForConditionalGeneration, cfg)
+
+
+def perturbed(model_class, cfg):
+    """A BART-like model built with seed 0 whose final_logits_bias is not zero (so that it must be carried over)
+    and whose layer norms are away from (1, 0)."""
     torch.manual_seed(0)
-    model = transformers.BartForConditionalGeneration(cfg).eval()
+    model = model_class(cfg).eval()
     with torch.no_grad():
-        model.final_logits_bias.normal_()  # not zero, so that it must be carried over
-        for p in model.parameters():  # layer norms away from (1, 0)
+        model.final_logits_bias.normal_()
+        for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     return model
