@@ -32,9 +32,14 @@ def register(subparsers) -> None:
 
 
 def run_train(args) -> int:
+    from pathlib import Path
+
     from lmkit.data import load_corpus
+    from lmkit.data.corpus import refuse_inputs
     from lmkit.tokenizers import train_tokenizer
 
+    out = Path(args.out)
+    refuse_inputs(args.corpus, {"--out": out / "tokenizer.json" if out.is_dir() else out})
     texts = load_corpus(args.corpus).texts()
     start = time.perf_counter()
     tok = train_tokenizer(texts, kind=args.kind, vocab_size=args.vocab_size, special_tokens=args.special_tokens,
