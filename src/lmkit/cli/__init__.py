@@ -35,8 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()  # imports every subcommand (torch included): seconds in which Ctrl-C is likely
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("lmkit: interrupted", file=sys.stderr)
+        return 130
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
