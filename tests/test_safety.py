@@ -286,3 +286,16 @@ def test_ctrl_c_while_the_commands_load(capsys, monkeypatch):
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert main(["train"]) == 130
     assert capsys.readouterr().err == "lmkit: interrupted\n"
+
+
+@pytest.mark.parametrize("settings, needle", [({"method": "lora", "dropout": 1.5}, "--lora-dropout"),
+                                              ({"method": "lora", "dropout": math.nan}, "--lora-dropout"),
+                                              ({"method": "prompt", "num_virtual_tokens": 0}, "--virtual-tokens"),
+                                              ({"method": "prefix", "num_virtual_tokens": -1}, "--virtual-tokens"),
+                                              ({"method": "adapter", "bottleneck": 0}, "--bottleneck")])
+def test_peft_settings_out_of_range(settings, needle):
+    from lmkit.errors import ConfigError
+    from lmkit.peft.model import PeftConfig
+
+    with pytest.raises(ConfigError, match=needle):
+        PeftConfig(**settings)
