@@ -299,3 +299,22 @@ def test_peft_settings_out_of_range(settings, needle):
 
     with pytest.raises(ConfigError, match=needle):
         PeftConfig(**settings)
+
+
+@pytest.mark.parametrize("exc, size", [
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+                  "to allocate 800000000000 bytes. Error code 12 (Cannot allocate memory)"), "800000000000 bytes"),
+    (MemoryError("Unable to allocate 75.0 GiB for an array"), None)])
+def test_out_of_memory_is_a_clear_error(assets, capsys, monkeypatch, exc, size):
+    import lmkit.cli.quantize as command
+
+    def run(args):
+        raise exc
+
+    monkeypatch.setattr(command, "run", run)
+    err = fails(capsys, ["quantize", "--model", str(assets / "model")], "out of memory", "--batch-size")
+    assert size is None or size in err
+    exc = RuntimeError("a bug")
+    monkeypatch.setattr(command, "run", run)
+    with pytest.raises(RuntimeError, match="a bug"):  # other errors are bugs and still raise
+        main(["quantize", "--model", str(assets / "model")])

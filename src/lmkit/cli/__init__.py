@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from lmkit.errors import LmkitError
@@ -61,3 +62,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lmkit: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as exc:
+        size = out_of_memory(exc)
+        if size is None:
+            raise
+        print(f"lmkit: error: out of memory{size}; lower --batch-size (or set --micro-batch-size), --seq-len, "
+              "--num-beams or --num-return-sequences", file=sys.stderr)
+        return 2
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """' (tried to allocate N ...)' when exc is an allocation failure (CPU, CUDA, numpy), else None."""
+    text = str(exc)
+    if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text):
+        return None
+    size = re.search(r"[Tt]ried to allocate ([\d.]+ ?[A-Za-z]+)", text)
+    return f" (tried to allocate {size.group(1)})" if size else ""
