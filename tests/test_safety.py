@@ -318,3 +318,12 @@ def test_out_of_memory_is_a_clear_error(assets, capsys, monkeypatch, exc, size):
     monkeypatch.setattr(command, "run", run)
     with pytest.raises(RuntimeError, match="a bug"):  # other errors are bugs and still raise
         main(["quantize", "--model", str(assets / "model")])
+
+
+def test_demo_never_deletes_a_run_it_did_not_make(assets, tmp_path, capsys):
+    run = tmp_path / "precious"
+    assert main(["train", "--preset", "tiny", "--corpus", str(assets / "corpus.jsonl"), "--out", str(run),
+                 "--max-steps", "1", "--batch-size", "2", "--seq-len", "16"]) == 0
+    before = snapshot(run)
+    fails(capsys, ["demo", "--out", str(run), "--time-budget", "1"], run, "did not make", "another --out")
+    assert snapshot(run) == before
