@@ -327,3 +327,19 @@ def test_demo_never_deletes_a_run_it_did_not_make(assets, tmp_path, capsys):
     before = snapshot(run)
     fails(capsys, ["demo", "--out", str(run), "--time-budget", "1"], run, "did not make", "another --out")
     assert snapshot(run) == before
+
+
+def test_text_that_is_not_utf8(assets, capsys, monkeypatch):
+    """Python keeps undecodable bytes of argv (and stdin) as lone surrogates: refused with the byte named."""
+    import io
+    import sys
+    from types import SimpleNamespace
+
+    bad = "caf\udce9"  # what `--prompt $'caf\xe9'` becomes
+    fails(capsys, ["generate", "--model", str(assets / "model"), "--prompt", bad], "--prompt", "not UTF-8", "0xe9")
+    fails(capsys, ["tokenizer", "encode", "--tokenizer", str(assets / "tok.json"), bad], "not UTF-8", "0xe9")
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=io.BytesIO(LATIN1)))
+    fails(capsys, ["tokenizer", "encode", "--tokenizer", str(assets / "tok.json")], "stdin", "not UTF-8", "0xe9")
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=io.BytesIO("café".encode())))
+    assert main(["tokenizer", "encode", "--tokenizer", str(assets / "tok.json")]) == 0
+    assert "5 bytes" in capsys.readouterr().out

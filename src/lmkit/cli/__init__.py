@@ -71,6 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def utf8(text: str, what: str) -> str:
+    """`text` from the command line or stdin, refused when it was not UTF-8 (Python keeps such bytes as
+    lone surrogates, which every encoder would fail on or turn into U+FFFD)."""
+    from lmkit.errors import LmkitError
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(text[exc.start])
+        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"code point U+{bad:04X}"
+        raise LmkitError(f"{what} is not UTF-8 ({byte} at character {exc.start}); give UTF-8 text "
+                         "(convert it with iconv, or set a UTF-8 locale)") from None
+    return text
+
+
 def out_of_memory(exc: BaseException) -> str | None:
     """' (tried to allocate N ...)' when exc is an allocation failure (CPU, CUDA, numpy), else None."""
     text = str(exc)

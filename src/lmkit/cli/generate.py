@@ -62,10 +62,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import lmkit
+    from lmkit.cli import utf8
     from lmkit.data.tokenize import check_fits
     from lmkit.errors import GenerationError
     from lmkit.train.checkpoint import run_settings
 
+    utf8(args.prompt, "--prompt")
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise GenerationError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.top_k is not None and args.top_k < 0:

@@ -26,11 +26,14 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from lmkit.cli import utf8
     from lmkit.data import load_corpus
     from lmkit.data.cache import cache_dir
     from lmkit.errors import ConfigError, CorpusError
     from lmkit.sentence import SemanticIndex, SentenceEncoder, paragraphs
 
+    for query in args.query:
+        utf8(query, "--query")
     if args.top_k < 1:
         raise ConfigError("--top-k must be at least 1")
     encoder = SentenceEncoder.from_pretrained(args.model, dtype=torch.bfloat16 if args.bf16 else None)

@@ -52,10 +52,14 @@ def run_train(args) -> int:
 
 
 def run_encode(args) -> int:
+    from lmkit.cli import utf8
     from lmkit.tokenizers import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
-    text = " ".join(args.text) if args.text else sys.stdin.read()
+    if args.text:
+        text = utf8(" ".join(args.text), "the text")
+    else:  # decoded here: the locale's stdin decoder would raise, or keep bad bytes as surrogates
+        text = utf8(sys.stdin.buffer.read().decode("utf-8", "surrogateescape"), "the text on stdin")
     ids = tok.encode(text, add_special_tokens=not args.no_special_tokens)
     tokens = [tok.id_to_token(i) for i in ids]
     print(" | ".join(tokens))
