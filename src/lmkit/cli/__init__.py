@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from lmkit.errors import LmkitError
@@ -35,8 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()  # imports every subcommand (torch included): seconds in which Ctrl-C is likely
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("lmkit: interrupted", file=sys.stderr)
+        return 130
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -57,3 +62,35 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lmkit: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as exc:
+        size = out_of_memory(exc)
+        if size is None:
+            raise
+        print(f"lmkit: error: out of memory{size}; lower --batch-size (or set --micro-batch-size), --seq-len, "
+              "--num-beams or --num-return-sequences", file=sys.stderr)
+        return 2
+
+
+def utf8(text: str, what: str) -> str:
+    """`text` from the command line or stdin, refused when it was not UTF-8 (Python keeps such bytes as
+    lone surrogates, which every encoder would fail on or turn into U+FFFD)."""
+    from lmkit.errors import LmkitError
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(text[exc.start])
+        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"code point U+{bad:04X}"
+        raise LmkitError(f"{what} is not UTF-8 ({byte} at character {exc.start}); give UTF-8 text "
+                         "(convert it with iconv, or set a UTF-8 locale)") from None
+    return text
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """' (tried to allocate N ...)' when exc is an allocation failure (CPU, CUDA, numpy), else None."""
+    text = str(exc)
+    if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text):
+        return None
+    size = re.search(r"[Tt]ried to allocate ([\d.]+ ?[A-Za-z]+)", text)
+    return f" (tried to allocate {size.group(1)})" if size else ""

@@ -60,7 +60,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     from lmkit.data.prepare import prepare
 
     index = prepare(args.corpus, args.tokenizer, args.out, workers=args.workers, val_fraction=args.val_fraction,
-                    shard_bytes=int(args.shard_mb * (1 << 20)), separator=args.separator, overwrite=args.overwrite)
+                    shard_bytes=args.shard_mb * (1 << 20), separator=args.separator, overwrite=args.overwrite)
     print(f"lmkit data prepare: {_describe(index)}; wrote {args.out}")
     return 0
 

@@ -8,11 +8,14 @@ from pathlib import Path
 
 PROMPTS = ("Return the number of", "The ``with`` statement", "class ")
 
+DEFAULT_OUT = "runs/demo"
+MARK = ".lmkit-demo"  # marks a folder the demo made, so that the next demo may replace it
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="train a small model on pydocs for ~5 minutes and sample from it",
                               description=__doc__)
-    p.add_argument("--out", default="runs/demo", metavar="DIR", help="run folder, replaced on each demo (default runs/demo)")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help="run folder, replaced on each demo (default runs/demo)")
     p.add_argument("--time-budget", type=float, default=300.0, metavar="SECONDS", help="training time (default 300)")
     p.add_argument("--seed", type=int, default=0, metavar="N")
     p.set_defaults(func=run)
@@ -25,14 +28,20 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.data import load_corpus
     from lmkit.evaluate import evaluate_text
     from lmkit.train import TrainConfig, Trainer
+    from lmkit.atomic import atomic_write_text
+    from lmkit.errors import TrainingError
     from lmkit.train.checkpoint import latest_checkpoint
 
     out = Path(args.out)
     if out.exists() and latest_checkpoint(out) is not None:
+        if not (out / MARK).exists() and args.out != DEFAULT_OUT:  # someone's training run: never delete it
+            raise TrainingError(f"{out} holds a training run that `lmkit demo` did not make; give the demo another "
+                                "--out (it replaces its own folder on each run)")
         shutil.rmtree(out)  # the demo's own run folder from an earlier demo
     cfg = TrainConfig(preset="default", corpus=["pydocs"], out=str(out), time_budget=args.time_budget, seed=args.seed)
     print(f"lmkit demo: training the default model on pydocs for about {args.time_budget:.0f}s into {out}")
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg)  # checks the settings first: a demo that cannot run leaves no folder
+    atomic_write_text(out / MARK, "made by `lmkit demo`, which replaces this folder on each run\n")
     print(f"{trainer.model.num_parameters() / 1e6:.2f}M parameters, vocabulary {trainer.model_config.vocab_size}, "
           f"{trainer.stream.num_tokens} training tokens, precision {trainer.cfg.precision}")
     print(summary(trainer.fit(), str(out)))

@@ -62,10 +62,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import lmkit
+    from lmkit.cli import utf8
     from lmkit.data.tokenize import check_fits
     from lmkit.errors import GenerationError
     from lmkit.train.checkpoint import run_settings
 
+    utf8(args.prompt, "--prompt")
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise GenerationError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.top_k is not None and args.top_k < 0:
@@ -88,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
                    repetition_penalty=args.repetition_penalty, num_return_sequences=args.num_return_sequences)
     n = args.num_return_sequences
     if cfg.architecture == "encoder-decoder":
-        ids = torch.tensor([tok.encode(args.prompt)])
+        from lmkit.evaluate.seq2seq import encode_source
+
+        ids = torch.tensor([encode_source(tok, args.prompt, cfg.eos_token_id)])  # as training and `lmkit eval` feed it
         if args.max_new_tokens is None and cfg.position in ("learned", "sinusoidal"):
             # the decoder starts from one token; the default stops where its position table ends (BART)
             options["max_new_tokens"] = min(options["max_new_tokens"], cfg.max_seq_len - 1)

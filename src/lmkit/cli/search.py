@@ -26,12 +26,15 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from lmkit.cli import utf8
     from lmkit.data import load_corpus
     from lmkit.data.cache import cache_dir
-    from lmkit.errors import ConfigError
+    from lmkit.errors import ConfigError, CorpusError
     from lmkit.search import SemanticIndex, paragraphs
     from lmkit.sentence import SentenceEncoder
 
+    for query in args.query:
+        utf8(query, "--query")
     if args.top_k < 1:
         raise ConfigError("--top-k must be at least 1")
     encoder = SentenceEncoder.from_pretrained(args.model, dtype=torch.bfloat16 if args.bf16 else None)
@@ -46,7 +49,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         passages, ids = paragraphs(corpus, args.min_chars)
         index = SemanticIndex.build(encoder, passages, ids, batch_size=args.batch_size, show_progress_bar=True)
-        index.save(folder)
+        if index.passages:
+            index.save(folder)
+    if not index.passages:  # every query would answer nothing, as if nothing matched
+        raise CorpusError(f"no paragraph of {' '.join(args.corpus)} has {args.min_chars} characters or more; "
+                          "lower --min-chars")
     for query in args.query:
         hits = index.search(query, args.top_k)
         if args.json:

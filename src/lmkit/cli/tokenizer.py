@@ -32,9 +32,14 @@ def register(subparsers) -> None:
 
 
 def run_train(args) -> int:
+    from pathlib import Path
+
     from lmkit.data import load_corpus
+    from lmkit.data.corpus import refuse_inputs
     from lmkit.tokenizers import train_tokenizer
 
+    out = Path(args.out)
+    refuse_inputs(args.corpus, {"--out": out / "tokenizer.json" if out.is_dir() else out})
     texts = load_corpus(args.corpus).texts()
     start = time.perf_counter()
     tok = train_tokenizer(texts, kind=args.kind, vocab_size=args.vocab_size, special_tokens=args.special_tokens,
@@ -47,10 +52,14 @@ def run_train(args) -> int:
 
 
 def run_encode(args) -> int:
+    from lmkit.cli import utf8
     from lmkit.tokenizers import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
-    text = " ".join(args.text) if args.text else sys.stdin.read()
+    if args.text:
+        text = utf8(" ".join(args.text), "the text")
+    else:  # decoded here: the locale's stdin decoder would raise, or keep bad bytes as surrogates
+        text = utf8(sys.stdin.buffer.read().decode("utf-8", "surrogateescape"), "the text on stdin")
     ids = tok.encode(text, add_special_tokens=not args.no_special_tokens)
     tokens = [tok.id_to_token(i) for i in ids]
     print(" | ".join(tokens))

@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
 import torch
 
 from lmkit.compress.distill import DistillWeights, distill_causal_lm, student_from_teacher
 from lmkit.compress.prune import head_importance, least_important, prune_heads
 from lmkit.compress.quantize import quantize_dynamic_int8, weight_bytes
-from lmkit.peft.finetune import CausalLMData, model_folder, save_model_folder
-
-
-def _data(model, tokenizer, corpus, seq_len, max_val_docs) -> CausalLMData:
-    return CausalLMData(tokenizer, corpus, seq_len or min(model.config.max_seq_len, 256), max_val_docs)
+from lmkit.peft.finetune import causal_lm_data, check_out, model_folder, save_model_folder
 
 
 def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch_size: int = 16,
                    seq_len: int | None = None, lr: float = 1e-3, every: int = 2, weights: DistillWeights | None = None,
                    seed: int = 0, max_val_docs: int | None = None, log=None) -> dict:
     """Student = every other teacher layer, trained against the teacher; saved to `out` with metrics."""
+    check_out(out, teacher_dir, "--teacher")
     teacher, tok = model_folder(teacher_dir)
-    data = _data(teacher, tok, list(corpus), seq_len, max_val_docs)
+    data = causal_lm_data(teacher, tok, corpus, seq_len, max_val_docs)
     student = student_from_teacher(teacher, every)
     history = distill_causal_lm(teacher, student, data.stream, data.pad, steps, batch_size, lr,
                                 warmup_steps=min(50, steps // 10), weights=weights, seed=seed, log=log)
@@ -30,19 +25,20 @@ def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch
     report = {"teacher": {"layers": teacher.config.n_layers, "parameters": teacher.num_parameters(), **t},
               "student": {"layers": student.config.n_layers, "parameters": student.num_parameters(), **s},
               "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0}
-    save_model_folder(student, tok, out, {"distill.json": report})
-    with open(Path(out) / "metrics.jsonl", "w", encoding="utf-8") as f:
-        import json
-
-        f.writelines(json.dumps(r) + "\n" for r in history)
+    save_model_folder(student, tok, out, {"distill.json": report, "metrics.jsonl": history})
     return report
 
 
 def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 8, batch_size: int = 8,
                  seq_len: int | None = None, max_val_docs: int | None = None) -> dict:
     """Prune the `heads` least important heads (importance from `batches` training batches); save to `out`."""
+    from lmkit.errors import ConfigError
+
+    if batches < 1:
+        raise ConfigError(f"--batches must be at least 1 (importance needs data), got {batches}")
+    check_out(out, model_dir)
     model, tok = model_folder(model_dir)
-    data = _data(model, tok, list(corpus), seq_len, max_val_docs)
+    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
     before = data.evaluate(model)
     n_params = model.num_parameters()
     rows = [data.stream.rows(1234, i, batch_size) for i in range(batches)]
@@ -82,8 +78,9 @@ def quantize_report(model_dir, corpus=("pydocs",), seq_len: int | None = None, m
                     batch: int = 8, out_dir=None) -> dict:
     """fp32 against dynamic int8: weight bytes, forward tokens/s on CPU and validation loss; the int8 model
     (safetensors, lmkit's format) and the report are written to `out_dir` when given."""
+    check_out(out_dir, model_dir)
     model, tok = model_folder(model_dir)
-    data = _data(model, tok, list(corpus), seq_len, max_val_docs)
+    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
     q = quantize_dynamic_int8(model)
     rows = data.val_rows[:batch, :-1]
     out = {}

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import regex
 
-from lmkit.data.corpus import Corpus, Document, resolved_sources
+from lmkit.data.corpus import Corpus, Document, refuse_inputs
 from lmkit.errors import CorpusError
 
 WORD = regex.compile(r"\w+")
@@ -37,6 +37,9 @@ BAD = regex.compile(r"[\p{Cc}\p{Co}\p{Cn}\p{Cs}\uFFFD--[\t\n\r]]", regex.V1)
 NONSPACE = regex.compile(r"\S")
 REASONS = ("too_short", "too_long", "too_few_words", "few_letters", "many_digits", "bad_characters",
            "exact_duplicate", "near_duplicate")
+FLAGS = {"too_short": "--min-chars", "too_long": "--max-chars", "too_few_words": "--min-words",
+         "few_letters": "--min-alpha", "many_digits": "--max-digit", "bad_characters": "--max-bad",
+         "near_duplicate": "--near-threshold"}  # the flag that loosens each filter
 
 
 @dataclass
@@ -58,6 +61,12 @@ class CleanConfig:
     max_listed: int = 1000             # removed documents listed per reason in the report (counts are exact)
 
     def check(self) -> None:
+        for flag, value, least in (("--min-chars", self.min_chars, 0), ("--max-chars", self.max_chars, 1),
+                                   ("--min-words", self.min_words, 0), ("--num-perm", self.num_perm, 1),
+                                   ("--bands", self.bands, 1), ("--boilerplate-min-docs", self.boilerplate_min_docs, 0),
+                                   ("--boilerplate-min-chars", self.boilerplate_min_chars, 1)):
+            if value is not None and value < least:
+                raise CorpusError(f"{flag} must be at least {least}, got {value}")
         if self.num_perm % self.bands:
             raise CorpusError(f"--num-perm {self.num_perm} must be a multiple of --bands {self.bands}")
         if self.near_threshold is not None and not 0.0 < self.near_threshold <= 1.0:
@@ -308,6 +317,11 @@ def clean_files(specs: list[str], out: str, report_path: str | None = None,
             f.write(json.dumps({"id": doc.id, "text": doc.text}, ensure_ascii=False) + "\n")
         if cleaner.docs_in == 0:
             raise CorpusError(f"corpus {' '.join(specs)!r} is empty (no non-blank text); give files that contain text")
+        if cleaner.docs_out == 0:  # an empty output would only fail later, in training
+            removed = ", ".join(f"{n} {r.replace('_', ' ')}" + (f" ({FLAGS[r]})" if r in FLAGS else "")
+                                for r, n in cleaner.counts.items() if n)
+            raise CorpusError(f"no document of {' '.join(specs)!r} survives cleaning (of {cleaner.docs_in}: {removed}); "
+                              "loosen the filters named here; nothing was written")
     report = cleaner.report()
     atomic_write_json(report_path, report)
     return report
@@ -318,7 +332,4 @@ def _check_outputs(specs: list[str], out: str, report_path: str) -> None:
     out_path, rep_path = (str(Path(p).expanduser().resolve()) for p in (out, report_path))
     if out_path == rep_path:
         raise CorpusError(f"--report {report_path} is the --out file; give the report its own name")
-    sources = resolved_sources(specs)
-    for flag, name, path in (("--out", out, out_path), ("--report", report_path, rep_path)):
-        if path in sources:
-            raise CorpusError(f"{flag} {name} is one of the corpus files and would be overwritten; write to a new file")
+    refuse_inputs(specs, {"--out": out, "--report": report_path})

@@ -221,6 +221,14 @@ def resolved_sources(specs: Sequence[str]) -> set[str]:
     return names
 
 
+def refuse_inputs(specs: Sequence[str], outputs: dict[str, str | Path]) -> None:
+    """Raise when an output file ({flag: path}) is one of the files the corpus specs read: writing it would destroy it."""
+    sources = resolved_sources(specs)
+    for flag, path in outputs.items():
+        if str(Path(path).expanduser().resolve()) in sources:
+            raise CorpusError(f"{flag} {path} is one of the corpus files and would be overwritten; write to a new file")
+
+
 def same_files(a: Sequence[str], b: Sequence[str]) -> bool:
     """Whether two corpus specs name the same built-in corpora and files, however the paths are spelled
     (relative or absolute, a glob or its matches); False when either cannot be read from here."""

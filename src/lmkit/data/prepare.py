@@ -5,7 +5,8 @@ however large the corpus is: the main process batches about `shard_bytes` of tex
 worker processes (each holding the tokenizer) encodes a batch and writes it as one shard, and
 about one batch per worker is in flight. A document goes to the validation split when
 `split_hash(id) < val_fraction` (the rule of `Corpus.split`), so splits do not depend on order.
-The index is written last (atomically), and the folder is valid only once it exists.
+Everything is written into a temporary folder beside `out` and moved in only when the whole set
+is done (index last): a failure or Ctrl-C leaves `out` as it was, a previous shard set included.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from safetensors.numpy import save as save_safetensors
 
-from lmkit.atomic import atomic_write_bytes, atomic_write_json
+from lmkit.atomic import atomic_write_bytes, atomic_write_json, staged_folder
 from lmkit.data.corpus import (CHUNK_CHARS, Document, _expand, cut_point, group_paragraphs, jsonl_document,
                                paragraphs, split_hash)
 from lmkit.data.shards import DTYPES, FORMAT, INDEX, TOKENIZER, VERSION, file_sha256, token_dtype
@@ -191,6 +192,17 @@ def prepare(corpus: Iterable[str], tokenizer: str | Path, out: str | Path, worke
             overwrite: bool = False) -> dict[str, Any]:
     """Tokenize the corpus specs into shards under `out`; returns the index (also written to out/index.json)."""
     out = Path(out)
+    if not 0.0 <= val_fraction < 1.0:
+        raise CorpusError(f"--val-fraction must lie in [0, 1), got {val_fraction}")
+    if workers is not None and workers < 1:
+        raise CorpusError(f"--workers must be at least 1, got {workers}")
+    if not 0 < shard_bytes < float("inf"):
+        raise CorpusError(f"--shard-mb must be a positive number of megabytes, got {shard_bytes / (1 << 20)}")
+    shard_bytes = max(1, int(shard_bytes))
+    if out.exists() and not out.is_dir():
+        raise CorpusError(f"--out {out} is a file; give a folder for the shards")
+    if (out / INDEX).exists() and not overwrite:
+        raise CorpusError(f"{out} already holds prepared shards ({INDEX}); pass --overwrite or choose another --out")
     tok_path = Path(tokenizer)
     tok = load_any_tokenizer(tok_path)
     vocab_size = vocab_size_of(tok)
@@ -199,17 +211,24 @@ def prepare(corpus: Iterable[str], tokenizer: str | Path, out: str | Path, worke
         raise TokenizerError(f"the tokenizer {tok_path} has no {separator!r} token to separate documents; "
                              "pass --separator with one of its special tokens")
     dtype = token_dtype(vocab_size)
-    if not 0.0 <= val_fraction < 1.0:
-        raise CorpusError(f"--val-fraction must lie in [0, 1), got {val_fraction}")
-    if (out / INDEX).exists() and not overwrite:
-        raise CorpusError(f"{out} already holds prepared shards ({INDEX}); pass --overwrite or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / INDEX).unlink(missing_ok=True)  # the folder is invalid until the new index is written
     tok_file = tok_path / TOKENIZER if tok_path.is_dir() else tok_path
     tok_bytes = tok_file.read_bytes()
-    atomic_write_bytes(out / TOKENIZER, tok_bytes)
+    stale = re.compile(r"(train|validation)-\d{5}\.safetensors")
+    with staged_folder(out, last=(INDEX,), remove=lambda f: bool(stale.fullmatch(f.name))) as stage:
+        index = _write_shards(corpus, stage, tok, tok_path, bos_id, dtype, vocab_size, workers, val_fraction, shard_bytes)
+        index = {**{k: v for k, v in index.items() if k != "splits"}, "separator": separator,
+                 "val_fraction": val_fraction, "sources": [os.fspath(c) for c in corpus],
+                 "tokenizer": {"file": TOKENIZER, "sha256": hashlib.sha256(tok_bytes).hexdigest()},
+                 "splits": index["splits"]}
+        atomic_write_bytes(stage / TOKENIZER, tok_bytes)
+        atomic_write_json(stage / INDEX, index)
+    return index
 
-    workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+
+def _write_shards(corpus: Iterable[str], out: Path, tok: Any, tok_path: Path, bos_id: int, dtype: str,
+                  vocab_size: int, workers: int | None, val_fraction: float, shard_bytes: int) -> dict[str, Any]:
+    """Encode the corpus into shards in `out` (a pool of `workers` processes); the index without its sources."""
+    workers = workers if workers is not None else (os.cpu_count() or 1)
     splits = {"train": [], "validation": []}
     counters = {"train": 0, "validation": 0}
     args = (bos_id, dtype, vocab_size)
@@ -256,8 +275,6 @@ def prepare(corpus: Iterable[str], tokenizer: str | Path, out: str | Path, worke
         raise CorpusError(f"corpus {' '.join(map(str, corpus))!r} is empty (no non-blank text); give files that contain text")
     index = {
         "format": FORMAT, "version": VERSION, "dtype": dtype, "vocab_size": vocab_size, "bos_id": int(bos_id),
-        "separator": separator, "val_fraction": val_fraction, "sources": [os.fspath(c) for c in corpus],
-        "tokenizer": {"file": TOKENIZER, "sha256": hashlib.sha256(tok_bytes).hexdigest()},
         "splits": {name: {"num_tokens": sum(e["num_tokens"] for e in entries),
                           "num_documents": sum(e["num_documents"] for e in entries),
                           "num_bytes": sum(e["num_bytes"] for e in entries),
@@ -266,11 +283,6 @@ def prepare(corpus: Iterable[str], tokenizer: str | Path, out: str | Path, worke
     }
     if index["splits"]["train"]["num_tokens"] == 0:
         raise CorpusError(f"corpus {' '.join(map(str, corpus))!r} encodes to no training tokens; give more text")
-    named = {e["file"] for s in index["splits"].values() for e in s["shards"]}
-    for stale in out.glob("*.safetensors"):
-        if re.fullmatch(r"(train|validation)-\d{5}\.safetensors", stale.name) and stale.name not in named:
-            stale.unlink()
-    atomic_write_json(out / INDEX, index)
     return index
 
 

@@ -75,14 +75,18 @@ def vocabulary() -> list[str]:
 
 
 def task_tokenizer():
-    """Word-level tokenizer of the task: whitespace-split words, one token per digit, <pad> </s> <unk>."""
+    """Word-level tokenizer of the task: whitespace-split words, one token per digit, <pad> </s> <unk>;
+    like T5's, it ends each text with </s> (add_special_tokens=True), as sources are fed in training."""
     from lmkit.tokenizers.added_tokens import AddedToken
     from lmkit.tokenizers.models.wordpiece import WordLevel
     from lmkit.tokenizers.pre_tokenizers import Sequence, Split, WhitespaceSplit
+    from lmkit.tokenizers.processors import TemplateProcessing
     from lmkit.tokenizers.tokenizer import Tokenizer
 
     vocab = {w: i for i, w in enumerate(vocabulary())}
     added = [AddedToken(s, vocab[s], special=True) for s in SPECIALS]
     pre = Sequence([WhitespaceSplit(), Split({"Regex": "\\d"}, behavior="Isolated")])
+    eos = {"</s>": {"id": "</s>", "ids": [vocab["</s>"]], "tokens": ["</s>"]}}
     return Tokenizer(WordLevel(vocab, unk_token="<unk>"), pre_tokenizer=pre, added_tokens=added,
+                     post_processor=TemplateProcessing(["$A", "</s>"], ["$A", "</s>", "$B", "</s>"], eos),
                      special_tokens_map={"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"})

@@ -10,6 +10,18 @@ from lmkit.evaluate.bleu import corpus_bleu
 from lmkit.evaluate.rouge import corpus_rouge
 
 
+def encode_source(tokenizer, text: str, eos_id: int | None) -> list[int]:
+    """Encoder ids of a source text: the tokenizer's ids with its specials, ending with EOS.
+
+    T5's and BART's tokenizers end sources with EOS, and lmkit's span, denoise and translation training
+    feeds sources that end with it; a source without it is one the model never saw.
+    """
+    ids = list(tokenizer.encode(text, add_special_tokens=True))
+    if eos_id is not None and (not ids or ids[-1] != eos_id):
+        ids.append(eos_id)
+    return ids
+
+
 @torch.no_grad()
 def translate(model, tokenizer, sources: Sequence[str], batch_size: int = 128, max_new_tokens: int = 32,
               num_beams: int = 1) -> list[str]:
@@ -17,7 +29,7 @@ def translate(model, tokenizer, sources: Sequence[str], batch_size: int = 128, m
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     out: list[str] = []
     for start in range(0, len(sources), batch_size):
-        ids = [tokenizer.encode(s, add_special_tokens=False) for s in sources[start:start + batch_size]]
+        ids = [encode_source(tokenizer, s, model.config.eos_token_id) for s in sources[start:start + batch_size]]
         width = max(1, max(map(len, ids)))
         input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
         mask = torch.zeros_like(input_ids)
@@ -61,7 +73,7 @@ def reference_loss(model, tokenizer, pairs: Sequence[tuple[str, str]], batch_siz
     device = next(model.parameters()).device
     for start in range(0, len(pairs), batch_size):
         part = pairs[start:start + batch_size]
-        batch = seq2seq_batch([tokenizer.encode(s, add_special_tokens=False) for s, _ in part],
+        batch = seq2seq_batch([encode_source(tokenizer, s, eos) for s, _ in part],
                               [tokenizer.encode(r, add_special_tokens=False) for _, r in part], pad, eos)
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).logits

@@ -54,6 +54,9 @@ class FinetuneConfig:
             raise ConfigError(f"--val-fraction must be between 0 and 1 (a share of --train), got {self.val_fraction}")
         if self.pooling not in ("cls", "mean"):
             raise ConfigError(f"--pooling must be cls or mean, got {self.pooling!r}")
+        from lmkit.peft.finetune import check_out
+
+        check_out(self.out, self.model)
 
 
 def classifier_from_pretrained(path: str | Path, num_labels: int, pooling: str = "cls", id2label: dict | None = None):

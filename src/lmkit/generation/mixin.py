@@ -161,8 +161,9 @@ class GenerationMixin:
         if num_beams > 1 and num_return_sequences > num_beams:
             raise GenerationError(f"num_return_sequences ({num_return_sequences}) must be at most num_beams "
                                   f"({num_beams})")
-        if do_sample and temperature <= 0:
-            raise GenerationError(f"temperature must be > 0 when sampling, got {temperature}; use do_sample=False for greedy")
+        if do_sample and not 0 < temperature < float("inf"):  # NaN too: it would fail deep inside sampling
+            raise GenerationError(f"temperature must be a finite number > 0 when sampling, got {temperature}; "
+                                  "use do_sample=False for greedy")
         if top_p is not None and not 0 < top_p <= 1:
             raise GenerationError(f"top_p must lie in (0, 1], got {top_p}")
         if max_new_tokens < 0:
@@ -173,7 +174,7 @@ class GenerationMixin:
             raise GenerationError("a streamer cannot follow beam search (as in transformers); use num_beams=1")
         if top_k is not None and top_k < 0:
             raise GenerationError(f"top_k must be >= 0 (0 turns it off), got {top_k}")
-        if repetition_penalty <= 0:
+        if not repetition_penalty > 0:
             raise GenerationError(f"repetition_penalty must be > 0 (1.0 turns it off), got {repetition_penalty}")
         if input_ids.shape[-1] == 0:
             raise GenerationError("the prompt is empty; give at least one token (for a model trained here, its BOS token)")

@@ -6,6 +6,7 @@ caller gives, e.g. distillation's), plus the model's mixture-of-experts auxiliar
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -35,6 +36,11 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
     from lmkit.train.optim import build_optimizer, lr_at, set_lr
 
     loss_fn = loss_fn or next_token_loss_fn
+    for flag, value in (("--max-steps", steps), ("--batch-size", batch_size)):
+        if not isinstance(value, int) or value < 1:
+            raise TrainingError(f"{flag} must be at least 1, got {value}")
+    if not 0 < lr < math.inf:
+        raise TrainingError(f"--lr must be a positive number, got {lr}")
     if not any(p.requires_grad for p in model.parameters()):
         raise TrainingError("the model has no trainable parameters; add a PEFT method or unfreeze some layers")
     opt = build_optimizer(model, lr, weight_decay)
@@ -105,6 +111,33 @@ class CausalLMData:
         return r
 
 
+def causal_lm_data(model: nn.Module, tokenizer, corpus, seq_len: int | None, max_val_docs: int | None = None,
+                   virtual: int = 0, flag: str = "--seq-len") -> CausalLMData:
+    """CausalLMData of `corpus` in rows that fit the model after `virtual` prompt-tuning tokens (default: all the
+    room left in its context, at most 256 tokens); errors name the command's length option `flag`."""
+    from lmkit.errors import ConfigError
+
+    room = model.config.max_seq_len - virtual
+    if seq_len is not None and seq_len < 1:
+        raise ConfigError(f"{flag} must be at least 1, got {seq_len}")
+    if seq_len is not None and seq_len > room:
+        raise ConfigError(f"rows of {seq_len} tokens{f' after {virtual} virtual tokens' if virtual else ''} do not fit "
+                          f"the model's {model.config.max_seq_len} positions; use {flag} {room} or less")
+    return CausalLMData(tokenizer, list(corpus), seq_len or min(room, 256), max_val_docs)
+
+
+def check_out(out, source, flag: str = "--model") -> None:
+    """Refuse an --out that is the input model folder (the new files would replace the model being read) or a file."""
+    from lmkit.errors import ConfigError
+
+    if out is None:
+        return
+    if Path(out).expanduser().resolve() == Path(source).expanduser().resolve():
+        raise ConfigError(f"--out {out} is the {flag} folder and would overwrite it; write to another folder")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder to write the model in")
+
+
 def model_folder(path):
     """(causal LM, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights)."""
     import lmkit
@@ -118,19 +151,26 @@ def model_folder(path):
         arch = model.config.architecture
         raise ConfigError(f"{folder} holds a{'n' if arch.startswith('e') else ''} {arch} model; this command works on "
                           "causal language models (a folder from `lmkit train`, or GPT-2, LLaMA, Mixtral)")
+    if model.config.extra.get("quantization"):  # int8 layers hold no trainable or prunable weights
+        raise ConfigError(f"{folder} holds an int8-quantized model (from `lmkit quantize`); pass the float model "
+                          "it was made from")
     return model, lmkit.load_tokenizer(folder / "tokenizer.json")
 
 
 def save_model_folder(model: nn.Module, tokenizer, out, extra_json: dict | None = None) -> None:
-    """The model (config.json + model.safetensors), its tokenizer.json and optional JSON files."""
+    """The model (config.json + model.safetensors), its tokenizer.json and optional JSON files (`.jsonl`:
+    a list of rows), staged beside `out` and moved in together, so an error or Ctrl-C changes nothing."""
+    from lmkit.atomic import staged_folder
     from lmkit.hub.files import atomic_write_json
 
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    for name, obj in (extra_json or {}).items():
-        atomic_write_json(folder / name, obj)
+    with staged_folder(out) as folder:
+        model.save_pretrained(folder)
+        tokenizer.save(str(folder / "tokenizer.json"))
+        for name, obj in (extra_json or {}).items():
+            if name.endswith(".jsonl"):
+                (folder / name).write_text("".join(json.dumps(r) + "\n" for r in obj), encoding="utf-8")
+            else:
+                atomic_write_json(folder / name, obj)
 
 
 TASK_HEADS = ("classifier", "qa_outputs", "score")  # task heads a PEFT method trains in full, as the PEFT library does
@@ -161,18 +201,11 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     from lmkit.hub.files import atomic_write_json
     from lmkit.peft.model import trainable_summary
 
-    from lmkit.errors import ConfigError
-
+    check_out(out, model_dir)
     model, tok = model_folder(model_dir)
     # prompt tuning puts its virtual tokens before every row, in the model's positions
     virtual = settings.get("num_virtual_tokens", 10) if method == "prompt" else 0
-    room = model.config.max_seq_len - virtual
-    if seq_len is None:
-        seq_len = min(room, 256)
-    elif seq_len > room:
-        raise ConfigError(f"rows of {seq_len} tokens{f' after {virtual} virtual tokens' if virtual else ''} do not fit "
-                          f"the model's {model.config.max_seq_len} positions; use --max-length {room} or less")
-    data = CausalLMData(tok, list(corpus), seq_len, max_val_docs)
+    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, virtual, "--max-length")
     before = data.evaluate(model)
     torch.manual_seed(seed)
     tuned = peft_for_task(model, method, **settings)
@@ -186,10 +219,13 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     report = {"method": method, "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0,
               **summary, "before": before, "after": after}
     if method == "full":
-        save_model_folder(tuned, tok, out)
+        save_model_folder(tuned, tok, out, {"finetune.json": report})
     else:
-        tuned.save_adapter(out)
-    atomic_write_json(Path(out) / "finetune.json", report)
+        from lmkit.atomic import staged_folder
+
+        with staged_folder(out) as folder:
+            tuned.save_adapter(folder)
+            atomic_write_json(folder / "finetune.json", report)
     return report
 
 

@@ -40,6 +40,12 @@ class PeftConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"unknown PEFT method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout (--lora-dropout) is a probability in [0, 1), got {self.dropout}")
+        used = {"prefix": "num_virtual_tokens (--virtual-tokens)", "prompt": "num_virtual_tokens (--virtual-tokens)",
+                "adapter": "bottleneck (--bottleneck)"}.get(self.method)
+        if used and getattr(self, used.split()[0]) < 1:  # zero would train nothing (or fail deep in autograd)
+            raise ConfigError(f"{used} must be at least 1 for {self.method}, got {getattr(self, used.split()[0])}")
 
     def to_dict(self) -> dict:
         return asdict(self)

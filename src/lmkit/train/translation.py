@@ -27,6 +27,12 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
+def _sources(tokenizer, texts: list[str], eos_id: int) -> list[list[int]]:
+    from lmkit.evaluate.seq2seq import encode_source
+
+    return [encode_source(tokenizer, t, eos_id) for t in texts]
+
+
 def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokenizer, out: str | Path,
               preset: str = "t5-tiny", steps: int = 3000, time_budget: float | None = None, batch_size: int = 64,
               lr: float = 1e-3, warmup_steps: int = 100, eval_every: int = 500, seed: int = 0,
@@ -49,8 +55,8 @@ def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokeniz
     model = build_model(config)
     model.train()
     optimizer = build_optimizer(model, lr, weight_decay=0.01, betas=(0.9, 0.98))
-    src, tgt = _encode(tokenizer, [s for s, _ in train]), _encode(tokenizer, [t for _, t in train])
-    val = seq2seq_batch(_encode(tokenizer, [s for s, _ in test]), _encode(tokenizer, [t for _, t in test]),
+    src, tgt = _sources(tokenizer, [s for s, _ in train], specials["eos"]), _encode(tokenizer, [t for _, t in train])
+    val = seq2seq_batch(_sources(tokenizer, [s for s, _ in test], specials["eos"]), _encode(tokenizer, [t for _, t in test]),
                         specials["pad"], specials["eos"])
     metrics = MetricsLog(out / "metrics.jsonl")
     metrics.reset()
