@@ -148,6 +148,25 @@ def peft_for_task(model: nn.Module, method: str, **settings):
     return get_peft_model(model, method, **settings)
 
 
+def fitting_length(max_seq_len: int, method: str, settings: dict, asked: int | None, cap: int) -> int:
+    """Tokens per row that fit the model's positions once prompt tuning's virtual tokens (which take positions
+    before every row) are counted: `asked`, or min(room, cap) when None; a ConfigError naming the largest
+    --max-length that fits when `asked` does not."""
+    from lmkit.errors import ConfigError
+
+    virtual = settings.get("num_virtual_tokens", 10) if method == "prompt" else 0
+    room = max_seq_len - virtual
+    if room < 1:
+        raise ConfigError(f"{virtual} virtual tokens fill all {max_seq_len} positions of the model; use "
+                          f"--virtual-tokens {max_seq_len - 1} or less")
+    if asked is None:
+        return min(room, cap)
+    if asked > room:
+        raise ConfigError(f"rows of {asked} tokens{f' after {virtual} virtual tokens' if virtual else ''} do not fit "
+                          f"the model's {max_seq_len} positions; use --max-length {room} or less")
+    return asked
+
+
 def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pydocs",), steps: int = 100,
                               batch_size: int = 8, seq_len: int | None = None, lr: float | None = None, seed: int = 0,
                               max_val_docs: int | None = None, log=None, **settings) -> dict:
@@ -161,17 +180,8 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     from lmkit.hub.files import atomic_write_json
     from lmkit.peft.model import trainable_summary
 
-    from lmkit.errors import ConfigError
-
     model, tok = model_folder(model_dir)
-    # prompt tuning puts its virtual tokens before every row, in the model's positions
-    virtual = settings.get("num_virtual_tokens", 10) if method == "prompt" else 0
-    room = model.config.max_seq_len - virtual
-    if seq_len is None:
-        seq_len = min(room, 256)
-    elif seq_len > room:
-        raise ConfigError(f"rows of {seq_len} tokens{f' after {virtual} virtual tokens' if virtual else ''} do not fit "
-                          f"the model's {model.config.max_seq_len} positions; use --max-length {room} or less")
+    seq_len = fitting_length(model.config.max_seq_len, method, settings, seq_len, 256)
     data = CausalLMData(tok, list(corpus), seq_len, max_val_docs)
     before = data.evaluate(model)
     torch.manual_seed(seed)
