@@ -28,6 +28,13 @@ class LossSum:
         return self.sum / self.count.clamp(min=1)
 
 
+def with_aux_loss(loss: torch.Tensor, aux: torch.Tensor | None, coef: float, share: int = 1) -> torch.Tensor:
+    """loss + coef * aux / share: a mixture of experts' load-balancing loss (Switch Transformer), weighted by
+    router_aux_loss_coef, added once per optimizer step (`share` micro-batches or ranks each add 1/share of it).
+    aux None (no experts): the loss unchanged."""
+    return loss if aux is None else loss + coef * aux.float() / share
+
+
 def next_token_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                        ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets) from rows x_0..x_T that begin with BOS: inputs x_0..x_{T-1}, targets x_1..x_T.

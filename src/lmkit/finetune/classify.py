@@ -23,6 +23,7 @@ import torch
 from lmkit.errors import ConfigError, CorpusError
 from lmkit.finetune.data import Example, label_names, read_examples, split_examples
 from lmkit.finetune.metrics import accuracy, macro_f1
+from lmkit.objectives import with_aux_loss
 
 
 @dataclass
@@ -163,7 +164,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
         for inputs, y in _batches(tok, train, labels, cfg.batch_size, cfg.max_length, order):
             result = model(inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=y,
                            token_type_ids=inputs.get("token_type_ids") if model.config.type_vocab_size else None)
-            result.loss.backward()
+            with_aux_loss(result.loss, getattr(result, "aux_loss", None), model.config.router_aux_loss_coef).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             schedule.step()

@@ -31,7 +31,7 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
 
     loss_fn(model, inputs, targets) -> (loss, {name: value}, output); default: mean next-token CE.
     """
-    from lmkit.objectives import next_token_targets
+    from lmkit.objectives import next_token_targets, with_aux_loss
     from lmkit.train.optim import build_optimizer, lr_at, set_lr
 
     loss_fn = loss_fn or next_token_loss_fn
@@ -46,8 +46,7 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
         rows = stream.rows(seed, step, batch_size)
         inputs, targets = next_token_targets(rows, (rows != pad_id).long())
         loss, parts, out = loss_fn(model, inputs, targets)
-        aux = getattr(out, "aux_loss", None)
-        total = loss + model.config.router_aux_loss_coef * aux if aux is not None else loss
+        total = with_aux_loss(loss, getattr(out, "aux_loss", None), model.config.router_aux_loss_coef)
         value = float(total.detach())
         if not math.isfinite(value):
             raise TrainingError(f"the loss became {value} at step {step + 1}; lower the learning rate (now {lr})")
