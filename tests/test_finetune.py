@@ -146,3 +146,29 @@ def test_cli_refuses_a_split_without_training_or_evaluation_rows(task, tmp_path,
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_finetune_adds_the_experts_load_balancing_loss(tmp_path):
+    """An encoder with experts: the classification step adds router_aux_loss_coef * aux_loss, as the pre-training
+    trainers do (it was left out, so the coefficient changed nothing)."""
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    rng = random.Random(0)
+    rows = [{"text": sentence(rng, FRUIT if i % 2 else TOOLS), "label": "fruit" if i % 2 else "tool"} for i in range(32)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    tok = lmkit.train_tokenizer([r["text"] for r in rows], kind="wordpiece", vocab_size=80)
+    routers = {}
+    for coef in (0.0, 10.0):
+        torch.manual_seed(0)
+        cfg = get_preset("bert", vocab_size=tok.vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=24, max_seq_len=32,
+                         dropout=0.0, n_experts=4, family=None, router_aux_loss_coef=coef)
+        build_model(cfg).save_pretrained(tmp_path / f"base{coef}")
+        tok.save(tmp_path / f"base{coef}" / "tokenizer.json")
+        finetune(FinetuneConfig(model=str(tmp_path / f"base{coef}"), train=str(tmp_path / "train.jsonl"),
+                                eval=str(tmp_path / "train.jsonl"), out=str(tmp_path / f"run{coef}"), epochs=1,
+                                lr=1e-3, batch_size=32, progress=False))
+        model = lmkit.load_model(tmp_path / f"run{coef}")
+        routers[coef] = {n: p for n, p in model.state_dict().items() if "router" in n or "gate" in n}
+    assert routers[0.0] and routers[0.0].keys() == routers[10.0].keys()
+    assert any(not torch.equal(routers[0.0][n], routers[10.0][n]) for n in routers[0.0])

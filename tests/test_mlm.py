@@ -84,6 +84,79 @@ def test_whole_word_masking_chooses_words_as_units():
     assert within(chosen_words / n_words, 0.15, n_words)
 
 
+def test_whole_word_rows_may_open_inside_a_word_and_words_stop_at_special_tokens():
+    # columns 0-1 continue a word cut off before the row, 2-4 are a word, 5 is [SEP], 6-8 continue after it
+    # without a start of their own: the three are separate words, drawn independently
+    n = 20000
+    ids = torch.randint(5, V, (n, 9), generator=torch.Generator().manual_seed(5))
+    ids[:, 5] = SEP
+    starts = torch.zeros(ids.shape, dtype=torch.bool)
+    starts[:, 2] = True
+    _, labels = mask_tokens(ids, MASK, V, (CLS, SEP, PAD), word_starts=starts, generator=torch.Generator().manual_seed(6))
+    chosen = labels != IGNORE_INDEX
+    for a, b in ((0, 1), (2, 4), (6, 8)):
+        assert torch.equal(chosen[:, a], chosen[:, b])  # one word, one draw
+    for a, b in ((0, 2), (2, 6)):
+        both = int((chosen[:, a] & chosen[:, b]).sum()) / n
+        assert within(both, 0.15 ** 2, n)  # independent words, not one
+
+
+def test_whole_word_masking_keeps_80_10_10_per_token():
+    ids, mask = rows(n=400, t=128, seed=7)
+    starts = torch.rand(ids.shape, generator=torch.Generator().manual_seed(8)) < 0.4
+    inputs, labels = mask_tokens(ids, MASK, V, (CLS, SEP, PAD), mask, word_starts=starts,
+                                 generator=torch.Generator().manual_seed(9))
+    chosen = labels != IGNORE_INDEX
+    eligible = (mask == 1) & (ids != CLS) & (ids != SEP)
+    n_elig, n_chosen = int(eligible.sum()), int(chosen.sum())
+    assert not (chosen & ~eligible).any()
+    assert abs(n_chosen / n_elig - 0.15) < 0.01  # 15% of the eligible tokens (words of ~2.5 tokens: wider spread)
+    assert within(int((chosen & (inputs == MASK)).sum()) / n_chosen, 0.8, n_chosen)
+    assert within(int((chosen & (inputs == ids)).sum()) / n_chosen, 0.1, n_chosen)
+
+
+WORDS = ("parameter tokenizer embedding attention gradient optimizer transformer encoder decoder vocabulary "
+         "sequence position softmax layer norm residual").split()
+
+
+@pytest.mark.parametrize("kind,vocab_size", [("wordpiece", 120), ("bpe", 300), ("unigram", 45)])
+def test_word_starts_from_tokenizer_pieces_mask_text_words_whole(kind, vocab_size):
+    import random
+
+    from lmkit import train_tokenizer
+    from lmkit.objectives import word_starts
+    from lmkit.tokenizers.words import word_boundaries
+    from lmkit.train.masked import MaskedLM
+
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(12)) + ("\n" if i % 3 else "  ") + rng.choice(WORDS)
+             for i in range(300)]
+    tok = train_tokenizer(texts, kind=kind, vocab_size=vocab_size, special_tokens=["[PAD]", "[MASK]"])
+    begins, ends = (torch.tensor(x) for x in word_boundaries(tok))
+    pad, mask_id = tok.token_to_id("[PAD]"), tok.token_to_id("[MASK]")
+    encoded = [tok.encode(t, add_special_tokens=False) for t in texts]
+    width = max(map(len, encoded))
+    ids = torch.full((len(texts), width), pad)
+    for r, e in enumerate(encoded):
+        ids[r, :len(e)] = torch.tensor(e)
+    starts = word_starts(ids, begins, ends)
+    for r, e in enumerate(encoded):  # the pieces between starts spell the text's whitespace-separated words
+        cuts = [c for c in range(len(e)) if starts[r, c]] + [len(e)]
+        words = [tok.decode(e[a:b]).strip() for a, b in zip(cuts, cuts[1:])]
+        assert [w for w in words if w] == texts[r].split()
+    task = MaskedLM(mask_id, tok.vocab_size, (mask_id,), words=(begins, ends))
+    batch = task.build_batch(torch.cat([ids, ids[:, :1]], 1), pad, torch.Generator().manual_seed(0))
+    chosen = batch["labels"] != IGNORE_INDEX
+    word = torch.cumsum(starts.long(), dim=1)
+    multi = 0
+    for r in range(len(texts)):
+        for w in torch.unique(word[r][ids[r] != pad]).tolist():
+            members = chosen[r][(word[r] == w) & (ids[r] != pad)]
+            assert members.all() or not members.any()
+            multi += len(members) > 1 and bool(members.all())
+    assert multi > 0 and not chosen[ids == pad].any()
+
+
 def test_loss_is_mean_over_chosen_positions_only():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 7, 11, generator=g)

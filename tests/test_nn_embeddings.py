@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lmkit.config import ModelConfig, get_preset
-from lmkit.errors import ConfigError, GenerationError
+from lmkit.errors import ConfigError, GenerationError, SequenceTooLongError
 from lmkit.models import CausalLM
 from lmkit.nn import Embeddings, RotaryEmbedding, apply_rotary, sinusoidal_table
 from lmkit.nn.positions import rope_inverse_frequencies
@@ -91,8 +91,11 @@ def test_sinusoidal_relative_shift_is_a_rotation():
 
 def test_positions_beyond_the_table_raise_a_clear_error():
     emb = Embeddings(cfg(position="learned"))
-    with pytest.raises(GenerationError, match="positions"):
+    with pytest.raises(SequenceTooLongError, match="positions") as err:
         emb(torch.zeros(1, 21, dtype=torch.long))
+    assert isinstance(err.value, GenerationError)  # still caught where generation errors are
+    # the message fits training as well as generation: it names the limit and what to shorten
+    assert "at most 20 tokens per row" in str(err.value) and "--max-length" in str(err.value)
 
 
 # --- RoPE --------------------------------------------------------------------------------------

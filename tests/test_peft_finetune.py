@@ -136,3 +136,52 @@ def test_clm_rows_too_long_for_the_context_are_refused_up_front(gpt2_folder, cap
     err = capsys.readouterr().err
     assert rc == 2 and "--max-length 20 or less" in err and len(err.strip().splitlines()) == 1
     assert not (gpt2_folder / "too-long").exists()
+
+
+@pytest.fixture(scope="module")
+def short_bert(tmp_path_factory):
+    """A random BERT with 16 positions, and 14-word fruit-vs-tool sentences (16 tokens with [CLS] and [SEP])."""
+    import random
+
+    transformers = pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("ft-short-bert")
+    rng = random.Random(0)
+    rows = [{"text": " ".join(rng.choice(["the", "a", "my", "big", "old"]) for _ in range(13)) + " "
+             + rng.choice(["apple", "pear"] if i % 2 else ["saw", "drill"]), "label": "fruit" if i % 2 else "tool"}
+            for i in range(24)]
+    tok = lmkit.train_tokenizer([r["text"] for r in rows], kind="wordpiece", vocab_size=60)
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=24, max_position_embeddings=16)
+    transformers.BertModel(cfg).save_pretrained(root / "base")
+    tok.save(root / "base" / "tokenizer.json")
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:16]), encoding="utf-8")
+    (root / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[16:]), encoding="utf-8")
+    return root
+
+
+def _classify(root, out, *flags):
+    from lmkit.cli import main
+
+    return main(["finetune", "--model", str(root / "base"), "--train", str(root / "train.jsonl"), "--eval",
+                 str(root / "test.jsonl"), "--out", str(out), "--epochs", "1", "--batch-size", "8", *flags])
+
+
+@pytest.mark.parametrize("flags,fits", [(["--peft", "prompt", "--virtual-tokens", "4", "--max-length", "16"], 12),
+                                        (["--max-length", "20"], 16)])
+def test_classification_rows_too_long_for_the_positions_are_refused_up_front(short_bert, tmp_path, capsys, flags,
+                                                                             fits):
+    """Prompt tuning's virtual tokens take positions too: --max-length 16 on a 16-position BERT failed in the
+    first training step; now one line names the largest length that fits, and nothing is written."""
+    rc = _classify(short_bert, tmp_path / "out", *flags)
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--max-length {fits} or less" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_classification_default_length_fits_prompt_tuning(short_bert, tmp_path, capsys):
+    """Without --max-length, examples are cut to what fits after the virtual tokens (12 of 16 positions here)."""
+    assert _classify(short_bert, tmp_path / "out", "--peft", "prompt", "--virtual-tokens", "4") == 0
+    capsys.readouterr()
+    saved = json.loads((tmp_path / "out" / "finetune.json").read_text())
+    assert saved["config"]["max_length"] == 12

@@ -29,6 +29,10 @@ class GenerationError(LmkitError):
     """Generation arguments that cannot work (prompt longer than the context, bad sampling values)."""
 
 
+class SequenceTooLongError(GenerationError):
+    """A sequence longer than the model's positions, in any forward pass (training, fine-tuning, eval, generation)."""
+
+
 class TrainingError(LmkitError):
     """A training run that cannot go on (NaN loss, nothing to resume from)."""
 

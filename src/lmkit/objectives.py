@@ -28,6 +28,13 @@ class LossSum:
         return self.sum / self.count.clamp(min=1)
 
 
+def with_aux_loss(loss: torch.Tensor, aux: torch.Tensor | None, coef: float, share: int = 1) -> torch.Tensor:
+    """loss + coef * aux / share: a mixture of experts' load-balancing loss (Switch Transformer), weighted by
+    router_aux_loss_coef, added once per optimizer step (`share` micro-batches or ranks each add 1/share of it).
+    aux None (no experts): the loss unchanged."""
+    return loss if aux is None else loss + coef * aux.float() / share
+
+
 def next_token_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                        ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets) from rows x_0..x_T that begin with BOS: inputs x_0..x_{T-1}, targets x_1..x_T.
@@ -78,8 +85,12 @@ def mask_tokens(input_ids: torch.Tensor, mask_token_id: int, vocab_size: int, sp
     at chosen positions and ignore_index elsewhere. Special tokens and padding are never chosen.
 
     word_starts (B, T) bool turns on whole-word masking: a word (a start and the tokens up to the next
-    start) is chosen as a unit with probability p. Called with a fresh generator state per batch, this
-    is RoBERTa's dynamic masking: every batch gets new masks.
+    start) is chosen as a unit with probability p, so each eligible token still has probability p; the
+    row's first token and every token after a special or padding token begin words of their own
+    (`word_starts` below finds the starts from a tokenizer's pieces). The 80/10/10 draw stays per token,
+    as in BERT's create_pretraining_data.py (transformers 5 sets mask_fraction=1 for whole words).
+    Random tokens are drawn from the whole vocabulary [0, vocab_size), as transformers does.
+    Called with a fresh generator state per batch, this is RoBERTa's dynamic masking.
     """
     # the checks of transformers' DataCollatorForLanguageModeling
     if not 0 <= mlm_probability <= 1:
@@ -95,8 +106,12 @@ def mask_tokens(input_ids: torch.Tensor, mask_token_id: int, vocab_size: int, sp
         eligible &= ~torch.isin(ids, torch.as_tensor(list(special_ids), device=ids.device))
     draw = torch.rand(ids.shape, generator=generator, device="cpu").to(ids.device)
     if word_starts is not None:
-        # word w of a row takes the draw at column w; every token reads the draw of its word
-        word = (torch.cumsum(word_starts.long(), dim=1) - 1).clamp(min=0)
+        # word w of a row takes the draw at column w; every token reads the draw of its word. A row cut
+        # from a packed stream may open inside a word, and a word never runs across a special token.
+        starts = word_starts.bool().clone()
+        starts[:, 0] = True
+        starts[:, 1:] |= ~eligible[:, :-1]
+        word = torch.cumsum(starts.long(), dim=1) - 1
         draw = draw.gather(1, word)
     chosen = (draw < mlm_probability) & eligible
     labels = torch.where(chosen, ids, torch.full_like(ids, ignore_index))
@@ -107,6 +122,17 @@ def mask_tokens(input_ids: torch.Tensor, mask_token_id: int, vocab_size: int, sp
     inputs = torch.where(to_mask, torch.full_like(ids, mask_token_id), ids)
     inputs = torch.where(to_random, random_ids, inputs)
     return inputs, labels
+
+
+def word_starts(input_ids: torch.Tensor, begins: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: token t begins a word when its piece begins one (begins[id], e.g. no `##`, or a leading
+    `Ġ`/`▁`) or the piece before it ends in whitespace (ends[id], e.g. a newline token); column 0 always.
+    begins and ends are (V,) bool tables, such as `lmkit.tokenizers.words.word_boundaries` builds."""
+    begins, ends = begins.to(input_ids.device), ends.to(input_ids.device)
+    out = begins[input_ids]
+    out[:, 1:] |= ends[input_ids[:, :-1]]
+    out[:, 0] = True
+    return out
 
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> LossSum:

@@ -19,8 +19,8 @@ def register(subparsers) -> None:
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default 3e-5; with --peft or --task clm "
                    "the method's own default)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
-    p.add_argument("--max-length", type=int, metavar="N", help="tokens per example, cut beyond (default 128; --task clm: "
-                   "what fits the model's context, at most 256)")
+    p.add_argument("--max-length", type=int, metavar="N", help="tokens per example, cut beyond (default: what fits the model's "
+                   "positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most 256)")
     p.add_argument("--pooling", choices=["cls", "mean"], default="cls",
                    help="what the head reads (default cls); a mean-pooled folder is lmkit's: transformers' "
                    "...ForSequenceClassification pools [CLS] and gives other logits")

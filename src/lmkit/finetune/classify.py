@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,6 +23,7 @@ import torch
 from lmkit.errors import ConfigError, CorpusError
 from lmkit.finetune.data import Example, label_names, read_examples, split_examples
 from lmkit.finetune.metrics import accuracy, macro_f1
+from lmkit.objectives import with_aux_loss
 
 
 @dataclass
@@ -34,7 +35,7 @@ class FinetuneConfig:
     epochs: int = 3
     lr: float = 3e-5
     batch_size: int = 16
-    max_length: int = 128
+    max_length: int | None = None  # None: 128, or less when the model has fewer positions
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
     pooling: str = "cls"            # cls | mean
@@ -48,7 +49,7 @@ class FinetuneConfig:
         if not 1e-7 <= self.lr <= 1e-2:
             raise ConfigError(f"--lr {self.lr} is outside 1e-7..1e-2; fine-tuning uses 2e-5 to 5e-5")
         for name in ("epochs", "batch_size", "max_length"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"--val-fraction must be between 0 and 1 (a share of --train), got {self.val_fraction}")
@@ -137,9 +138,11 @@ def finetune(cfg: FinetuneConfig) -> dict:
     labels = {n: i for i, n in enumerate(names)}
     tok = load_tokenizer(cfg.model)
     model = classifier_from_pretrained(cfg.model, len(names), cfg.pooling, {str(i): n for i, n in enumerate(names)})
-    if cfg.peft != "full":  # frozen body + the method's parameters; the classifier is trained in full
-        from lmkit.peft.finetune import peft_for_task
+    from lmkit.peft.finetune import fitting_length, peft_for_task
 
+    cfg = replace(cfg, max_length=fitting_length(model.config.max_seq_len, cfg.peft, cfg.peft_settings or {},
+                                                 cfg.max_length, 128))
+    if cfg.peft != "full":  # frozen body + the method's parameters; the classifier is trained in full
         model = peft_for_task(model, cfg.peft, **(cfg.peft_settings or {}))
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embeddings" not in n]
@@ -164,7 +167,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
         for inputs, y in _batches(tok, train, labels, cfg.batch_size, cfg.max_length, order):
             result = model(inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=y,
                            token_type_ids=inputs.get("token_type_ids") if model.config.type_vocab_size else None)
-            result.loss.backward()
+            with_aux_loss(result.loss, getattr(result, "aux_loss", None), model.config.router_aux_loss_coef).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             schedule.step()

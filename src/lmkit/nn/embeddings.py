@@ -46,11 +46,14 @@ class Embeddings(nn.Module):
             if self.config.position_offset:
                 position_ids = position_ids + self.config.position_offset
             if int(position_ids.max()) >= self.config.max_seq_len + self.config.position_offset:
-                from lmkit.errors import GenerationError
+                from lmkit.errors import SequenceTooLongError
 
-                raise GenerationError(
-                    f"sequence reaches position {int(position_ids.max()) - self.config.position_offset} but the model "
-                    f"has only {self.config.max_seq_len} positions; shorten the input or max_new_tokens")
+                n = self.config.max_seq_len
+                raise SequenceTooLongError(
+                    f"a sequence reaches position {int(position_ids.max()) - self.config.position_offset} but the model "
+                    f"has only {n} positions (0..{n - 1}); feed at most {n} tokens per row, virtual prompt tokens "
+                    f"included (training: a smaller --seq-len / --max-length; generation: a shorter prompt or fewer "
+                    f"max_new_tokens)")
             if self.positions is not None:
                 h = h + self.positions(position_ids)
             else:

@@ -32,7 +32,7 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
 
     loss_fn(model, inputs, targets) -> (loss, {name: value}, output); default: mean next-token CE.
     """
-    from lmkit.objectives import next_token_targets
+    from lmkit.objectives import next_token_targets, with_aux_loss
     from lmkit.train.optim import build_optimizer, lr_at, set_lr
 
     loss_fn = loss_fn or next_token_loss_fn
@@ -52,8 +52,7 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
         rows = stream.rows(seed, step, batch_size)
         inputs, targets = next_token_targets(rows, (rows != pad_id).long())
         loss, parts, out = loss_fn(model, inputs, targets)
-        aux = getattr(out, "aux_loss", None)
-        total = loss + model.config.router_aux_loss_coef * aux if aux is not None else loss
+        total = with_aux_loss(loss, getattr(out, "aux_loss", None), model.config.router_aux_loss_coef)
         value = float(total.detach())
         if not math.isfinite(value):
             raise TrainingError(f"the loss became {value} at step {step + 1}; lower the learning rate (now {lr})")
@@ -112,18 +111,10 @@ class CausalLMData:
 
 
 def causal_lm_data(model: nn.Module, tokenizer, corpus, seq_len: int | None, max_val_docs: int | None = None,
-                   virtual: int = 0, flag: str = "--seq-len") -> CausalLMData:
-    """CausalLMData of `corpus` in rows that fit the model after `virtual` prompt-tuning tokens (default: all the
-    room left in its context, at most 256 tokens); errors name the command's length option `flag`."""
-    from lmkit.errors import ConfigError
-
-    room = model.config.max_seq_len - virtual
-    if seq_len is not None and seq_len < 1:
-        raise ConfigError(f"{flag} must be at least 1, got {seq_len}")
-    if seq_len is not None and seq_len > room:
-        raise ConfigError(f"rows of {seq_len} tokens{f' after {virtual} virtual tokens' if virtual else ''} do not fit "
-                          f"the model's {model.config.max_seq_len} positions; use {flag} {room} or less")
-    return CausalLMData(tokenizer, list(corpus), seq_len or min(room, 256), max_val_docs)
+                   method: str = "full", settings: dict | None = None, flag: str = "--seq-len") -> CausalLMData:
+    """CausalLMData of `corpus` in rows that fit the model (`fitting_length`, at most 256 tokens by default)."""
+    seq_len = fitting_length(model.config.max_seq_len, method, settings or {}, seq_len, 256, flag)
+    return CausalLMData(tokenizer, list(corpus), seq_len, max_val_docs)
 
 
 def check_out(out, source, flag: str = "--model") -> None:
@@ -188,6 +179,28 @@ def peft_for_task(model: nn.Module, method: str, **settings):
     return get_peft_model(model, method, **settings)
 
 
+def fitting_length(max_seq_len: int, method: str, settings: dict, asked: int | None, cap: int,
+                   flag: str = "--max-length") -> int:
+    """Tokens per row that fit the model's positions once prompt tuning's virtual tokens (which take positions
+    before every row) are counted: `asked`, or min(room, cap) when None; a ConfigError naming the largest
+    `flag` value that fits when `asked` does not."""
+    from lmkit.errors import ConfigError
+
+    if asked is not None and asked < 1:
+        raise ConfigError(f"{flag} must be at least 1, got {asked}")
+    virtual = settings.get("num_virtual_tokens", 10) if method == "prompt" else 0
+    room = max_seq_len - virtual
+    if room < 1:
+        raise ConfigError(f"{virtual} virtual tokens fill all {max_seq_len} positions of the model; use "
+                          f"--virtual-tokens {max_seq_len - 1} or less")
+    if asked is None:
+        return min(room, cap)
+    if asked > room:
+        raise ConfigError(f"rows of {asked} tokens{f' after {virtual} virtual tokens' if virtual else ''} do not fit "
+                          f"the model's {max_seq_len} positions; use {flag} {room} or less")
+    return asked
+
+
 def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pydocs",), steps: int = 100,
                               batch_size: int = 8, seq_len: int | None = None, lr: float | None = None, seed: int = 0,
                               max_val_docs: int | None = None, log=None, **settings) -> dict:
@@ -203,9 +216,7 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
 
     check_out(out, model_dir)
     model, tok = model_folder(model_dir)
-    # prompt tuning puts its virtual tokens before every row, in the model's positions
-    virtual = settings.get("num_virtual_tokens", 10) if method == "prompt" else 0
-    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, virtual, "--max-length")
+    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, method, settings, "--max-length")
     before = data.evaluate(model)
     torch.manual_seed(seed)
     tuned = peft_for_task(model, method, **settings)

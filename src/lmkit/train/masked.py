@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lmkit.objectives import LossSum, mask_tokens, masked_lm_loss
+from lmkit.objectives import LossSum, mask_tokens, masked_lm_loss, word_starts
 from lmkit.train.tasks import FixedCorruptionEvaluation, Objective, register_objective
 
 MASK = "<|mask|>"
@@ -21,15 +21,18 @@ MASK = "<|mask|>"
 class MaskedLM(FixedCorruptionEvaluation):
     """Batch builder, loss and evaluation of masked-LM training for one tokenizer."""
 
-    def __init__(self, mask_id: int, vocab_size: int, special_ids: tuple[int, ...], mlm_probability: float = 0.15):
+    def __init__(self, mask_id: int, vocab_size: int, special_ids: tuple[int, ...], mlm_probability: float = 0.15,
+                 words: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """words: the (begins, ends) tables of `lmkit.tokenizers.words.word_boundaries` for whole-word masking."""
         self.mask_id, self.vocab_size, self.special_ids = mask_id, vocab_size, special_ids
-        self.mlm_probability = mlm_probability
+        self.mlm_probability, self.words = mlm_probability, words
 
     def build_batch(self, rows: torch.Tensor, pad_id: int, generator: torch.Generator | None = None) -> dict:
         rows = rows[:, :-1]  # the stream gives seq_len + 1 tokens for next-token targets; MLM reads seq_len
         mask = (rows != pad_id).long()
+        starts = word_starts(rows, *self.words) if self.words is not None else None
         inputs, labels = mask_tokens(rows, self.mask_id, self.vocab_size, self.special_ids + (pad_id,), mask,
-                                     mlm_probability=self.mlm_probability, generator=generator)
+                                     mlm_probability=self.mlm_probability, word_starts=starts, generator=generator)
         return {"input_ids": inputs, "attention_mask": mask, "labels": labels}
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[LossSum, torch.Tensor | None]:

@@ -29,6 +29,7 @@ from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import autocast
 from lmkit.hub import check_savable
 from lmkit.models import build_model
+from lmkit.objectives import with_aux_loss
 from lmkit.train import distributed as D
 from lmkit.train.checkpoint import (checkpoints, latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
                                     set_rng_state, write_error)
@@ -153,10 +154,9 @@ class Trainer:
             with D.no_sync(self.engine, skip=start + micro < len(rows)):  # all-reduce once, after the last
                 with autocast(self.device, cfg.precision):
                     loss_sum, aux = self.objective.loss(self.engine, part)
-                loss = loss_sum.sum / max(count, 1)
-                if aux is not None:  # gradients are summed over ranks: each adds its share of the mean
-                    coef = self.model_config.router_aux_loss_coef
-                    loss = loss + coef * aux.float() / (n_micro * self.world_size)
+                # gradients are summed over micro-batches and ranks: each adds its share of the aux loss
+                loss = with_aux_loss(loss_sum.sum / max(count, 1), aux, self.model_config.router_aux_loss_coef,
+                                     n_micro * self.world_size)
                 (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
             nats += loss_sum.sum.detach().double().cpu()
         mean = self._all_reduce(nats).item() / max(count, 1)
