@@ -95,3 +95,13 @@ def test_a_batch_that_does_not_divide_among_the_processes(shards, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert r.returncode != 0 and not out.exists()
     assert "lmkit: error: --batch-size 7 does not divide among the 2 processes; pick a multiple of 2" in r.stderr
+
+
+@pytest.mark.slow
+def test_muon_under_ddp_and_fsdp_logs_the_losses_of_one_process(shards, one):
+    """Muon orthogonalizes whole matrices: under FSDP each rank gathers its shards first (train/muon.py)."""
+    alone = run_train(shards / "muon1", shards / "data", 1, "--optimizer", "muon")
+    assert abs(alone[-1]["loss"] - one[-1]["loss"]) > 1e-3  # not AdamW's run
+    for name, extra in (("muon-ddp", ()), ("muon-fsdp", ("--fsdp",))):
+        two = run_train(shards / name, shards / "data", 2, "--optimizer", "muon", *extra)
+        assert len(two) == 4 and all(abs(a["loss"] - b["loss"]) < 1e-5 for a, b in zip(alone, two)), name

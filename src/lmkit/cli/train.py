@@ -7,7 +7,7 @@ from lmkit.config import PRESETS
 from lmkit.train.config import TrainConfig
 
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
-FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr",
+FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "optimizer",
          "precision", "log_every", "save_every", "seed", "data", "micro_batch_size", "keep_checkpoints", "fsdp")
 
 
@@ -23,6 +23,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, metavar="N", help="sequences per optimizer step (global under torchrun)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (the model's context)")
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
+    p.add_argument("--optimizer", choices=["adamw", "muon"],
+                   help="muon: Muon for the hidden weight matrices, AdamW for the rest; default: muon for the default "
+                        "preset, adamw otherwise")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="default: bf16 where the CPU has native bf16")
     p.add_argument("--log-every", type=int, metavar="N", help="write metrics.jsonl every N steps (default 10)")
     p.add_argument("--save-every", type=int, metavar="N", help="checkpoint and evaluate every N steps (default: about ten times a run, on --log-every steps when the run is that long)")

@@ -1,4 +1,5 @@
-"""AdamW with decay and no-decay groups, and the learning-rate schedule.
+"""AdamW with decay and no-decay groups (or Muon for the hidden matrices: train/muon.py), and the learning-rate
+schedule.
 
 Weight decay applies to the weight matrices of linear layers only; biases, norm gains and
 embedding tables (with the LM head tied to them) are left undecayed.
@@ -13,15 +14,19 @@ import torch
 from torch import nn
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """[{params: decayed, weight_decay}, {params: not decayed, weight_decay: 0}], each parameter once."""
+OPTIMIZERS = ("adamw", "muon")
+
+
+def param_groups(model: nn.Module, weight_decay: float, skip: set[int] = frozenset()) -> list[dict]:
+    """[{params: decayed, weight_decay}, {params: not decayed, weight_decay: 0}], each parameter once
+    (but those whose id() is in `skip`)."""
     no_decay: set[int] = set()
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             no_decay.add(id(module.weight))
     decay, keep, seen = [], [], set()
     for _, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
+        if not p.requires_grad or id(p) in seen or id(p) in skip:
             continue
         seen.add(id(p))
         # ndim < 2: biases and norm gains; embeddings are matrices, so they are named above
@@ -29,8 +34,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1,
-                    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
+                    eps: float = 1e-8, kind: str = "adamw") -> torch.optim.Optimizer:
+    """AdamW over `param_groups`, or (kind "muon") Muon for the hidden matrices and AdamW for the rest (train/muon.py)."""
+    if kind == "muon":
+        from lmkit.train.muon import MuonAdamW
+
+        return MuonAdamW(model, lr, weight_decay, betas, eps)
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
 
 

@@ -35,7 +35,7 @@ def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | 
     """
     if explicit is None:
         explicit = {f.name for f in dataclasses.fields(TrainConfig) if getattr(cfg, f.name) != _default(f)}
-    merged = dict(saved)
+    merged = {"optimizer": "adamw", **saved}  # runs saved before --optimizer existed trained with AdamW
     movable = ("data", "corpus") if content_checked else ()
     for key in RUN_DEFINING:
         mine = getattr(cfg, key)

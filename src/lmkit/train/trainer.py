@@ -91,7 +91,7 @@ class Trainer:
         self.model.train()
         self.engine = D.wrap_model(self.model, self.ctx, cfg.fsdp)  # what the step calls: DDP / FSDP / the model
         self.loss_scale = D.loss_scale(self.ctx, cfg.fsdp)
-        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay)
+        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay, kind=cfg.optimizer)
         self.step, self.tokens_seen, self.elapsed = 0, 0, 0.0
         self.total_steps = cfg.max_steps if cfg.time_budget is None else None
         if cfg.max_steps is None and cfg.time_budget is None:
