@@ -193,8 +193,11 @@ def test_cli_eval_on_an_mbart_folder(cli_folder, tmp_path, capsys):
     (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
     assert main(["eval", "--model", str(folder), "--pairs", str(tmp_path / "pairs.tsv")]) == 0
     out = capsys.readouterr().out
-    # what lmkit eval feeds the model: sources and targets without special tokens, targets + EOS, right-padded
-    batch = seq2seq_batch([tok.encode(s, add_special_tokens=False).ids for s, _ in pairs],
+    # what lmkit eval feeds the model: sources as the tokenizer's template makes them (x </s> en_XX, not followed by
+    # another EOS), targets without special tokens + EOS, right-padded
+    sources = [tok.encode(s).ids for s, _ in pairs]
+    assert all(ids[-2:] == tok.encode("").ids[-2:] for ids in sources)
+    batch = seq2seq_batch(sources,
                           [tok.encode(t, add_special_tokens=False).ids for _, t in pairs], 1, 2)
     with torch.no_grad():
         loss = hf(**batch).loss

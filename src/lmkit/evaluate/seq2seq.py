@@ -11,13 +11,16 @@ from lmkit.evaluate.rouge import corpus_rouge
 
 
 def encode_source(tokenizer, text: str, eos_id: int | None) -> list[int]:
-    """Encoder ids of a source text: the tokenizer's ids with its specials, ending with EOS.
+    """Encoder ids of a source text: the tokenizer's ids with its specials, ending with EOS unless the tokenizer's
+    own template already places EOS (T5: x </s>; BART: <s> x </s>; mBART: x </s> lang_code).
 
-    T5's and BART's tokenizers end sources with EOS, and lmkit's span, denoise and translation training
-    feeds sources that end with it; a source without it is one the model never saw.
+    lmkit's span, denoise and translation training feeds sources that end with EOS; a source without it is one
+    the model never saw.
     """
     ids = list(tokenizer.encode(text, add_special_tokens=True))
-    if eos_id is not None and (not ids or ids[-1] != eos_id):
+    if eos_id is None or eos_id in ids and len(ids) > len(tokenizer.encode(text, add_special_tokens=False)):
+        return ids
+    if not ids or ids[-1] != eos_id:
         ids.append(eos_id)
     return ids
 
