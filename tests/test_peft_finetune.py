@@ -68,21 +68,13 @@ def test_cli_clm_with_peft(folder, capsys):
 def test_cli_classification_with_lora(tmp_path, capsys):
     import random
 
-    transformers = pytest.importorskip("transformers")
     from lmkit.cli import main
     from lmkit.finetune import classifier_from_pretrained, predict, read_examples
 
     rng = random.Random(0)
     rows = [{"text": f"{rng.choice(['the', 'a', 'my'])} {rng.choice(['apple', 'pear'] if i % 2 else ['saw', 'drill'])}",
              "label": "fruit" if i % 2 else "tool"} for i in range(48)]
-    tok = lmkit.train_tokenizer([r["text"] for r in rows], kind="wordpiece", vocab_size=60)
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                  intermediate_size=24, max_position_embeddings=16)
-    transformers.BertModel(cfg).save_pretrained(tmp_path / "base")
-    tok.save(tmp_path / "base" / "tokenizer.json")
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:40]), encoding="utf-8")
-    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[40:]), encoding="utf-8")
+    bert_task(tmp_path, rows, 40)
     out = tmp_path / "out"
     assert main(["finetune", "--model", str(tmp_path / "base"), "--train", str(tmp_path / "train.jsonl"),
                  "--eval", str(tmp_path / "test.jsonl"), "--out", str(out), "--epochs", "2", "--batch-size", "8",
@@ -143,21 +135,27 @@ def short_bert(tmp_path_factory):
     """A random BERT with 16 positions, and 14-word fruit-vs-tool sentences (16 tokens with [CLS] and [SEP])."""
     import random
 
-    transformers = pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("ft-short-bert")
     rng = random.Random(0)
     rows = [{"text": " ".join(rng.choice(["the", "a", "my", "big", "old"]) for _ in range(13)) + " "
              + rng.choice(["apple", "pear"] if i % 2 else ["saw", "drill"]), "label": "fruit" if i % 2 else "tool"}
             for i in range(24)]
+    bert_task(root, rows, 16)
+    return root
+
+
+def bert_task(root, rows, n_train):
+    """root/base: a random 16-position BERT with a WordPiece tokenizer trained on `rows`; root/train.jsonl holds
+    the first n_train rows, root/test.jsonl the others."""
+    transformers = pytest.importorskip("transformers")
     tok = lmkit.train_tokenizer([r["text"] for r in rows], kind="wordpiece", vocab_size=60)
     torch.manual_seed(0)
     cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=24, max_position_embeddings=16)
     transformers.BertModel(cfg).save_pretrained(root / "base")
     tok.save(root / "base" / "tokenizer.json")
-    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:16]), encoding="utf-8")
-    (root / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[16:]), encoding="utf-8")
-    return root
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:n_train]), encoding="utf-8")
+    (root / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[n_train:]), encoding="utf-8")
 
 
 def _classify(root, out, *flags):
