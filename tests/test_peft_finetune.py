@@ -14,17 +14,21 @@ from lmkit.peft.finetune import CausalLMData, finetune_causal_lm_folder, peft_fo
 TEXT = "\n\n".join(f"class Item{i}:\n    size = {i * 3}\n    name = 'item {i}'" for i in range(120))
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ft")
+def clm_folder(root, config):
+    """root/corpus.txt (TEXT) and root/model: a random model of `config(vocab_size)` with a BPE tokenizer of TEXT."""
     (root / "corpus.txt").write_text(TEXT, encoding="utf-8")
     tok = lmkit.train_tokenizer([TEXT], kind="bpe", vocab_size=260, special_tokens=["<|endoftext|>", "<|pad|>"])
     torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=vocab_size_of(tok), d_model=32, n_layers=2, n_heads=4, max_seq_len=32,
-                                    position="rope", norm="rmsnorm", activation="swiglu", bias=False, family="llama"))
-    model.save_pretrained(root / "model")
+    build_model(config(vocab_size_of(tok))).save_pretrained(root / "model")
     tok.save(str(root / "model" / "tokenizer.json"))
     return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return clm_folder(tmp_path_factory.mktemp("ft"), lambda v: ModelConfig(
+        vocab_size=v, d_model=32, n_layers=2, n_heads=4, max_seq_len=32, position="rope", norm="rmsnorm",
+        activation="swiglu", bias=False, family="llama"))
 
 
 
@@ -93,16 +97,10 @@ def test_cli_classification_with_lora(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def gpt2_folder(tmp_path_factory):
     """A GPT-2-style model (learned positions: 24 of them, fewer than --max-length's classification default)."""
-    root = tmp_path_factory.mktemp("ft-gpt2")
-    (root / "corpus.txt").write_text(TEXT, encoding="utf-8")
-    tok = lmkit.train_tokenizer([TEXT], kind="bpe", vocab_size=260, special_tokens=["<|endoftext|>", "<|pad|>"])
-    torch.manual_seed(0)
     from lmkit.config import get_preset
 
-    model = build_model(get_preset("tiny", vocab_size=vocab_size_of(tok), d_model=16, n_heads=2, max_seq_len=24))
-    model.save_pretrained(root / "model")
-    tok.save(str(root / "model" / "tokenizer.json"))
-    return root
+    return clm_folder(tmp_path_factory.mktemp("ft-gpt2"),
+                      lambda v: get_preset("tiny", vocab_size=v, d_model=16, n_heads=2, max_seq_len=24))
 
 
 @pytest.mark.parametrize("method", ["prompt", "lora"])
