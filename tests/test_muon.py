@@ -119,3 +119,15 @@ def test_muon_runs_resume_exactly(tmp_path, small_pydocs):
     shutil.rmtree(tmp_path / "run" / "checkpoint" / "step-00000004")  # back to the save of step 2
     Trainer(TrainConfig(**cfg, resume=True)).fit()
     assert losses() == whole and len(whole) == 4
+
+
+def test_each_rank_draws_its_own_dropout_and_rank_0_that_of_one_process():
+    from lmkit.train.trainer import _seed_int, train_seed
+
+    assert train_seed(7, 0) == _seed_int("train", 7)  # one-process runs keep their numbers
+    assert len({train_seed(7, r) for r in range(4)}) == 4
+    masks = []
+    for r in range(2):
+        torch.manual_seed(train_seed(7, r))
+        masks.append(torch.nn.functional.dropout(torch.ones(64), 0.1, training=True))
+    assert not torch.equal(*masks)
