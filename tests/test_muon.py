@@ -80,6 +80,28 @@ def test_a_run_saved_before_the_setting_existed_resumes_with_adamw():
     assert resume_config(TrainConfig(out="x", resume=True), saved, set()).resolved().optimizer == "adamw"
 
 
+def test_a_run_saved_before_the_setting_existed_accepts_its_own_optimizer_and_refuses_the_other():
+    saved = {k: v for k, v in TrainConfig(preset="default", out="x").to_dict().items() if k != "optimizer"}
+    given = TrainConfig(out="x", resume=True, optimizer="adamw")
+    assert resume_config(given, saved, {"optimizer"}).resolved().optimizer == "adamw"
+    assert resume_config(given, saved, None).resolved().optimizer == "adamw"  # the Python API
+    with pytest.raises(TrainingError, match=r"--optimizer muon differs from the run being resumed \(adamw\)"):
+        resume_config(TrainConfig(out="x", resume=True, optimizer="muon"), saved, {"optimizer"})
+
+
+def test_a_default_run_saved_before_muon_resumes_without_the_dropout_it_never_had():
+    from lmkit.config import get_preset
+
+    new = TrainConfig(preset="default", out="x").to_dict()
+    old = {k: v for k, v in new.items() if k != "optimizer"}
+    resumed = resume_config(TrainConfig(out="x", resume=True), old, set())
+    assert get_preset(resumed.preset, **resumed.model_overrides).dropout == 0.0
+    kept = resume_config(TrainConfig(out="x", resume=True), {**new, "optimizer": "muon"}, set())
+    assert get_preset(kept.preset, **kept.model_overrides).dropout == 0.1
+    tiny = resume_config(TrainConfig(out="x", resume=True), {**old, "preset": "tiny"}, set())
+    assert tiny.model_overrides == {}
+
+
 def test_muon_runs_resume_exactly(tmp_path, small_pydocs):
     import shutil
 
@@ -97,3 +119,15 @@ def test_muon_runs_resume_exactly(tmp_path, small_pydocs):
     shutil.rmtree(tmp_path / "run" / "checkpoint" / "step-00000004")  # back to the save of step 2
     Trainer(TrainConfig(**cfg, resume=True)).fit()
     assert losses() == whole and len(whole) == 4
+
+
+def test_each_rank_draws_its_own_dropout_and_rank_0_that_of_one_process():
+    from lmkit.train.trainer import _seed_int, train_seed
+
+    assert train_seed(7, 0) == _seed_int("train", 7)  # one-process runs keep their numbers
+    assert len({train_seed(7, r) for r in range(4)}) == 4
+    masks = []
+    for r in range(2):
+        torch.manual_seed(train_seed(7, r))
+        masks.append(torch.nn.functional.dropout(torch.ones(64), 0.1, training=True))
+    assert not torch.equal(*masks)

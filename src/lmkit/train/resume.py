@@ -36,13 +36,17 @@ def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | 
     if explicit is None:
         explicit = {f.name for f in dataclasses.fields(TrainConfig) if getattr(cfg, f.name) != _default(f)}
     merged = {"optimizer": "adamw", **saved}  # runs saved before --optimizer existed trained with AdamW
+    if "optimizer" not in saved and saved.get("preset") == "default":
+        # and, with the default preset, without dropout (the preset gained dropout 0.1 along with --optimizer muon)
+        merged["model_overrides"] = {"dropout": 0.0, **(saved.get("model_overrides") or {})}
     movable = ("data", "corpus") if content_checked else ()
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     for key in RUN_DEFINING:
-        mine = getattr(cfg, key)
+        mine, theirs = getattr(cfg, key), merged.get(key, _default(fields[key]))
         if key in movable and key in explicit:
             merged[key] = mine
-        elif key in explicit and mine is not None and mine != saved.get(key):
-            raise TrainingError(f"--{key.replace('_', '-')} {mine} differs from the run being resumed ({saved.get(key)}); "
+        elif key in explicit and mine is not None and mine != theirs:
+            raise TrainingError(f"--{key.replace('_', '-')} {mine} differs from the run being resumed ({theirs}); "
                                 f"drop the flag, or start a new run with another --out")
     for key in USER_SETTINGS:
         if key in explicit or key == "progress":

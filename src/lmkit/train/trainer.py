@@ -50,6 +50,12 @@ def _seed_int(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
 
 
+def train_seed(seed: int, rank: int) -> int:
+    """Seed of the RNG dropout draws from: rank 0 gets a one-process run's, every other rank its own (ranks
+    seeded alike would drop the same units in their different rows)."""
+    return _seed_int("train", seed, rank) if rank else _seed_int("train", seed)
+
+
 class Trainer:
     """Trains the model a `TrainConfig` describes; `fit()` runs it and returns the last evaluation."""
 
@@ -103,7 +109,7 @@ class Trainer:
             if cfg.max_steps is None and cfg.time_budget is not None:
                 self.total_steps = state.get("total_steps")  # the plan of the interrupted run
         if not cfg.resume:
-            torch.manual_seed(_seed_int("train", cfg.seed))  # a resumed run has its RNG states restored instead
+            torch.manual_seed(train_seed(cfg.seed, rank))  # a resumed run has its RNG states restored instead
 
     # setup --------------------------------------------------------------------------------------
     def _prepare_data(self, base: ModelConfig) -> None:
