@@ -79,3 +79,20 @@ def test_short_training_run_writes_a_t5_folder(tmp_path):
     ids = torch.tensor([tok.encode(test[0][0])])  # the source as training fed it: ids + EOS
     expected = theirs.generate(ids, max_new_tokens=12, do_sample=False, num_beams=1)
     assert ours.generate(ids, max_new_tokens=12).tolist() == expected.tolist()
+
+
+def test_pair_training_adds_the_experts_load_balancing_loss(tmp_path):
+    """A T5 with experts: each step adds router_aux_loss_coef * aux_loss (it was left out, so the coefficient
+    changed nothing), as lmkit train, fine-tuning and distillation do."""
+    from lmkit.train.translation import fit_pairs
+
+    train, test = make_pairs(200, 4, seed=3)
+    routers = {}
+    for coef in (0.0, 10.0):
+        fit_pairs(train, test, task_tokenizer(), tmp_path / f"run{coef}", steps=3, batch_size=8, eval_every=100,
+                  warmup_steps=1, log_every=1, d_model=32, n_layers=1, n_decoder_layers=1, n_heads=2, d_ff=48,
+                  n_experts=4, family=None, router_aux_loss_coef=coef, dropout=0.0)
+        state = lmkit.load_model(tmp_path / f"run{coef}").state_dict()
+        routers[coef] = {n: p for n, p in state.items() if ".sublayer.gate." in n}  # the routers
+    assert routers[0.0] and routers[0.0].keys() == routers[10.0].keys()
+    assert any(not torch.equal(routers[0.0][n], routers[10.0][n]) for n in routers[0.0])

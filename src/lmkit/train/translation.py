@@ -18,7 +18,7 @@ from lmkit.config import get_preset
 from lmkit.atomic import atomic_save_file
 from lmkit.hub.files import atomic_write_json
 from lmkit.models import build_model
-from lmkit.objectives import next_token_loss, seq2seq_batch
+from lmkit.objectives import next_token_loss, seq2seq_batch, with_aux_loss
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
 
@@ -75,9 +75,9 @@ def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokeniz
         set_lr(optimizer, lr_at(step, lr, warmup_steps, steps, lr * 0.05))
         pick = [rng.randrange(len(src)) for _ in range(batch_size)]
         batch = seq2seq_batch([src[i] for i in pick], [tgt[i] for i in pick], specials["pad"], specials["eos"])
-        logits = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).logits
-        loss = next_token_loss(logits, batch["labels"]).mean
-        loss.backward()
+        output = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+        loss = next_token_loss(output.logits, batch["labels"]).mean
+        with_aux_loss(loss, getattr(output, "aux_loss", None), model.config.router_aux_loss_coef).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
