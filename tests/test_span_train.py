@@ -92,3 +92,26 @@ def test_span_rows_with_more_spans_than_sentinels_are_refused_up_front(corpus_fi
     err = capsys.readouterr().err
     assert "100 sentinel tokens; use --seq-len 2009 or less" in err and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("objective", ["denoise", "span"])
+def test_validation_rows_without_padding_still_pad_the_corrupted_sources(objective):
+    """When no validation row is padded, the corrupted sources (of different lengths) are padded with the model's
+    pad id; the evaluation took -1 then and failed in the embedding (a flaky CI failure, by the corpus' split)."""
+    from lmkit.config import get_preset
+    from lmkit.data.tokenize import special_ids
+    from lmkit.models import build_model
+    from lmkit.train.tasks import get_objective
+
+    texts = [f"The value {i} is here. It ends {i * 7} times." for i in range(40)]
+    tok = lmkit.train_tokenizer(texts, kind="bpe", vocab_size=300, special_tokens=["<|endoftext|>", "<|pad|>"])
+    task = get_objective(objective).prepare(tok)
+    bos, pad = special_ids(tok)
+    torch.manual_seed(0)
+    model = build_model(get_preset("bart" if objective == "denoise" else "t5", vocab_size=tok.vocab_size, d_model=16,
+                                   n_layers=1, n_decoder_layers=1, n_heads=2, d_ff=32, max_seq_len=40, pad_token_id=pad,
+                                   eos_token_id=bos, decoder_start_token_id=bos, dropout=0.0))
+    rows = torch.randint(2, 250, (6, 33))
+    rows[:, 0] = bos
+    result = task.evaluate(model, rows=rows, mask=torch.ones_like(rows), num_bytes=1000, batch_size=3)
+    assert torch.isfinite(torch.tensor(result["loss"])) and result["tokens"] > 0

@@ -93,7 +93,8 @@ class FixedCorruptionEvaluation:
         model.eval()
         device = next(model.parameters()).device
         generator = torch.Generator().manual_seed(self.eval_seed)
-        pad = int(rows[mask == 0][0]) if bool((mask == 0).any()) else -1
+        # the rows' padding, else the model's pad id: corrupted sources differ in length even when no row is padded
+        pad = int(rows[mask == 0][0]) if bool((mask == 0).any()) else model.config.pad_token_id
         total, count, tokens = 0.0, 0, 0
         try:
             for start in range(0, len(rows), batch_size):
