@@ -52,6 +52,12 @@ def test_hidden_matrices_are_the_block_linears_only():
     ids = [id(p) for g in opt.param_groups for p in g["params"]]
     assert len(ids) == len(set(ids)) == len({id(p) for p in model.parameters()})
     assert {id(p) for g in opt.param_groups if g["muon"] for p in g["params"]} == hidden
+    # an untied head and its embedding table stay with AdamW; every projection of every block goes to Muon
+    untied = build_model(get_preset("default", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, vocab_size=97,
+                                    tie_embeddings=False))
+    hidden = {id(p) for p in hidden_matrices(untied)}
+    assert id(untied.lm_head.weight) not in hidden and id(untied.decoder.embeddings.tokens.weight) not in hidden
+    assert len(hidden) == sum(isinstance(m, torch.nn.Linear) for m in untied.modules()) - 1
 
 
 def test_newton_schulz_keeps_the_singular_vectors_and_flattens_the_singular_values():
