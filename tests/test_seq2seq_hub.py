@@ -144,11 +144,13 @@ def test_bart_base_style_config():
            "encoder_ffn_dim": 3072, "encoder_layers": 6, "max_position_embeddings": 1024, "model_type": "bart",
            "normalize_before": False, "normalize_embedding": True, "scale_embedding": False, "vocab_size": 50265,
            "forced_bos_token_id": 0, "forced_eos_token_id": 2, "pad_token_id": 1, "bos_token_id": 0,
-           "eos_token_id": 2, "decoder_start_token_id": 2, "static_position_embeddings": False}
+           "eos_token_id": 2, "decoder_start_token_id": 2, "static_position_embeddings": False, "dropout": 0.1,
+           "attention_dropout": 0.1, "activation_dropout": 0.1}
     cfg = config_from_hf(raw)
     preset = get_preset("bart")
     for field in ("d_model", "n_layers", "decoder_layers", "n_heads", "d_ff", "max_seq_len", "position_offset",
-                  "norm_placement", "embedding_norm", "final_norm", "activation", "output_bias", "decoder_start_token_id"):
+                  "norm_placement", "embedding_norm", "final_norm", "activation", "output_bias", "decoder_start_token_id",
+                  "dropout", "attention_dropout", "activation_dropout"):
         assert getattr(cfg, field) == getattr(preset, field), field
     assert cfg.extra == {"forced_bos_token_id": 0, "forced_eos_token_id": 2}
     with pytest.raises(ConfigError, match="encoder_ffn_dim=3072 != decoder_ffn_dim=4096"):
@@ -189,7 +191,7 @@ def test_t5_small_and_flan_style_configs():
     cfg, preset = config_from_hf(t5_small), get_preset("t5")
     for field in ("d_model", "n_layers", "decoder_layers", "n_heads", "dim_head", "d_ff", "activation", "norm", "norm_eps",
                   "attention_scale", "tie_embeddings", "output_scale", "relative_buckets", "relative_max_distance",
-                  "decoder_start_token_id", "pad_token_id", "eos_token_id"):
+                  "decoder_start_token_id", "pad_token_id", "eos_token_id", "dropout", "activation_dropout"):
         assert getattr(cfg, field) == getattr(preset, field), field
     flan = {**t5_small, "d_ff": 1024, "num_heads": 6, "num_layers": 8, "num_decoder_layers": 8,
             "feed_forward_proj": "gated-gelu", "dense_act_fn": "gelu_new", "is_gated_act": True,
@@ -272,3 +274,26 @@ def test_t5_and_bart_relatives_are_refused(tmp_path, model_type):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "d_model": 8}))
     with pytest.raises(ConfigError, match=f"model_type '{model_type}'"):
         lmkit.load_model(tmp_path)
+
+
+def test_dropout_settings_travel_as_transformers_reads_them(tmp_path):
+    """T5 drops inside its FFN at dropout_rate; BART has its own activation_dropout; GPT-2, BERT and LLaMA drop
+    nothing inside the FFN. Saved folders keep the settings."""
+    from lmkit.hub.bart import config_from_hf as bart_config
+    from lmkit.hub.bert import config_from_hf as bert_config
+    from lmkit.hub.gpt2 import config_from_hf as gpt2_config
+    from lmkit.hub.t5 import config_from_hf as t5_config
+
+    t5 = t5_config({"model_type": "t5", "dropout_rate": 0.15})
+    assert (t5.dropout, t5.activation_dropout, t5.attention_dropout) == (0.15, 0.15, 0.0)
+    hf = _bart()
+    hf.config.update(dict(dropout=0.1, attention_dropout=0.2, activation_dropout=0.3))
+    hf.save_pretrained(tmp_path / "bart")
+    cfg = lmkit.load_model(tmp_path / "bart").config
+    assert (cfg.dropout, cfg.attention_dropout, cfg.activation_dropout) == (0.1, 0.2, 0.3)
+    lmkit.load_model(tmp_path / "bart").save_pretrained(tmp_path / "again")
+    saved = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert (saved["dropout"], saved["attention_dropout"], saved["activation_dropout"]) == (0.1, 0.2, 0.3)
+    assert bart_config({"model_type": "bart"}).activation_dropout == 0.0  # BartConfig's default
+    assert gpt2_config({"model_type": "gpt2", "resid_pdrop": 0.1}).activation_dropout == 0.0
+    assert bert_config({"model_type": "bert", "hidden_dropout_prob": 0.1}).activation_dropout == 0.0

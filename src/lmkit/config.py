@@ -74,8 +74,9 @@ class ModelConfig:
     attention_scale_by_layer: bool = False  # layer i's scores also times 1/(i + 1) (GPT-2's scale_attn_by_inverse_layer_idx)
     type_vocab_size: int = 0               # segment embeddings (BERT: 2)
     # regularization and init
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
+    dropout: float = 0.0                   # on the embeddings' sum and on each sub-layer's output
+    attention_dropout: float = 0.0         # on the attention probabilities
+    activation_dropout: float = 0.0        # inside the FFN, after the activation (T5: = dropout; BART's own setting)
     init_std: float = 0.02
     # encoder-decoder
     n_decoder_layers: int | None = None    # None: = n_layers
@@ -157,7 +158,7 @@ class ModelConfig:
         for name in ("position_offset", "n_experts", "type_vocab_size", "relative_buckets", "relative_max_distance"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)!r}")
-        for name in ("dropout", "attention_dropout"):
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must lie in [0, 1], got {getattr(self, name)!r}")
         if self.head_dim is None and self.d_model % self.n_heads:
@@ -220,11 +221,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "t5": dict(architecture="encoder-decoder", position="relative", norm="rmsnorm", norm_bias=False, norm_eps=1e-6,
                bias=False, activation="relu", attention_scale=1.0, tie_embeddings=True, output_scale=512 ** -0.5,
                vocab_size=32128, d_model=512, n_layers=6, n_heads=8, head_dim=64, d_ff=2048, max_seq_len=512,
-               dropout=0.1, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, family="t5"),
+               dropout=0.1, activation_dropout=0.1, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+               family="t5"),
     "bart": dict(architecture="encoder-decoder", position="learned", position_offset=2, norm_placement="post",
                  final_norm=False, embedding_norm=True, activation="gelu", output_bias=True, vocab_size=50265,
-                 d_model=768, n_layers=6, n_heads=12, d_ff=3072, max_seq_len=1024, dropout=0.1, pad_token_id=1,
-                 bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, family="bart"),
+                 d_model=768, n_layers=6, n_heads=12, d_ff=3072, max_seq_len=1024, dropout=0.1,
+                 attention_dropout=0.1, activation_dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                 family="bart"),
     "t5-tiny": dict(architecture="encoder-decoder", position="relative", norm="rmsnorm", norm_bias=False,
                     norm_eps=1e-6, bias=False, activation="relu", attention_scale=1.0, tie_embeddings=True,
                     output_scale=128 ** -0.5, vocab_size=2048, d_model=128, n_layers=3, n_heads=4, head_dim=32,

@@ -55,6 +55,7 @@ def config_from_hf(hf: dict, family: str = "bart") -> ModelConfig:
         activation=HF_ACTIVATIONS[act], bias=True, tie_embeddings=hf.get("tie_word_embeddings", True) is not False,
         embedding_scale=d ** 0.5 if hf.get("scale_embedding") else 1.0, output_bias=True,
         dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
+        activation_dropout=hf.get("activation_dropout", 0.0),
         init_std=hf.get("init_std", 0.02), pad_token_id=hf.get("pad_token_id", 1), bos_token_id=bos,
         # generate starts from decoder_start_token_id, else bos_token_id (transformers' rule)
         eos_token_id=hf.get("eos_token_id", 2), decoder_start_token_id=start if start is not None else bos,
@@ -86,7 +87,7 @@ def config_to_hf(cfg: ModelConfig, family: str = "bart") -> dict:
         "encoder_attention_heads": cfg.n_heads, "decoder_attention_heads": cfg.n_heads,
         "encoder_ffn_dim": cfg.ffn_dim, "decoder_ffn_dim": cfg.ffn_dim, "max_position_embeddings": cfg.max_seq_len,
         "activation_function": act, "scale_embedding": cfg.embedding_scale != 1.0, "dropout": cfg.dropout,
-        "attention_dropout": cfg.attention_dropout, "activation_dropout": 0.0, "init_std": cfg.init_std,
+        "attention_dropout": cfg.attention_dropout, "activation_dropout": cfg.activation_dropout, "init_std": cfg.init_std,
         "tie_word_embeddings": cfg.tie_embeddings, "is_encoder_decoder": True, "use_cache": True,
         "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
         "decoder_start_token_id": cfg.decoder_start_token_id, **{k: cfg.extra[k] for k in _KEPT if k in cfg.extra},

@@ -53,7 +53,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         relative_max_distance=hf.get("relative_attention_max_distance", 128), norm="rmsnorm", norm_placement="pre",
         norm_eps=hf.get("layer_norm_epsilon", 1e-6), norm_bias=False, activation=_activation(hf),
         bias=False, attention_scale=1.0, tie_embeddings=bool(scale), output_scale=d ** -0.5 if scale else 1.0,
-        dropout=hf.get("dropout_rate", 0.1), init_std=hf.get("initializer_factor", 1.0) * 0.02,
+        dropout=hf.get("dropout_rate", 0.1), activation_dropout=hf.get("dropout_rate", 0.1), init_std=hf.get("initializer_factor", 1.0) * 0.02,
         pad_token_id=pad, eos_token_id=hf.get("eos_token_id", 1), bos_token_id=hf.get("bos_token_id"),
         decoder_start_token_id=hf.get("decoder_start_token_id", pad))
 

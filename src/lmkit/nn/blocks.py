@@ -15,6 +15,7 @@ from torch import nn
 
 from lmkit.config import ModelConfig
 from lmkit.nn.attention import Attention, KVCache
+from lmkit.nn.dropout import Dropout
 from lmkit.nn.ffn import FeedForward
 from lmkit.nn.norms import build_norm
 
@@ -37,7 +38,7 @@ class Residual(nn.Module):
         self.sublayer = sublayer
         self.norm = None if self.placement == "sandwich" else build_norm(config)  # before F, or after the sum (post)
         self.post_norm = build_norm(config) if self.placement in ("sandwich", "peri") else None  # on F's output
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def _drop(self, h: torch.Tensor) -> torch.Tensor:
         return self.dropout(h) if self.training and self.dropout.p > 0 else h

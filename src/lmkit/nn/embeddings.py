@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from lmkit.config import ModelConfig
+from lmkit.nn.dropout import Dropout
 from lmkit.nn.norms import build_norm
 from lmkit.nn.positions import sinusoidal_table
 
@@ -28,7 +29,7 @@ class Embeddings(nn.Module):
                                  persistent=False)
         self.token_types = nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
         self.norm = build_norm(config) if config.embedding_norm else None
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, input_ids: torch.Tensor | None, position_ids: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmkit.config import ModelConfig
+from lmkit.nn.dropout import Dropout
 from lmkit.nn.kernels import gelu_tanh
 
 _ACT = {
@@ -35,7 +36,7 @@ class FeedForward(nn.Module):
         self.gate_proj = nn.Linear(d, hidden, bias=bias) if config.gated else None
         self.up_proj = nn.Linear(d, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d, bias=bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_proj is not None:
