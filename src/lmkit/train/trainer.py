@@ -37,7 +37,7 @@ from lmkit.train.config import TrainConfig
 from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
-from lmkit.train.resume import check_same_data, load_checkpoint_state, resume_config
+from lmkit.train.resume import check_same_data, load_checkpoint_state, preset_drift, resume_config
 from lmkit.train.tasks import get_objective
 
 DEFAULT_STEPS = 1000
@@ -71,6 +71,7 @@ class Trainer:
         if blocker is not None:
             raise TrainingError(f"--out {self.out}: {blocker} is a file, not a folder; choose another --out")
         self.checkpoint = latest_checkpoint(self.out) if self.out.exists() else None
+        saved: dict[str, Any] = {}
         if cfg.resume:
             if self.checkpoint is None:
                 raise TrainingError(f"--resume: {self.out} holds no checkpoint to resume; drop --resume to start a new run")
@@ -84,13 +85,19 @@ class Trainer:
             raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
                                 f"pick a multiple of {world_size}")
         self.objective = get_objective(cfg.objective)
-        base = get_preset(cfg.preset, **cfg.model_overrides)
+        preset = get_preset(cfg.preset, **cfg.model_overrides)
+        # a resumed run rebuilds the model its checkpoint records (older checkpoints: the preset's, as before)
+        base = ModelConfig.from_dict(saved["model_config"]) if "model_config" in saved else preset
         if base.architecture != self.objective.architecture:
             raise TrainingError(f"--objective {cfg.objective} trains {self.objective.architecture} models, but preset "
                                 f"{cfg.preset!r} is {base.architecture}; pick a matching preset")
         self._prepare_data(base)
+        self.model_config = self._model_config(base)
         if cfg.resume:
             check_same_data(saved.get("data"), self.data_identity, cfg, self.out)
+            note = preset_drift(self.model_config, self._model_config(preset), cfg.preset)
+            if note and rank == 0:
+                print(f"lmkit: note: {note}", file=sys.stderr)
         torch.manual_seed(_seed_int("init", cfg.seed))
         self.model = build_model(self.model_config).to(self.device)
         check_savable(self.model)  # a format that cannot hold the model is refused now, not at the first save
@@ -131,12 +138,16 @@ class Trainer:
             self.stream = PackedStream(tokenize_corpus(train, self.tokenizer), self.bos_id, cfg.seq_len)
             val = tokenize_corpus(val_corpus, self.tokenizer)
         self.val_rows, self.val_mask, self.val_bytes = eval_rows(val, self.bos_id, self.pad_id, cfg.seq_len)
+
+    def _model_config(self, base: ModelConfig) -> ModelConfig:
+        """`base` with the run's vocabulary, special ids and context."""
+        cfg = self.cfg
         ids = dict(bos_token_id=self.bos_id, eos_token_id=self.bos_id, pad_token_id=self.pad_id, max_seq_len=cfg.seq_len)
         if base.architecture == "encoder-decoder":
             from lmkit.train.denoise import seq2seq_run_settings
 
             ids.update(seq2seq_run_settings(base, self.objective.name, self.bos_id, self.pad_id, cfg.seq_len))
-        self.model_config = base.replace(vocab_size=vocab_size_of(self.tokenizer), **ids)
+        return base.replace(vocab_size=vocab_size_of(self.tokenizer), **ids)
 
     # one optimizer step ---------------------------------------------------------------------------
     def _all_reduce(self, value: torch.Tensor) -> torch.Tensor:
@@ -211,7 +222,8 @@ class Trainer:
         state = {"tokens_seen": self.tokens_seen, "elapsed": self.elapsed, "total_steps": self.total_steps,
                  # the batch of step s is a function of (seed, s, rank, world size): the next step is the position
                  "data_position": {"next_step": self.step, "seed": self.cfg.seed},
-                 "train_config": self.cfg.to_dict(), "data": self.data_identity, "world_size": self.world_size,
+                 "train_config": self.cfg.to_dict(), "model_config": self.model_config.to_dict(),
+                 "data": self.data_identity, "world_size": self.world_size,
                  "rng": rngs[0], "rng_ranks": rngs}
         sharded = self.cfg.fsdp and self.world_size > 1
         save_checkpoint(self.out, self.step, model_sd if sharded else self.model, optim_sd, state,
