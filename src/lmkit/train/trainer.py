@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 
 from lmkit.config import ModelConfig, get_preset
 from lmkit.data import load_corpus
+from lmkit.data.corpus import refuse_output_folder
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.shards import open_prepared, prepared_fingerprint
 from lmkit.data.tokenize import corpus_tokenizer, special_ids, tokenizer_sha, vocab_size_of
@@ -31,6 +32,7 @@ from lmkit.hub import check_savable
 from lmkit.models import build_model
 from lmkit.objectives import with_aux_loss
 from lmkit.train import distributed as D
+from lmkit.train.checkpoint import FILES as CHECKPOINT_FILES, MANIFEST
 from lmkit.train.checkpoint import (checkpoints, latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
                                     set_rng_state, write_error)
 from lmkit.train.config import TrainConfig
@@ -43,6 +45,9 @@ from lmkit.train.tasks import get_objective
 DEFAULT_STEPS = 1000
 MODEL_TMP = ".model."  # the model folder is written here first, then moved into --out
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# what a run writes into --out (a checkpoint's files stand for all of them): none may be read as its corpus
+RUN_FILES = TOKENIZER_FILES + ("config.json", "model.safetensors", "metrics.jsonl", "loss_curve.png",
+                               "checkpoint/latest.json", *(f"checkpoint/step-00000001/{f}" for f in (*CHECKPOINT_FILES, MANIFEST)))
 CALIBRATION_STEPS = 8  # steps timed before a --time-budget run fixes its step count
 
 
@@ -81,6 +86,8 @@ class Trainer:
             raise TrainingError(f"{self.out} already holds a training run; pass --resume to continue it, "
                                 "or choose another --out (or remove that folder)")
         self.cfg = cfg = cfg.resolved()
+        if not cfg.data:
+            refuse_output_folder(cfg.corpus, "--out", self.out, RUN_FILES)
         if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch
             raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
                                 f"pick a multiple of {world_size}")
