@@ -61,6 +61,12 @@ def train_seed(seed: int, rank: int) -> int:
     return _seed_int("train", seed, rank) if rank else _seed_int("train", seed)
 
 
+def resume_seed(seed: int, rank: int, step: int) -> int:
+    """Seed of rank `rank` (> 0) resumed at `step` from a run of another world size, whose saved RNG states
+    do not name one per rank (every rank taking rank 0's would drop the same units in its different rows)."""
+    return _seed_int("train", seed, rank, step)
+
+
 class Trainer:
     """Trains the model a `TrainConfig` describes; `fit()` runs it and returns the last evaluation."""
 
@@ -75,7 +81,8 @@ class Trainer:
         blocker = next((p for p in (self.out, *self.out.parents) if p.exists() and not p.is_dir()), None)
         if blocker is not None:
             raise TrainingError(f"--out {self.out}: {blocker} is a file, not a folder; choose another --out")
-        self.checkpoint = latest_checkpoint(self.out) if self.out.exists() else None
+        quiet = None if rank == 0 else lambda message: None  # rank 0 alone reports a damaged checkpoint
+        self.checkpoint = latest_checkpoint(self.out, warn=quiet) if self.out.exists() else None
         saved: dict[str, Any] = {}
         if cfg.resume:
             if self.checkpoint is None:
@@ -213,6 +220,8 @@ class Trainer:
         ranks = state.get("rng_ranks")
         if ranks and len(ranks) == self.world_size:
             set_rng_state(ranks[self.rank])
+        elif self.rank:  # saved by another number of processes: rank 0 goes on from its state, the others draw their own
+            torch.manual_seed(resume_seed(self.cfg.seed, self.rank, state["step"]))
         return state
 
     def save(self) -> None:
