@@ -37,14 +37,35 @@ def test_train_resume_and_eval(corpus_file, tmp_path):
     (["--time-budget", "inf"], "--time-budget must be a positive number"),
     (["--max-steps", "0"], "--max-steps must be"),
     (["--out", "empty.txt/run"], "is a file, not a folder"),
+    # the run's own files would be read as training text by the next run on the same --corpus
+    (["--corpus", "texts", "--out", "texts"], "--out texts is inside the corpus folder texts"),
+    (["--corpus", "texts/", "--out", "texts/runs/a"], "--out texts/runs/a is inside the corpus folder texts/"),
+    (["--corpus", "texts/**/*.jsonl", "--out", "texts/run"], "the run's metrics.jsonl would match --corpus"),
+    (["--corpus", "old/metrics.jsonl", "--out", "old"], "old/metrics.jsonl is one of the corpus files"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, message):
     (tmp_path / "empty.txt").write_text("\n\n")
+    for name in ("texts/a.jsonl", "old/metrics.jsonl"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(9)))
     r = lmkit("train", "--out", "out", "--max-steps", "1", *args, cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.startswith("lmkit: error: ") and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_out_beside_what_the_corpus_reads_is_allowed(tmp_path, monkeypatch):
+    """A glob that matches none of the run's files, a file next to --out, a hidden folder a corpus folder skips."""
+    from lmkit.data.corpus import refuse_output_folder
+    from lmkit.train.trainer import RUN_FILES
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("some text")
+    for corpus, out in ((["texts/*.txt"], "texts/run"), (["texts/a.txt"], "texts"), (["texts"], "texts/.runs/a"),
+                        (["texts", "pydocs"], "runs/a")):
+        refuse_output_folder(corpus, "--out", out, RUN_FILES)
 
 
 def test_nan_loss_is_one_clear_last_line_and_leaves_nothing(corpus_file, tmp_path):

@@ -95,6 +95,20 @@ def test_a_batch_that_does_not_divide_among_the_processes(shards, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert r.returncode != 0 and not out.exists()
     assert "lmkit: error: --batch-size 7 does not divide among the 2 processes; pick a multiple of 2" in r.stderr
+    assert r.stderr.count("lmkit: error:") == 1  # rank 0 reports it; rank 1, which hit the same, exits quietly
+
+
+def test_resume_on_another_world_size_gives_each_rank_its_own_rng(shards, one, tmp_path):
+    """A one-process run resumed by 2 processes: rank 0 goes on from the saved RNG state, rank 1 draws from its own
+    (it took rank 0's as well, and so would drop the same units in its other rows)."""
+    import shutil
+
+    shutil.copytree(shards / "one", tmp_path / "r")
+    shutil.rmtree(tmp_path / "r" / "checkpoint" / "step-00000004")  # back to the save of step 2
+    resumed = run_train(tmp_path / "r", shards / "data", 2, "--resume")
+    assert len(resumed) == 4 and all(abs(a["loss"] - b["loss"]) < 1e-5 for a, b in zip(one, resumed))
+    rngs = _state(tmp_path / "r", 4)["rng_ranks"]
+    assert len(rngs) == 2 and rngs[0]["torch"] != rngs[1]["torch"]
 
 
 @pytest.mark.slow

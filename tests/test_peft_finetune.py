@@ -181,3 +181,25 @@ def test_classification_default_length_fits_prompt_tuning(short_bert, tmp_path, 
     capsys.readouterr()
     saved = json.loads((tmp_path / "out" / "finetune.json").read_text())
     assert saved["config"]["max_length"] == 12
+
+
+def test_cli_clm_holds_out_val_fraction(folder):
+    """--task clm scores the documents --val-fraction holds out (it used to hold out 5% whatever was given)."""
+    from lmkit.cli import main
+
+    docs = folder / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": f"def f{i}(x):\n    return x * {i}\n"}) + "\n"
+                            for i in range(60)), encoding="utf-8")
+    tok = lmkit.load_tokenizer(folder / "model" / "tokenizer.json")
+    model = lmkit.load_model(folder / "model")
+    tokens = {}
+    for fraction in (None, "0.5"):
+        out = folder / f"cli-val-{fraction}"
+        assert main(["finetune", "--task", "clm", "--model", str(folder / "model"), "--train", str(docs), "--out", str(out),
+                     "--peft", "lora", "--max-steps", "1", "--batch-size", "2", "--max-length", "16"]
+                    + (["--val-fraction", fraction] if fraction else [])) == 0
+        before = json.loads((out / "finetune.json").read_text())["before"]
+        held = CausalLMData(tok, [str(docs)], 16, val_fraction=float(fraction or 0.05)).evaluate(model)
+        assert before["tokens"] == held["tokens"] and abs(before["loss"] - held["loss"]) < 1e-6
+        tokens[fraction] = before["tokens"]
+    assert tokens["0.5"] > 3 * tokens[None]

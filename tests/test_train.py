@@ -108,6 +108,62 @@ def test_killed_run_resumes_with_identical_losses(corpus_file, tmp_path, precisi
                                                                                  "step-00000006"]
 
 
+def _back_to_step_3(out, edit=None):
+    """Drop the last checkpoint (as if killed after step 3's save); `edit` rewrites its state.json (manifest kept valid)."""
+    import hashlib
+    import shutil
+
+    shutil.rmtree(out / "checkpoint" / "step-00000006")
+    ckpt = out / "checkpoint" / "step-00000003"
+    if edit:
+        state = json.loads((ckpt / "state.json").read_text())
+        edit(state)
+        (ckpt / "state.json").write_text(json.dumps(state))
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        data = (ckpt / "state.json").read_bytes()
+        manifest["files"]["state.json"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    return ckpt
+
+
+def test_resume_rebuilds_the_model_its_checkpoint_records(corpus_file, tmp_path, monkeypatch, capsys):
+    """A checkpoint records the full ModelConfig: a preset redefined since (a new lmkit version) changes
+    neither the resumed model nor its losses, and the run says what the preset now gives; overrides
+    given that differ from the run's are refused."""
+    from lmkit.config import PRESETS, ModelConfig
+
+    straight = Trainer(config(corpus_file, tmp_path / "a"))
+    straight.fit()
+    out = tmp_path / "b"
+    Trainer(config(corpus_file, out)).fit()
+    ckpt = _back_to_step_3(out)
+    assert ModelConfig.from_dict(json.loads((ckpt / "state.json").read_text())["model_config"]) == straight.model_config
+    monkeypatch.setitem(PRESETS, "tiny", {**PRESETS["tiny"], "d_ff": 96, "dropout": 0.1})
+    with pytest.raises(TrainingError, match="--model-overrides .* differs from the run being resumed"):
+        Trainer(config(corpus_file, out, resume=True, model_overrides={"dropout": 0.0}), explicit={"model_overrides"})
+    resumed = Trainer(config(corpus_file, out, resume=True), explicit=set())
+    assert resumed.model_config == straight.model_config
+    assert "preset 'tiny' now gives d_ff=96, dropout=0.1; the resumed run keeps the model its checkpoint records " \
+           "(d_ff=None, dropout=0.0)" in capsys.readouterr().err
+    resumed.fit()
+    assert losses(out) == losses(tmp_path / "a")
+
+
+def test_checkpoint_without_a_recorded_model_resumes_from_the_preset(corpus_file, tmp_path):
+    """Checkpoints written before the ModelConfig was recorded (nor the tokenizer's vocab_size) resume as before."""
+    Trainer(config(corpus_file, tmp_path / "a")).fit()
+    out = tmp_path / "b"
+    Trainer(config(corpus_file, out)).fit()
+
+    def as_before(state):
+        del state["model_config"]
+        state["train_config"]["vocab_size"] = None
+
+    _back_to_step_3(out, as_before)
+    Trainer(config(corpus_file, out, resume=True), explicit=set()).fit()
+    assert losses(out) == losses(tmp_path / "a")
+
+
 def test_python_api_resume_keeps_the_saved_plan_or_takes_a_new_max_steps(corpus_file, tmp_path):
     """TrainConfig(out=..., resume=True): settings left at their defaults are the saved run's (max_steps=None
     continues to its 6 planned steps, not 1000), max_steps given is honoured; a run killed while writing its

@@ -24,7 +24,8 @@ def register(subparsers) -> None:
     p.add_argument("--pooling", choices=["cls", "mean"], default="cls",
                    help="what the head reads (default cls); a mean-pooled folder is lmkit's: transformers' "
                    "...ForSequenceClassification pools [CLS] and gives other logits")
-    p.add_argument("--val-fraction", type=float, default=0.1, metavar="F", help="held out when --eval is not given")
+    p.add_argument("--val-fraction", type=float, metavar="F",
+                   help="held out when --eval is not given (default 0.1; --task clm: 0.05 of the documents)")
     p.add_argument("--warmup-ratio", type=float, default=0.1, metavar="F", help="share of steps warming up (default 0.1)")
     p.add_argument("--weight-decay", type=float, default=0.01, metavar="X", help="AdamW weight decay (default 0.01)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
@@ -58,7 +59,8 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
     from lmkit.peft.finetune import finetune_causal_lm_folder
 
     r = finetune_causal_lm_folder(args.model, args.out, method, [args.train], args.max_steps, args.batch_size,
-                                  args.max_length, args.lr, args.seed, **settings)
+                                  args.max_length, args.lr, args.seed,
+                                  **({} if args.val_fraction is None else {"val_fraction": args.val_fraction}), **settings)
     b, a = r["before"], r["after"]
     print(f"lmkit finetune --task clm --peft {method}: {r['trainable']:,} of {r['total']:,} parameters trained "
           f"({r['percent']:.2f}%) in {r['seconds']:.0f} s; validation loss {b['loss']:.4f} -> {a['loss']:.4f}, "

@@ -53,12 +53,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lmkit.errors import LmkitError
     from lmkit.train import Trainer
     from lmkit.train import distributed
 
-    cfg, explicit = config_from_args(args)
     ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
     try:
+        cfg, explicit = config_from_args(args)
         trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
         c = trainer.cfg
         if ctx.is_main:
@@ -70,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
         result = trainer.fit()
         if ctx.is_main:
             print(summary(result, c.out))
+    except (LmkitError, OSError) as exc:
+        if not distributed.quiet_error(ctx, exc):
+            raise
+        return 2  # rank 0 reports it: every rank read the same flags and data
     finally:
         distributed.teardown(ctx)
     return 0

@@ -6,6 +6,7 @@ It depends on nothing but the id, so it is stable across runs, machines and corp
 """
 from __future__ import annotations
 
+import fnmatch
 import glob as globlib
 import hashlib
 import json
@@ -221,12 +222,49 @@ def resolved_sources(specs: Sequence[str]) -> set[str]:
     return names
 
 
-def refuse_inputs(specs: Sequence[str], outputs: dict[str, str | Path]) -> None:
-    """Raise when an output file ({flag: path}) is one of the files the corpus specs read: writing it would destroy it."""
+def refuse_inputs(specs: Sequence[str], outputs: dict[str, str | Path] | Iterable[tuple[str, str | Path]]) -> None:
+    """Raise when an output file ({flag: path}, or (flag, path) pairs) is one of the files the corpus specs read:
+    writing it would destroy it."""
     sources = resolved_sources(specs)
-    for flag, path in outputs.items():
+    for flag, path in outputs.items() if isinstance(outputs, dict) else outputs:
         if str(Path(path).expanduser().resolve()) in sources:
             raise CorpusError(f"{flag} {path} is one of the corpus files and would be overwritten; write to a new file")
+
+
+def refuse_output_folder(specs: Sequence[str], flag: str, folder: str | Path, written: Sequence[str]) -> None:
+    """Raise when files written under `folder` (paths `written` relative to it) would overwrite a corpus file,
+    or be read as text by the same corpus specs next time: `folder` at or inside a corpus folder, or a
+    written path that a corpus glob matches."""
+    from lmkit.data.builtin import BUILTIN
+
+    refuse_inputs(specs, [(flag, Path(folder, name)) for name in written])
+    root = Path(os.path.abspath(os.path.expanduser(folder)))
+    for spec in specs:
+        if spec in BUILTIN and not os.path.exists(spec):
+            continue
+        if any(c in spec for c in "*?["):
+            pattern = Path(os.path.abspath(os.path.expanduser(spec))).parts
+            hit = next((name for name in written if _glob_matches(pattern, (root / name).parts)), None)
+            if hit is not None:
+                raise CorpusError(f"{flag} {folder}: the run's {hit} would match --corpus {spec!r} and be read as "
+                                  f"training text next time; choose a {flag} outside what the corpus reads")
+        elif Path(spec).expanduser().is_dir():
+            top = Path(os.path.abspath(os.path.expanduser(spec)))
+            if (root == top or top in root.parents) and not any(p.startswith(".") for p in root.relative_to(top).parts):
+                raise CorpusError(f"{flag} {folder} is inside the corpus folder {spec}: the run's files would be read as "
+                                  f"training text next time; choose a {flag} outside it")
+
+
+def _glob_matches(pattern: Sequence[str], parts: Sequence[str]) -> bool:
+    """Whether path components `parts` match glob components `pattern` as glob.glob(recursive=True) would."""
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_glob_matches(rest, parts[i:]) for i in range(len(parts) + 1)
+                   if not any(p.startswith(".") for p in parts[:i]))
+    return bool(parts) and (head.startswith(".") or not parts[0].startswith(".")) \
+        and fnmatch.fnmatchcase(parts[0], head) and _glob_matches(rest, parts[1:])
 
 
 def same_files(a: Sequence[str], b: Sequence[str]) -> bool:

@@ -111,10 +111,11 @@ class CausalLMData:
 
 
 def causal_lm_data(model: nn.Module, tokenizer, corpus, seq_len: int | None, max_val_docs: int | None = None,
-                   method: str = "full", settings: dict | None = None, flag: str = "--seq-len") -> CausalLMData:
+                   method: str = "full", settings: dict | None = None, flag: str = "--seq-len",
+                   val_fraction: float = 0.05) -> CausalLMData:
     """CausalLMData of `corpus` in rows that fit the model (`fitting_length`, at most 256 tokens by default)."""
     seq_len = fitting_length(model.config.max_seq_len, method, settings or {}, seq_len, 256, flag)
-    return CausalLMData(tokenizer, list(corpus), seq_len, max_val_docs)
+    return CausalLMData(tokenizer, list(corpus), seq_len, max_val_docs, val_fraction)
 
 
 def check_out(out, source, flag: str = "--model") -> None:
@@ -203,10 +204,11 @@ def fitting_length(max_seq_len: int, method: str, settings: dict, asked: int | N
 
 def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pydocs",), steps: int = 100,
                               batch_size: int = 8, seq_len: int | None = None, lr: float | None = None, seed: int = 0,
-                              max_val_docs: int | None = None, log=None, **settings) -> dict:
+                              max_val_docs: int | None = None, log=None, val_fraction: float = 0.05, **settings) -> dict:
     """Fine-tune the causal LM of `model_dir` on `corpus` with a PEFT method (or "full"); write to `out`.
 
-    Rows are `seq_len` tokens (default: what fits the model's context, at most 256).
+    Rows are `seq_len` tokens (default: what fits the model's context, at most 256); `val_fraction` of the
+    corpus's documents (by `Corpus.split`) are held out for the scores before and after.
 
     `out` gets the adapter in PEFT format (adapter_config.json + adapter_model.safetensors), or the whole
     model for "full", plus finetune.json with the validation scores before and after and the parameter counts.
@@ -216,7 +218,7 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
 
     check_out(out, model_dir)
     model, tok = model_folder(model_dir)
-    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, method, settings, "--max-length")
+    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, method, settings, "--max-length", val_fraction)
     before = data.evaluate(model)
     torch.manual_seed(seed)
     tuned = peft_for_task(model, method, **settings)

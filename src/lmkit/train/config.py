@@ -28,7 +28,8 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 # Settings that change the numbers of a run: a resumed run must keep them.
 RUN_DEFINING = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "optimizer",
-                "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "precision", "seed", "vocab_size", "val_fraction")
+                "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "precision", "seed", "vocab_size", "val_fraction",
+                "model_overrides")
 
 
 @dataclass
@@ -66,8 +67,10 @@ class TrainConfig:
     def resolved(self) -> "TrainConfig":
         """A copy with every None that has a default filled in (recipes first)."""
         recipe = RECIPES.get(self.preset, {})
-        context = get_preset(self.preset, **self.model_overrides).max_seq_len
-        generic = dict(batch_size=16, seq_len=min(context, 1024), lr=1e-3, warmup_steps=100, optimizer="adamw")
+        model = get_preset(self.preset, **self.model_overrides)
+        # vocab_size (the tokenizer's target) is recorded so that a resumed run retrains the same tokenizer
+        generic = dict(batch_size=16, seq_len=min(model.max_seq_len, 1024), lr=1e-3, warmup_steps=100, optimizer="adamw",
+                       vocab_size=model.vocab_size)
         values = {k: getattr(self, k) if getattr(self, k) is not None else recipe.get(k, generic[k]) for k in generic}
         cfg = dataclasses.replace(self, **values)
         if cfg.precision is None:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmkit.errors import TrainingError
+from lmkit.errors import LmkitError, TrainingError
 
 
 @dataclass
@@ -59,6 +59,13 @@ def setup(device: str | None = None) -> DistContext:
 def teardown(ctx: DistContext) -> None:
     if ctx.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def quiet_error(ctx: DistContext, exc: BaseException) -> bool:
+    """Whether this rank exits without printing `exc`: a user error (LmkitError, or an OSError naming a path)
+    raised once the group is up is raised alike on every rank, and rank 0 alone prints it."""
+    user_error = isinstance(exc, LmkitError) or (isinstance(exc, OSError) and exc.filename is not None)
+    return ctx.world_size > 1 and ctx.rank != 0 and user_error
 
 
 def _sum_hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lmkit.config import ModelConfig
 from lmkit.errors import CheckpointError, TrainingError
 from lmkit.train.config import RUN_DEFINING, TrainConfig
 
@@ -75,3 +76,13 @@ def check_same_data(saved: dict[str, str] | None, current: dict[str, str], cfg: 
         return
     raise TrainingError(f"{source} is not what the run in {out} was trained on ({what}: changed or replaced since?); "
                         "resume with the data the run was trained on, or start a new run with another --out")
+
+
+def preset_drift(recorded: ModelConfig, preset: ModelConfig, name: str) -> str | None:
+    """What the preset now defines otherwise than the model the checkpoint records (None: nothing)."""
+    old, new = recorded.to_dict(), preset.to_dict()
+    changed = [k for k in old if old[k] != new.get(k)]
+    if not changed:
+        return None
+    return (f"preset {name!r} now gives {', '.join(f'{k}={new.get(k)!r}' for k in changed)}; the resumed run keeps the "
+            f"model its checkpoint records ({', '.join(f'{k}={old[k]!r}' for k in changed)})")

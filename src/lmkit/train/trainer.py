@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 
 from lmkit.config import ModelConfig, get_preset
 from lmkit.data import load_corpus
+from lmkit.data.corpus import refuse_output_folder
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.shards import open_prepared, prepared_fingerprint
 from lmkit.data.tokenize import corpus_tokenizer, special_ids, tokenizer_sha, vocab_size_of
@@ -31,18 +32,22 @@ from lmkit.hub import check_savable
 from lmkit.models import build_model
 from lmkit.objectives import with_aux_loss
 from lmkit.train import distributed as D
+from lmkit.train.checkpoint import FILES as CHECKPOINT_FILES, MANIFEST
 from lmkit.train.checkpoint import (checkpoints, latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
                                     set_rng_state, write_error)
 from lmkit.train.config import TrainConfig
 from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
-from lmkit.train.resume import check_same_data, load_checkpoint_state, resume_config
+from lmkit.train.resume import check_same_data, load_checkpoint_state, preset_drift, resume_config
 from lmkit.train.tasks import get_objective
 
 DEFAULT_STEPS = 1000
 MODEL_TMP = ".model."  # the model folder is written here first, then moved into --out
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# what a run writes into --out (a checkpoint's files stand for all of them): none may be read as its corpus
+RUN_FILES = TOKENIZER_FILES + ("config.json", "model.safetensors", "metrics.jsonl", "loss_curve.png",
+                               "checkpoint/latest.json", *(f"checkpoint/step-00000001/{f}" for f in (*CHECKPOINT_FILES, MANIFEST)))
 CALIBRATION_STEPS = 8  # steps timed before a --time-budget run fixes its step count
 
 
@@ -54,6 +59,12 @@ def train_seed(seed: int, rank: int) -> int:
     """Seed of the RNG dropout draws from: rank 0 gets a one-process run's, every other rank its own (ranks
     seeded alike would drop the same units in their different rows)."""
     return _seed_int("train", seed, rank) if rank else _seed_int("train", seed)
+
+
+def resume_seed(seed: int, rank: int, step: int) -> int:
+    """Seed of rank `rank` (> 0) resumed at `step` from a run of another world size, whose saved RNG states
+    do not name one per rank (every rank taking rank 0's would drop the same units in its different rows)."""
+    return _seed_int("train", seed, rank, step)
 
 
 class Trainer:
@@ -70,7 +81,9 @@ class Trainer:
         blocker = next((p for p in (self.out, *self.out.parents) if p.exists() and not p.is_dir()), None)
         if blocker is not None:
             raise TrainingError(f"--out {self.out}: {blocker} is a file, not a folder; choose another --out")
-        self.checkpoint = latest_checkpoint(self.out) if self.out.exists() else None
+        quiet = None if rank == 0 else lambda message: None  # rank 0 alone reports a damaged checkpoint
+        self.checkpoint = latest_checkpoint(self.out, warn=quiet) if self.out.exists() else None
+        saved: dict[str, Any] = {}
         if cfg.resume:
             if self.checkpoint is None:
                 raise TrainingError(f"--resume: {self.out} holds no checkpoint to resume; drop --resume to start a new run")
@@ -80,17 +93,25 @@ class Trainer:
             raise TrainingError(f"{self.out} already holds a training run; pass --resume to continue it, "
                                 "or choose another --out (or remove that folder)")
         self.cfg = cfg = cfg.resolved()
+        if not cfg.data:
+            refuse_output_folder(cfg.corpus, "--out", self.out, RUN_FILES)
         if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch
             raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
                                 f"pick a multiple of {world_size}")
         self.objective = get_objective(cfg.objective)
-        base = get_preset(cfg.preset, **cfg.model_overrides)
+        preset = get_preset(cfg.preset, **cfg.model_overrides)
+        # a resumed run rebuilds the model its checkpoint records (older checkpoints: the preset's, as before)
+        base = ModelConfig.from_dict(saved["model_config"]) if "model_config" in saved else preset
         if base.architecture != self.objective.architecture:
             raise TrainingError(f"--objective {cfg.objective} trains {self.objective.architecture} models, but preset "
                                 f"{cfg.preset!r} is {base.architecture}; pick a matching preset")
         self._prepare_data(base)
+        self.model_config = self._model_config(base)
         if cfg.resume:
             check_same_data(saved.get("data"), self.data_identity, cfg, self.out)
+            note = preset_drift(self.model_config, self._model_config(preset), cfg.preset)
+            if note and rank == 0:
+                print(f"lmkit: note: {note}", file=sys.stderr)
         torch.manual_seed(_seed_int("init", cfg.seed))
         self.model = build_model(self.model_config).to(self.device)
         check_savable(self.model)  # a format that cannot hold the model is refused now, not at the first save
@@ -131,12 +152,16 @@ class Trainer:
             self.stream = PackedStream(tokenize_corpus(train, self.tokenizer), self.bos_id, cfg.seq_len)
             val = tokenize_corpus(val_corpus, self.tokenizer)
         self.val_rows, self.val_mask, self.val_bytes = eval_rows(val, self.bos_id, self.pad_id, cfg.seq_len)
+
+    def _model_config(self, base: ModelConfig) -> ModelConfig:
+        """`base` with the run's vocabulary, special ids and context."""
+        cfg = self.cfg
         ids = dict(bos_token_id=self.bos_id, eos_token_id=self.bos_id, pad_token_id=self.pad_id, max_seq_len=cfg.seq_len)
         if base.architecture == "encoder-decoder":
             from lmkit.train.denoise import seq2seq_run_settings
 
             ids.update(seq2seq_run_settings(base, self.objective.name, self.bos_id, self.pad_id, cfg.seq_len))
-        self.model_config = base.replace(vocab_size=vocab_size_of(self.tokenizer), **ids)
+        return base.replace(vocab_size=vocab_size_of(self.tokenizer), **ids)
 
     # one optimizer step ---------------------------------------------------------------------------
     def _all_reduce(self, value: torch.Tensor) -> torch.Tensor:
@@ -195,6 +220,8 @@ class Trainer:
         ranks = state.get("rng_ranks")
         if ranks and len(ranks) == self.world_size:
             set_rng_state(ranks[self.rank])
+        elif self.rank:  # saved by another number of processes: rank 0 goes on from its state, the others draw their own
+            torch.manual_seed(resume_seed(self.cfg.seed, self.rank, state["step"]))
         return state
 
     def save(self) -> None:
@@ -211,7 +238,8 @@ class Trainer:
         state = {"tokens_seen": self.tokens_seen, "elapsed": self.elapsed, "total_steps": self.total_steps,
                  # the batch of step s is a function of (seed, s, rank, world size): the next step is the position
                  "data_position": {"next_step": self.step, "seed": self.cfg.seed},
-                 "train_config": self.cfg.to_dict(), "data": self.data_identity, "world_size": self.world_size,
+                 "train_config": self.cfg.to_dict(), "model_config": self.model_config.to_dict(),
+                 "data": self.data_identity, "world_size": self.world_size,
                  "rng": rngs[0], "rng_ranks": rngs}
         sharded = self.cfg.fsdp and self.world_size > 1
         save_checkpoint(self.out, self.step, model_sd if sharded else self.model, optim_sd, state,
