@@ -119,3 +119,33 @@ def test_muon_under_ddp_and_fsdp_logs_the_losses_of_one_process(shards, one):
     for name, extra in (("muon-ddp", ()), ("muon-fsdp", ("--fsdp",))):
         two = run_train(shards / name, shards / "data", 2, "--optimizer", "muon", *extra)
         assert len(two) == 4 and all(abs(a["loss"] - b["loss"]) < 1e-5 for a, b in zip(alone, two)), name
+
+
+@pytest.mark.parametrize("phase", ["setup", "training"])
+def test_rank_1_is_quiet_about_setup_errors_but_reports_its_own_while_training(phase, monkeypatch):
+    """Set-up errors (flags, corpus) are the same on every rank: rank 0 alone prints them. An error while training
+    may be rank 1's alone (its file system, its memory): rank 1 raises it, so it is printed."""
+    import argparse
+
+    from lmkit.cli import train as cli_train
+    from lmkit.errors import TrainingError
+    from lmkit.train import distributed
+
+    class FakeTrainer:
+        cfg = None
+
+        def __init__(self, cfg, **kw):
+            if phase == "setup":
+                raise TrainingError("bad setting")
+
+        def fit(self):
+            raise TrainingError("rank 1's own trouble")
+
+    monkeypatch.setattr(distributed, "setup", lambda: distributed.DistContext(rank=1, world_size=2))
+    monkeypatch.setattr(cli_train, "config_from_args", lambda args: (None, set()))
+    monkeypatch.setattr("lmkit.train.Trainer", FakeTrainer)
+    if phase == "setup":
+        assert cli_train.run(argparse.Namespace()) == 2
+    else:
+        with pytest.raises(TrainingError, match="rank 1's own trouble"):
+            cli_train.run(argparse.Namespace())

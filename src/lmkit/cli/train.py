@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.train import distributed
 
     ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
+    training = False
     try:
         cfg, explicit = config_from_args(args)
         trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
@@ -68,12 +69,13 @@ def run(args: argparse.Namespace) -> int:
                   + f" ({trainer.stream.num_tokens} training tokens), batch {c.batch_size} x {c.seq_len}, {c.precision}"
                   + (f", {ctx.world_size} processes ({'FSDP' if c.fsdp else 'DDP'}, {ctx.backend})" if ctx.world_size > 1 else "")
                   + (f", resuming at step {trainer.step}" if c.resume else ""))
+        training = True
         result = trainer.fit()
         if ctx.is_main:
             print(summary(result, c.out))
     except (LmkitError, OSError) as exc:
-        if not distributed.quiet_error(ctx, exc):
-            raise
+        if training or not distributed.quiet_error(ctx, exc):
+            raise  # an error while training may be one rank's own: every rank reports its own
         return 2  # rank 0 reports it: every rank read the same flags and data
     finally:
         distributed.teardown(ctx)

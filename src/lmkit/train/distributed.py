@@ -63,7 +63,9 @@ def teardown(ctx: DistContext) -> None:
 
 def quiet_error(ctx: DistContext, exc: BaseException) -> bool:
     """Whether this rank exits without printing `exc`: a user error (LmkitError, or an OSError naming a path)
-    raised once the group is up is raised alike on every rank, and rank 0 alone prints it."""
+    raised while the run is set up (the group up, training not begun) is raised alike on every rank, and rank 0
+    alone prints it. (Ranks that do not share a file system could differ here; errors while training print
+    on every rank.)"""
     user_error = isinstance(exc, LmkitError) or (isinstance(exc, OSError) and exc.filename is not None)
     return ctx.world_size > 1 and ctx.rank != 0 and user_error
 
