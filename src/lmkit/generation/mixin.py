@@ -14,7 +14,7 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.decode_plan import DecodePlan
-from lmkit.generation.logits import changes_scores, check_supported, process, processor_options
+from lmkit.generation.logits import block_eos, changes_scores, check_supported, process, processor_options
 from lmkit.nn import build_attention_bias
 
 
@@ -144,6 +144,8 @@ class GenerationMixin:
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         start = self._prompt_length(input_ids, model_kwargs)
+        if max_new_tokens is not None and max_new_tokens <= 0:  # transformers' GenerationConfig.validate refuses 0
+            raise GenerationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if max_new_tokens is None:
             max_new_tokens = self._default_new_tokens(start, setting("max_length", max_length, None))
         if min_new_tokens is None:  # min_length, a total length: as many new tokens as the prompt leaves short of it
@@ -166,8 +168,6 @@ class GenerationMixin:
                                   "use do_sample=False for greedy")
         if top_p is not None and not 0 < top_p <= 1:
             raise GenerationError(f"top_p must lie in (0, 1], got {top_p}")
-        if max_new_tokens < 0:
-            raise GenerationError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if num_beams < 1:
             raise GenerationError(f"num_beams must be >= 1, got {num_beams}")
         if streamer is not None and num_beams > 1:
@@ -305,8 +305,8 @@ class GenerationMixin:
                 scores = scores.float()
             if record is not None and record.logits is not None:
                 record.logits += (scores.clone(),)
-            if step < min_new_tokens and eos:
-                scores[:, eos] = -float("inf")
+            if step < min_new_tokens:
+                block_eos(scores, eos)
             if processing:
                 scores = process(out[:, :length], scores, start=start, max_length=start + max_new_tokens, forced=forced,
                                  **options)
