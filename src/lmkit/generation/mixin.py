@@ -82,10 +82,13 @@ class GenerationMixin:
                 return plan.step(tokens, state.cache, tokens.new_full(tokens.shape, past), None)
             out = self(tokens, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
             return out.logits[:, -1]
-        if past:
+        if past:  # as transformers 5: new tokens go on from the last position (the prompt's, if it ends padded)
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], tokens.shape[1])], dim=1)
             state.attention_mask = mask
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, past:past + tokens.shape[1]]
+            positions = state.extra["position"] + 1 + torch.arange(tokens.shape[1], device=tokens.device)
+        else:  # the prompt: each real token's index among the real ones, padding at 0
+            positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        state.extra["position"] = positions[:, -1:]
         if plan is not None:
             bias, _ = build_attention_bias(mask, tokens.shape[0], 1, past + 1, True, torch.bool, tokens.device)
             return plan.step(tokens, state.cache, positions, bias)
@@ -97,6 +100,8 @@ class GenerationMixin:
         state.cache.reorder(index)
         if state.attention_mask is not None:
             state.attention_mask = state.attention_mask.index_select(0, index)
+        if "position" in state.extra:
+            state.extra["position"] = state.extra["position"].index_select(0, index)
 
     # --- the public entry point ----------------------------------------------------------------
     @torch.inference_mode()
