@@ -108,11 +108,15 @@ def decode_kwargs(draw, prompt_len, tokens):
         "suppress_tokens": st.lists(token, min_size=1, max_size=2),
         "begin_suppress_tokens": st.lists(token, min_size=1, max_size=2),
         "forced_eos_token_id": st.one_of(token, st.lists(token, min_size=1, max_size=2, unique=True)),
+        "sequence_bias": st.lists(st.tuples(st.lists(token, min_size=1, max_size=2).map(tuple),
+                                            st.sampled_from([-3.0, 2.0])), min_size=1, max_size=2).map(dict),
     }
     for name in draw(st.sets(st.sampled_from(sorted(optional)), max_size=5)):
         kw[name] = draw(optional[name])
     if "max_length" not in kw or draw(st.booleans()):
         kw["max_new_tokens"] = draw(st.integers(1, 9))
+    if "num_beams" not in kw and draw(st.integers(0, 3)) == 0:
+        kw.update(return_dict_in_generate=True, output_scores=draw(st.booleans()), output_logits=draw(st.booleans()))
     if draw(st.integers(0, 7)):
         return kw, None
     name = draw(st.sampled_from(sorted(INVALID)))
