@@ -89,6 +89,7 @@ def test_default_length_fits_a_short_context(run_dir):
     (["--prompt", "word " * 400], "context"),
     (["--prompt", "hi", "--max-new-tokens", "100"], "lower max_new_tokens"),
     (["--prompt", "", "--no-bos"], "the prompt is empty"),
+    (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--prompt", "hi", "--top-k", "-1"], "--top-k must be >= 0"),
     (["--prompt", "hi", "--num-beams", "0"], "--num-beams must be >= 1"),
     (["--prompt", "hi", "--repetition-penalty", "0"], "--repetition-penalty must be > 0"),

@@ -197,7 +197,8 @@ def test_incremental_greedy_equals_full_recomputation(pair):
 def test_max_new_tokens_streaming_and_one_dimensional_prompts(pair):
     _, ours = pair
     ids, mask = prompts()
-    assert ours.generate(ids, max_new_tokens=0).shape == ids.shape
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):  # transformers' ValueError too
+        ours.generate(ids, max_new_tokens=0)
     out = ours.generate(ids[0], max_new_tokens=5, eos_token_id=[])
     assert out.shape == (1, 12)
 

@@ -140,3 +140,31 @@ def test_decoder_start_of_the_generation_config_wins(bart_folder, tmp_path):
     theirs = hf.generate(src, max_new_tokens=5)
     assert (theirs[:, 0] == 7).all()
     assert lmkit.load_model(tmp_path).generate(src, max_new_tokens=5).tolist() == theirs.tolist()
+
+
+LENGTHS = [dict(max_new_tokens=0), dict(max_new_tokens=-1), dict(max_new_tokens=0, min_new_tokens=1),
+           dict(max_new_tokens=0, max_length=10), dict(max_new_tokens=0, num_beams=2), dict(max_length=3),
+           dict(max_length=2), dict(max_length=4), dict(max_new_tokens=1, min_new_tokens=5),
+           dict(max_new_tokens=2, min_new_tokens=-1)]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("kwargs", LENGTHS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_length_limits_match_transformers(bart_folder, tmp_path, kwargs):
+    """max_new_tokens <= 0, and a max_length the prompt (3 tokens; BART's decoder start: 1) already fills, are the
+    ValueError transformers raises; other limits give transformers' tokens, for both families."""
+    torch.manual_seed(0)
+    gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=61, n_embd=16, n_layer=1, n_head=2,
+                                                               n_positions=32)).eval()
+    gpt.save_pretrained(tmp_path)
+    folder, bart = bart_folder
+    ids = torch.tensor([[3, 4, 5]])
+    bart_kwargs = {k: v - 2 if k == "max_length" else v for k, v in kwargs.items()}
+    for hf, ours, args in ((gpt, lmkit.load_model(tmp_path), kwargs), (bart, lmkit.load_model(folder), bart_kwargs)):
+        try:
+            want = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, **args)
+        except ValueError:
+            with pytest.raises(ValueError):
+                ours.generate(ids, **args)
+            continue
+        assert ours.generate(ids, **args).tolist() == want.tolist()

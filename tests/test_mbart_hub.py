@@ -150,18 +150,25 @@ def test_mbart_causal_lm_folder_and_bart_layout_are_refused(tmp_path):
 
 # --- the command line on an mBART folder ---------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def cli_folder(tmp_path_factory):
-    """An mBART folder whose tokenizer.json (built with `tokenizers`) appends `</s> en_XX` to a source, as mBART's
-    does, and whose generation starts from ro_RO (decoder_start_token_id, as in mbart-large-en-ro)."""
+def _word_tokenizer(template: str):
+    """A tokenizer.json (built with `tokenizers`) of <s> <pad> </s> <unk> en_XX ro_RO and WORDS whose template adds
+    the source language code and </s>, as mBART's does."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    folder = tmp_path_factory.mktemp("mbart-cli")
     specials = ["<s>", "<pad>", "</s>", "<unk>", "en_XX", "ro_RO"]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(specials + WORDS)}, unk_token="<unk>"))
     tok.add_special_tokens(specials)
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="$A </s> en_XX", special_tokens=[("</s>", 2), ("en_XX", 4)])
+    tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=[("</s>", 2), ("en_XX", 4)])
+    return tok
+
+
+@pytest.fixture(scope="module")
+def cli_folder(tmp_path_factory):
+    """An mBART folder whose tokenizer appends `</s> en_XX` to a source and whose generation starts from ro_RO
+    (decoder_start_token_id, as in mbart-large-en-ro)."""
+    folder = tmp_path_factory.mktemp("mbart-cli")
+    tok = _word_tokenizer("$A </s> en_XX")
     tok.save(str(folder / "tokenizer.json"))
     hf = _peaky(_mbart(decoder_start_token_id=5), 2.0)
     hf.save_pretrained(folder)
@@ -181,29 +188,57 @@ def test_cli_generate_on_an_mbart_folder(cli_folder, capsys):
     assert capsys.readouterr().out == tok.decode(want[0].tolist(), skip_special_tokens=True) + "\n"
 
 
-def test_cli_eval_on_an_mbart_folder(cli_folder, tmp_path, capsys):
-    """`lmkit eval --pairs`: the reference loss (labels shifted with the last one wrapped to the front, as
-    transformers' mBART shifts them) and BLEU of the greedy outputs, both as transformers computes them."""
+PAIRS = [("w1 w2 w3", "w2 w3 w4"), ("w10 w11", "w11 w12 w13 w14"), ("w5 w6 w7 w8 w9", "w6")]
+
+
+def _eval_lines(folder, tmp_path, capsys) -> dict[str, float]:
+    """The loss and BLEU that `lmkit eval --pairs` prints for PAIRS."""
     from lmkit.cli import main
+
+    (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS))
+    assert main(["eval", "--model", str(folder), "--pairs", str(tmp_path / "pairs.tsv")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return {name: float(next(l for l in lines if l.startswith(name)).split()[1]) for name in ("loss", "BLEU")}
+
+
+def _hf_batch(tokenizer_class, tok):
+    """Sources and labels as transformers' mBART tokenizer makes them from this tokenizer.json (en_XX -> ro_RO)."""
+    hf_tok = tokenizer_class(tokenizer_object=tok, src_lang="en_XX", tgt_lang="ro_RO", pad_token="<pad>")
+    batch = hf_tok([s for s, _ in PAIRS], text_target=[t for _, t in PAIRS], padding=True, return_tensors="pt")
+    batch["labels"] = batch["labels"].masked_fill(batch["labels"] == 1, -100)
+    return batch
+
+
+def test_cli_eval_on_an_mbart_folder(cli_folder, tmp_path, capsys):
+    """`lmkit eval --pairs`: the reference loss equals transformers' on MBartTokenizerFast's labels (`X </s> ro_RO`,
+    shifted with the language code wrapped to the front: the decoder starts where generation does) and BLEU of the
+    greedy outputs equals that of transformers' outputs."""
     from lmkit.evaluate.seq2seq import score_translations
-    from lmkit.objectives import seq2seq_batch
 
     folder, hf, tok = cli_folder
-    pairs = [("w1 w2 w3", "w2 w3 w4"), ("w10 w11", "w11 w12 w13 w14"), ("w5 w6 w7 w8 w9", "w6")]
-    (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
-    assert main(["eval", "--model", str(folder), "--pairs", str(tmp_path / "pairs.tsv")]) == 0
-    out = capsys.readouterr().out
-    # what lmkit eval feeds the model: sources as the tokenizer's template makes them (x </s> en_XX, not followed by
-    # another EOS), targets without special tokens + EOS, right-padded
-    sources = [tok.encode(s).ids for s, _ in pairs]
-    assert all(ids[-2:] == tok.encode("").ids[-2:] for ids in sources)
-    batch = seq2seq_batch(sources,
-                          [tok.encode(t, add_special_tokens=False).ids for _, t in pairs], 1, 2)
+    lines = _eval_lines(folder, tmp_path, capsys)
+    batch = _hf_batch(transformers.MBartTokenizerFast, tok)
+    assert batch["labels"][0, :5].tolist() == [8, 9, 10, 2, 5]
     with torch.no_grad():
         loss = hf(**batch).loss
         gen = hf.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=32)
     hyps = [tok.decode(row.tolist(), skip_special_tokens=True).strip() for row in gen]
-    line = next(l for l in out.splitlines() if l.startswith("loss"))
-    assert float(line.split()[1]) == pytest.approx(float(loss), abs=1e-4)
-    bleu = next(l for l in out.splitlines() if l.startswith("BLEU"))
-    assert float(bleu.split()[1]) == pytest.approx(score_translations(hyps, [t for _, t in pairs])["bleu"], abs=0.006)
+    assert lines["loss"] == pytest.approx(float(loss), abs=1e-4)
+    assert lines["BLEU"] == pytest.approx(score_translations(hyps, [t for _, t in PAIRS])["bleu"], abs=0.006)
+
+
+def test_cli_eval_on_an_mbart50_folder_saved_by_lmkit(tmp_path, capsys):
+    """mBART-50's convention, in a folder lmkit wrote: the decoder starts from </s> and forced_bos_token_id is the
+    target code, so the labels are `ro_RO X </s>` (MBart50TokenizerFast); the loss is transformers' on those."""
+    tok = _word_tokenizer("en_XX $A </s>")
+    hf = _peaky(_mbart(decoder_start_token_id=2), 2.0)
+    hf.generation_config.forced_bos_token_id = 5
+    hf.save_pretrained(tmp_path / "hf")
+    lmkit.load_model(tmp_path / "hf").save_pretrained(tmp_path / "m")
+    tok.save(str(tmp_path / "m" / "tokenizer.json"))
+    lines = _eval_lines(tmp_path / "m", tmp_path, capsys)
+    batch = _hf_batch(transformers.MBart50TokenizerFast, tok)
+    assert batch["labels"][0, :5].tolist() == [5, 8, 9, 10, 2]
+    with torch.no_grad():
+        loss = transformers.MBartForConditionalGeneration.from_pretrained(tmp_path / "m")(**batch).loss
+    assert lines["loss"] == pytest.approx(float(loss), abs=1e-4)

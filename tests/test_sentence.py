@@ -82,7 +82,30 @@ def test_errors(tmp_path, minilm_path):
     for bad in (None, 5):
         with pytest.raises(ConfigError, match="string or a list of strings"):
             enc.encode(bad)
-    assert enc.encode([]).shape == (0, 384)
+
+
+def _kind(value) -> tuple:
+    """What a result is: its type, shape and dtype (recursively for lists)."""
+    if isinstance(value, list):
+        return ("list", len(value), *(_kind(v) for v in value))
+    return (type(value).__name__, tuple(value.shape), str(value.dtype))
+
+
+@pytest.mark.parametrize("kw", [{}, {"convert_to_tensor": True}, {"convert_to_numpy": False},
+                                {"convert_to_numpy": False, "convert_to_tensor": True},
+                                {"output_value": "token_embeddings"}, {"precision": "ubinary"}, {"truncate_dim": 10}])
+def test_result_kinds_match_sentence_transformers(minilm_path, kw):
+    """The type, shape and dtype of encode's result equal sentence-transformers' for an empty list (np.array([]):
+    (0,) float64; torch.tensor([]); []), one string and a list."""
+    ref = st.SentenceTransformer(str(minilm_path), device="cpu")
+    enc = lmkit.SentenceEncoder.from_pretrained(minilm_path)
+    for texts in ([], "one text", ["one text"], ["one text", "and another"]):
+        assert _kind(enc.encode(texts, **kw)) == _kind(ref.encode(texts, **kw)), (texts, kw)
+    if not kw:  # an index of no passages still holds (0, dim) embeddings and answers nothing
+        from lmkit.search import SemanticIndex
+
+        index = SemanticIndex.build(enc, [], [])
+        assert index.embeddings.shape == (0, 384) and index.search("one text") == []
 
 
 def test_pool_tokens_modes():

@@ -25,8 +25,9 @@ class CheckpointError(LmkitError):
     """A model folder or checkpoint that is missing, truncated, damaged or mismatched."""
 
 
-class GenerationError(LmkitError):
-    """Generation arguments that cannot work (prompt longer than the context, bad sampling values)."""
+class GenerationError(LmkitError, ValueError):
+    """Generation arguments that cannot work (prompt longer than the context, bad sampling values); a ValueError,
+    the kind transformers' generate raises for the same arguments."""
 
 
 class SequenceTooLongError(GenerationError):

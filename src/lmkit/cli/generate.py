@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.train.checkpoint import run_settings
 
     utf8(args.prompt, "--prompt")
-    if args.max_new_tokens is not None and args.max_new_tokens < 0:
-        raise GenerationError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise GenerationError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.top_k is not None and args.top_k < 0:
         raise GenerationError(f"--top-k must be >= 0 (0 turns it off), got {args.top_k}")
     if args.num_beams < 1:

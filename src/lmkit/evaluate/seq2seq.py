@@ -25,6 +25,25 @@ def encode_source(tokenizer, text: str, eos_id: int | None) -> list[int]:
     return ids
 
 
+def encode_target(model, tokenizer, text: str) -> list[int]:
+    """Label ids of a reference: its tokens + EOS. An mBART model (decoder_start_from_labels) also carries the target
+    language code where transformers' tokenizers put it: `X </s> code` when the decoder starts from the code
+    (MBartTokenizer; mbart-large-en-ro), `code X </s>` when it starts from EOS and forced_bos_token_id is the code
+    (MBart50Tokenizer): the labels shifted right, the last wrapped to the front, then begin as generation does."""
+    cfg = model.config
+    ids = list(tokenizer.encode(text, add_special_tokens=False)) + ([cfg.eos_token_id] if cfg.eos_token_id is not None
+                                                                    else [])
+    if not cfg.decoder_start_from_labels:
+        return ids
+    defaults = getattr(model, "generation_defaults", {})
+    start = defaults.get("decoder_start_token_id")
+    start = model.decoder_start_token_id if start is None else start
+    forced = defaults.get("forced_bos_token_id")  # where generate takes it from
+    if start != cfg.eos_token_id:
+        return ids + [int(start)]
+    return ids if forced is None else [int(forced)] + ids
+
+
 @torch.no_grad()
 def translate(model, tokenizer, sources: Sequence[str], batch_size: int = 128, max_new_tokens: int = 32,
               num_beams: int = 1) -> list[str]:
@@ -67,7 +86,8 @@ def evaluate_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], num_beams
 
 @torch.no_grad()
 def reference_loss(model, tokenizer, pairs: Sequence[tuple[str, str]], batch_size: int = 128) -> tuple[float, int]:
-    """(nats per reference token, token count) of the references under teacher forcing, EOS included."""
+    """(nats per reference token, token count) of the references under teacher forcing, labeled as `encode_target`
+    makes them (EOS, and mBART's language code, included): transformers' loss on its tokenizer's labels."""
     from lmkit.objectives import next_token_loss, seq2seq_batch
 
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -77,7 +97,7 @@ def reference_loss(model, tokenizer, pairs: Sequence[tuple[str, str]], batch_siz
     for start in range(0, len(pairs), batch_size):
         part = pairs[start:start + batch_size]
         batch = seq2seq_batch([encode_source(tokenizer, s, eos) for s, _ in part],
-                              [tokenizer.encode(r, add_special_tokens=False) for _, r in part], pad, eos)
+                              [encode_target(model, tokenizer, r) for _, r in part], pad)
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).logits
         ls = next_token_loss(logits, batch["labels"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lmkit.generation.logits import process
+from lmkit.generation.logits import block_eos, process
 
 _NEG = -1.0e9
 
@@ -33,8 +33,6 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     """The n = num_return_sequences best hypotheses per row, best first (B * n, prompt + generated); the model
     supplies the three decoding hooks."""
     start, state = model._generation_start(input_ids, attention_mask, **model_kwargs)
-    if max_new_tokens == 0:
-        return start.repeat_interleave(num_return_sequences, dim=0)
     B, prompt_len = start.shape
     k, device = num_beams, start.device
     model._generation_reorder(state, torch.arange(B, device=device).repeat_interleave(k))
@@ -62,8 +60,8 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     while True:
         log_probs = F.log_softmax(model._generation_logits(state, tokens).float(), dim=-1)
         flat_running = running[:, :, :cur_len].reshape(B * k, cur_len)
-        if cur_len - prompt_len < min_new_tokens and eos:
-            log_probs[:, eos] = -float("inf")
+        if cur_len - prompt_len < min_new_tokens:
+            block_eos(log_probs, eos)
         log_probs = process(flat_running, log_probs, start=prompt_len, max_length=max_length, forced=forced, **options)
         V = log_probs.shape[-1]
         total = (log_probs.view(B, k, V) + running_scores[:, :, None]).view(B, k * V)

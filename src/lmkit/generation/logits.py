@@ -246,6 +246,14 @@ def check_supported(defaults: dict) -> None:
                                   f"without it")
 
 
+def block_eos(scores: torch.Tensor, eos: list[int]) -> None:
+    """Set the EOS ids' scores to -inf in place (min_new_tokens); ids past the vocabulary, which can never be
+    generated, are skipped as transformers' MinNewTokensLengthLogitsProcessor skips them."""
+    inside = [e for e in eos if 0 <= e < scores.shape[-1]]
+    if inside:
+        scores[:, inside] = -float("inf")
+
+
 def changes_scores(options: dict, forced: tuple) -> bool:
     """Whether `process` with these keywords can change any score (greedy decoding skips it otherwise)."""
     return bool(options["do_sample"] or options["repetition"] != 1.0 or options["no_repeat_ngram_size"]

@@ -14,7 +14,7 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.decode_plan import DecodePlan
-from lmkit.generation.logits import changes_scores, check_supported, process, processor_options
+from lmkit.generation.logits import block_eos, changes_scores, check_supported, process, processor_options
 from lmkit.nn import build_attention_bias
 
 
@@ -82,10 +82,13 @@ class GenerationMixin:
                 return plan.step(tokens, state.cache, tokens.new_full(tokens.shape, past), None)
             out = self(tokens, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
             return out.logits[:, -1]
-        if past:
+        if past:  # as transformers 5: new tokens go on from the last position (the prompt's, if it ends padded)
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], tokens.shape[1])], dim=1)
             state.attention_mask = mask
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, past:past + tokens.shape[1]]
+            positions = state.extra["position"] + 1 + torch.arange(tokens.shape[1], device=tokens.device)
+        else:  # the prompt: each real token's index among the real ones, padding at 0
+            positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        state.extra["position"] = positions[:, -1:]
         if plan is not None:
             bias, _ = build_attention_bias(mask, tokens.shape[0], 1, past + 1, True, torch.bool, tokens.device)
             return plan.step(tokens, state.cache, positions, bias)
@@ -97,6 +100,8 @@ class GenerationMixin:
         state.cache.reorder(index)
         if state.attention_mask is not None:
             state.attention_mask = state.attention_mask.index_select(0, index)
+        if "position" in state.extra:
+            state.extra["position"] = state.extra["position"].index_select(0, index)
 
     # --- the public entry point ----------------------------------------------------------------
     @torch.inference_mode()
@@ -144,6 +149,8 @@ class GenerationMixin:
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         start = self._prompt_length(input_ids, model_kwargs)
+        if max_new_tokens is not None and max_new_tokens <= 0:  # transformers' GenerationConfig.validate refuses 0
+            raise GenerationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if max_new_tokens is None:
             max_new_tokens = self._default_new_tokens(start, setting("max_length", max_length, None))
         if min_new_tokens is None:  # min_length, a total length: as many new tokens as the prompt leaves short of it
@@ -166,8 +173,6 @@ class GenerationMixin:
                                   "use do_sample=False for greedy")
         if top_p is not None and not 0 < top_p <= 1:
             raise GenerationError(f"top_p must lie in (0, 1], got {top_p}")
-        if max_new_tokens < 0:
-            raise GenerationError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if num_beams < 1:
             raise GenerationError(f"num_beams must be >= 1, got {num_beams}")
         if streamer is not None and num_beams > 1:
@@ -305,8 +310,8 @@ class GenerationMixin:
                 scores = scores.float()
             if record is not None and record.logits is not None:
                 record.logits += (scores.clone(),)
-            if step < min_new_tokens and eos:
-                scores[:, eos] = -float("inf")
+            if step < min_new_tokens:
+                block_eos(scores, eos)
             if processing:
                 scores = process(out[:, :length], scores, start=start, max_length=start + max_new_tokens, forced=forced,
                                  **options)
