@@ -149,6 +149,9 @@ def test_encode_options_as_sentence_transformers(bases, tmp_path):
         assert type(got) is type(want) and got.dtype == want.dtype and got.shape == want.shape
         assert np.abs(np.asarray(got, dtype=np.int64) - np.asarray(want, dtype=np.int64)).max() <= 1
         assert np.array_equal(quantize(floats, kw["precision"]), np.asarray(want))
+    # an empty list: (0, dim) as DESIGN promises (sentence-transformers gives shape (0,))
+    assert enc.encode([]).shape == (0, 24) and enc.encode([], convert_to_tensor=True).shape == (0, 24)
+    assert enc.encode([], convert_to_numpy=False) == [] and enc.encode([], output_value="token_embeddings") == []
     for kw, match in (({"output_value": None}, "output_value"), ({"precision": "float16"}, "precision"),
                       ({"precision": "int8"}, "at least two")):
         with pytest.raises(ConfigError, match=match):

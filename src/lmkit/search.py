@@ -48,8 +48,6 @@ class SemanticIndex:
     @classmethod
     def build(cls, encoder: SentenceEncoder, passages: list[str], ids: list[str], batch_size: int = 64,
               show_progress_bar: bool = False) -> "SemanticIndex":
-        if not passages:  # encode([]) is shape (0,), as in sentence-transformers; the index keeps (0, dim)
-            return cls(encoder, passages, ids, np.zeros((0, encoder.dim), dtype=np.float32))
         return cls(encoder, passages, ids, encoder.encode(passages, batch_size=batch_size,
                                                           show_progress_bar=show_progress_bar))
 

@@ -208,8 +208,8 @@ class SentenceEncoder:
         the first dimensions (before normalize_embeddings); precision "int8"/"uint8" (bucket ranges from these
         embeddings), "binary"/"ubinary" (sign bits, packed); convert_to_tensor gives a torch tensor,
         convert_to_numpy=False a list of 1-D tensors; output_value="token_embeddings" gives each input's token
-        states, a (T_i, d) tensor. An empty list gives what sentence-transformers gives: np.array([]) (shape (0,),
-        float64), torch.tensor([]) with convert_to_tensor, else []."""
+        states, a (T_i, d) tensor. An empty list gives a (0, dim) float32 array, as DESIGN's (N, dim) contract says
+        (sentence-transformers: np.array([]), shape (0,) float64)."""
         single = isinstance(sentences, str)
         try:
             sentences = [sentences] if single else list(sentences)
@@ -248,12 +248,9 @@ class SentenceEncoder:
                 out[i] = row
         if tokens:
             return out[0] if single else out
-        if not out:
-            if convert_to_tensor:
-                return torch.tensor([], device=self.model.device)
-            return np.array([]) if convert_to_numpy else []
-        emb = torch.stack(out)
-        if precision != "float32":
+        dim = self.dim if truncate_dim is None else min(truncate_dim, self.dim)
+        emb = torch.stack(out) if out else torch.zeros((0, dim), device=self.model.device)
+        if precision != "float32" and len(out):
             emb = torch.from_numpy(quantize(emb.cpu().numpy(), precision))
         if convert_to_tensor:
             result = emb
