@@ -44,9 +44,9 @@ def task(tmp_path_factory):
 def test_finetune_learns_saves_best_and_transformers_loads_it(task, tmp_path):
     out = tmp_path / "run"
     best = finetune(FinetuneConfig(model=str(task / "base"), train=str(task / "train.jsonl"), eval=str(task / "test.jsonl"),
-                                   out=str(out), epochs=4, lr=2e-3, batch_size=8, progress=False))
+                                   out=str(out), epochs=6, lr=2e-3, batch_size=8, progress=False))
     epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4, 5, 6]  # 6 epochs: every seed 0..5 reaches 1.0 (4: 0.5-1.0)
     assert best["accuracy"] >= 0.9 and best["macro_f1"] >= 0.9
     assert best == max(epochs, key=lambda e: (e["macro_f1"], e["accuracy"]))
     raw = json.loads((out / "config.json").read_text())
