@@ -203,3 +203,30 @@ def test_cli_clm_holds_out_val_fraction(folder):
         assert before["tokens"] == held["tokens"] and abs(before["loss"] - held["loss"]) < 1e-6
         tokens[fraction] = before["tokens"]
     assert tokens["0.5"] > 3 * tokens[None]
+
+
+def test_cli_clm_honours_warmup_and_decay_and_refuses_classification_flags(folder, monkeypatch, capsys):
+    """--task clm passes --warmup-ratio and --weight-decay on (they were ignored); flags of the other task are
+    refused in one line instead of being silently ignored (--epochs, --eval, --pooling; --max-steps)."""
+    import lmkit.peft.finetune as pf
+    from lmkit.cli import main
+
+    docs = folder / "wd-docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"def g{i}(y):\n    return y + {i}\n"}) + "\n" for i in range(40)),
+                    encoding="utf-8")
+    seen, real = [], pf.train_causal_lm
+    monkeypatch.setattr(pf, "train_causal_lm", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    base = ["finetune", "--task", "clm", "--model", str(folder / "model"), "--train", str(docs), "--peft", "lora",
+            "--max-steps", "4", "--batch-size", "2", "--max-length", "16"]
+    assert main(base + ["--out", str(folder / "wd1"), "--warmup-ratio", "0.5", "--weight-decay", "0.2"]) == 0
+    assert main(base + ["--out", str(folder / "wd2")]) == 0
+    assert [(kw["warmup_steps"], kw["weight_decay"]) for kw in seen] == [(2, 0.2), (0, 0.0)]
+    capsys.readouterr()
+    for extra in (["--epochs", "2"], ["--eval", str(docs)], ["--pooling", "mean"]):
+        assert main(base + ["--out", str(folder / "wd3")] + extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{extra[0]} applies to --task classify only" in err[0]
+    assert main(["finetune", "--model", str(folder / "model"), "--train", str(docs), "--out", str(folder / "wd4"),
+                 "--max-steps", "3"]) == 2
+    assert "--max-steps applies to --task clm only" in capsys.readouterr().err
+    assert not (folder / "wd3").exists() and not (folder / "wd4").exists()

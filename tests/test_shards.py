@@ -160,3 +160,20 @@ def test_text_without_blank_lines_streams_in_bounded_memory(tmp_path, sep):
     texts = [d.text for d in prep.stream_text_file(path, "L")]
     assert texts == chunk_text(path.read_text(encoding="utf-8"))
     assert " ".join(t.replace("\n", " ") for t in texts).split() == words  # every word kept, in order
+
+
+def test_prepare_refuses_an_out_the_corpus_would_read(corpus_dir, tmp_path):
+    """Shards written inside a corpus folder (or matched by a corpus glob) would be read as text by the next
+    prepare or train on that corpus: refused up front, nothing written."""
+    from lmkit.errors import CorpusError
+
+    root, _ = corpus_dir
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("some text\n\nmore text\n", encoding="utf-8")
+    (folder / "b.json").write_text('{"text": "json text"}\n', encoding="utf-8")
+    for corpus, out, match in (([str(folder)], folder / "shards", "inside the corpus folder"),
+                               ([str(tmp_path / "**" / "*.json")], tmp_path / "data", "would match --corpus")):
+        with pytest.raises(CorpusError, match=match):
+            prep.prepare(corpus, root / "tok.json", out, workers=1)
+        assert not out.exists()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
+CLM_ONLY = (("--max-steps", "max_steps"),)
 FIELDS = ("model", "train", "out", "eval", "epochs", "lr", "batch_size", "max_length", "pooling", "val_fraction",
           "seed", "warmup_ratio", "weight_decay")
 
@@ -15,23 +17,24 @@ def register(subparsers) -> None:
     p.add_argument("--train", required=True, metavar="FILE", help="training data: .csv with a header, or .jsonl (--task clm: a corpus name or text files)")
     p.add_argument("--eval", metavar="FILE", help="evaluation data (default: hold out --val-fraction of --train)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the best checkpoint and metrics.jsonl go")
-    p.add_argument("--epochs", type=int, default=3, metavar="N", help="passes over the training data (default 3)")
+    p.add_argument("--epochs", type=int, metavar="N", help="passes over the training data (default 3; classification only)")
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default 3e-5; with --peft or --task clm "
                    "the method's own default)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
     p.add_argument("--max-length", type=int, metavar="N", help="tokens per example, cut beyond (default: what fits the model's "
                    "positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most 256)")
-    p.add_argument("--pooling", choices=["cls", "mean"], default="cls",
-                   help="what the head reads (default cls); a mean-pooled folder is lmkit's: transformers' "
+    p.add_argument("--pooling", choices=["cls", "mean"],
+                   help="classification: what the head reads (default cls); a mean-pooled folder is lmkit's: transformers' "
                    "...ForSequenceClassification pools [CLS] and gives other logits")
     p.add_argument("--val-fraction", type=float, metavar="F",
                    help="held out when --eval is not given (default 0.1; --task clm: 0.05 of the documents)")
-    p.add_argument("--warmup-ratio", type=float, default=0.1, metavar="F", help="share of steps warming up (default 0.1)")
-    p.add_argument("--weight-decay", type=float, default=0.01, metavar="X", help="AdamW weight decay (default 0.01)")
+    p.add_argument("--warmup-ratio", type=float, metavar="F", help="share of steps warming up (default 0.1; --task clm: "
+                   "0.1, at most 20 steps)")
+    p.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default 0.01; --task clm: 0)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     p.add_argument("--task", choices=["classify", "clm"], default="classify",
                    help="classify (default), or clm: next-token fine-tuning of a causal LM on the text of --train")
-    p.add_argument("--max-steps", type=int, default=200, metavar="N", help="clm: optimizer steps (default 200)")
+    p.add_argument("--max-steps", type=int, metavar="N", help="--task clm: optimizer steps (default 200)")
     from lmkit.peft.finetune import add_peft_arguments
 
     add_peft_arguments(p)
@@ -39,10 +42,18 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lmkit.errors import ConfigError
     from lmkit.finetune import FinetuneConfig, finetune
     from lmkit.peft.finetune import default_lr, peft_settings
 
     method, settings = peft_settings(args)
+    unused = CLASSIFY_ONLY if args.task == "clm" else CLM_ONLY
+    given = [flag for flag, name in unused if getattr(args, name) is not None]
+    if given:
+        other = "classify" if args.task == "clm" else "clm"
+        raise ConfigError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --task {other} only; "
+                          f"drop {'it' if len(given) == 1 else 'them'} (--task clm trains --max-steps steps and holds "
+                          f"out --val-fraction of --train's documents; classification trains --epochs passes)")
     if args.lr is None and (method != "full" or args.task == "clm"):
         args.lr = default_lr(method, args.task)
     if args.task == "clm":
@@ -58,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
 def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
     from lmkit.peft.finetune import finetune_causal_lm_folder
 
-    r = finetune_causal_lm_folder(args.model, args.out, method, [args.train], args.max_steps, args.batch_size,
-                                  args.max_length, args.lr, args.seed,
-                                  **({} if args.val_fraction is None else {"val_fraction": args.val_fraction}), **settings)
+    given = {k: getattr(args, k) for k in ("val_fraction", "warmup_ratio", "weight_decay") if getattr(args, k) is not None}
+    r = finetune_causal_lm_folder(args.model, args.out, method, [args.train], args.max_steps or 200, args.batch_size,
+                                  args.max_length, args.lr, args.seed, **given, **settings)
     b, a = r["before"], r["after"]
     print(f"lmkit finetune --task clm --peft {method}: {r['trainable']:,} of {r['total']:,} parameters trained "
           f"({r['percent']:.2f}%) in {r['seconds']:.0f} s; validation loss {b['loss']:.4f} -> {a['loss']:.4f}, "

@@ -25,7 +25,7 @@ from safetensors.numpy import save as save_safetensors
 
 from lmkit.atomic import atomic_write_bytes, atomic_write_json, staged_folder
 from lmkit.data.corpus import (CHUNK_CHARS, Document, _expand, cut_point, group_paragraphs, jsonl_document,
-                               paragraphs, split_hash)
+                               paragraphs, refuse_output_folder, split_hash)
 from lmkit.data.shards import DTYPES, FORMAT, INDEX, TOKENIZER, VERSION, file_sha256, token_dtype
 from lmkit.data.tokenize import BOS, vocab_size_of
 from lmkit.errors import CorpusError, TokenizerError
@@ -191,7 +191,7 @@ def prepare(corpus: Iterable[str], tokenizer: str | Path, out: str | Path, worke
             val_fraction: float = 0.05, shard_bytes: int = SHARD_BYTES, separator: str = BOS,
             overwrite: bool = False) -> dict[str, Any]:
     """Tokenize the corpus specs into shards under `out`; returns the index (also written to out/index.json)."""
-    out = Path(out)
+    out, corpus = Path(out), list(corpus)
     if not 0.0 <= val_fraction < 1.0:
         raise CorpusError(f"--val-fraction must lie in [0, 1), got {val_fraction}")
     if workers is not None and workers < 1:
@@ -201,6 +201,8 @@ def prepare(corpus: Iterable[str], tokenizer: str | Path, out: str | Path, worke
     shard_bytes = max(1, int(shard_bytes))
     if out.exists() and not out.is_dir():
         raise CorpusError(f"--out {out} is a file; give a folder for the shards")
+    refuse_output_folder(corpus, "--out", out, (INDEX, TOKENIZER, "train-00000.safetensors",
+                                                "validation-00000.safetensors"))
     if (out / INDEX).exists() and not overwrite:
         raise CorpusError(f"{out} already holds prepared shards ({INDEX}); pass --overwrite or choose another --out")
     tok_path = Path(tokenizer)

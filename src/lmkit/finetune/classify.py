@@ -51,6 +51,10 @@ class FinetuneConfig:
         for name in ("epochs", "batch_size", "max_length"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if not 0.0 <= self.warmup_ratio <= 1.0:
+            raise ConfigError(f"--warmup-ratio must lie in [0, 1] (a share of the steps), got {self.warmup_ratio}")
+        if not 0.0 <= self.weight_decay < float("inf"):
+            raise ConfigError(f"--weight-decay must be a non-negative number, got {self.weight_decay}")
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"--val-fraction must be between 0 and 1 (a share of --train), got {self.val_fraction}")
         if self.pooling not in ("cls", "mean"):

@@ -204,11 +204,13 @@ def fitting_length(max_seq_len: int, method: str, settings: dict, asked: int | N
 
 def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pydocs",), steps: int = 100,
                               batch_size: int = 8, seq_len: int | None = None, lr: float | None = None, seed: int = 0,
-                              max_val_docs: int | None = None, log=None, val_fraction: float = 0.05, **settings) -> dict:
+                              max_val_docs: int | None = None, log=None, val_fraction: float = 0.05,
+                              warmup_ratio: float | None = None, weight_decay: float = 0.0, **settings) -> dict:
     """Fine-tune the causal LM of `model_dir` on `corpus` with a PEFT method (or "full"); write to `out`.
 
     Rows are `seq_len` tokens (default: what fits the model's context, at most 256); `val_fraction` of the
-    corpus's documents (by `Corpus.split`) are held out for the scores before and after.
+    corpus's documents (by `Corpus.split`) are held out for the scores before and after. The learning rate
+    warms up over round(warmup_ratio * steps) steps (None: a tenth of them, at most 20), then decays by cosine.
 
     `out` gets the adapter in PEFT format (adapter_config.json + adapter_model.safetensors), or the whole
     model for "full", plus finetune.json with the validation scores before and after and the parameter counts.
@@ -217,6 +219,10 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     from lmkit.peft.model import trainable_summary
 
     check_out(out, model_dir)
+    if warmup_ratio is not None and not 0.0 <= warmup_ratio <= 1.0:
+        raise TrainingError(f"--warmup-ratio must lie in [0, 1] (a share of the steps), got {warmup_ratio}")
+    if not 0.0 <= weight_decay < math.inf:
+        raise TrainingError(f"--weight-decay must be a non-negative number, got {weight_decay}")
     model, tok = model_folder(model_dir)
     data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, method, settings, "--max-length", val_fraction)
     before = data.evaluate(model)
@@ -227,7 +233,8 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
             p.requires_grad_(True)
     summary = trainable_summary(tuned)
     history = train_causal_lm(tuned, data.stream, data.pad, steps, batch_size, lr or default_lr(method, "clm"),
-                              warmup_steps=min(20, steps // 10), seed=seed, log=log)
+                              warmup_steps=min(20, steps // 10) if warmup_ratio is None else round(warmup_ratio * steps),
+                              seed=seed, weight_decay=weight_decay, log=log)
     after = data.evaluate(tuned)
     report = {"method": method, "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0,
               **summary, "before": before, "after": after}
