@@ -5,23 +5,16 @@ to test_fuzz_seq2seq.py and the generate tests: one seeded draw per step is a pr
 
 DEC_FUZZ_EXAMPLES raises the number of argument sets (the suite runs a few dozen).
 """
-import os
-
 import pytest
 import torch
-from hypothesis import HealthCheck, given, note, settings, strategies as st
+from hypothesis import given, note, strategies as st
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-from test_beam_search import _peaky  # noqa: E402
-from test_fuzz_seq2seq import compare  # noqa: E402
-from test_hub_decoder import saved_pair  # noqa: E402
+from test_fuzz_seq2seq import Pairs, compare, fuzz_settings  # noqa: E402
 
-EXAMPLES = int(os.environ.get("DEC_FUZZ_EXAMPLES", "40"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 100,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                       HealthCheck.data_too_large])
+EXAMPLES, FUZZ = fuzz_settings("DEC_FUZZ_EXAMPLES")
 
 
 def _gpt2(vocab, d_model, heads, layers):
@@ -43,18 +36,9 @@ MODELS = [("gpt2", lambda: _gpt2(67, 24, 3, 2), 4.0), ("llama-gqa", lambda: _lla
           ("llama-tied", lambda: _llama(53, 24, 2, 1, 30, 1, True), 6.0)]
 
 
-class Pairs(list):
-    def __repr__(self):
-        return f"Pairs({[name for name, _, _ in MODELS]})"
-
-
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    out = Pairs()
-    for i, (name, build, scale) in enumerate(MODELS):
-        torch.manual_seed(i)
-        out.append(saved_pair(_peaky(build().eval(), scale), name, tmp_path_factory))
-    return out
+    return Pairs(MODELS, tmp_path_factory)
 
 
 def free_tokens(ours, ids, mask):

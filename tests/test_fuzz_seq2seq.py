@@ -22,10 +22,15 @@ transformers.logging.set_verbosity_error()
 from test_beam_search import _peaky  # noqa: E402
 from test_hub_decoder import saved_pair  # noqa: E402
 
-EXAMPLES = int(os.environ.get("S2S_FUZZ_EXAMPLES", "40"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 100,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                       HealthCheck.data_too_large])
+def fuzz_settings(variable: str) -> tuple[int, settings]:
+    """(examples, hypothesis settings): a few dozen derandomized examples, or $variable of them (random past 100)."""
+    examples = int(os.environ.get(variable, "40"))
+    return examples, settings(max_examples=examples, deadline=None, derandomize=examples <= 100,
+                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                                     HealthCheck.data_too_large])
+
+
+EXAMPLES, FUZZ = fuzz_settings("S2S_FUZZ_EXAMPLES")
 
 
 def _t5(vocab, d_model, d_kv, heads, d_ff, layers, decoder_layers, gated, tied):
@@ -54,19 +59,22 @@ MODELS = [("t5-v1.0", lambda: _t5(67, 22, 5, 3, 29, 3, 2, False, True), 1.0),
 
 
 class Pairs(list):
-    """(transformers model, lmkit model, folder) per entry of MODELS, shown by name in hypothesis' reports."""
+    """(transformers model, lmkit model, folder) per entry of a MODELS list, shown by name in hypothesis' reports."""
+
+    def __init__(self, models, tmp_path_factory):
+        super().__init__()
+        self.names = [name for name, _, _ in models]
+        for i, (name, build, scale) in enumerate(models):
+            torch.manual_seed(i)
+            self.append(saved_pair(_peaky(build().eval(), scale), name, tmp_path_factory))
 
     def __repr__(self):
-        return f"Pairs({[name for name, _, _ in MODELS]})"
+        return f"Pairs({self.names})"
 
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    out = Pairs()
-    for i, (name, build, scale) in enumerate(MODELS):
-        torch.manual_seed(i)
-        out.append(saved_pair(_peaky(build().eval(), scale), name, tmp_path_factory))
-    return out
+    return Pairs(MODELS, tmp_path_factory)
 
 
 def sources(draw, vocab, pad):
