@@ -128,9 +128,9 @@ def test_muon_runs_resume_exactly(tmp_path, small_pydocs):
 
 
 def test_each_rank_draws_its_own_dropout_and_rank_0_that_of_one_process():
-    from lmkit.train.trainer import _seed_int, train_seed
+    from lmkit.train.seeds import seed_int, train_seed
 
-    assert train_seed(7, 0) == _seed_int("train", 7)  # one-process runs keep their numbers
+    assert train_seed(7, 0) == seed_int("train", 7)  # one-process runs keep their numbers
     assert len({train_seed(7, r) for r in range(4)}) == 4
     masks = []
     for r in range(2):

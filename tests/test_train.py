@@ -341,3 +341,17 @@ def test_objective_must_fit_the_preset(corpus_file, tmp_path):
             Trainer(config(corpus_file, tmp_path / "o", objective="test-encoder"))
     finally:
         del OBJECTIVES["test-encoder"]
+
+
+def test_time_budget_plans_the_steps_that_fit_and_replans_on_the_measured_speed():
+    from lmkit.train.budget import planned_steps, replanned_steps
+
+    # 291 s of 97% of 300 left after 10 s: ten evaluations of 1.2 s, and 269 s of 0.5 s steps
+    assert planned_steps(8, 10.0, 300.0, 0.5, 1.0, None) == (8 + 538, 10)
+    assert planned_steps(8, 10.0, 300.0, 0.5, 1.0, 100) == (100, 10)
+    assert planned_steps(8, 10.0, 300.0, 0.5, 30.0, None)[1] == 1  # costly evaluations: fewer of them
+    assert planned_steps(8, 299.0, 300.0, 0.5, 1.0, None)[0] == 9  # out of time: still one more step
+    assert replanned_steps(10, 20.0, (8, 10.0), 300.0, None) is None  # two steps timed: too few to judge
+    # 20 steps in 20 s since planning: 1 s a step, so 264 more fit 98% of 300 (294 s) after 30 s
+    assert replanned_steps(28, 20.0 + 10.0, (8, 10.0), 300.0, None) == 28 + 264
+    assert replanned_steps(28, 30.0, (8, 10.0), 300.0, 50) == 50

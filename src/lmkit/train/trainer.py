@@ -8,7 +8,6 @@ resumed run continues with the losses the uninterrupted run would have had.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import shutil
 import sys
@@ -32,6 +31,7 @@ from lmkit.hub import check_savable
 from lmkit.models import build_model
 from lmkit.objectives import with_aux_loss
 from lmkit.train import distributed as D
+from lmkit.train.budget import planned_steps, replanned_steps
 from lmkit.train.checkpoint import FILES as CHECKPOINT_FILES, MANIFEST
 from lmkit.train.checkpoint import (checkpoints, latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
                                     set_rng_state, write_error)
@@ -40,6 +40,7 @@ from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
 from lmkit.train.resume import check_same_data, load_checkpoint_state, preset_drift, resume_config
+from lmkit.train.seeds import resume_seed, seed_int, train_seed
 from lmkit.train.tasks import get_objective
 
 DEFAULT_STEPS = 1000
@@ -49,22 +50,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 RUN_FILES = TOKENIZER_FILES + ("config.json", "model.safetensors", "metrics.jsonl", "loss_curve.png",
                                "checkpoint/latest.json", *(f"checkpoint/step-00000001/{f}" for f in (*CHECKPOINT_FILES, MANIFEST)))
 CALIBRATION_STEPS = 8  # steps timed before a --time-budget run fixes its step count
-
-
-def _seed_int(*parts: Any) -> int:
-    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
-
-
-def train_seed(seed: int, rank: int) -> int:
-    """Seed of the RNG dropout draws from: rank 0 gets a one-process run's, every other rank its own (ranks
-    seeded alike would drop the same units in their different rows)."""
-    return _seed_int("train", seed, rank) if rank else _seed_int("train", seed)
-
-
-def resume_seed(seed: int, rank: int, step: int) -> int:
-    """Seed of rank `rank` (> 0) resumed at `step` from a run of another world size, whose saved RNG states
-    do not name one per rank (every rank taking rank 0's would drop the same units in its different rows)."""
-    return _seed_int("train", seed, rank, step)
 
 
 class Trainer:
@@ -112,7 +97,7 @@ class Trainer:
             note = preset_drift(self.model_config, self._model_config(preset), cfg.preset)
             if note and rank == 0:
                 print(f"lmkit: note: {note}", file=sys.stderr)
-        torch.manual_seed(_seed_int("init", cfg.seed))
+        torch.manual_seed(seed_int("init", cfg.seed))
         self.model = build_model(self.model_config).to(self.device)
         check_savable(self.model)  # a format that cannot hold the model is refused now, not at the first save
         self.model.train()
@@ -174,7 +159,7 @@ class Trainer:
         total = self.total_steps or 10**9  # before a time budget is planned only the warm-up applies
         set_lr(self.optimizer, lr_at(step, cfg.lr, cfg.warmup_steps, total, cfg.lr * cfg.min_lr_ratio))
         rows = self.stream.rows(cfg.seed, step, cfg.batch_size, self.rank, self.world_size).to(self.device)
-        generator = torch.Generator().manual_seed(_seed_int("batch", cfg.seed, step, self.rank))
+        generator = torch.Generator().manual_seed(seed_int("batch", cfg.seed, step, self.rank))
         batch = self.objective.build_batch(rows, self.pad_id, generator)
         count = self._all_reduce(torch.tensor(float(self.objective.count(batch)))).item()
         micro = cfg.micro_batch_size if self.world_size == 1 else max(1, cfg.micro_batch_size // self.world_size)
@@ -265,32 +250,18 @@ class Trainer:
         t = time.perf_counter()
         self._eval_at_plan = self.evaluate()
         eval_cost = time.perf_counter() - t
-        per_step = sorted(step_times)[len(step_times) // 2]
         spent = self.elapsed + (time.perf_counter() - t_start)
-        # up to ten evaluations (and saves), fewer when they would take over a tenth of the time; a 3% margin
-        left = 0.97 * self.cfg.time_budget - spent
-        self._n_evals = max(1, min(10, int(0.1 * left / (eval_cost + 0.2))))
-        left -= self._n_evals * (eval_cost + 0.2)
-        self.total_steps = max(self.step + 1, self.step + int(left / per_step))
-        if self.cfg.max_steps:
-            self.total_steps = min(self.total_steps, self.cfg.max_steps)
-        self.total_steps = int(D.broadcast_float(self.total_steps, self.ctx))  # rank 0's clock decides for all
+        total, self._n_evals = planned_steps(self.step, spent, self.cfg.time_budget,
+                                             sorted(step_times)[len(step_times) // 2], eval_cost, self.cfg.max_steps)
+        self.total_steps = int(D.broadcast_float(total, self.ctx))  # rank 0's clock decides for all
         self._planned_at = (self.step, spent)
 
     def _replan(self, t_start: float) -> None:
-        """Re-fit a --time-budget run's step count to the speed measured since planning (evaluations included).
-
-        A machine that got busier (or freer) after the first steps still ends on time; the cosine
-        schedule stretches to the new count.
-        """
-        step0, spent0 = self._planned_at
+        """Re-fit a --time-budget run's step count to the speed measured since planning (the schedule stretches)."""
         spent = self.elapsed + (time.perf_counter() - t_start)
-        if self.step - step0 < 4:
-            return
-        per_step = (spent - spent0) / (self.step - step0)
-        total = self.step + int((0.98 * self.cfg.time_budget - spent) / per_step)
-        total = max(self.step + 1, min(total, self.cfg.max_steps or total))
-        self.total_steps = int(D.broadcast_float(total, self.ctx))
+        total = replanned_steps(self.step, spent, self._planned_at, self.cfg.time_budget, self.cfg.max_steps)
+        if total is not None:
+            self.total_steps = int(D.broadcast_float(total, self.ctx))
 
     # the loop ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
