@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.train import distributed
 
     ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
-    training = False
+    training = finished = False
     try:
         cfg, explicit = config_from_args(args)
         trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
@@ -73,12 +73,13 @@ def run(args: argparse.Namespace) -> int:
         result = trainer.fit()
         if ctx.is_main:
             print(summary(result, c.out))
+        finished = True
     except (LmkitError, OSError) as exc:
         if training or not distributed.quiet_error(ctx, exc):
             raise  # an error while training may be one rank's own: every rank reports its own
         return 2  # rank 0 reports it: every rank read the same flags and data
     finally:
-        distributed.teardown(ctx)
+        distributed.teardown(ctx, finished)
     return 0
 
 
