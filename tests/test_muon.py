@@ -106,6 +106,14 @@ def test_a_default_run_saved_before_muon_resumes_without_the_dropout_it_never_ha
     assert get_preset(kept.preset, **kept.model_overrides).dropout == 0.1
     tiny = resume_config(TrainConfig(out="x", resume=True), {**old, "preset": "tiny"}, set())
     assert tiny.model_overrides == {}
+    # the Python API resuming with the overrides the run was given: not a change, though dropout 0 is added
+    given = {"n_layers": 1}
+    again = resume_config(TrainConfig(out="x", resume=True, model_overrides=given), {**old, "model_overrides": given},
+                          None)
+    assert again.model_overrides == {"dropout": 0.0, "n_layers": 1}
+    with pytest.raises(TrainingError, match=r"TrainConfig.model_overrides \{'n_layers': 2\} differs"):
+        resume_config(TrainConfig(out="x", resume=True, model_overrides={"n_layers": 2}),
+                      {**old, "model_overrides": given}, None)
 
 
 def test_muon_runs_resume_exactly(tmp_path, small_pydocs):

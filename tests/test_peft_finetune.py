@@ -229,4 +229,7 @@ def test_cli_clm_honours_warmup_and_decay_and_refuses_classification_flags(folde
     assert main(["finetune", "--model", str(folder / "model"), "--train", str(docs), "--out", str(folder / "wd4"),
                  "--max-steps", "3"]) == 2
     assert "--max-steps applies to --task clm only" in capsys.readouterr().err
+    assert main(base[:-6] + ["--max-steps", "0", "--batch-size", "2", "--max-length", "16", "--out",
+                             str(folder / "wd5")]) == 2  # refused, not the default 200 steps
+    assert "--max-steps must be at least 1" in capsys.readouterr().err
     assert not (folder / "wd3").exists() and not (folder / "wd4").exists()

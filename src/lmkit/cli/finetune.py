@@ -70,7 +70,7 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
     from lmkit.peft.finetune import finetune_causal_lm_folder
 
     given = {k: getattr(args, k) for k in ("val_fraction", "warmup_ratio", "weight_decay") if getattr(args, k) is not None}
-    r = finetune_causal_lm_folder(args.model, args.out, method, [args.train], args.max_steps or 200, args.batch_size,
+    r = finetune_causal_lm_folder(args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
                                   args.max_length, args.lr, args.seed, **given, **settings)
     b, a = r["before"], r["after"]
     print(f"lmkit finetune --task clm --peft {method}: {r['trainable']:,} of {r['total']:,} parameters trained "

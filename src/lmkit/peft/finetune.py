@@ -219,6 +219,8 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     from lmkit.peft.model import trainable_summary
 
     check_out(out, model_dir)
+    if not 0.0 < val_fraction < 1.0:
+        raise TrainingError(f"--val-fraction must lie strictly between 0 and 1 (a share of the documents), got {val_fraction}")
     if warmup_ratio is not None and not 0.0 <= warmup_ratio <= 1.0:
         raise TrainingError(f"--warmup-ratio must lie in [0, 1] (a share of the steps), got {warmup_ratio}")
     if not 0.0 <= weight_decay < math.inf:

@@ -37,9 +37,6 @@ def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | 
     if explicit is None:
         explicit = {f.name for f in dataclasses.fields(TrainConfig) if getattr(cfg, f.name) != _default(f)}
     merged = {"optimizer": "adamw", **saved}  # runs saved before --optimizer existed trained with AdamW
-    if "optimizer" not in saved and saved.get("preset") == "default":
-        # and, with the default preset, without dropout (the preset gained dropout 0.1 along with --optimizer muon)
-        merged["model_overrides"] = {"dropout": 0.0, **(saved.get("model_overrides") or {})}
     movable = ("data", "corpus") if content_checked else ()
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     for key in RUN_DEFINING:
@@ -47,13 +44,23 @@ def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | 
         if key in movable and key in explicit:
             merged[key] = mine
         elif key in explicit and mine is not None and mine != theirs:
-            raise TrainingError(f"--{key.replace('_', '-')} {mine} differs from the run being resumed ({theirs}); "
-                                f"drop the flag, or start a new run with another --out")
+            name = f"--{key.replace('_', '-')}" if key in CLI_FLAGS else f"TrainConfig.{key}"
+            raise TrainingError(f"{name} {mine} differs from the run being resumed ({theirs}); "
+                                f"leave it out, or start a new run with another --out")
+    if "optimizer" not in saved and saved.get("preset") == "default":
+        # and, with the default preset, without dropout (the preset gained dropout 0.1 along with --optimizer muon);
+        # added after the comparison above, so the overrides the run was given still compare equal
+        merged["model_overrides"] = {"dropout": 0.0, **(saved.get("model_overrides") or {})}
     for key in USER_SETTINGS:
         if key in explicit or key == "progress":
             merged[key] = getattr(cfg, key)
     merged.update(out=cfg.out, resume=True)
     return TrainConfig(**merged)
+
+
+# run-defining settings that `lmkit train` takes as flags (the others are the Python API's alone)
+CLI_FLAGS = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "optimizer",
+             "precision", "seed")
 
 
 def _default(f: dataclasses.Field) -> Any:
