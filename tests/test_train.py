@@ -139,7 +139,7 @@ def test_resume_rebuilds_the_model_its_checkpoint_records(corpus_file, tmp_path,
     ckpt = _back_to_step_3(out)
     assert ModelConfig.from_dict(json.loads((ckpt / "state.json").read_text())["model_config"]) == straight.model_config
     monkeypatch.setitem(PRESETS, "tiny", {**PRESETS["tiny"], "d_ff": 96, "dropout": 0.1})
-    with pytest.raises(TrainingError, match="--model-overrides .* differs from the run being resumed"):
+    with pytest.raises(TrainingError, match="TrainConfig.model_overrides .* differs from the run being resumed"):
         Trainer(config(corpus_file, out, resume=True, model_overrides={"dropout": 0.0}), explicit={"model_overrides"})
     resumed = Trainer(config(corpus_file, out, resume=True), explicit=set())
     assert resumed.model_config == straight.model_config
