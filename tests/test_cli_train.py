@@ -38,7 +38,8 @@ def test_train_resume_and_eval(corpus_file, tmp_path):
     (["--max-steps", "0"], "--max-steps must be"),
     (["--out", "empty.txt/run"], "is a file, not a folder"),
     # the run's own files would be read as training text by the next run on the same --corpus
-    (["--corpus", "texts", "--out", "texts"], "--out texts is inside the corpus folder texts"),
+    (["--corpus", "texts", "--out", "texts"], "--out texts is inside the corpus folder texts: the run's files would "
+     "be read as training text next time; choose a --out outside it, or in a hidden folder"),
     (["--corpus", "texts/", "--out", "texts/runs/a"], "--out texts/runs/a is inside the corpus folder texts/"),
     (["--corpus", "texts/**/*.jsonl", "--out", "texts/run"], "the run's metrics.jsonl would match --corpus"),
     (["--corpus", "old/metrics.jsonl", "--out", "old"], "old/metrics.jsonl is one of the corpus files"),

@@ -252,7 +252,8 @@ def refuse_output_folder(specs: Sequence[str], flag: str, folder: str | Path, wr
             top = Path(os.path.abspath(os.path.expanduser(spec)))
             if (root == top or top in root.parents) and not any(p.startswith(".") for p in root.relative_to(top).parts):
                 raise CorpusError(f"{flag} {folder} is inside the corpus folder {spec}: the run's files would be read as "
-                                  f"training text next time; choose a {flag} outside it")
+                                  f"training text next time; choose a {flag} outside it, or in a hidden folder "
+                                  f"(its name starting with '.'), which a corpus folder skips")
 
 
 def _glob_matches(pattern: Sequence[str], parts: Sequence[str]) -> bool:
