@@ -18,7 +18,7 @@ _WORDS = 1 << 16
 def keep_mask(shape: torch.Size, p: float) -> torch.Tensor:
     """A bool tensor of `shape`, each entry True with probability 1 - round(p 2^16) / 2^16, independently."""
     n = shape.numel()
-    draws = torch.empty(-(-n // 4), dtype=torch.int64).random_(-2**63, None)  # full 64-bit range: 4 fair words
+    draws = torch.empty(-(-n // 4), dtype=torch.int64, device="cpu").random_(-2**63, None)  # full 64-bit range: 4 fair words
     words = draws.view(torch.int16)[:n].view(shape)
     return words >= round(p * _WORDS) - _WORDS // 2
 
