@@ -25,6 +25,10 @@ def test_train_resume_and_eval(corpus_file, tmp_path):
     assert r.returncode == 0, r.stderr
     bpb = float(next(line for line in r.stdout.splitlines() if line.startswith("bits per byte")).split()[-1])
     assert bpb == pytest.approx(rows[-1]["val_bpb"], rel=1e-4)
+    r = lmkit("eval", "--model", "run", "--stride", "8", cwd=tmp_path)  # overlapping windows: same tokens, more context
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == lmkit("eval", "--model", "run", cwd=tmp_path).stdout.splitlines()[0]
+    assert lmkit("eval", "--model", "run", "--stride", "32", cwd=tmp_path).returncode == 2  # not below the context
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -66,3 +67,78 @@ def test_evaluate_text_reads_a_tokenizer_without_a_pad_token(model):
     a = evaluate_text(model, with_pad, corpus, seq_len=16)
     b = evaluate_text(model, without, corpus, seq_len=16)
     assert a == pytest.approx(b)
+
+
+def _guide_nll(model, seq: torch.Tensor, max_length: int, stride: int) -> tuple[float, int]:
+    """(nats, tokens) of transformers' perplexity guide for fixed-length models on one token sequence,
+    summed exactly: each window's labels are its last trg_len tokens, shifted inside the model."""
+    nll, count, prev_end = 0.0, 0, 0
+    for begin in range(0, len(seq), stride):
+        end = min(begin + max_length, len(seq))
+        ids = seq[begin:end][None]
+        labels = ids.clone()
+        labels[:, :-(end - prev_end)] = -100
+        with torch.no_grad():
+            logits = model(ids).logits.double()
+        logp = torch.log_softmax(logits[:, :-1], -1)
+        target = labels[:, 1:]
+        keep = target != -100
+        nll -= float(logp[keep].gather(-1, target[keep][:, None]).sum())
+        count += int(keep.sum())
+        prev_end = end
+        if end == len(seq):
+            break
+    return nll, count
+
+
+@pytest.mark.parametrize("stride", [1, 5, 11])
+def test_strided_evaluation_equals_transformers_perplexity_guide(tmp_path, stride):
+    """`evaluate_text(stride=...)` on a GPT-2 folder: the nats and token count of transformers' sliding-window
+    recipe, run with transformers' own GPT2LMHeadModel on each document (BOS first)."""
+    import transformers
+
+    import lmkit
+    from lmkit.data.corpus import Corpus, Document
+    from lmkit.evaluate.perplexity import evaluate_text
+    from lmkit.tokenizers import train_tokenizer
+
+    texts = ["def f(x):\n    return x + 1\n" * 4, "é", "", "class A:\n    pass  # ünïcode ✓\n" * 6, "abcdefghijkl"]
+    tok = train_tokenizer(texts, kind="char", vocab_size=60, special_tokens=["<|endoftext|>", "<|pad|>"])
+    context = 12
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=60, n_positions=context, n_embd=24, n_layer=2,
+                                                              n_head=2)).eval()
+    hf.save_pretrained(tmp_path)
+    model = lmkit.load_model(tmp_path)
+    r = evaluate_text(model, tok, Corpus("c", [Document(f"d{i}", t) for i, t in enumerate(texts)]), stride=stride,
+                      batch_size=4)
+    bos = tok.token_to_id("<|endoftext|>")
+    nll, count = 0.0, 0
+    for text in texts:
+        part = _guide_nll(hf, torch.tensor([bos] + tok.encode(text, add_special_tokens=False)), context, stride)
+        nll, count = nll + part[0], count + part[1]
+    assert r["tokens"] == count == sum(len(tok.encode(t, add_special_tokens=False)) for t in texts)
+    assert r["loss"] == pytest.approx(nll / count, rel=1e-5)
+    assert r["bpb"] == pytest.approx(nll / math.log(2) / sum(len(t.encode()) for t in texts), rel=1e-5)
+
+
+def test_strided_windows_give_each_token_its_context(model):
+    """Every token is scored once, and with at least context - stride tokens before it where the
+    document has them; a stride outside 1 .. context - 1 is a clear error."""
+    from lmkit.data.stream import TokenizedCorpus, strided_rows
+
+    lengths = [0, 1, 15, 16, 17, 40]
+    tokens = np.arange(sum(lengths), dtype=np.int32) % 40 + 5
+    tc = TokenizedCorpus(tokens, np.concatenate([[0], np.cumsum(lengths)]), np.array(lengths))
+    for stride in (1, 4, 15):
+        rows, mask = strided_rows(tc, 1, 0, 16, stride)
+        assert int(mask.sum()) == sum(lengths)
+        seen = []
+        for row, m in zip(rows, mask):
+            for p in m.nonzero().flatten().tolist():
+                assert p >= 1 and (p >= 16 - stride or row[0] == 1)  # full context, or the window starts the document
+                seen.append(int(row[p]))
+        assert seen == tokens.tolist()  # in document order
+    for bad in (0, 16, 17):
+        with pytest.raises(LmkitError, match="stride"):
+            strided_rows(tc, 1, 0, 16, bad)

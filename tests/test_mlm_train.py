@@ -87,3 +87,21 @@ def test_mlm_run_folder_loads_in_auto_tokenizer_with_its_mask_token(corpus_file,
         got = ours(enc["input_ids"], attention_mask=enc["attention_mask"]).logits
     keep = enc["attention_mask"].bool()
     torch.testing.assert_close(got[keep], ref[keep], atol=1e-4, rtol=0)
+
+
+def test_lmkit_eval_scores_a_masked_lm_run_as_its_training_does(corpus_file, tmp_path, capsys):
+    """`lmkit eval` on an mlm run prints the masked-token loss that the run's validation reported (it used to
+    score the encoder's outputs as next-token predictions); --stride, a causal-LM reading, is refused."""
+    from lmkit.cli import main
+
+    cfg = TrainConfig(preset="bert", objective="mlm", corpus=[corpus_file], out=str(tmp_path / "run"), max_steps=3,
+                      batch_size=8, seq_len=32, lr=3e-3, warmup_steps=1, vocab_size=400, precision="fp32",
+                      progress=False, model_overrides=SMALL)
+    result = Trainer(cfg).fit()
+    capsys.readouterr()
+    assert main(["eval", "--model", str(tmp_path / "run")]) == 0
+    printed = {line[:15].strip(): float(line[15:].split()[0]) for line in capsys.readouterr().out.splitlines()[1:]}
+    assert printed["loss"] == pytest.approx(result["val_loss"], abs=1e-4)
+    assert printed["bits per byte"] == pytest.approx(result["val_bpb"], abs=1e-4)
+    assert main(["eval", "--model", str(tmp_path / "run"), "--stride", "8"]) == 2
+    assert "--stride applies to causal language models" in capsys.readouterr().err

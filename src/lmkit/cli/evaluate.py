@@ -19,6 +19,9 @@ def register(subparsers) -> None:
     p.add_argument("--pairs", metavar="PATH", help="text-to-text models: BLEU/ROUGE on (source, reference) pairs, .tsv or .jsonl")
     p.add_argument("--task", choices=["numbers"], help="text-to-text models: the held-out set of a built-in task")
     p.add_argument("--num-beams", type=int, default=1, metavar="B", help="beam search width for --pairs/--task (default greedy)")
+    p.add_argument("--stride", type=int, metavar="N", help="causal LMs: read each document in windows of the model's "
+                   "context that start N tokens apart, so every token is scored after at least context - N tokens "
+                   "(transformers' perplexity recipe); default: pieces of the context, each read after BOS")
     p.set_defaults(func=run)
 
 
@@ -33,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.num_beams < 1:  # before loading anything: nothing printed for a run that cannot happen
         raise ConfigError(f"--num-beams must be at least 1, got {args.num_beams}")
+    if args.stride is not None and args.stride < 1:
+        raise ConfigError(f"--stride must be at least 1, got {args.stride}")
     settings = run_settings(args.model) or {}
     corpus = args.corpus or settings.get("corpus") or ["pydocs"]
     trained_on = settings.get("corpus")
@@ -49,8 +54,14 @@ def run(args: argparse.Namespace) -> int:
                           "models (causal, masked-LM or encoder-decoder)")
     tokenizer = lmkit.load_tokenizer(args.model)
     check_fits(tokenizer, model.config.vocab_size, Path(args.model) / "tokenizer.json", args.model)
-    seq2seq_objective = settings.get("objective") if settings.get("objective") in ("span", "denoise") else None
-    if args.pairs or args.task or (model.config.architecture == "encoder-decoder" and not seq2seq_objective):
+    # models scored under their objective's fixed corruption: span / denoise runs, and masked-LM encoders
+    corrupting = settings.get("objective") if settings.get("objective") in ("span", "denoise") else None
+    if arch == "encoder":
+        corrupting = "mlm"
+    if args.stride is not None and (corrupting or args.pairs or args.task or arch != "decoder"):
+        raise ConfigError("--stride applies to causal language models (next-token loss over overlapping windows); "
+                          f"{args.model} is scored otherwise, so drop --stride")
+    if args.pairs or args.task or (arch == "encoder-decoder" and not corrupting):
         from lmkit.evaluate.seq2seq import report_pairs, resolve_pairs
 
         if args.corpus:  # would be ignored: the scores come from pairs, not from text
@@ -74,12 +85,12 @@ def run(args: argparse.Namespace) -> int:
         val, part = text, "all"
     else:
         val, part = text.split(settings.get("val_fraction", 0.05))[1], "validation split:"
-    if seq2seq_objective:  # a span / denoise run: target loss under the run's fixed corruption
-        from lmkit.train.denoise import evaluate_corpus
+    if corrupting:  # the loss of the corrupted tokens (mlm: masked; span / denoise: targets), as training reports it
+        from lmkit.train.tasks import evaluate_corpus
 
-        r = evaluate_corpus(model, tokenizer, val, seq2seq_objective, settings.get("seq_len"))
+        r = evaluate_corpus(model, tokenizer, val, corrupting, settings.get("seq_len"))
     else:
-        r = evaluate_text(model, tokenizer, val)
+        r = evaluate_text(model, tokenizer, val, stride=args.stride)
     print(f"{args.model} on {' '.join(corpus)} ({part} {len(val)} documents, {r['bytes']} bytes, {r['tokens']} tokens)")
     print(f"loss           {r['loss']:.4f} nats/token")
     print(f"perplexity     {r['perplexity']:.3f}")

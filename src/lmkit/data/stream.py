@@ -127,14 +127,17 @@ class PackedStream:
 
 
 def eval_rows(tc: TokenizedCorpus, bos_id: int, pad_id: int, seq_len: int,
-              max_docs: int | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(rows (N, seq_len + 1), attention mask, UTF-8 bytes scored) that score every token once.
+              max_docs: int | None = None, stride: int | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(rows (N, seq_len + 1), mask, UTF-8 bytes scored) that score every token once.
 
     Each document of the first `max_docs` is cut into pieces of seq_len tokens; a row is BOS
-    followed by a piece, right-padded with pad_id (mask 0).
+    followed by a piece, right-padded with pad_id (mask 0). With `stride`, rows are overlapping
+    windows of seq_len tokens instead (`strided_rows`) and the mask marks the tokens each one scores.
     """
     n = len(tc) if max_docs is None else min(max_docs, len(tc))
     sub = TokenizedCorpus(tc.tokens, tc.offsets[:n + 1], tc.nbytes[:n])
+    if stride is not None:
+        return (*strided_rows(sub, bos_id, pad_id, seq_len, stride), int(sub.nbytes.sum()))
     chunks = [piece for _, piece in pieces(sub, seq_len)]
     rows = torch.full((len(chunks), seq_len + 1), pad_id, dtype=torch.int64)
     mask = torch.zeros_like(rows)
@@ -143,3 +146,33 @@ def eval_rows(tc: TokenizedCorpus, bos_id: int, pad_id: int, seq_len: int,
         rows[r, 1:1 + len(piece)] = torch.from_numpy(piece.astype(np.int64))
         mask[r, :1 + len(piece)] = 1
     return rows, mask, int(sub.nbytes.sum())
+
+
+def strided_rows(tc: TokenizedCorpus, bos_id: int, pad_id: int, context: int,
+                 stride: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows (N, context), mask) of sliding windows, as in transformers' perplexity guide for fixed-length models.
+
+    A document reads s = BOS t_1 .. t_n; window k is s[k*stride : k*stride + context] (the model reads all
+    but its last token), until a window reaches t_n. A window scores (mask 1) only the tokens past those of
+    the window before, so every token is scored once, after at least context - stride tokens of
+    context (fewer near the start of the document). Rows are right-padded with pad_id.
+    """
+    if not 1 <= stride < context:
+        raise CorpusError(f"the stride must be at least 1 and below the {context}-token context, got {stride}; "
+                          "without a stride, documents are read in pieces of the context")
+    windows: list[tuple[np.ndarray, int]] = []  # (window, first position it scores)
+    for i in range(len(tc)):
+        s = np.concatenate([[bos_id], tc.document(i)]).astype(np.int64)
+        end = 1  # s[0] (BOS) is never a target; s[1:end] were scored by earlier windows
+        for begin in range(0, len(s), stride):
+            window = s[begin:begin + context]
+            windows.append((window, end - begin))
+            end = begin + len(window)
+            if end == len(s):
+                break
+    rows = torch.full((len(windows), context), pad_id, dtype=torch.int64)
+    mask = torch.zeros_like(rows)
+    for r, (window, first) in enumerate(windows):
+        rows[r, :len(window)] = torch.from_numpy(window)
+        mask[r, first:len(window)] = 1
+    return rows, mask

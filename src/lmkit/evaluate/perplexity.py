@@ -1,8 +1,9 @@
 """Perplexity and bits per byte of a causal LM on held-out text.
 
 Every token of every document is scored once (documents longer than the context are cut
-into pieces, each read after BOS): loss = total nats / tokens, perplexity = exp(loss),
-bits per byte = total nats / (ln 2 * UTF-8 bytes of the documents).
+into pieces, each read after BOS; or, with a stride, read in overlapping windows so that each
+token sees at least context - stride tokens before it): loss = total nats / tokens,
+perplexity = exp(loss), bits per byte = total nats / (ln 2 * UTF-8 bytes of the documents).
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def evaluate_rows(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor
         for start in range(0, len(rows), batch_size):
             r, m = rows[start:start + batch_size].to(device), mask[start:start + batch_size].to(device)
             inputs, targets = next_token_targets(r, m)
-            keep = int(m.sum(1).max())  # trailing columns that are padding in every row need no compute
+            scored = m.any(0).nonzero()  # trailing columns that score nothing in any row need no compute
+            keep = int(scored.max()) + 1 if len(scored) else 0
             if keep < 2:  # rows of BOS alone: no token to score
                 continue
             with autocast(device, precision):
@@ -53,8 +55,10 @@ def evaluate_rows(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor
 
 
 def evaluate_text(model: torch.nn.Module, tokenizer: Any, corpus, seq_len: int | None = None,
-                  batch_size: int = 16, precision: str = "fp32", max_docs: int | None = None) -> dict[str, float]:
-    """evaluate_rows over the documents of `corpus` (an `lmkit.data.Corpus`), tokenized by `tokenizer`."""
+                  batch_size: int = 16, precision: str = "fp32", max_docs: int | None = None,
+                  stride: int | None = None) -> dict[str, float]:
+    """evaluate_rows over the documents of `corpus` (an `lmkit.data.Corpus`), tokenized by `tokenizer`;
+    `stride` scores with overlapping windows (`lmkit.data.stream.strided_rows`)."""
     from lmkit.data.stream import eval_rows, tokenize_corpus
     from lmkit.data.tokenize import BOS, PAD, token_id
 
@@ -63,5 +67,5 @@ def evaluate_text(model: torch.nn.Module, tokenizer: Any, corpus, seq_len: int |
     if pad is None:  # GPT-2's own tokenizer has none; padded positions are masked out, so any id serves
         pad = bos
     seq_len = seq_len or model.config.max_seq_len
-    rows, mask, nbytes = eval_rows(tokenize_corpus(corpus, tokenizer), bos, pad, seq_len, max_docs)
+    rows, mask, nbytes = eval_rows(tokenize_corpus(corpus, tokenizer), bos, pad, seq_len, max_docs, stride)
     return evaluate_rows(model, rows, mask, nbytes, batch_size=batch_size, precision=precision)

@@ -91,16 +91,3 @@ def seq2seq_run_settings(base: Any, objective: str, eos_id: int, pad_id: int, se
     start = base.decoder_start_token_id
     is_eos = start is not None and start == base.eos_token_id and start != base.pad_token_id
     return {"max_seq_len": seq_len + 1, "decoder_start_token_id": eos_id if is_eos else pad_id}
-
-
-def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objective: str, seq_len: int | None = None,
-                    batch_size: int = 16) -> dict[str, float]:
-    """The validation numbers of a `span` / `denoise` run on `corpus`: the fixed corruption of its rows."""
-    from lmkit.data.stream import eval_rows, tokenize_corpus
-    from lmkit.data.tokenize import special_ids
-    from lmkit.train.tasks import get_objective
-
-    task = get_objective(objective).prepare(tokenizer)
-    bos, pad = special_ids(tokenizer)
-    rows, mask, nbytes = eval_rows(tokenize_corpus(corpus, tokenizer), bos, pad, seq_len or model.config.max_seq_len)
-    return task.evaluate(model, rows=rows, mask=mask, num_bytes=nbytes, batch_size=batch_size)

@@ -112,5 +112,18 @@ class FixedCorruptionEvaluation:
                 "tokens": count, "bytes": num_bytes}
 
 
+def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objective: str, seq_len: int | None = None,
+                    batch_size: int = 16) -> dict[str, float]:
+    """The validation numbers an `objective` run (mlm, span, denoise) reports on `corpus`: the loss of the
+    tokens its fixed corruption of the rows hides or asks for."""
+    from lmkit.data.stream import eval_rows, tokenize_corpus
+    from lmkit.data.tokenize import special_ids
+
+    task = get_objective(objective).prepare(tokenizer)
+    bos, pad = special_ids(tokenizer)
+    rows, mask, nbytes = eval_rows(tokenize_corpus(corpus, tokenizer), bos, pad, seq_len or model.config.max_seq_len)
+    return task.evaluate(model, rows=rows, mask=mask, num_bytes=nbytes, batch_size=batch_size)
+
+
 from lmkit.train import masked as _masked  # noqa: E402,F401  (registers "mlm")
 from lmkit.train import denoise as _denoise  # noqa: E402,F401  (registers "span" and "denoise")
