@@ -1,6 +1,7 @@
 """Perplexity and bits per byte of evaluate_rows against a hand computation, row by row without padding."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -142,3 +143,41 @@ def test_strided_windows_give_each_token_its_context(model):
     for bad in (0, 16, 17):
         with pytest.raises(LmkitError, match="stride"):
             strided_rows(tc, 1, 0, 16, bad)
+
+
+def test_a_pretrained_llama_folder_is_scored_after_its_own_bos(tmp_path):
+    """A LLaMA folder whose tokenizer has <s> and no <|endoftext|> / <|pad|> (it was refused): each document is read
+    after <s>, and the loss equals LlamaForCausalLM's on the same ids; `finetune --task clm` reads it the same way."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    import lmkit
+    from lmkit.data.corpus import Corpus, Document
+    from lmkit.evaluate.perplexity import evaluate_text
+    from lmkit.peft.finetune import CausalLMData
+
+    texts = ["def f(x):\n    return x + 1\n", "The quick brown fox jumps over the lazy dog. ✓"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(texts * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                  unk_token="<unk>")
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)).eval()
+    hf.save_pretrained(tmp_path)
+    hf_tok.save_pretrained(tmp_path)
+    model, mine = lmkit.load_model(tmp_path), lmkit.load_tokenizer(tmp_path)
+    r = evaluate_text(model, mine, Corpus("c", [Document(f"d{i}", t) for i, t in enumerate(texts)]))
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([[hf_tok.bos_token_id] + hf_tok(text, add_special_tokens=False).input_ids])
+            n = ids.shape[1] - 1
+            nll, count = nll + float(hf(ids, labels=ids).loss) * n, count + n
+    assert r["tokens"] == count and r["loss"] == pytest.approx(nll / count, rel=1e-5)
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in texts * 3), encoding="utf-8")
+    data = CausalLMData(mine, str(tmp_path / "docs.jsonl"), seq_len=16)
+    assert (data.bos, data.pad) == (hf_tok.bos_token_id, hf_tok.bos_token_id)

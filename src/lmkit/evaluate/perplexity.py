@@ -60,12 +60,9 @@ def evaluate_text(model: torch.nn.Module, tokenizer: Any, corpus, seq_len: int |
     """evaluate_rows over the documents of `corpus` (an `lmkit.data.Corpus`), tokenized by `tokenizer`;
     `stride` scores with overlapping windows (`lmkit.data.stream.strided_rows`)."""
     from lmkit.data.stream import eval_rows, tokenize_corpus
-    from lmkit.data.tokenize import BOS, PAD, token_id
+    from lmkit.data.tokenize import special_ids
 
-    bos = token_id(tokenizer, BOS)
-    pad = tokenizer.token_to_id(PAD)
-    if pad is None:  # GPT-2's own tokenizer has none; padded positions are masked out, so any id serves
-        pad = bos
+    bos, pad = special_ids(tokenizer, model.config)
     seq_len = seq_len or model.config.max_seq_len
     rows, mask, nbytes = eval_rows(tokenize_corpus(corpus, tokenizer), bos, pad, seq_len, max_docs, stride)
     return evaluate_rows(model, rows, mask, nbytes, batch_size=batch_size, precision=precision)
