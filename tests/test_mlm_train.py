@@ -105,3 +105,47 @@ def test_lmkit_eval_scores_a_masked_lm_run_as_its_training_does(corpus_file, tmp
     assert printed["bits per byte"] == pytest.approx(result["val_bpb"], abs=1e-4)
     assert main(["eval", "--model", str(tmp_path / "run"), "--stride", "8"]) == 2
     assert "--stride applies to causal language models" in capsys.readouterr().err
+
+
+def test_lmkit_eval_scores_a_pretrained_bert_folder_with_its_own_mask_token(tmp_path, capsys):
+    """A BertForMaskedLM folder whose tokenizer has [CLS]/[MASK] and no lmkit tokens (it was refused): rows start
+    with [CLS], [MASK] hides the tokens, and the printed loss is transformers' on the batch lmkit masked."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    from lmkit.cli import main
+    from lmkit.data.corpus import Corpus, Document
+    from lmkit.data.stream import eval_rows, tokenize_corpus
+
+    texts = ["def f(x):\n    return x + 1\n", "The quick brown fox jumps over the lazy dog."]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(texts * 20, trainers.WordPieceTrainer(
+        vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    tok.post_processor = processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
+    hf_tok = transformers.BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]",
+                                            pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]")
+    torch.manual_seed(0)
+    hf = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=len(hf_tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64)).eval()
+    hf.save_pretrained(tmp_path / "bert")
+    hf_tok.save_pretrained(tmp_path / "bert")
+    text = " ".join(texts * 8)
+    (tmp_path / "held_out.txt").write_text(text, encoding="utf-8")
+    capsys.readouterr()
+    assert main(["eval", "--model", str(tmp_path / "bert"), "--corpus", str(tmp_path / "held_out.txt")]) == 0
+    printed = {line[:15].strip(): float(line[15:].split()[0]) for line in capsys.readouterr().out.splitlines()[1:]}
+
+    mine = lmkit.load_tokenizer(tmp_path / "bert")
+    task = get_objective("mlm").prepare(mine)
+    rows, mask, _ = eval_rows(tokenize_corpus(Corpus("c", [Document(str(tmp_path / "held_out.txt"), text)]), mine),
+                              hf_tok.cls_token_id, hf_tok.pad_token_id, 64)
+    batch = task.build_batch(rows, hf_tok.pad_token_id, torch.Generator().manual_seed(1234))
+    hidden = batch["labels"] != IGNORE_INDEX
+    assert hidden.any() and (batch["input_ids"][hidden] == hf_tok.mask_token_id).any()
+    assert int(batch["input_ids"].max()) < len(hf_tok) and bool((rows[:, 0] == hf_tok.cls_token_id).all())
+    with torch.no_grad():
+        loss = hf(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+    assert printed["loss"] == pytest.approx(float(loss), abs=1e-4)

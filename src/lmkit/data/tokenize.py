@@ -53,13 +53,14 @@ def special_ids(tok: Any, config: Any = None) -> tuple[int, int]:
     """(bos_id, pad_id) that rows of text start with and are padded with.
 
     lmkit's own `<|endoftext|>` and `<|pad|>` when the tokenizer has them; else, as for a pretrained
-    LLaMA or BERT folder, the tokenizer's BOS token (else its EOS, else the model config's ids) and its
-    pad token, or BOS as padding (padding is masked out of every loss, so any id serves).
+    LLaMA or BERT folder, the tokenizer's BOS token (else its CLS, else its EOS, else the model config's
+    ids) and its pad token, or BOS as padding (padding is masked out of every loss, so any id serves).
     """
     bos = tok.token_to_id(BOS)
     if bos is None:
-        roles = [getattr(tok, "bos_token_id", None), getattr(config, "bos_token_id", None),
-                 getattr(tok, "eos_token_id", None), getattr(config, "eos_token_id", None)]
+        roles = [getattr(tok, "bos_token_id", None), getattr(tok, "cls_token_id", None),
+                 getattr(config, "bos_token_id", None), getattr(tok, "eos_token_id", None),
+                 getattr(config, "eos_token_id", None)]
         roles = [r[0] if isinstance(r, (list, tuple)) and r else r for r in roles]  # config.json may list EOS ids
         bos = next((int(r) for r in roles if isinstance(r, int)), None)
     if bos is None:

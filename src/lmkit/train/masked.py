@@ -47,12 +47,17 @@ class MaskedLMObjective(Objective):
     """The registered `mlm` objective; `prepare(tokenizer)` gives the one a run trains with."""
 
     def prepare(self, tokenizer: Any) -> Objective:
-        if tokenizer.token_to_id(MASK) is None:
-            tokenizer.add_special_tokens([MASK])
+        """The objective for `tokenizer`: its own mask token (a pretrained folder's [MASK] or <mask>), else
+        `<|mask|>`, added as a special token when missing."""
+        mask_id = getattr(tokenizer, "mask_token_id", None)
+        if mask_id is None:
+            if tokenizer.token_to_id(MASK) is None:
+                tokenizer.add_special_tokens([MASK])
+            mask_id = tokenizer.token_to_id(MASK)
         from lmkit.data.tokenize import vocab_size_of
 
-        special = tuple(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [tokenizer.token_to_id(MASK)])
-        task = MaskedLM(int(tokenizer.token_to_id(MASK)), vocab_size_of(tokenizer), special)
+        special = tuple(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [mask_id])
+        task = MaskedLM(int(mask_id), vocab_size_of(tokenizer), special)
         return Objective(self.name, self.architecture, task.build_batch, task.loss, task.evaluate)
 
 
