@@ -42,6 +42,22 @@ def test_distill_cli(folder, capsys):
     assert "student keeps" in capsys.readouterr().out
 
 
+def test_distill_cli_with_a_teacher_that_predicts_nothing_right(folder, tmp_path, capsys):
+    """A teacher whose final norm is zero gives equal logits, so argmax picks id 0 (<|endoftext|>, never a target):
+    accuracy 0, and the report says so instead of dividing by it (it printed 2997002997.0%)."""
+    teacher = lmkit.load_model(folder / "model")
+    final_norm = teacher.get_submodule("decoder.norm")
+    torch.nn.init.zeros_(final_norm.weight)
+    torch.nn.init.zeros_(final_norm.bias)
+    teacher.save_pretrained(tmp_path / "teacher")
+    (tmp_path / "teacher" / "tokenizer.json").write_bytes((folder / "model" / "tokenizer.json").read_bytes())
+    assert main(["distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"), "--corpus",
+                 str(folder / "corpus.txt"), "--max-steps", "1", "--batch-size", "2", "--seq-len", "16"]) == 0
+    assert json.loads((tmp_path / "s" / "distill.json").read_text())["teacher"]["accuracy"] == 0
+    out = capsys.readouterr().out
+    assert "the teacher predicts no next token right" in out and "%" not in out.splitlines()[-1]
+
+
 def test_prune_cli(folder, capsys):
     out = folder / "pruned"
     assert main(["prune", "--model", str(folder / "model"), "--out", str(out), "--heads", "5",

@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         m = r[who]
         print(f"{who:8s} {m['layers']} layers, {m['parameters']:,} parameters: loss {m['loss']:.4f}, "
               f"perplexity {m['perplexity']:.2f}, next-token accuracy {m['accuracy']:.4f}")
-    print(f"student keeps {100 * r['student']['accuracy'] / max(r['teacher']['accuracy'], 1e-9):.1f}% of the teacher's "
-          f"accuracy; written to {args.out}")
+    teacher, student = r["teacher"]["accuracy"], r["student"]["accuracy"]
+    kept = (f"student keeps {100 * student / teacher:.1f}% of the teacher's accuracy" if teacher > 0 else
+            "the teacher predicts no next token right, so there is no share of its accuracy to keep")
+    print(f"{kept}; written to {args.out}")
     return 0
