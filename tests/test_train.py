@@ -343,6 +343,19 @@ def test_objective_must_fit_the_preset(corpus_file, tmp_path):
         del OBJECTIVES["test-encoder"]
 
 
+def test_objective_that_does_not_fit_the_recorded_model_names_the_checkpoint(corpus_file, tmp_path):
+    """A resumed run rebuilds the model its checkpoint records, so a mismatch names that model_config, not the preset
+    (the message said "preset 'tiny' is decoder; pick a matching preset", which no preset could fix)."""
+    out = tmp_path / "r"
+    Trainer(config(corpus_file, out)).fit()
+    ckpt = _back_to_step_3(out, lambda state: state["train_config"].update(objective="span"))
+    with pytest.raises(TrainingError) as caught:
+        Trainer(config(corpus_file, out, resume=True), explicit=set())
+    assert str(caught.value) == (f"--objective span trains encoder-decoder models, but the model recorded in "
+                                 f"{ckpt / 'state.json'} (model_config) is decoder; the run's recorded settings do not "
+                                 "fit its recorded model; start a new run with another --out")
+
+
 def test_time_budget_plans_the_steps_that_fit_and_replans_on_the_measured_speed():
     from lmkit.train.budget import planned_steps, replanned_steps
 

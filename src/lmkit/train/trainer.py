@@ -39,7 +39,8 @@ from lmkit.train.config import TrainConfig
 from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
-from lmkit.train.resume import check_same_data, load_checkpoint_state, preset_drift, resume_config
+from lmkit.train.resume import (check_architecture, check_same_data, load_checkpoint_state, preset_drift,
+                               resume_config)
 from lmkit.train.seeds import resume_seed, seed_int, train_seed
 from lmkit.train.tasks import get_objective
 
@@ -87,9 +88,7 @@ class Trainer:
         preset = get_preset(cfg.preset, **cfg.model_overrides)
         # a resumed run rebuilds the model its checkpoint records (older checkpoints: the preset's, as before)
         base = ModelConfig.from_dict(saved["model_config"]) if "model_config" in saved else preset
-        if base.architecture != self.objective.architecture:
-            raise TrainingError(f"--objective {cfg.objective} trains {self.objective.architecture} models, but preset "
-                                f"{cfg.preset!r} is {base.architecture}; pick a matching preset")
+        check_architecture(self.objective, base, cfg, self.checkpoint if "model_config" in saved else None)
         self._prepare_data(base)
         self.model_config = self._model_config(base)
         if cfg.resume:
