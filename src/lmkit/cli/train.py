@@ -7,8 +7,9 @@ from lmkit.config import PRESETS
 from lmkit.train.config import TrainConfig
 
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
-FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "optimizer",
-         "precision", "log_every", "save_every", "seed", "data", "micro_batch_size", "keep_checkpoints", "fsdp")
+FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "warmup_steps",
+         "optimizer", "precision", "log_every", "save_every", "seed", "data", "micro_batch_size", "keep_checkpoints",
+         "fsdp")
 
 
 def register(subparsers) -> None:
@@ -23,6 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, metavar="N", help="sequences per optimizer step (global under torchrun)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (the model's context)")
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
+    p.add_argument("--warmup-steps", type=int, metavar="N",
+                   help="steps of linear warm-up to the peak lr, used as given; default: the preset's (default 50, tiny "
+                        "10, others 100), at most a tenth of the planned steps (--max-steps 40: 4)")
     p.add_argument("--optimizer", choices=["adamw", "muon"],
                    help="muon: Muon for the hidden weight matrices, AdamW for the rest; default: muon for the default "
                         "preset, adamw otherwise")

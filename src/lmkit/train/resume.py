@@ -60,7 +60,7 @@ def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | 
 
 # run-defining settings that `lmkit train` takes as flags (the others are the Python API's alone)
 CLI_FLAGS = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "optimizer",
-             "precision", "seed")
+             "warmup_steps", "precision", "seed")
 
 
 def _default(f: dataclasses.Field) -> Any:

@@ -156,7 +156,7 @@ class Trainer:
         """Optimizer step `step`; returns its mean training loss in nats per token (over all ranks)."""
         cfg = self.cfg
         total = self.total_steps or 10**9  # before a time budget is planned only the warm-up applies
-        set_lr(self.optimizer, lr_at(step, cfg.lr, cfg.warmup_steps, total, cfg.lr * cfg.min_lr_ratio))
+        set_lr(self.optimizer, lr_at(step, cfg.lr, cfg.fix_warmup(self.total_steps), total, cfg.lr * cfg.min_lr_ratio))
         rows = self.stream.rows(cfg.seed, step, cfg.batch_size, self.rank, self.world_size).to(self.device)
         generator = torch.Generator().manual_seed(seed_int("batch", cfg.seed, step, self.rank))
         batch = self.objective.build_batch(rows, self.pad_id, generator)
@@ -215,6 +215,7 @@ class Trainer:
         """
         from lmkit.train.checkpoint import rng_state
 
+        self.cfg.fix_warmup(self.total_steps)  # recorded even when the budget ran out while timing the first steps
         rngs = D.gather_objects(rng_state(), self.ctx)
         model_sd, optim_sd = D.full_state_dicts(self.model, self.optimizer, self.ctx, self.cfg.fsdp)
         if self.rank != 0:
