@@ -57,15 +57,15 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmkit.errors import LmkitError
     from lmkit.train import Trainer
     from lmkit.train import distributed
 
     ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
-    training = finished = False
+    finished = False
     try:
-        cfg, explicit = config_from_args(args)
-        trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
+        with distributed.agree_on_setup(ctx):  # every rank learns whether set-up succeeded on all of them
+            cfg, explicit = config_from_args(args)
+            trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
         c = trainer.cfg
         if ctx.is_main:
             print(f"lmkit train: preset {c.preset}, {trainer.model.num_parameters() / 1e6:.2f}M parameters, "
@@ -73,15 +73,14 @@ def run(args: argparse.Namespace) -> int:
                   + f" ({trainer.stream.num_tokens} training tokens), batch {c.batch_size} x {c.seq_len}, {c.precision}"
                   + (f", {ctx.world_size} processes ({'FSDP' if c.fsdp else 'DDP'}, {ctx.backend})" if ctx.world_size > 1 else "")
                   + (f", resuming at step {trainer.step}" if c.resume else ""))
-        training = True
-        result = trainer.fit()
+        result = trainer.fit()  # an error while training may be one rank's own: every rank reports its own
         if ctx.is_main:
             print(summary(result, c.out))
         finished = True
-    except (LmkitError, OSError) as exc:
-        if training or not distributed.quiet_error(ctx, exc):
-            raise  # an error while training may be one rank's own: every rank reports its own
-        return 2  # rank 0 reports it: every rank read the same flags and data
+    except distributed.SetupFailed:
+        if ctx.is_main:
+            raise  # one line, printed once; every rank exits 2
+        return 2
     finally:
         distributed.teardown(ctx, finished)
     return 0

@@ -63,43 +63,46 @@ class Trainer:
             keep_freed_memory()  # large activations stay in the heap between steps (see host_memory)
         self.ctx = D.DistContext(rank, world_size, self.device.index or 0, self.device,
                                  torch.distributed.get_backend() if world_size > 1 else None)
-        self.out = Path(cfg.out)
-        blocker = next((p for p in (self.out, *self.out.parents) if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            raise TrainingError(f"--out {self.out}: {blocker} is a file, not a folder; choose another --out")
-        quiet = None if rank == 0 else lambda message: None  # rank 0 alone reports a damaged checkpoint
-        self.checkpoint = latest_checkpoint(self.out, warn=quiet) if self.out.exists() else None
-        saved: dict[str, Any] = {}
-        if cfg.resume:
-            if self.checkpoint is None:
-                raise TrainingError(f"--resume: {self.out} holds no checkpoint to resume; drop --resume to start a new run")
-            saved = load_checkpoint_state(self.checkpoint)
-            cfg = resume_config(cfg, saved["train_config"], explicit, content_checked="data" in saved)
-        elif self.checkpoint is not None:
-            raise TrainingError(f"{self.out} already holds a training run; pass --resume to continue it, "
-                                "or choose another --out (or remove that folder)")
-        self.cfg = cfg = cfg.resolved()
-        if not cfg.data:
-            refuse_output_folder(cfg.corpus, "--out", self.out, RUN_FILES)
-        if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch
-            raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
-                                f"pick a multiple of {world_size}")
-        self.objective = get_objective(cfg.objective)
-        preset = get_preset(cfg.preset, **cfg.model_overrides)
-        # a resumed run rebuilds the model its checkpoint records (older checkpoints: the preset's, as before)
-        base = ModelConfig.from_dict(saved["model_config"]) if "model_config" in saved else preset
-        check_architecture(self.objective, base, cfg, self.checkpoint if "model_config" in saved else None)
-        self._prepare_data(base)
-        self.model_config = self._model_config(base)
-        if cfg.resume:
-            check_same_data(saved.get("data"), self.data_identity, cfg, self.out)
-            note = preset_drift(self.model_config, self._model_config(preset), cfg.preset)
-            if note and rank == 0:
-                print(f"lmkit: note: {note}", file=sys.stderr)
-        torch.manual_seed(seed_int("init", cfg.seed))
-        self.model = build_model(self.model_config).to(self.device)
-        check_savable(self.model)  # a format that cannot hold the model is refused now, not at the first save
-        self.model.train()
+        # local set-up (no collectives): under torchrun every rank then learns whether all ranks got through it
+        with D.agree_on_setup(self.ctx):
+            self.out = Path(cfg.out)
+            blocker = next((p for p in (self.out, *self.out.parents) if p.exists() and not p.is_dir()), None)
+            if blocker is not None:
+                raise TrainingError(f"--out {self.out}: {blocker} is a file, not a folder; choose another --out")
+            quiet = None if rank == 0 else lambda message: None  # rank 0 alone reports a damaged checkpoint
+            self.checkpoint = latest_checkpoint(self.out, warn=quiet) if self.out.exists() else None
+            saved: dict[str, Any] = {}
+            if cfg.resume:
+                if self.checkpoint is None:
+                    raise TrainingError(f"--resume: {self.out} holds no checkpoint to resume; drop --resume to start a "
+                                        "new run")
+                saved = load_checkpoint_state(self.checkpoint)
+                cfg = resume_config(cfg, saved["train_config"], explicit, content_checked="data" in saved)
+            elif self.checkpoint is not None:
+                raise TrainingError(f"{self.out} already holds a training run; pass --resume to continue it, "
+                                    "or choose another --out (or remove that folder)")
+            self.cfg = cfg = cfg.resolved()
+            if not cfg.data:
+                refuse_output_folder(cfg.corpus, "--out", self.out, RUN_FILES)
+            if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch
+                raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
+                                    f"pick a multiple of {world_size}")
+            self.objective = get_objective(cfg.objective)
+            preset = get_preset(cfg.preset, **cfg.model_overrides)
+            # a resumed run rebuilds the model its checkpoint records (older checkpoints: the preset's, as before)
+            base = ModelConfig.from_dict(saved["model_config"]) if "model_config" in saved else preset
+            check_architecture(self.objective, base, cfg, self.checkpoint if "model_config" in saved else None)
+            self._prepare_data(base)
+            self.model_config = self._model_config(base)
+            if cfg.resume:
+                check_same_data(saved.get("data"), self.data_identity, cfg, self.out)
+                note = preset_drift(self.model_config, self._model_config(preset), cfg.preset)
+                if note and rank == 0:
+                    print(f"lmkit: note: {note}", file=sys.stderr)
+            torch.manual_seed(seed_int("init", cfg.seed))
+            self.model = build_model(self.model_config).to(self.device)
+            check_savable(self.model)  # a format that cannot hold the model is refused now, not at the first save
+            self.model.train()
         self.engine = D.wrap_model(self.model, self.ctx, cfg.fsdp)  # what the step calls: DDP / FSDP / the model
         self.loss_scale = D.loss_scale(self.ctx, cfg.fsdp)
         self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay, kind=cfg.optimizer)
