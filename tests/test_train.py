@@ -277,14 +277,25 @@ def test_default_evaluations_fall_on_the_logged_steps(corpus_file, tmp_path):
     assert sorted(p.name for p in (out / "checkpoint").glob("step-*")) == [f"step-{s:08d}" for s in (5, 10, 12)]
 
 
-def test_time_budget_fixes_a_step_count(corpus_file, tmp_path):
-    trainer = Trainer(config(corpus_file, tmp_path / "t", max_steps=None, time_budget=3.0, save_every=None))
+def test_time_budget_fixes_a_step_count(corpus_file, tmp_path, monkeypatch):
+    plan, planned = Trainer._plan, []
+
+    def noted(self, t_start, step_times):
+        plan(self, t_start, step_times)
+        planned.append(self.total_steps)
+
+    monkeypatch.setattr(Trainer, "_plan", noted)
+    trainer = Trainer(config(corpus_file, tmp_path / "t", max_steps=None, time_budget=3.0, save_every=None,
+                             warmup_steps=None))
     result = trainer.fit()
     assert trainer.total_steps == result["step"] >= 1  # the count depends on the machine's speed
     from lmkit.train.checkpoint import latest_checkpoint
 
     state = json.loads((latest_checkpoint(tmp_path / "t") / "state.json").read_text())
     assert state["total_steps"] == trainer.total_steps == state["step"]
+    # the warm-up left out was capped when the steps were planned (tiny: 10), and recorded for --resume
+    first = planned[0] if planned else trainer.total_steps  # out of time before the plan: the steps it made
+    assert state["train_config"]["warmup_steps"] == min(10, first // 10)
 
 
 def test_replanned_time_budget_keeps_its_evaluations_apart(corpus_file, tmp_path, monkeypatch):

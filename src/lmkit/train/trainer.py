@@ -258,6 +258,7 @@ class Trainer:
                                              sorted(step_times)[len(step_times) // 2], eval_cost, self.cfg.max_steps)
         self.total_steps = int(D.broadcast_float(total, self.ctx))  # rank 0's clock decides for all
         self._planned_at = (self.step, spent)
+        self.cfg.fix_warmup(self.total_steps)  # a warm-up left out: a tenth of this plan at most, kept on replans
 
     def _replan(self, t_start: float) -> None:
         """Re-fit a --time-budget run's step count to the speed measured since planning (the schedule stretches)."""
