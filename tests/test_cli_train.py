@@ -40,6 +40,7 @@ def test_train_resume_and_eval(corpus_file, tmp_path):
     (["--lr", "inf"], "--lr must be a positive number"),
     (["--time-budget", "inf"], "--time-budget must be a positive number"),
     (["--max-steps", "0"], "--max-steps must be"),
+    (["--warmup-steps", "-1"], "--warmup-steps must be >= 0, got -1"),
     (["--out", "empty.txt/run"], "is a file, not a folder"),
     # the run's own files would be read as training text by the next run on the same --corpus
     (["--corpus", "texts", "--out", "texts"], "--out texts is inside the corpus folder texts: the run's files would "

@@ -242,3 +242,27 @@ def test_cli_eval_on_an_mbart50_folder_saved_by_lmkit(tmp_path, capsys):
     with torch.no_grad():
         loss = transformers.MBartForConditionalGeneration.from_pretrained(tmp_path / "m")(**batch).loss
     assert lines["loss"] == pytest.approx(float(loss), abs=1e-4)
+
+
+def test_pair_training_labels_mbart_targets_as_evaluation_does(tmp_path):
+    """fit_pairs on an mBART-style model (decoder starts from ro_RO): training and its validation label each target
+    `X </s> ro_RO` as `lmkit eval` and MBartTokenizerFast do (they labeled it `X </s>`, so the decoder learned to
+    start from </s> while generation starts from the code): the run's val_loss is the reference loss of the folder
+    it wrote, and transformers' loss on its tokenizer's labels."""
+    from lmkit.evaluate.seq2seq import encode_pairs, reference_loss
+    from lmkit.train.translation import fit_pairs
+
+    tok = _word_tokenizer("$A </s> en_XX")
+    tok.save(str(tmp_path / "tokenizer.json"))
+    result = fit_pairs(PAIRS, PAIRS, lmkit.load_tokenizer(tmp_path), tmp_path / "run", preset="bart", steps=3, batch_size=3,
+                       eval_every=3, warmup_steps=1, family="mbart", norm_placement="pre", final_norm=True,
+                       decoder_start_from_labels=True, decoder_start_token_id=5, d_model=24, n_layers=1, n_heads=2,
+                       d_ff=32, max_seq_len=64, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    model = lmkit.load_model(tmp_path / "run")
+    ours = lmkit.load_tokenizer(tmp_path / "run")
+    assert encode_pairs(model, ours, PAIRS[:1]) == ([[7, 8, 9, 2, 4]], [[8, 9, 10, 2, 5]])  # w1 = id 7
+    assert result["val_loss"] == pytest.approx(reference_loss(model, ours, PAIRS)[0], abs=1e-5)
+    batch = _hf_batch(transformers.MBartTokenizerFast, tok)
+    with torch.no_grad():
+        hf_loss = transformers.MBartForConditionalGeneration.from_pretrained(tmp_path / "run")(**batch).loss
+    assert result["val_loss"] == pytest.approx(float(hf_loss), abs=1e-5)

@@ -235,8 +235,7 @@ def test_pairs_sources_end_with_eos_as_in_training(tmp_path):
     from tokenizers import Tokenizer as HFTokenizer
 
     from lmkit.data.translation import task_tokenizer
-    from lmkit.evaluate.seq2seq import encode_source, reference_loss, translate
-    from lmkit.train import translation
+    from lmkit.evaluate.seq2seq import encode_pairs, encode_source, reference_loss, translate
 
     tok = task_tokenizer()
     eos = tok.token_to_id("</s>")
@@ -245,7 +244,7 @@ def test_pairs_sources_end_with_eos_as_in_training(tmp_path):
                                    decoder_start_token_id=0)).eval()
     sources = ["12 plus 3", "7"]
     want = [tok.encode(s, add_special_tokens=False) + [eos] for s in sources]
-    assert translation._sources(tok, sources, eos) == want  # what fit_pairs trains on
+    assert encode_pairs(model, tok, [(s, "") for s in sources])[0] == want  # what fit_pairs trains on
     seen = []  # (input_ids, attention_mask) of every encoder pass
     model.encoder.register_forward_pre_hook(lambda m, args, kw: seen.append((args[0], kw["attention_mask"])),
                                             with_kwargs=True)

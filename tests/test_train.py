@@ -40,6 +40,44 @@ def test_warmup_then_cosine_values():
     assert all(a >= b for a, b in zip(values, values[1:]))                           # monotone decay
 
 
+def test_default_warmup_is_the_presets_capped_at_a_tenth_of_the_planned_steps():
+    """`lmkit train --max-steps 40` warmed up over 50 steps and never reached the peak lr; a warm-up left out is now
+    at most a tenth of the steps, one given is used as given, and the 5-minute demo (about 600 steps) keeps 50."""
+    default, tiny, t5 = (TrainConfig(preset=p) for p in ("default", "tiny", "t5-tiny"))
+    assert [default.warmup_for(n) for n in (40, 600, 10_000, None)] == [4, 50, 50, 50]
+    assert [tiny.warmup_for(n) for n in (8, 40, 100, 1000)] == [0, 4, 10, 10]
+    assert [t5.warmup_for(n) for n in (40, 1000, 5000)] == [4, 100, 100]
+    assert TrainConfig(preset="default", warmup_steps=30).warmup_for(40) == 30
+    assert TrainConfig(preset="tiny").resolved().warmup_steps is None  # fixed once the steps are planned
+    # lr_at with the warm-up at or past the run's length: the ramp never reaches the peak before the last step
+    assert max(lr_at(s, 1.0, 50, 40) for s in range(40)) == pytest.approx(40 / 50)
+    assert max(lr_at(s, 1.0, 4, 40) for s in range(40)) == 1.0
+
+
+def test_left_out_warmup_is_fixed_from_the_planned_steps_and_recorded(corpus_file, tmp_path):
+    """A run without a warm-up reaches the peak (tiny: 10 preset steps, 6 planned: none) and records the warm-up it
+    used; a resumed run keeps the recorded one, also a run saved before the cap (its preset's 10)."""
+    def lrs(out):
+        return [r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+    peak, floor = 3e-3, 3e-4  # tiny's recipe, min_lr_ratio 0.1
+    Trainer(config(corpus_file, tmp_path / "a", warmup_steps=None)).fit()
+    assert lrs(tmp_path / "a") == pytest.approx([lr_at(s, peak, 0, 6, floor) for s in range(6)])
+    assert lrs(tmp_path / "a")[0] == peak
+    out = tmp_path / "b"
+    Trainer(config(corpus_file, out, warmup_steps=None)).fit()
+    ckpt = _back_to_step_3(out)
+    assert json.loads((ckpt / "state.json").read_text())["train_config"]["warmup_steps"] == 0
+    Trainer(TrainConfig(out=str(out), resume=True, max_steps=40, progress=False, save_every=40)).fit()
+    assert lrs(out) == pytest.approx([lr_at(s, peak, 0, 6, floor) for s in range(3)]
+                                     + [lr_at(s, peak, 0, 40, floor) for s in range(3, 40)])  # not 40 // 10 = 4
+    out = tmp_path / "old"
+    Trainer(config(corpus_file, out, warmup_steps=None)).fit()
+    _back_to_step_3(out, lambda state: state["train_config"].update(warmup_steps=10))  # as runs saved before
+    Trainer(config(corpus_file, out, warmup_steps=None, resume=True), explicit=set()).fit()
+    assert lrs(out)[3:] == pytest.approx([lr_at(s, peak, 10, 6, floor) for s in range(3, 6)])
+
+
 @pytest.mark.parametrize("preset", ["tiny", "default"])
 def test_no_decay_on_biases_norms_and_embeddings(preset):
     model = CausalLM(get_preset(preset, vocab_size=128, n_layers=1))
@@ -239,14 +277,25 @@ def test_default_evaluations_fall_on_the_logged_steps(corpus_file, tmp_path):
     assert sorted(p.name for p in (out / "checkpoint").glob("step-*")) == [f"step-{s:08d}" for s in (5, 10, 12)]
 
 
-def test_time_budget_fixes_a_step_count(corpus_file, tmp_path):
-    trainer = Trainer(config(corpus_file, tmp_path / "t", max_steps=None, time_budget=3.0, save_every=None))
+def test_time_budget_fixes_a_step_count(corpus_file, tmp_path, monkeypatch):
+    plan, planned = Trainer._plan, []
+
+    def noted(self, t_start, step_times):
+        plan(self, t_start, step_times)
+        planned.append(self.total_steps)
+
+    monkeypatch.setattr(Trainer, "_plan", noted)
+    trainer = Trainer(config(corpus_file, tmp_path / "t", max_steps=None, time_budget=3.0, save_every=None,
+                             warmup_steps=None))
     result = trainer.fit()
     assert trainer.total_steps == result["step"] >= 1  # the count depends on the machine's speed
     from lmkit.train.checkpoint import latest_checkpoint
 
     state = json.loads((latest_checkpoint(tmp_path / "t") / "state.json").read_text())
     assert state["total_steps"] == trainer.total_steps == state["step"]
+    # the warm-up left out was capped when the steps were planned (tiny: 10), and recorded for --resume
+    first = planned[0] if planned else trainer.total_steps  # out of time before the plan: the steps it made
+    assert state["train_config"]["warmup_steps"] == min(10, first // 10)
 
 
 def test_replanned_time_budget_keeps_its_evaluations_apart(corpus_file, tmp_path, monkeypatch):
@@ -341,6 +390,19 @@ def test_objective_must_fit_the_preset(corpus_file, tmp_path):
             Trainer(config(corpus_file, tmp_path / "o", objective="test-encoder"))
     finally:
         del OBJECTIVES["test-encoder"]
+
+
+def test_objective_that_does_not_fit_the_recorded_model_names_the_checkpoint(corpus_file, tmp_path):
+    """A resumed run rebuilds the model its checkpoint records, so a mismatch names that model_config, not the preset
+    (the message said "preset 'tiny' is decoder; pick a matching preset", which no preset could fix)."""
+    out = tmp_path / "r"
+    Trainer(config(corpus_file, out)).fit()
+    ckpt = _back_to_step_3(out, lambda state: state["train_config"].update(objective="span"))
+    with pytest.raises(TrainingError) as caught:
+        Trainer(config(corpus_file, out, resume=True), explicit=set())
+    assert str(caught.value) == (f"--objective span trains encoder-decoder models, but the model recorded in "
+                                 f"{ckpt / 'state.json'} (model_config) is decoder; the run's recorded settings do not "
+                                 "fit its recorded model; start a new run with another --out")
 
 
 def test_time_budget_plans_the_steps_that_fit_and_replans_on_the_measured_speed():

@@ -40,3 +40,13 @@ class TrainingError(LmkitError):
 
 class MetricError(LmkitError):
     """Inputs or options a metric cannot score (BLEU, ROUGE): mismatched lists, unknown tokenizers or smoothing."""
+
+
+def user_message(exc: BaseException) -> str | None:
+    """The one line a user error gets (an LmkitError, or an OSError naming a path); None for a bug."""
+    if isinstance(exc, LmkitError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return (f"cannot use {exc.filename}: {exc.strerror or exc}; check the path, its permissions and the free "
+                "disk space")
+    return None

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from lmkit.errors import LmkitError
+from lmkit.errors import LmkitError, user_message
 
 SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "distill", "prune", "quantize",
                "finetune", "search")
@@ -50,14 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`lmkit eval ... | head -1`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not raise again
         return 141
-    except LmkitError as exc:
-        print(f"lmkit: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        if exc.filename is None:  # not about a path the user named: a bug
+    except (LmkitError, OSError) as exc:
+        message = user_message(exc)
+        if message is None:  # an OSError not about a path the user named: a bug
             raise
-        print(f"lmkit: error: cannot use {exc.filename}: {exc.strerror or exc}; check the path, its permissions "
-              "and the free disk space", file=sys.stderr)
+        print(f"lmkit: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lmkit: interrupted", file=sys.stderr)

@@ -7,8 +7,9 @@ from lmkit.config import PRESETS
 from lmkit.train.config import TrainConfig
 
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
-FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "optimizer",
-         "precision", "log_every", "save_every", "seed", "data", "micro_batch_size", "keep_checkpoints", "fsdp")
+FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "warmup_steps",
+         "optimizer", "precision", "log_every", "save_every", "seed", "data", "micro_batch_size", "keep_checkpoints",
+         "fsdp")
 
 
 def register(subparsers) -> None:
@@ -23,6 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, metavar="N", help="sequences per optimizer step (global under torchrun)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (the model's context)")
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
+    p.add_argument("--warmup-steps", type=int, metavar="N",
+                   help="steps of linear warm-up to the peak lr, used as given; default: the preset's (default 50, tiny "
+                        "10, others 100), at most a tenth of the planned steps (--max-steps 40: 4)")
     p.add_argument("--optimizer", choices=["adamw", "muon"],
                    help="muon: Muon for the hidden weight matrices, AdamW for the rest; default: muon for the default "
                         "preset, adamw otherwise")
@@ -53,15 +57,15 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmkit.errors import LmkitError
     from lmkit.train import Trainer
     from lmkit.train import distributed
 
     ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
-    training = finished = False
+    finished = False
     try:
-        cfg, explicit = config_from_args(args)
-        trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
+        with distributed.agree_on_setup(ctx):  # every rank learns whether set-up succeeded on all of them
+            cfg, explicit = config_from_args(args)
+            trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
         c = trainer.cfg
         if ctx.is_main:
             print(f"lmkit train: preset {c.preset}, {trainer.model.num_parameters() / 1e6:.2f}M parameters, "
@@ -69,15 +73,14 @@ def run(args: argparse.Namespace) -> int:
                   + f" ({trainer.stream.num_tokens} training tokens), batch {c.batch_size} x {c.seq_len}, {c.precision}"
                   + (f", {ctx.world_size} processes ({'FSDP' if c.fsdp else 'DDP'}, {ctx.backend})" if ctx.world_size > 1 else "")
                   + (f", resuming at step {trainer.step}" if c.resume else ""))
-        training = True
-        result = trainer.fit()
+        result = trainer.fit()  # an error while training may be one rank's own: every rank reports its own
         if ctx.is_main:
             print(summary(result, c.out))
         finished = True
-    except (LmkitError, OSError) as exc:
-        if training or not distributed.quiet_error(ctx, exc):
-            raise  # an error while training may be one rank's own: every rank reports its own
-        return 2  # rank 0 reports it: every rank read the same flags and data
+    except distributed.SetupFailed:
+        if ctx.is_main:
+            raise  # one line, printed once; every rank exits 2
+        return 2
     finally:
         distributed.teardown(ctx, finished)
     return 0

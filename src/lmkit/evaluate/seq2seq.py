@@ -44,6 +44,13 @@ def encode_target(model, tokenizer, text: str) -> list[int]:
     return ids if forced is None else [int(forced)] + ids
 
 
+def encode_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
+    """(encoder ids, label ids) of (source, reference) pairs by `encode_source` and `encode_target`: what pair
+    training (lmkit.train.translation) learns from and what `reference_loss` scores, labeled alike."""
+    eos = model.config.eos_token_id
+    return [encode_source(tokenizer, s, eos) for s, _ in pairs], [encode_target(model, tokenizer, r) for _, r in pairs]
+
+
 @torch.no_grad()
 def translate(model, tokenizer, sources: Sequence[str], batch_size: int = 128, max_new_tokens: int = 32,
               num_beams: int = 1) -> list[str]:
@@ -91,13 +98,10 @@ def reference_loss(model, tokenizer, pairs: Sequence[tuple[str, str]], batch_siz
     from lmkit.objectives import next_token_loss, seq2seq_batch
 
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    eos = model.config.eos_token_id
     total, count = 0.0, 0
     device = next(model.parameters()).device
     for start in range(0, len(pairs), batch_size):
-        part = pairs[start:start + batch_size]
-        batch = seq2seq_batch([encode_source(tokenizer, s, eos) for s, _ in part],
-                              [encode_target(model, tokenizer, r) for _, r in part], pad)
+        batch = seq2seq_batch(*encode_pairs(model, tokenizer, pairs[start:start + batch_size]), pad)
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).logits
         ls = next_token_loss(logits, batch["labels"])

@@ -27,6 +27,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     "default": dict(batch_size=24, seq_len=128, lr=3e-3, warmup_steps=50, optimizer="muon"),
 }
 
+GENERIC_WARMUP = 100  # warm-up steps of presets without a recipe for it
+
 # Settings that change the numbers of a run: a resumed run must keep them.
 RUN_DEFINING = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "optimizer",
                 "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "precision", "seed", "vocab_size", "val_fraction",
@@ -46,7 +48,7 @@ class TrainConfig:
     seq_len: int | None = None            # None: the preset's max_seq_len (at most 1024); the model's context
     lr: float | None = None
     min_lr_ratio: float = 0.1
-    warmup_steps: int | None = None
+    warmup_steps: int | None = None       # None: the preset's, at most a tenth of the planned steps (warmup_for)
     weight_decay: float = 0.1
     optimizer: str | None = None          # adamw | muon (Muon for the hidden matrices); None: the preset's recipe
     grad_clip: float = 1.0
@@ -70,7 +72,8 @@ class TrainConfig:
         recipe = RECIPES.get(self.preset, {})
         model = get_preset(self.preset, **self.model_overrides)
         # vocab_size (the tokenizer's target) is recorded so that a resumed run retrains the same tokenizer
-        generic = dict(batch_size=16, seq_len=min(model.max_seq_len, 1024), lr=1e-3, warmup_steps=100, optimizer="adamw",
+        # warmup_steps left out stays None here: it depends on the planned steps (fix_warmup)
+        generic = dict(batch_size=16, seq_len=min(model.max_seq_len, 1024), lr=1e-3, optimizer="adamw",
                        vocab_size=model.vocab_size)
         values = {k: getattr(self, k) if getattr(self, k) is not None else recipe.get(k, generic[k]) for k in generic}
         cfg = dataclasses.replace(self, **values)
@@ -98,8 +101,25 @@ class TrainConfig:
             raise TrainingError(f"--precision must be fp32 or bf16, got {self.precision!r}")
         if self.batch_size % self.micro_batch_size:
             raise TrainingError(f"batch size {self.batch_size} is not a multiple of micro batch size {self.micro_batch_size}")
-        if self.warmup_steps < 0:
-            raise TrainingError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise TrainingError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+
+    def warmup_for(self, total_steps: int | None) -> int:
+        """Warm-up steps of a run of `total_steps` (None: not planned yet): warmup_steps when given (or recorded),
+        else the preset's (default 50, tiny 10, others 100) capped at total_steps // 10, so a short run reaches
+        the peak learning rate."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        preset = RECIPES.get(self.preset, {}).get("warmup_steps", GENERIC_WARMUP)
+        return preset if total_steps is None else min(preset, total_steps // 10)
+
+    def fix_warmup(self, total_steps: int | None) -> int:
+        """The warm-up of the next step; a left-out one is fixed (and so recorded with the run) once total_steps is
+        planned, so a resumed run keeps it. Before that (a --time-budget run still timing its first steps) the
+        preset's, capped by max_steps."""
+        if self.warmup_steps is None and total_steps is not None:
+            self.warmup_steps = self.warmup_for(total_steps)
+        return self.warmup_for(self.max_steps)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lmkit.errors import LmkitError, TrainingError
+from lmkit.errors import TrainingError, user_message
 
 
 @dataclass
@@ -65,13 +65,51 @@ def teardown(ctx: DistContext, finished: bool = True) -> None:
         dist.destroy_process_group()
 
 
-def quiet_error(ctx: DistContext, exc: BaseException) -> bool:
-    """Whether this rank exits without printing `exc`: a user error (LmkitError, or an OSError naming a path)
-    raised while the run is set up (the group up, training not begun) is raised alike on every rank, and rank 0
-    alone prints it. (Ranks that do not share a file system could differ here; errors while training print
-    on every rank.)"""
-    user_error = isinstance(exc, LmkitError) or (isinstance(exc, OSError) and exc.filename is not None)
-    return ctx.world_size > 1 and ctx.rank != 0 and user_error
+class SetupFailed(TrainingError):
+    """Set-up failed on some rank: every rank raises this, with one report (the CLI prints rank 0's)."""
+
+
+@contextlib.contextmanager
+def agree_on_setup(ctx: DistContext):
+    """Run a set-up block on every rank, then let every rank learn whether it succeeded on all of them (an all_reduce
+    of a failure flag): a rank > 0 failing alone (its own file system) no longer leaves the others waiting in the
+    next collective until the group's timeout. When any failed, every rank raises SetupFailed(failure_report(...));
+    a rank's own bug is re-raised there, with its traceback. The block must not itself start a collective."""
+    if ctx.world_size <= 1:
+        yield
+        return
+    try:
+        yield
+    except SetupFailed:
+        raise  # an inner block has agreed already
+    except Exception as exc:
+        message = user_message(exc)
+        report = _agree(ctx, message or f"{type(exc).__name__}: {exc} (a bug: see that rank's traceback)")
+        if message is None:
+            raise
+        raise SetupFailed(report) from None
+    report = _agree(ctx, None)
+    if report is not None:
+        raise SetupFailed(report)
+
+
+def _agree(ctx: DistContext, message: str | None) -> str | None:
+    """None when no rank failed (message None on every rank), else the report of every rank's message."""
+    flag = torch.tensor([float(message is not None)], device=ctx.device if ctx.backend == "nccl" else "cpu")
+    dist.all_reduce(flag)
+    return None if flag.item() == 0 else failure_report(gather_objects(message, ctx))
+
+
+def failure_report(messages: list[str | None]) -> str:
+    """One line from the set-up messages of ranks 0..N-1 (None: that rank succeeded): a message every rank gave
+    alike as it is (a bad flag fails everywhere), otherwise each failing rank's, prefixed with its rank."""
+    if None not in messages and len(set(messages)) == 1:
+        return messages[0]
+    ranks: dict[str, list[int]] = {}
+    for rank, message in enumerate(messages):
+        if message is not None:
+            ranks.setdefault(message, []).append(rank)
+    return "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {m}" for m, r in ranks.items())
 
 
 def _sum_hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings

@@ -60,7 +60,7 @@ def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | 
 
 # run-defining settings that `lmkit train` takes as flags (the others are the Python API's alone)
 CLI_FLAGS = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "optimizer",
-             "precision", "seed")
+             "warmup_steps", "precision", "seed")
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -93,3 +93,17 @@ def preset_drift(recorded: ModelConfig, preset: ModelConfig, name: str) -> str |
         return None
     return (f"preset {name!r} now gives {', '.join(f'{k}={new.get(k)!r}' for k in changed)}; the resumed run keeps the "
             f"model its checkpoint records ({', '.join(f'{k}={old[k]!r}' for k in changed)})")
+
+
+def check_architecture(objective, model: ModelConfig, cfg: TrainConfig, recorded: Path | None) -> None:
+    """Refuse a model the objective cannot train, naming where its architecture came from: the preset, or the
+    model_config that the checkpoint `recorded` holds (a resumed run rebuilds that model, whatever the preset)."""
+    if model.architecture == objective.architecture:
+        return
+    if recorded is None:
+        where, todo = f"preset {cfg.preset!r}", "pick a matching preset"
+    else:  # the run's own objective and model disagree: its state.json was edited or written by another version
+        where = f"the model recorded in {recorded / 'state.json'} (model_config)"
+        todo = "the run's recorded settings do not fit its recorded model; start a new run with another --out"
+    raise TrainingError(f"--objective {cfg.objective} trains {objective.architecture} models, but {where} is "
+                        f"{model.architecture}; {todo}")

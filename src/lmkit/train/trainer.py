@@ -39,7 +39,8 @@ from lmkit.train.config import TrainConfig
 from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
-from lmkit.train.resume import check_same_data, load_checkpoint_state, preset_drift, resume_config
+from lmkit.train.resume import (check_architecture, check_same_data, load_checkpoint_state, preset_drift,
+                               resume_config)
 from lmkit.train.seeds import resume_seed, seed_int, train_seed
 from lmkit.train.tasks import get_objective
 
@@ -62,45 +63,46 @@ class Trainer:
             keep_freed_memory()  # large activations stay in the heap between steps (see host_memory)
         self.ctx = D.DistContext(rank, world_size, self.device.index or 0, self.device,
                                  torch.distributed.get_backend() if world_size > 1 else None)
-        self.out = Path(cfg.out)
-        blocker = next((p for p in (self.out, *self.out.parents) if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            raise TrainingError(f"--out {self.out}: {blocker} is a file, not a folder; choose another --out")
-        quiet = None if rank == 0 else lambda message: None  # rank 0 alone reports a damaged checkpoint
-        self.checkpoint = latest_checkpoint(self.out, warn=quiet) if self.out.exists() else None
-        saved: dict[str, Any] = {}
-        if cfg.resume:
-            if self.checkpoint is None:
-                raise TrainingError(f"--resume: {self.out} holds no checkpoint to resume; drop --resume to start a new run")
-            saved = load_checkpoint_state(self.checkpoint)
-            cfg = resume_config(cfg, saved["train_config"], explicit, content_checked="data" in saved)
-        elif self.checkpoint is not None:
-            raise TrainingError(f"{self.out} already holds a training run; pass --resume to continue it, "
-                                "or choose another --out (or remove that folder)")
-        self.cfg = cfg = cfg.resolved()
-        if not cfg.data:
-            refuse_output_folder(cfg.corpus, "--out", self.out, RUN_FILES)
-        if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch
-            raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
-                                f"pick a multiple of {world_size}")
-        self.objective = get_objective(cfg.objective)
-        preset = get_preset(cfg.preset, **cfg.model_overrides)
-        # a resumed run rebuilds the model its checkpoint records (older checkpoints: the preset's, as before)
-        base = ModelConfig.from_dict(saved["model_config"]) if "model_config" in saved else preset
-        if base.architecture != self.objective.architecture:
-            raise TrainingError(f"--objective {cfg.objective} trains {self.objective.architecture} models, but preset "
-                                f"{cfg.preset!r} is {base.architecture}; pick a matching preset")
-        self._prepare_data(base)
-        self.model_config = self._model_config(base)
-        if cfg.resume:
-            check_same_data(saved.get("data"), self.data_identity, cfg, self.out)
-            note = preset_drift(self.model_config, self._model_config(preset), cfg.preset)
-            if note and rank == 0:
-                print(f"lmkit: note: {note}", file=sys.stderr)
-        torch.manual_seed(seed_int("init", cfg.seed))
-        self.model = build_model(self.model_config).to(self.device)
-        check_savable(self.model)  # a format that cannot hold the model is refused now, not at the first save
-        self.model.train()
+        # local set-up (no collectives): under torchrun every rank then learns whether all ranks got through it
+        with D.agree_on_setup(self.ctx):
+            self.out = Path(cfg.out)
+            blocker = next((p for p in (self.out, *self.out.parents) if p.exists() and not p.is_dir()), None)
+            if blocker is not None:
+                raise TrainingError(f"--out {self.out}: {blocker} is a file, not a folder; choose another --out")
+            quiet = None if rank == 0 else lambda message: None  # rank 0 alone reports a damaged checkpoint
+            self.checkpoint = latest_checkpoint(self.out, warn=quiet) if self.out.exists() else None
+            saved: dict[str, Any] = {}
+            if cfg.resume:
+                if self.checkpoint is None:
+                    raise TrainingError(f"--resume: {self.out} holds no checkpoint to resume; drop --resume to start a "
+                                        "new run")
+                saved = load_checkpoint_state(self.checkpoint)
+                cfg = resume_config(cfg, saved["train_config"], explicit, content_checked="data" in saved)
+            elif self.checkpoint is not None:
+                raise TrainingError(f"{self.out} already holds a training run; pass --resume to continue it, "
+                                    "or choose another --out (or remove that folder)")
+            self.cfg = cfg = cfg.resolved()
+            if not cfg.data:
+                refuse_output_folder(cfg.corpus, "--out", self.out, RUN_FILES)
+            if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch
+                raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
+                                    f"pick a multiple of {world_size}")
+            self.objective = get_objective(cfg.objective)
+            preset = get_preset(cfg.preset, **cfg.model_overrides)
+            # a resumed run rebuilds the model its checkpoint records (older checkpoints: the preset's, as before)
+            base = ModelConfig.from_dict(saved["model_config"]) if "model_config" in saved else preset
+            check_architecture(self.objective, base, cfg, self.checkpoint if "model_config" in saved else None)
+            self._prepare_data(base)
+            self.model_config = self._model_config(base)
+            if cfg.resume:
+                check_same_data(saved.get("data"), self.data_identity, cfg, self.out)
+                note = preset_drift(self.model_config, self._model_config(preset), cfg.preset)
+                if note and rank == 0:
+                    print(f"lmkit: note: {note}", file=sys.stderr)
+            torch.manual_seed(seed_int("init", cfg.seed))
+            self.model = build_model(self.model_config).to(self.device)
+            check_savable(self.model)  # a format that cannot hold the model is refused now, not at the first save
+            self.model.train()
         self.engine = D.wrap_model(self.model, self.ctx, cfg.fsdp)  # what the step calls: DDP / FSDP / the model
         self.loss_scale = D.loss_scale(self.ctx, cfg.fsdp)
         self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay, kind=cfg.optimizer)
@@ -157,7 +159,7 @@ class Trainer:
         """Optimizer step `step`; returns its mean training loss in nats per token (over all ranks)."""
         cfg = self.cfg
         total = self.total_steps or 10**9  # before a time budget is planned only the warm-up applies
-        set_lr(self.optimizer, lr_at(step, cfg.lr, cfg.warmup_steps, total, cfg.lr * cfg.min_lr_ratio))
+        set_lr(self.optimizer, lr_at(step, cfg.lr, cfg.fix_warmup(self.total_steps), total, cfg.lr * cfg.min_lr_ratio))
         rows = self.stream.rows(cfg.seed, step, cfg.batch_size, self.rank, self.world_size).to(self.device)
         generator = torch.Generator().manual_seed(seed_int("batch", cfg.seed, step, self.rank))
         batch = self.objective.build_batch(rows, self.pad_id, generator)
@@ -216,6 +218,7 @@ class Trainer:
         """
         from lmkit.train.checkpoint import rng_state
 
+        self.cfg.fix_warmup(self.total_steps)  # recorded even when the budget ran out while timing the first steps
         rngs = D.gather_objects(rng_state(), self.ctx)
         model_sd, optim_sd = D.full_state_dicts(self.model, self.optimizer, self.ctx, self.cfg.fsdp)
         if self.rank != 0:
@@ -255,6 +258,7 @@ class Trainer:
                                              sorted(step_times)[len(step_times) // 2], eval_cost, self.cfg.max_steps)
         self.total_steps = int(D.broadcast_float(total, self.ctx))  # rank 0's clock decides for all
         self._planned_at = (self.step, spent)
+        self.cfg.fix_warmup(self.total_steps)  # a warm-up left out: a tenth of this plan at most, kept on replans
 
     def _replan(self, t_start: float) -> None:
         """Re-fit a --time-budget run's step count to the speed measured since planning (the schedule stretches)."""

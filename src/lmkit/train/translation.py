@@ -23,16 +23,6 @@ from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
 
 
-def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
-    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-
-
-def _sources(tokenizer, texts: list[str], eos_id: int) -> list[list[int]]:
-    from lmkit.evaluate.seq2seq import encode_source
-
-    return [encode_source(tokenizer, t, eos_id) for t in texts]
-
-
 def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokenizer, out: str | Path,
               preset: str = "t5-tiny", steps: int = 3000, time_budget: float | None = None, batch_size: int = 64,
               lr: float = 1e-3, warmup_steps: int = 100, eval_every: int = 500, seed: int = 0,
@@ -42,22 +32,24 @@ def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokeniz
     out/ gets the model folder (config.json, model.safetensors, tokenizer.json), metrics.jsonl with
     `step`, `loss`, and on evaluation steps `val_loss`, `bleu`, ROUGE and exact match, and loss_curve.png;
     with `task` (a built-in task's name), task.json, so that `lmkit eval --model out` scores that task.
+    Targets are labeled as `lmkit eval` labels references (`encode_pairs`): tokens + EOS, and for an mBART-style
+    model (overrides decoder_start_from_labels=True, decoder_start_token_id=the target language code) `X </s> code`.
     """
-    from lmkit.evaluate.seq2seq import evaluate_pairs
+    from lmkit.evaluate.seq2seq import encode_pairs, evaluate_pairs
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     specials = {k: tokenizer.token_to_id(v) for k, v in (("pad", "<pad>"), ("eos", "</s>"))}
+    settings = {"decoder_start_token_id": specials["pad"], **overrides}  # T5 starts from pad, mBART from a code
     config = get_preset(preset, vocab_size=tokenizer.vocab_size, pad_token_id=specials["pad"],
-                        eos_token_id=specials["eos"], decoder_start_token_id=specials["pad"], **overrides)
+                        eos_token_id=specials["eos"], **settings)
     model = build_model(config)
     model.train()
     optimizer = build_optimizer(model, lr, weight_decay=0.01, betas=(0.9, 0.98))
-    src, tgt = _sources(tokenizer, [s for s, _ in train], specials["eos"]), _encode(tokenizer, [t for _, t in train])
-    val = seq2seq_batch(_sources(tokenizer, [s for s, _ in test], specials["eos"]), _encode(tokenizer, [t for _, t in test]),
-                        specials["pad"], specials["eos"])
+    src, tgt = encode_pairs(model, tokenizer, train)  # the labels `lmkit eval` scores the model on
+    val = seq2seq_batch(*encode_pairs(model, tokenizer, test), specials["pad"])
     metrics = MetricsLog(out / "metrics.jsonl")
     metrics.reset()
     t0, step, result = time.perf_counter(), 0, {}
@@ -74,7 +66,7 @@ def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokeniz
     while step < steps and (time_budget is None or time.perf_counter() - t0 < time_budget):
         set_lr(optimizer, lr_at(step, lr, warmup_steps, steps, lr * 0.05))
         pick = [rng.randrange(len(src)) for _ in range(batch_size)]
-        batch = seq2seq_batch([src[i] for i in pick], [tgt[i] for i in pick], specials["pad"], specials["eos"])
+        batch = seq2seq_batch([src[i] for i in pick], [tgt[i] for i in pick], specials["pad"])
         output = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
         loss = next_token_loss(output.logits, batch["labels"]).mean
         with_aux_loss(loss, getattr(output, "aux_loss", None), model.config.router_aux_loss_coef).backward()
