@@ -234,3 +234,67 @@ def test_tied_lm_head_in_modules_to_save_is_trained_apart_from_the_embedding(tmp
     assert reloaded.lm_head.weight is not reloaded.transformer.wte.weight
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=IDS).logits, theirs(input_ids=IDS).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("key,value", [("velora_config", {"num_groups": 2}), ("monteclora_config", {"n_samples": 2}),
+                                       ("kasa_config", {"beta": 1e-4})])
+def test_peft_lora_variants_that_change_the_forward_are_refused(tmp_path, key, value):
+    """PEFT 0.21's LoRA variants beyond DoRA (their own forward, or KaSA's truncated base) are refused by name."""
+    ref = hf_model("llama", tmp_path)
+    peft.get_peft_model(ref, peft.LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
+    path = tmp_path / "adapter" / "adapter_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+    with pytest.raises(lmkit.errors.ConfigError, match=key):
+        load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+
+
+@pytest.mark.parametrize("direction", ["lmkit->peft", "peft->lmkit"])
+def test_lora_on_a_tied_lm_head_loads_both_ways_and_merges_apart_from_the_embedding(tmp_path, direction):
+    """LoRA on GPT-2's tied lm_head: PEFT saves the head's base weight beside A and B (it used to be refused as a
+    tensor this model does not have), lmkit used to drop the head's LoRA when saving. Merged, the update goes
+    into the head alone (PEFT's in-place merge also changes the tied input embedding) and the model saves untied."""
+    ref = hf_model("gpt2", tmp_path, seed=8)
+    targets = ["c_attn", "lm_head"]
+    if direction == "lmkit->peft":
+        ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", r=4, target_modules=targets)
+        randomize(ours)
+        ours.save_adapter(tmp_path / "adapter")
+        theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "adapter").eval()
+    else:
+        theirs = peft.get_peft_model(ref, peft.LoraConfig(r=4, target_modules=targets, fan_in_fan_out=True))
+        randomize(theirs)
+        theirs.save_pretrained(tmp_path / "adapter")
+        theirs.eval()
+        ours = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+    with torch.no_grad():
+        want = theirs(input_ids=IDS).logits
+        torch.testing.assert_close(ours(IDS).logits, want, rtol=1e-4, atol=1e-4)
+        ours.merge()                                   # in place: the head gets its own weight first
+        torch.testing.assert_close(ours(IDS).logits, want, rtol=1e-4, atol=1e-4)
+        ours.unmerge()
+        merged = ours.merge_and_unload()
+        torch.testing.assert_close(merged(IDS).logits, want, rtol=1e-4, atol=1e-4)
+    base = lmkit.load_model(tmp_path / "base")
+    torch.testing.assert_close(merged.decoder.embeddings.tokens.weight, base.decoder.embeddings.tokens.weight)
+    merged.save_pretrained(tmp_path / "merged")
+    with torch.no_grad():
+        torch.testing.assert_close(lmkit.load_model(tmp_path / "merged")(IDS).logits, want, rtol=1e-4, atol=1e-4)
+
+
+def test_lmkit_prompt_adapter_on_a_bare_or_mlm_encoder_is_applied_by_peft(tmp_path):
+    """With no task type PEFT runs a prompt-tuning adapter's base model without the virtual tokens; lmkit
+    now writes FEATURE_EXTRACTION for an encoder whose head is not saved, so PEFT puts them in front too."""
+    torch.manual_seed(9)
+    ref = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=71, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=64)).eval()
+    ref.save_pretrained(tmp_path / "base")
+    ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "prompt", num_virtual_tokens=3)
+    randomize(ours)
+    ours.save_adapter(tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["task_type"] == "FEATURE_EXTRACTION"
+    theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        want = theirs(input_ids=IDS, attention_mask=MASK).logits[:, 3:]   # PEFT also scores the virtual positions
+        got = ours(IDS, attention_mask=MASK).logits
+    torch.testing.assert_close(got[MASK.bool()], want[MASK.bool()], rtol=1e-4, atol=1e-4)

@@ -34,7 +34,9 @@ LORA_UNSUPPORTED = {
     "(target_parameters)", "trainable_token_indices": "trainable tokens (trainable_token_indices)",
     "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)", "use_qalora": "QALoRA (use_qalora)",
     "use_bdlora": "block-diagonal LoRA (use_bdlora)", "arrow_config": "Arrow routing (arrow_config)",
-    "megatron_config": "Megatron parallel layers (megatron_config)",
+    "megatron_config": "Megatron parallel layers (megatron_config)", "velora_config": "VeLoRA (velora_config)",
+    "monteclora_config": "MonteCLoRA (monteclora_config)", "kasa_config": "KaSA (kasa_config), which also "
+    "truncates the base weights",
 }
 # init_lora_weights that rewrite the base weights (the adapter only fits the changed base)
 BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
@@ -45,17 +47,18 @@ PEFT_TYPES = {"lora": "LORA", "qlora": "LORA", "ia3": "IA3", "prompt": "PROMPT_T
 def _groups(model: nn.Module, kinds) -> dict[str, list[str]]:
     """HF module -> lmkit parts, for the modules of the given kinds (identity names without a family)."""
     groups = hf_groups(model)
-    if groups:
-        return groups
-    return {n: [n] for n, m in model.named_modules() if isinstance(m, kinds)}
+    covered = {p for parts in groups.values() for p in parts}
+    # a layer outside the family's table (a head tied to the embedding, which HF also calls lm_head): lmkit's name
+    return {**groups, **{n: [n] for n, m in model.named_modules() if isinstance(m, kinds) and n not in covered}}
 
 
 def _task_type(model: nn.Module, saves_head: bool) -> str | None:
     kind = type(model).__name__
     if kind == "Encoder":  # PEFT's task of the head (prompt tuning acts only through a task's model class); PEFT
-        if not saves_head:  # then expects the head's tensors in the adapter
-            return None
-        return {"sequence": "SEQ_CLS", "token": "TOKEN_CLS", "qa": "QUESTION_ANS"}.get(getattr(model, "head", None))
+        # then expects the head's tensors in the adapter. Any other encoder is FEATURE_EXTRACTION, whose PEFT
+        # model still puts the virtual tokens in front (with no task type PEFT would silently leave them out)
+        task = {"sequence": "SEQ_CLS", "token": "TOKEN_CLS", "qa": "QUESTION_ANS"}.get(getattr(model, "head", None))
+        return task if saves_head and task else "FEATURE_EXTRACTION"
     return {"CausalLM": "CAUSAL_LM", "Seq2SeqLM": "SEQ_2_SEQ_LM"}.get(kind)
 
 
@@ -236,7 +239,9 @@ def _load_full(model: nn.Module, tensors: dict, folder: Path, prefix: str = PREF
     """Copy HF-named tensors trained in full into the model, splitting fused ones (GPT-2's c_attn) by the rules."""
     rules = {rule.hf: rule for rule in hf_rules(model)}
     covered = {o for rule in rules.values() for o in rule.ours}
-    for name, _ in model.named_parameters():  # not in the family's table (an untied head): lmkit's name
+    # not in the family's table (an untied head; a tied one, whose base weight PEFT saves when LoRA targets it
+    # and loads into the shared weight): lmkit's name
+    for name, _ in model.named_parameters(remove_duplicate=False):
         if name not in covered:
             rules.setdefault(name, rename(name, name))
     wanted: dict[str, torch.Tensor] = {}
