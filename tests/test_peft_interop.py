@@ -298,3 +298,26 @@ def test_lmkit_prompt_adapter_on_a_bare_or_mlm_encoder_is_applied_by_peft(tmp_pa
         want = theirs(input_ids=IDS, attention_mask=MASK).logits[:, 3:]   # PEFT also scores the virtual positions
         got = ours(IDS, attention_mask=MASK).logits
     torch.testing.assert_close(got[MASK.bool()], want[MASK.bool()], rtol=1e-4, atol=1e-4)
+
+
+def test_peft_ia3_feedforward_by_bare_suffix_loads_in_lmkit(tmp_path):
+    """PEFT marks a feed-forward IA3 layer by a bare `endswith` ("_proj" takes in o_proj), and lmkit used to
+    re-match feedforward_modules by its own dotted patterns: o_proj (square) then scaled its output, not its input."""
+    config = peft.IA3Config(target_modules=["o_proj", "_proj"], feedforward_modules=["_proj"])  # a subset, as PEFT asks
+    got, want = _peft_to_lmkit(tmp_path, "llama", config, seed=3)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["lora", "prompt"])
+def test_adapter_tensors_of_another_model_are_refused_by_shape(tmp_path, method):
+    """An adapter made for a model of other sizes used to fail inside torch's copy_ (or, for a fused layer, once
+    some parts were replaced); it is refused naming the tensor and the shapes."""
+    from safetensors.torch import load_file, save_file
+
+    hf_model("llama", tmp_path)
+    settings = dict(r=4, target_modules=["q_proj"]) if method == "lora" else dict(num_virtual_tokens=3)
+    get_peft_model(lmkit.load_model(tmp_path / "base"), method, **settings).save_adapter(tmp_path / "adapter")
+    path = tmp_path / "adapter" / "adapter_model.safetensors"
+    save_file({k: torch.cat([v, v], dim=1) for k, v in load_file(path).items()}, path)   # twice the inputs / width
+    with pytest.raises(lmkit.errors.CheckpointError, match=r"do not fit the layer|prompt_embeddings \(3, 64\) does not fit"):
+        load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")

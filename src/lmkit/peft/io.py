@@ -186,8 +186,8 @@ def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:
         targets = prompt.apply_prompt(model, int(raw["num_virtual_tokens"]))
         config.num_virtual_tokens = int(raw["num_virtual_tokens"])
         emb = next(m for m in model.modules() if isinstance(m, prompt.PromptEmbedding))
-        with torch.no_grad():
-            emb.prompt_embeddings.copy_(tensors["prompt_embeddings"])
+        _copy(model, {n: tensors["prompt_embeddings"] for n, p in model.named_parameters()
+                      if p is emb.prompt_embeddings}, folder)
     else:
         targets = (prompt.apply_prefix(model, config.num_virtual_tokens) if method == "prefix"
                    else adapters.apply_adapters(model, config.bottleneck))
@@ -277,6 +277,11 @@ def _load_lora(model: nn.Module, raw: dict, tensors: dict, config: PeftConfig) -
             raise CheckpointError(f"adapter tensor {key} names {hf}, which this model does not have")
         A, B = tensors[key], tensors[key.replace(".lora_A.", ".lora_B.")]
         rank = A.shape[0]
+        parts = [model.get_submodule(p) for p in groups[hf]]
+        want_a, want_b = (rank, parts[0].in_features), (sum(p.out_features for p in parts), rank)
+        if tuple(A.shape) != want_a or tuple(B.shape) != want_b:
+            raise CheckpointError(f"adapter tensors of {hf}: A {tuple(A.shape)} and B {tuple(B.shape)} do not fit the "
+                                  f"layer (A {want_a}, B {want_b}); the adapter was made for another model")
         alpha = float(_suffix_lookup(raw.get("alpha_pattern"), hf, config.alpha))
         row, shared = 0, None
         for part in groups[hf]:   # the parts of a fused layer share its A (one LoRA, as in PEFT)
@@ -289,8 +294,6 @@ def _load_lora(model: nn.Module, raw: dict, tensors: dict, config: PeftConfig) -
             row += base.out_features
             replace_module(model, part, layer)
             targets.append(part)
-        if row != B.shape[0]:
-            raise CheckpointError(f"adapter tensor {key}: B has {B.shape[0]} rows, the layer {row}")
     return targets
 
 
@@ -304,7 +307,9 @@ def _load_ia3(model: nn.Module, raw: dict, tensors: dict) -> list[str]:
         if hf not in groups:
             raise CheckpointError(f"adapter tensor {key} names {hf}, which this model does not have")
         vec, row = tensors[key], 0
-        ff = matches(hf, ff_patterns)
+        # PEFT stores a feed-forward (input) scale as (1, in) and an output scale as (out, 1): the shape says which
+        # (its feedforward_modules test is a bare `endswith`, `proj` taking in down_proj, unlike lmkit's patterns)
+        ff = vec.shape[0] == 1 if vec.dim() == 2 and vec.shape != (1, 1) else matches(hf, ff_patterns)
         for part in groups[hf]:
             base = model.get_submodule(part)
             layer = adapters.IA3Linear(base, ff)
