@@ -321,3 +321,35 @@ def test_adapter_tensors_of_another_model_are_refused_by_shape(tmp_path, method)
     save_file({k: torch.cat([v, v], dim=1) for k, v in load_file(path).items()}, path)   # twice the inputs / width
     with pytest.raises(lmkit.errors.CheckpointError, match=r"do not fit the layer|prompt_embeddings \(3, 64\) does not fit"):
         load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+
+
+@pytest.mark.parametrize("kind,targets,bias", [("gpt2", ["c_attn"], "all"), ("gpt2", ["c_attn"], "lora_only"),
+                                               ("llama", ["q_proj", "v_proj"], "all")])
+def test_lora_bias_trains_and_saves_the_biases_as_peft_does(tmp_path, kind, targets, bias):
+    """PEFT's LoRA bias="all" / "lora_only" trains every `.bias` / the adapted layers' biases and saves them. lmkit
+    read such adapters but then froze the biases and saved bias="none" without them (a PEFT adapter loaded and
+    saved again lost its biases); now `bias` is a setting, with PEFT's trainable count and tensor names."""
+    ref = hf_model(kind, tmp_path, seed=5)
+    if kind == "llama":   # biases to train
+        ref = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**ref.config.to_dict(), "attention_bias": True}))
+        ref.eval().save_pretrained(tmp_path / "base")
+    theirs = peft.get_peft_model(ref, peft.LoraConfig(r=4, target_modules=targets, bias=bias,
+                                                      fan_in_fan_out=kind == "gpt2"))
+    ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", r=4, target_modules=targets, bias=bias)
+    assert ours.trainable_summary()["trainable"] == theirs.get_nb_trainable_parameters()[0]
+    randomize(theirs)
+    theirs.save_pretrained(tmp_path / "theirs")
+    theirs.eval()
+    loaded = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "theirs", trainable=True)
+    assert loaded.trainable_summary() == ours.trainable_summary()
+    loaded.save_adapter(tmp_path / "again")                # PEFT -> lmkit -> PEFT keeps the trained biases
+    assert json.loads((tmp_path / "again" / "adapter_config.json").read_text())["bias"] == bias
+    back = peft.PeftModel.from_pretrained(hf_model(kind, tmp_path / "fresh", seed=5) if kind == "gpt2" else
+                                          transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base"),
+                                          tmp_path / "again").eval()
+    with torch.no_grad():
+        want = theirs(input_ids=IDS).logits
+        torch.testing.assert_close(loaded(IDS).logits, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(back(input_ids=IDS).logits, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(lmkit.errors.ConfigError, match="bias is 'none', 'all' or 'lora_only'"):
+        get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", bias="some")

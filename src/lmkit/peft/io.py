@@ -56,7 +56,8 @@ def _task_type(model: nn.Module, saves_head: bool) -> str | None:
     kind = type(model).__name__
     if kind == "Encoder":  # PEFT's task of the head (prompt tuning acts only through a task's model class); PEFT
         # then expects the head's tensors in the adapter. Any other encoder is FEATURE_EXTRACTION, whose PEFT
-        # model still puts the virtual tokens in front (with no task type PEFT would silently leave them out)
+        # model still puts the virtual tokens in front (with no task type PEFT would silently leave them out; it
+        # does drop token_type_ids there, with a warning, where lmkit keeps them)
         task = {"sequence": "SEQ_CLS", "token": "TOKEN_CLS", "qa": "QUESTION_ANS"}.get(getattr(model, "head", None))
         return task if saves_head and task else "FEATURE_EXTRACTION"
     return {"CausalLM": "CAUSAL_LM", "Seq2SeqLM": "SEQ_2_SEQ_LM"}.get(kind)
@@ -105,7 +106,7 @@ def save_adapter(peft_model: PeftModel, path) -> None:
                 ranks[hf], alphas[hf] = rank, alpha
         if not layers:
             raise ConfigError("this model has no LoRA layers to save")
-        raw.update(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=sorted(targets), bias="none",
+        raw.update(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=sorted(targets), bias=c.bias,
                    fan_in_fan_out=getattr(model.config, "family", None) == "gpt2", rank_pattern=ranks,
                    alpha_pattern=alphas, use_rslora=c.use_rslora, use_dora=False, init_lora_weights=True,
                    layers_to_transform=None, layers_pattern=None)
@@ -137,15 +138,19 @@ def save_adapter(peft_model: PeftModel, path) -> None:
         for name, p in model.named_parameters():
             if any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS):
                 tensors[name] = p.detach()
+    # tensors trained in full (modules_to_save, biases): HF names, `.base_layer.` inside a LoRA layer as in PEFT
+    full = {n.replace(".base_layer.", "."): (n, p) for n, p in model.named_parameters(remove_duplicate=False)
+            if p.requires_grad and not any(f".{a}" in f".{n}" for a in ADAPTER_PARAMS)}
+    for rule in hf_rules(model):
+        if rule.ours and all(o in full for o in rule.ours):
+            wrapped = any(full[o][0] != o for o in rule.ours)
+            t = torch.cat([full.pop(o)[1].detach() for o in rule.ours], dim=0)
+            module, _, attr = rule.hf.rpartition(".")
+            tensors[_prefix(c.method) + (f"{module}.base_layer.{attr}" if wrapped else rule.hf)] = \
+                t.t() if rule.transpose else t
+    for name, p in full.values():  # not in the family's table: lmkit's name
+        tensors[_prefix(c.method) + name] = p.detach()
     if c.modules_to_save:
-        full = {n: p for n, p in model.named_parameters(remove_duplicate=False)
-                if p.requires_grad and not any(f".{a}" in f".{n}" for a in ADAPTER_PARAMS)}
-        for rule in hf_rules(model):
-            if rule.ours and all(o in full for o in rule.ours):
-                t = torch.cat([full.pop(o).detach() for o in rule.ours], dim=0)
-                tensors[_prefix(c.method) + rule.hf] = t.t() if rule.transpose else t
-        for name, p in full.items():  # not in the family's table: lmkit's name
-            tensors[_prefix(c.method) + name] = p.detach()
         raw["modules_to_save"] = list(c.modules_to_save)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_save_safetensors({k: v.contiguous() for k, v in tensors.items()}, folder / WEIGHTS)
@@ -194,8 +199,11 @@ def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:
         _copy(model, {k: v for k, v in tensors.items() if not k.startswith(PREFIX)}, folder)
     if raw.get("modules_to_save"):
         config.modules_to_save = list(raw["modules_to_save"])
+    if method in ("lora", "qlora"):
+        config.bias = str(raw.get("bias") or "none")
+        PeftConfig(method=method, bias=config.bias)  # refuses an unknown value
     out = PeftModel(model, config, targets=targets)
-    mark_trainable(model, config.modules_to_save)
+    mark_trainable(model, config.modules_to_save, config.bias)
     if not trainable:
         for p in out.parameters():
             p.requires_grad_(False)
