@@ -533,3 +533,24 @@ def test_bad_pruned_heads_in_config_json_are_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**config, "pruned_heads": {"5": [0]}}))
     with pytest.raises(ConfigError, match="pruned_heads .* names a layer or head this model"):
         lmkit.load_model(tmp_path)
+
+
+@pytest.mark.parametrize("heads", [[2, 3], [1], [0, 1, 2, 3, 4, 5]])
+def test_pruned_gqa_llama_equals_transformers_with_those_heads_zeroed(heads, tmp_path):
+    """A Hugging Face Llama with grouped-query attention (6 query heads, 3 key/value heads): pruning a whole group,
+    part of one or every head gives transformers' outputs with those heads' o_proj columns zeroed."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ref = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=47, hidden_size=48, intermediate_size=40, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=3, max_position_embeddings=32)).eval()
+    ref.save_pretrained(tmp_path)
+    model = lmkit.load_model(tmp_path)
+    name = "decoder.layers.1.self_attn.sublayer"
+    prune_heads(model, {name: heads})
+    with torch.no_grad():
+        for h in heads:
+            ref.model.layers[1].self_attn.o_proj.weight[:, 8 * h:8 * h + 8] = 0
+        torch.testing.assert_close(model(IDS).logits, ref(input_ids=IDS).logits, rtol=1e-5, atol=1e-5)
+    attn = model.get_submodule(name)
+    assert attn.n_kv_heads == {2: 2, 1: 5, 6: 0}[len(heads)]   # a whole group takes its key/value head along
