@@ -353,3 +353,27 @@ def test_lora_bias_trains_and_saves_the_biases_as_peft_does(tmp_path, kind, targ
         torch.testing.assert_close(back(input_ids=IDS).logits, want, rtol=1e-4, atol=1e-4)
     with pytest.raises(lmkit.errors.ConfigError, match="bias is 'none', 'all' or 'lora_only'"):
         get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", bias="some")
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_ia3_merge_and_unload_equals_peft(tmp_path, kind):
+    """IA3 folds into the weights as PEFT's merge_and_unload does (diag(l) W and l b for outputs, W diag(l) for a
+    feed-forward input); lmkit used to refuse merging IA3. The merged folder loads in transformers."""
+    ref = hf_model(kind, tmp_path, seed=2)
+    config = (peft.IA3Config(target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"])
+              if kind == "llama" else peft.IA3Config(target_modules=["c_attn", "mlp.c_proj"],
+                                                     feedforward_modules=["mlp.c_proj"], fan_in_fan_out=True))
+    theirs = peft.get_peft_model(ref, config)
+    randomize(theirs)
+    theirs.save_pretrained(tmp_path / "adapter")
+    theirs.eval()
+    ours = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+    with torch.no_grad():
+        want = theirs.merge_and_unload()(input_ids=IDS).logits
+        merged = ours.merge_and_unload()
+        assert not any(isinstance(m, lmkit.peft.IA3Linear) for m in merged.modules())
+        torch.testing.assert_close(merged(IDS).logits, want, rtol=1e-4, atol=1e-4)
+    merged.save_pretrained(tmp_path / "merged")
+    reloaded = type(ref).from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=IDS).logits, want, rtol=1e-4, atol=1e-4)

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from lmkit.errors import ConfigError
-from lmkit.peft.names import WrappedLinear, find_modules, hf_groups, hf_names, matches, replace_module
+from lmkit.peft.names import (WrappedLinear, find_modules, hf_groups, hf_names, matches, replace_module,
+                              untie_shared_bases)
 from lmkit.peft.quant import QuantizedLinear
 
 
@@ -128,24 +129,8 @@ def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
-def untie_merged(model: nn.Module) -> None:
-    """Give each LoRA layer whose base weight is shared (a head tied to the embedding) its own copy, so that
-    merging changes that layer alone (merging into the shared weight would change the embedding too); the
-    model's config then says untied, so that a saved merged model keeps its head."""
-    owners: dict[int, int] = {}
-    for _, p in model.named_parameters(remove_duplicate=False):
-        owners[id(p)] = owners.get(id(p), 0) + 1
-    for m in lora_layers(model).values():
-        w = m.base_layer.weight
-        if isinstance(w, nn.Parameter) and owners.get(id(w), 0) > 1 and not m.merged:
-            m.base_layer.weight = nn.Parameter(w.detach().clone(), w.requires_grad)
-            config = getattr(model, "config", None)
-            if getattr(config, "tie_embeddings", False):
-                model.config = config.replace(tie_embeddings=False)
-
-
 def merge_lora(model: nn.Module) -> None:
-    untie_merged(model)
+    untie_shared_bases(model, [m for m in lora_layers(model).values() if not m.merged])
     for m in lora_layers(model).values():
         m.merge()
 
@@ -157,7 +142,7 @@ def unmerge_lora(model: nn.Module) -> None:
 
 def merge_and_unload(model: nn.Module) -> nn.Module:
     """Replace each LoRALinear by a plain linear layer holding W + (alpha / r) B A; returns the model."""
-    untie_merged(model)
+    untie_shared_bases(model, [m for m in lora_layers(model).values() if not m.merged])
     for name, m in lora_layers(model).items():
         replace_module(model, name, m.merged_linear())
     return model

@@ -146,10 +146,14 @@ class PeftModel(nn.Module):
         lora.unmerge_lora(self.base_model)
 
     def merge_and_unload(self) -> nn.Module:
-        """The base model with each LoRA update folded into its layer (LoRA, QLoRA only)."""
-        if self.peft_config.method not in ("lora", "qlora"):
-            raise ConfigError(f"merge_and_unload applies to LoRA; method {self.peft_config.method} cannot be merged")
-        model = lora.merge_and_unload(self.base_model)
+        """The base model with each LoRA update (or IA3 scale) folded into its layer."""
+        if self.peft_config.method not in ("lora", "qlora", "ia3"):
+            raise ConfigError(f"merge_and_unload applies to LoRA and IA3; method {self.peft_config.method} adds "
+                              "computation that cannot be folded into the weights")
+        if self.peft_config.method == "ia3":
+            model = adapters.merge_ia3(self.base_model)
+        else:
+            model = lora.merge_and_unload(self.base_model)
         for p in model.parameters():
             p.requires_grad_(True)
         return model
