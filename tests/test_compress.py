@@ -435,10 +435,12 @@ def test_int8_weights_follow_torchs_symmetric_per_tensor_math(tmp_path):
 
 def test_int8_tied_head_named_explicitly_saves_apart_from_the_embedding(tmp_path):
     """A tied head quantized on request used to save with tie_embeddings still set: the reloaded model tied the
-    dequantized head back to the embedding (the float embedding changed, outputs moved)."""
+    dequantized head back to the embedding (the float embedding changed, outputs moved). A name given twice
+    was recorded twice, and the folder did not load."""
     model = model_of(d_model=64, seed=11)
-    q = quantize_dynamic_int8(model, ["lm_head", "decoder.layers.0.mlp.sublayer.up_proj"])
-    assert not q.config.tie_embeddings
+    up = "decoder.layers.0.mlp.sublayer.up_proj"
+    q = quantize_dynamic_int8(model, ["lm_head", up, up])           # a name given twice is one layer
+    assert not q.config.tie_embeddings and q.config.extra["quantization"]["modules"] == sorted([up, "lm_head"])
     q.save_pretrained(tmp_path)
     back = lmkit.load_model(tmp_path)
     torch.testing.assert_close(back.decoder.embeddings.tokens.weight, model.decoder.embeddings.tokens.weight,

@@ -40,7 +40,7 @@ def quantizable_linears(model: nn.Module) -> list[str]:
 
 def quantize_dynamic_int8(model: nn.Module, modules: list[str] | None = None) -> nn.Module:
     """A float32 copy of `model` whose linear layers (`modules`, default quantizable_linears) are int8."""
-    names = quantizable_linears(model) if modules is None else list(modules)
+    names = quantizable_linears(model) if modules is None else list(dict.fromkeys(modules))   # each once
     for name in names:  # torch skips unknown names and fails deep inside on other kinds of layer
         layer = model.get_submodule(name) if name in dict(model.named_modules()) else None
         if not isinstance(layer, nn.Linear) or layer.weight.numel() == 0:
