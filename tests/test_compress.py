@@ -1,4 +1,5 @@
 """Compression: the distillation loss and student init, head importance and pruning, int8 quantization."""
+import json
 import math
 
 import pytest
@@ -68,6 +69,28 @@ def test_distillation_kl_is_distilberts_batchmean_kl_times_t_squared():
     t3[..., 0] = float("-inf")
     ref3 = torch.nn.KLDivLoss(reduction="batchmean")(F.log_softmax(s[keep] / T, -1), F.softmax(t3[keep] / T, -1))
     torch.testing.assert_close(distillation_loss(s, t3, labels, weights=DistillWeights(temperature=T))["kl"], ref3)
+
+
+def test_distillation_loss_is_distilberts_mix_and_its_gradient_is_right():
+    """DistilBERT's distiller computed apart: alpha_mlm CE + alpha_ce KLDivLoss(batchmean) T^2 + alpha_cos
+    CosineEmbeddingLoss(target 1), all over the attended (non-padding) positions; and torch's gradcheck in
+    float64 (the loss used to compute in float32 whatever the inputs' precision)."""
+    g = torch.Generator().manual_seed(4)
+    s = torch.randn(2, 5, 9, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randn(2, 5, 9, generator=g, dtype=torch.float64)
+    hs = torch.randn(2, 5, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    ht = torch.randn(2, 5, 6, generator=g, dtype=torch.float64)
+    attention = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]).bool()
+    labels = torch.randint(0, 9, (2, 5), generator=g).masked_fill(~attention, -100)
+    w = DistillWeights(alpha=0.5, beta=3.0, gamma=2.0, temperature=1.7)
+    out = distillation_loss(s, t, labels, hs, ht, w)
+    T = 1.7
+    kl = torch.nn.KLDivLoss(reduction="batchmean")(F.log_softmax(s[attention] / T, -1), F.softmax(t[attention] / T, -1))
+    cos = torch.nn.CosineEmbeddingLoss()(hs[attention], ht[attention], torch.ones(int(attention.sum()), dtype=torch.float64))
+    ce = F.cross_entropy(s[attention], labels[attention])
+    assert out["loss"].dtype == torch.float64
+    torch.testing.assert_close(out["loss"], 0.5 * ce + 3.0 * kl * T ** 2 + 2.0 * cos, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b: distillation_loss(a, t, labels, b, ht, w)["loss"], (s, hs))
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(temperature=-1.0), dict(temperature=float("nan")),
@@ -260,6 +283,32 @@ def test_pruning_equals_masking_the_heads(case, tmp_path):
         torch.testing.assert_close(back(ids, attention_mask=mask).logits, got, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("case", ["gpt2-odd-heads", "llama-gqa-part-of-a-group", "bert"])
+def test_repeated_pruning_numbers_heads_as_transformers_does(case, tmp_path):
+    """transformers' prune_heads takes the original head indices every time and skips heads pruned before
+    (config.pruned_heads keeps the union); lmkit used to read a second call's indices as the current heads."""
+    kw, _ = PRUNE_CASES[case]
+    stack = "encoder" if kw.get("architecture") == "encoder" else "decoder"
+    a, b = (f"{stack}.layers.{i}.self_attn.sublayer" for i in (0, 2))
+    ids = torch.randint(0, 47, (2, 9), generator=torch.Generator().manual_seed(1))
+    model = model_of(**kw, seed=7)
+    want, _ = masked_outputs(model, {a: [0, 2], b: [1]}, ids, None)
+    prune_heads(model, {a: [2]})
+    model.save_pretrained(tmp_path)
+    back = lmkit.load_model(tmp_path)
+    prune_heads(back, {a: [0, 2], b: [1]})                 # 2 again: already gone, skipped
+    assert back.config.extra["pruned_heads"] == {a: [0, 2], b: [1]}
+    assert back.get_submodule(a).n_heads == kw["n_heads"] - 2
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, want, rtol=0, atol=1e-6)
+    n = kw["n_heads"]
+    with pytest.raises(ConfigError, match=rf"has {n} heads, numbered 0..{n - 1}; head indices \[{n}\]"):
+        prune_heads(back, {a: [n]})                        # the range is the original one
+    imp = head_importance(back, [torch.randint(0, 47, (2, 9))])
+    chosen = least_important(imp, 1, back)                 # reported in the original numbering too
+    assert all(h not in back.config.extra["pruned_heads"].get(name, []) for name, hs in chosen.items() for h in hs)
+
+
 def test_pruned_layer_without_heads_still_trains():
     model = model_of(**GQA)
     prune_heads(model, {"decoder.layers.1.self_attn.sublayer": list(range(6))})
@@ -358,9 +407,152 @@ def test_int8_keeps_empty_layers_in_float():
     assert (got - ref).abs().max() < 0.05 * ref.abs().max()
 
 
+def test_int8_weights_follow_torchs_symmetric_per_tensor_math(tmp_path):
+    """torch's dynamic qint8 weights (MinMaxObserver, per_tensor_symmetric): s = max|w| / 127.5, zero point 0,
+    q = clamp(round(w * (1 / s)), -128, 127), so |w - s q| <= s / 2; the saved folder holds exactly q and s."""
+    from safetensors import safe_open
+    from lmkit.compress.quantize import quantized_linears
+
+    model = model_of(d_model=64, tie_embeddings=False, seed=10)
+    q = quantize_dynamic_int8(model)
+    layers = quantized_linears(q)
+    assert len(layers) == 4 * 6 + 1                                  # q, k, v, o, up, down per layer; the untied head
+    q.save_pretrained(tmp_path)
+    back = quantized_linears(lmkit.load_model(tmp_path))
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        for name, layer in layers.items():
+            w, qw = model.get_submodule(name).weight.detach(), layer.weight()
+            s = w.abs().max() / torch.tensor(127.5)
+            assert qw.q_scale() == float(s) and qw.q_zero_point() == 0
+            want = torch.clamp(torch.round(w * (1 / s)), -128, 127).to(torch.int8)
+            assert torch.equal(qw.int_repr(), want), name
+            # |w / s - q| <= 1/2, up to the float32 product w * (1 / s): |w| / s <= 128 times 2^-23 more
+            assert float((w.double() - float(s) * want.double()).abs().max()) <= float(s) * (0.5 + 128 * 2 ** -23)
+            assert torch.equal(f.get_tensor(f"{name}.weight"), want) and float(f.get_tensor(f"{name}.weight_scale")) == float(s)
+            again = back[name].weight()                              # reloaded bit for bit
+            assert torch.equal(again.int_repr(), want) and again.q_scale() == qw.q_scale()
+
+
+def test_int8_tied_head_named_explicitly_saves_apart_from_the_embedding(tmp_path):
+    """A tied head quantized on request used to save with tie_embeddings still set: the reloaded model tied the
+    dequantized head back to the embedding (the float embedding changed, outputs moved). A name given twice
+    was recorded twice, and the folder did not load."""
+    model = model_of(d_model=64, seed=11)
+    up = "decoder.layers.0.mlp.sublayer.up_proj"
+    q = quantize_dynamic_int8(model, ["lm_head", up, up])           # a name given twice is one layer
+    assert not q.config.tie_embeddings and q.config.extra["quantization"]["modules"] == sorted([up, "lm_head"])
+    q.save_pretrained(tmp_path)
+    back = lmkit.load_model(tmp_path)
+    torch.testing.assert_close(back.decoder.embeddings.tokens.weight, model.decoder.embeddings.tokens.weight,
+                               rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(back(IDS).logits, q(IDS).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name,words", [("decoder.layers.0.self_attn.sublayer.q_pro", "is not a layer of this model"),
+                                        ("decoder", "is Stack, not nn.Linear"),
+                                        ("decoder.embeddings.tokens", "is Embedding, not nn.Linear")])
+def test_quantize_refuses_names_that_are_not_linear_layers(name, words):
+    """torch's quantize_dynamic skips an unknown name (lmkit then recorded it and saved a folder it could not
+    load) and fails with an assertion on an Embedding; both are refused by name."""
+    with pytest.raises(ConfigError, match=f"cannot quantize '{name}': it {words}"):
+        quantize_dynamic_int8(model_of(seed=12), [name])
+
+
 def test_quantize_errors():
     with pytest.raises(ConfigError, match="no float nn.Linear layer to quantize"):
         quantize_dynamic_int8(torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.LayerNorm(3)))
     q = quantize_dynamic_int8(model_of(seed=9))
     with pytest.raises(ConfigError, match="already quantized"):
         quantize_dynamic_int8(q)
+
+
+def _hf_pruned_folder(kind, folder, pruned):
+    """A folder as transformers 4.x's prune_heads saved it (5.x cannot prune: its slicing done here), and the
+    reference: the unpruned model with those heads' output columns zeroed (what pruning them computes)."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        ref = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=47, n_embd=32, n_layer=2, n_head=4,
+                                                                   n_positions=32))
+        qkv = ["transformer.h.{}.attn.c_attn.weight", "transformer.h.{}.attn.c_attn.bias"]
+        out, out_dim = "transformer.h.{}.attn.c_proj.weight", 0                   # Conv1D: (in, out)
+    else:
+        cls, cfg = {"bert": ("BertForMaskedLM", "BertConfig"), "distilbert": ("DistilBertForMaskedLM", "DistilBertConfig")}[kind]
+        cfg = getattr(transformers, cfg)(vocab_size=47, hidden_size=32, dim=32, num_hidden_layers=2, n_layers=2,
+                                         num_attention_heads=4, n_heads=4, intermediate_size=40, hidden_dim=40,
+                                         max_position_embeddings=32)
+        ref = getattr(transformers, cls)(cfg)
+        pre = "bert.encoder.layer.{}.attention." if kind == "bert" else "distilbert.transformer.layer.{}.attention."
+        names = ("self.query", "self.key", "self.value", "output.dense") if kind == "bert" else ("q_lin", "k_lin",
+                                                                                                   "v_lin", "out_lin")
+        qkv = [pre + n + s for n in names[:3] for s in (".weight", ".bias")]
+        out, out_dim = pre + names[3] + ".weight", 1
+    ref.eval().save_pretrained(folder)
+    state = load_file(folder / "model.safetensors")
+    for layer, heads in pruned.items():
+        rows = torch.tensor([i for h in range(4) if h not in heads for i in range(8 * h, 8 * h + 8)], dtype=torch.long)
+        for key in qkv:
+            t = state[key.format(layer)]
+            index = torch.cat([rows, rows + 32, rows + 64]) if kind == "gpt2" else rows   # c_attn holds q, k, v
+            state[key.format(layer)] = t.index_select(t.dim() - 1 if kind == "gpt2" else 0, index).contiguous()
+        state[out.format(layer)] = state[out.format(layer)].index_select(out_dim, rows).contiguous()
+        with torch.no_grad():
+            w = ref.get_parameter(out.format(layer))
+            for h in heads:
+                w.narrow(out_dim, 8 * h, 8).zero_()
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "pruned_heads": {str(k): v for k, v in pruned.items()}}))
+    return ref
+
+
+@pytest.mark.parametrize("kind", ["bert", "distilbert", "gpt2"])
+def test_transformers_4_pruned_folders_load(kind, tmp_path):
+    """config.json's pruned_heads (uneven heads per layer, a layer with none left) used to be refused as weights that
+    disagree with the config; it loads as lmkit's own pruning of those original heads, and prunes further."""
+    ref = _hf_pruned_folder(kind, tmp_path, {0: [1, 3], 1: [0, 1, 2, 3]})
+    model = lmkit.load_model(tmp_path)
+    stack = "decoder" if kind == "gpt2" else "encoder"
+    name = f"{stack}.layers.0.self_attn.sublayer"
+    assert model.config.extra["pruned_heads"] == {name: [1, 3], f"{stack}.layers.1.self_attn.sublayer": [0, 1, 2, 3]}
+    with torch.no_grad():
+        want = ref(input_ids=IDS).logits
+        torch.testing.assert_close(model(IDS).logits, want, rtol=1e-5, atol=1e-5)
+    model.save_pretrained(tmp_path / "again")            # lmkit's format: transformers 5 reads no pruned_heads
+    back = lmkit.load_model(tmp_path / "again")
+    with torch.no_grad():
+        torch.testing.assert_close(back(IDS).logits, want, rtol=1e-5, atol=1e-5)
+    prune_heads(back, {name: [3, 2]})                     # original numbering: 3 is gone already, 2 goes
+    assert back.get_submodule(name).n_heads == 1 and back.config.extra["pruned_heads"][name] == [1, 2, 3]
+
+
+def test_bad_pruned_heads_in_config_json_are_refused(tmp_path):
+    _hf_pruned_folder("bert", tmp_path, {})
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "pruned_heads": {"5": [0]}}))
+    with pytest.raises(ConfigError, match="pruned_heads .* names a layer or head this model"):
+        lmkit.load_model(tmp_path)
+
+
+@pytest.mark.parametrize("heads", [[2, 3], [1], [0, 1, 2, 3, 4, 5]])
+def test_pruned_gqa_llama_equals_transformers_with_those_heads_zeroed(heads, tmp_path):
+    """A Hugging Face Llama with grouped-query attention (6 query heads, 3 key/value heads): pruning a whole group,
+    part of one or every head gives transformers' outputs with those heads' o_proj columns zeroed."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ref = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=47, hidden_size=48, intermediate_size=40, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=3, max_position_embeddings=32)).eval()
+    ref.save_pretrained(tmp_path)
+    model = lmkit.load_model(tmp_path)
+    name = "decoder.layers.1.self_attn.sublayer"
+    prune_heads(model, {name: heads})
+    with torch.no_grad():
+        for h in heads:
+            ref.model.layers[1].self_attn.o_proj.weight[:, 8 * h:8 * h + 8] = 0
+        torch.testing.assert_close(model(IDS).logits, ref(input_ids=IDS).logits, rtol=1e-5, atol=1e-5)
+    attn = model.get_submodule(name)
+    assert attn.n_kv_heads == {2: 2, 1: 5, 6: 0}[len(heads)]   # a whole group takes its key/value head along

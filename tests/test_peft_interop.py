@@ -234,3 +234,146 @@ def test_tied_lm_head_in_modules_to_save_is_trained_apart_from_the_embedding(tmp
     assert reloaded.lm_head.weight is not reloaded.transformer.wte.weight
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=IDS).logits, theirs(input_ids=IDS).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("key,value", [("velora_config", {"num_groups": 2}), ("monteclora_config", {"n_samples": 2}),
+                                       ("kasa_config", {"beta": 1e-4})])
+def test_peft_lora_variants_that_change_the_forward_are_refused(tmp_path, key, value):
+    """PEFT 0.21's LoRA variants beyond DoRA (their own forward, or KaSA's truncated base) are refused by name."""
+    ref = hf_model("llama", tmp_path)
+    peft.get_peft_model(ref, peft.LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
+    path = tmp_path / "adapter" / "adapter_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+    with pytest.raises(lmkit.errors.ConfigError, match=key):
+        load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+
+
+@pytest.mark.parametrize("direction", ["lmkit->peft", "peft->lmkit"])
+def test_lora_on_a_tied_lm_head_loads_both_ways_and_merges_apart_from_the_embedding(tmp_path, direction):
+    """LoRA on GPT-2's tied lm_head: PEFT saves the head's base weight beside A and B (it used to be refused as a
+    tensor this model does not have), lmkit used to drop the head's LoRA when saving. Merged, the update goes
+    into the head alone (PEFT's in-place merge also changes the tied input embedding) and the model saves untied."""
+    ref = hf_model("gpt2", tmp_path, seed=8)
+    targets = ["c_attn", "lm_head"]
+    if direction == "lmkit->peft":
+        ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", r=4, target_modules=targets)
+        randomize(ours)
+        ours.save_adapter(tmp_path / "adapter")
+        theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "adapter").eval()
+    else:
+        theirs = peft.get_peft_model(ref, peft.LoraConfig(r=4, target_modules=targets, fan_in_fan_out=True))
+        randomize(theirs)
+        theirs.save_pretrained(tmp_path / "adapter")
+        theirs.eval()
+        ours = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+    with torch.no_grad():
+        want = theirs(input_ids=IDS).logits
+        torch.testing.assert_close(ours(IDS).logits, want, rtol=1e-4, atol=1e-4)
+        ours.merge()                                   # in place: the head gets its own weight first
+        torch.testing.assert_close(ours(IDS).logits, want, rtol=1e-4, atol=1e-4)
+        ours.unmerge()
+        merged = ours.merge_and_unload()
+        torch.testing.assert_close(merged(IDS).logits, want, rtol=1e-4, atol=1e-4)
+    base = lmkit.load_model(tmp_path / "base")
+    torch.testing.assert_close(merged.decoder.embeddings.tokens.weight, base.decoder.embeddings.tokens.weight)
+    merged.save_pretrained(tmp_path / "merged")
+    with torch.no_grad():
+        torch.testing.assert_close(lmkit.load_model(tmp_path / "merged")(IDS).logits, want, rtol=1e-4, atol=1e-4)
+
+
+def test_lmkit_prompt_adapter_on_a_bare_or_mlm_encoder_is_applied_by_peft(tmp_path):
+    """With no task type PEFT runs a prompt-tuning adapter's base model without the virtual tokens; lmkit
+    now writes FEATURE_EXTRACTION for an encoder whose head is not saved, so PEFT puts them in front too."""
+    torch.manual_seed(9)
+    ref = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=71, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=64)).eval()
+    ref.save_pretrained(tmp_path / "base")
+    ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "prompt", num_virtual_tokens=3)
+    randomize(ours)
+    ours.save_adapter(tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["task_type"] == "FEATURE_EXTRACTION"
+    theirs = peft.PeftModel.from_pretrained(ref, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        want = theirs(input_ids=IDS, attention_mask=MASK).logits[:, 3:]   # PEFT also scores the virtual positions
+        got = ours(IDS, attention_mask=MASK).logits
+    torch.testing.assert_close(got[MASK.bool()], want[MASK.bool()], rtol=1e-4, atol=1e-4)
+
+
+def test_peft_ia3_feedforward_by_bare_suffix_loads_in_lmkit(tmp_path):
+    """PEFT marks a feed-forward IA3 layer by a bare `endswith` ("_proj" takes in o_proj), and lmkit used to
+    re-match feedforward_modules by its own dotted patterns: o_proj (square) then scaled its output, not its input."""
+    config = peft.IA3Config(target_modules=["o_proj", "_proj"], feedforward_modules=["_proj"])  # a subset, as PEFT asks
+    got, want = _peft_to_lmkit(tmp_path, "llama", config, seed=3)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["lora", "prompt"])
+def test_adapter_tensors_of_another_model_are_refused_by_shape(tmp_path, method):
+    """An adapter made for a model of other sizes used to fail inside torch's copy_ (or, for a fused layer, once
+    some parts were replaced); it is refused naming the tensor and the shapes."""
+    from safetensors.torch import load_file, save_file
+
+    hf_model("llama", tmp_path)
+    settings = dict(r=4, target_modules=["q_proj"]) if method == "lora" else dict(num_virtual_tokens=3)
+    get_peft_model(lmkit.load_model(tmp_path / "base"), method, **settings).save_adapter(tmp_path / "adapter")
+    path = tmp_path / "adapter" / "adapter_model.safetensors"
+    save_file({k: torch.cat([v, v], dim=1) for k, v in load_file(path).items()}, path)   # twice the inputs / width
+    with pytest.raises(lmkit.errors.CheckpointError, match=r"do not fit the layer|prompt_embeddings \(3, 64\) does not fit"):
+        load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+
+
+@pytest.mark.parametrize("kind,targets,bias", [("gpt2", ["c_attn"], "all"), ("gpt2", ["c_attn"], "lora_only"),
+                                               ("llama", ["q_proj", "v_proj"], "all")])
+def test_lora_bias_trains_and_saves_the_biases_as_peft_does(tmp_path, kind, targets, bias):
+    """PEFT's LoRA bias="all" / "lora_only" trains every `.bias` / the adapted layers' biases and saves them. lmkit
+    read such adapters but then froze the biases and saved bias="none" without them (a PEFT adapter loaded and
+    saved again lost its biases); now `bias` is a setting, with PEFT's trainable count and tensor names."""
+    ref = hf_model(kind, tmp_path, seed=5)
+    if kind == "llama":   # biases to train
+        ref = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**ref.config.to_dict(), "attention_bias": True}))
+        ref.eval().save_pretrained(tmp_path / "base")
+    theirs = peft.get_peft_model(ref, peft.LoraConfig(r=4, target_modules=targets, bias=bias,
+                                                      fan_in_fan_out=kind == "gpt2"))
+    ours = get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", r=4, target_modules=targets, bias=bias)
+    assert ours.trainable_summary()["trainable"] == theirs.get_nb_trainable_parameters()[0]
+    randomize(theirs)
+    theirs.save_pretrained(tmp_path / "theirs")
+    theirs.eval()
+    loaded = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "theirs", trainable=True)
+    assert loaded.trainable_summary() == ours.trainable_summary()
+    loaded.save_adapter(tmp_path / "again")                # PEFT -> lmkit -> PEFT keeps the trained biases
+    assert json.loads((tmp_path / "again" / "adapter_config.json").read_text())["bias"] == bias
+    back = peft.PeftModel.from_pretrained(hf_model(kind, tmp_path / "fresh", seed=5) if kind == "gpt2" else
+                                          transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base"),
+                                          tmp_path / "again").eval()
+    with torch.no_grad():
+        want = theirs(input_ids=IDS).logits
+        torch.testing.assert_close(loaded(IDS).logits, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(back(input_ids=IDS).logits, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(lmkit.errors.ConfigError, match="bias is 'none', 'all' or 'lora_only'"):
+        get_peft_model(lmkit.load_model(tmp_path / "base"), "lora", bias="some")
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_ia3_merge_and_unload_equals_peft(tmp_path, kind):
+    """IA3 folds into the weights as PEFT's merge_and_unload does (diag(l) W and l b for outputs, W diag(l) for a
+    feed-forward input); lmkit used to refuse merging IA3. The merged folder loads in transformers."""
+    ref = hf_model(kind, tmp_path, seed=2)
+    config = (peft.IA3Config(target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"])
+              if kind == "llama" else peft.IA3Config(target_modules=["c_attn", "mlp.c_proj"],
+                                                     feedforward_modules=["mlp.c_proj"], fan_in_fan_out=True))
+    theirs = peft.get_peft_model(ref, config)
+    randomize(theirs)
+    theirs.save_pretrained(tmp_path / "adapter")
+    theirs.eval()
+    ours = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+    with torch.no_grad():
+        want = theirs.merge_and_unload()(input_ids=IDS).logits
+        merged = ours.merge_and_unload()
+        assert not any(isinstance(m, lmkit.peft.IA3Linear) for m in merged.modules())
+        torch.testing.assert_close(merged(IDS).logits, want, rtol=1e-4, atol=1e-4)
+    merged.save_pretrained(tmp_path / "merged")
+    reloaded = type(ref).from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=IDS).logits, want, rtol=1e-4, atol=1e-4)

@@ -39,6 +39,11 @@ class DistillWeights:
                 raise ConfigError(f"the distillation weight {name} must be a number >= 0, got {value}")
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """At least float32 (half-precision logits are widened; float64 ones are kept)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor | None = None,
                       student_hidden: torch.Tensor | None = None, teacher_hidden: torch.Tensor | None = None,
                       weights: DistillWeights | None = None, ignore_index: int = -100) -> dict[str, torch.Tensor]:
@@ -46,7 +51,7 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     ignore_index enter no term. Without labels every position is scored and the CE term is zero."""
     w = weights or DistillWeights()
     V = student_logits.shape[-1]
-    s, t = student_logits.reshape(-1, V).float(), teacher_logits.reshape(-1, V).float()
+    s, t = _wide(student_logits.reshape(-1, V)), _wide(teacher_logits.reshape(-1, V))
     keep = torch.ones(s.shape[0], dtype=torch.bool, device=s.device)
     zero = s.new_zeros(())
     ce = zero
@@ -60,8 +65,8 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     kl = F.kl_div(F.log_softmax(s[keep] / T, -1), F.softmax(t[keep] / T, -1), reduction="sum") / n
     cos = zero
     if w.gamma and student_hidden is not None and teacher_hidden is not None:
-        hs = student_hidden.reshape(-1, student_hidden.shape[-1]).float()[keep]
-        ht = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).float()[keep]
+        hs = _wide(student_hidden.reshape(-1, student_hidden.shape[-1]))[keep]
+        ht = _wide(teacher_hidden.reshape(-1, teacher_hidden.shape[-1]))[keep]
         cos = (1 - F.cosine_similarity(hs, ht, dim=-1)).sum() / n
     loss = w.alpha * ce + w.beta * T * T * kl + w.gamma * cos
     return {"loss": loss, "ce": ce, "kl": kl, "cos": cos}

@@ -88,18 +88,18 @@ def _sliced(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
     return out
 
 
-def _check_heads(attn: Attention, heads, name: str = "this attention module") -> None:
+def _check_heads(attn: Attention, heads, name: str = "this attention module", n_heads: int | None = None) -> None:
     for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
         if not isinstance(proj, nn.Linear):
             raise ConfigError(f"cannot prune a {type(proj).__name__} projection; merge adapters (merge_and_unload) first")
-    bad = sorted({int(h) for h in heads if not 0 <= int(h) < attn.n_heads})
+    n = attn.n_heads if n_heads is None else n_heads
+    bad = sorted({int(h) for h in heads if not 0 <= int(h) < n})
     if bad:
-        raise ConfigError(f"{name} has {attn.n_heads} heads, numbered 0..{attn.n_heads - 1}; "
-                          f"head indices {bad} are out of range")
+        raise ConfigError(f"{name} has {n} heads, numbered 0..{n - 1}; head indices {bad} are out of range")
 
 
 def prune_attention(attn: Attention, heads: list[int]) -> list[int]:
-    """Remove query heads `heads` from one module; returns the kept heads.
+    """Remove query heads `heads` (its current numbering) from one module; returns the kept heads.
 
     Under grouped-query attention a key/value head goes when its last query head goes. The kept query
     heads of each group must come out as equal groups: with c_j kept in group j, the groups become
@@ -124,9 +124,23 @@ def prune_attention(attn: Attention, heads: list[int]) -> list[int]:
     return keep
 
 
-def prune_heads(model: nn.Module, heads: dict[str, list[int]]) -> None:
-    """Prune heads {attention module name: head indices (of its current heads)} structurally.
+def pruned_heads(model: nn.Module) -> dict[str, list[int]]:
+    """{attention module name: its heads pruned so far, in the original numbering} (config.extra["pruned_heads"])."""
+    return {k: list(v) for k, v in model.config.extra.get("pruned_heads", {}).items()}
 
+
+def original_heads(model: nn.Module, name: str) -> list[int]:
+    """The original indices of module `name`'s current heads, in order (current head i is original head [i])."""
+    gone = set(pruned_heads(model).get(name, []))
+    total = model.get_submodule(name).n_heads + len(gone)
+    return [h for h in range(total) if h not in gone]
+
+
+def prune_heads(model: nn.Module, heads: dict[str, list[int]]) -> None:
+    """Prune heads {attention module name: head indices} structurally.
+
+    As in transformers' `prune_heads`, indices are the original ones (before any pruning), heads pruned
+    earlier are skipped, and config.extra["pruned_heads"] records the union (transformers' `pruned_heads`).
     The model then saves in lmkit's own format (Hugging Face formats have one head count for all
     layers); config.extra["attention_heads"] records each module's (query heads, key/value heads).
     """
@@ -134,21 +148,26 @@ def prune_heads(model: nn.Module, heads: dict[str, list[int]]) -> None:
         raise ConfigError("heads cannot be pruned with T5's relative position bias, which all layers share per head")
     modules = attention_modules(model)
     layout = dict(model.config.extra.get("attention_heads", {}))
+    record = pruned_heads(model)
     for name, remove in heads.items():   # check everything before changing anything
         if name not in modules:
             raise ConfigError(f"{name} is not an attention module of this model; names look like {next(iter(modules))}")
-        _check_heads(modules[name], remove, name)
+        _check_heads(modules[name], remove, name, modules[name].n_heads + len(record.get(name, [])))
     for name, remove in heads.items():
-        if remove:
-            prune_attention(modules[name], list(remove))
+        kept = original_heads(model, name)
+        current = [kept.index(h) for h in sorted({int(h) for h in remove}) if h in kept]
+        if current:
+            prune_attention(modules[name], current)
             layout[name] = [modules[name].n_heads, modules[name].n_kv_heads]
-    model.config.extra = {**model.config.extra, "attention_heads": layout}
+            record[name] = sorted(set(record.get(name, [])) | {kept[i] for i in current})
+    model.config.extra = {**model.config.extra, "attention_heads": layout, "pruned_heads": record}
     model.config.family = None
 
 
 def least_important(importance: dict[str, torch.Tensor], n: int, model: nn.Module) -> dict[str, list[int]]:
-    """The n heads of lowest importance, at least one kept per layer. Under GQA whole groups are removed
-    (scored by their sum, counted in query heads), so no key/value head is copied; under MQA single heads."""
+    """The n heads of lowest importance (per current head), at least one kept per layer, in the original
+    numbering prune_heads takes. Under GQA whole groups are removed (scored by their sum, counted in query
+    heads), so no key/value head is copied; under MQA single heads."""
     modules = attention_modules(model)
     units = []  # (score, module, heads of the unit)
     for name, score in importance.items():
@@ -174,7 +193,7 @@ def least_important(importance: dict[str, torch.Tensor], n: int, model: nn.Modul
     if pruned != n:
         raise ConfigError(f"cannot prune exactly {n} heads keeping one per layer (in whole groups of query heads "
                           f"under grouped-query attention); {pruned} can be: ask for that many")
-    return chosen
+    return {name: sorted(original_heads(model, name)[h] for h in hs) for name, hs in chosen.items()}
 
 
 def apply_head_layout(model: nn.Module) -> nn.Module:

@@ -40,7 +40,14 @@ def quantizable_linears(model: nn.Module) -> list[str]:
 
 def quantize_dynamic_int8(model: nn.Module, modules: list[str] | None = None) -> nn.Module:
     """A float32 copy of `model` whose linear layers (`modules`, default quantizable_linears) are int8."""
-    names = quantizable_linears(model) if modules is None else list(modules)
+    names = quantizable_linears(model) if modules is None else list(dict.fromkeys(modules))   # each once
+    for name in names:  # torch skips unknown names and fails deep inside on other kinds of layer
+        layer = model.get_submodule(name) if name in dict(model.named_modules()) else None
+        if not isinstance(layer, nn.Linear) or layer.weight.numel() == 0:
+            what = "is not a layer of this model" if layer is None else f"is {type(layer).__name__}, not nn.Linear" if not \
+                isinstance(layer, nn.Linear) else "has no weights (a pruned layer's 0-wide projection)"
+            raise ConfigError(f"cannot quantize {name!r}: it {what}; name non-empty nn.Linear layers such as "
+                              f"{', '.join(quantizable_linears(model)[:2]) or 'q_proj'}")
     if not names:
         done = " (it is already quantized)" if quantized_linears(model) else ""
         raise ConfigError(f"{type(model).__name__} has no float nn.Linear layer to quantize{done}; dynamic int8 "
@@ -53,6 +60,9 @@ def quantize_dynamic_int8(model: nn.Module, modules: list[str] | None = None) ->
     if config is not None:  # Hugging Face formats have no such layers: the model saves in lmkit's own format
         config.extra = {**config.extra, "quantization": {"method": METHOD, "modules": sorted(names)}}
         config.family = None
+        tied = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+        if any(id(model.get_submodule(n).weight) in tied for n in names):  # an int8 head no longer shares the
+            q.config = config.replace(tie_embeddings=False)                 # float embedding: saved apart
     return q
 
 

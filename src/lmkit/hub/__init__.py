@@ -57,13 +57,33 @@ def load_config(path: str | Path) -> tuple[ModelConfig, dict]:
                 raise ConfigError("its 'lmkit' entry must be a JSON object of ModelConfig fields")
             return ModelConfig.from_dict(raw["lmkit"]), raw
         family = family_of(raw.get("model_type"))
-        return family.config_from_hf(raw), raw
+        config = family.config_from_hf(raw)
+        return (pruned_layout(config, raw["pruned_heads"]) if raw.get("pruned_heads") else config), raw
     except ConfigError as exc:
         raise ConfigError(f"{folder / 'config.json'}: {exc}") from None
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, ArithmeticError) as exc:
         # values of the wrong JSON type reach the family's converter (a list where a number belongs, ...)
         raise ConfigError(f"{folder / 'config.json'} has a malformed field ({type(exc).__name__}: {exc}); "
                           "fix or regenerate it") from None
+
+
+def pruned_layout(config: ModelConfig, pruned: dict) -> ModelConfig:
+    """transformers 4.x's `pruned_heads` {layer: original head indices} as the layout lmkit's pruning records (the
+    model then saves in lmkit's format: transformers 5 reads no `pruned_heads`)."""
+    if config.architecture == "encoder-decoder" or (config.n_kv_heads or config.n_heads) != config.n_heads:
+        raise ConfigError("pruned_heads is read for BERT, RoBERTa, DistilBERT and GPT-2 folders only")
+    stack = "encoder" if config.architecture == "encoder" else "decoder"
+    layout, record = {}, {}
+    for layer, heads in pruned.items():
+        gone = sorted({int(h) for h in heads})
+        if not 0 <= int(layer) < config.n_layers or any(not 0 <= h < config.n_heads for h in gone):
+            raise ConfigError(f"pruned_heads {{{layer!r}: {heads}}} names a layer or head this model "
+                              f"({config.n_layers} layers of {config.n_heads} heads) does not have")
+        if gone:
+            name = f"{stack}.layers.{int(layer)}.self_attn.sublayer"
+            layout[name] = [config.n_heads - len(gone)] * 2
+            record[name] = gone
+    return config.replace(extra={**config.extra, "attention_heads": layout, "pruned_heads": record}, family=None)
 
 
 def load_model(path: str | Path, dtype: torch.dtype | str | None = None):

@@ -13,7 +13,7 @@ from torch import nn
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.nn.ffn import activation
-from lmkit.peft.names import WrappedLinear, find_modules, replace_module
+from lmkit.peft.names import WrappedLinear, find_modules, replace_module, untie_shared_bases
 from lmkit.peft.quant import QuantizedLinear
 
 
@@ -68,6 +68,26 @@ class IA3Linear(WrappedLinear):
         if self.feedforward:
             return self.base_layer(x * self.ia3_l.to(x.dtype))
         return self.base_layer(x) * self.ia3_l.to(x.dtype)
+
+    @torch.no_grad()
+    def merged_linear(self) -> nn.Linear:
+        """A plain nn.Linear computing the same: W diag(l) (feed-forward), else diag(l) W with bias l * b."""
+        base, scale = self.base_layer, self.ia3_l.detach().float()
+        w = base.weight.detach().float()   # dequantized when the base is quantized
+        out = nn.Linear(self.in_features, self.out_features, bias=base.bias is not None, device=w.device)
+        out.weight.copy_(w * scale if self.feedforward else w * scale[:, None])
+        if base.bias is not None:
+            out.bias.copy_(base.bias.float() if self.feedforward else base.bias.float() * scale)
+        return out.to(self.ia3_l.dtype)
+
+
+def merge_ia3(model: nn.Module) -> nn.Module:
+    """Replace each IA3Linear by the plain linear layer it computes (PEFT's merge_and_unload); returns the model."""
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, IA3Linear)}
+    untie_shared_bases(model, layers.values())
+    for name, m in layers.items():
+        replace_module(model, name, m.merged_linear())
+    return model
 
 
 def apply_ia3(model: nn.Module, target_modules=("k_proj", "v_proj", "down_proj"),

@@ -34,7 +34,9 @@ LORA_UNSUPPORTED = {
     "(target_parameters)", "trainable_token_indices": "trainable tokens (trainable_token_indices)",
     "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)", "use_qalora": "QALoRA (use_qalora)",
     "use_bdlora": "block-diagonal LoRA (use_bdlora)", "arrow_config": "Arrow routing (arrow_config)",
-    "megatron_config": "Megatron parallel layers (megatron_config)",
+    "megatron_config": "Megatron parallel layers (megatron_config)", "velora_config": "VeLoRA (velora_config)",
+    "monteclora_config": "MonteCLoRA (monteclora_config)", "kasa_config": "KaSA (kasa_config), which also "
+    "truncates the base weights",
 }
 # init_lora_weights that rewrite the base weights (the adapter only fits the changed base)
 BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
@@ -45,17 +47,19 @@ PEFT_TYPES = {"lora": "LORA", "qlora": "LORA", "ia3": "IA3", "prompt": "PROMPT_T
 def _groups(model: nn.Module, kinds) -> dict[str, list[str]]:
     """HF module -> lmkit parts, for the modules of the given kinds (identity names without a family)."""
     groups = hf_groups(model)
-    if groups:
-        return groups
-    return {n: [n] for n, m in model.named_modules() if isinstance(m, kinds)}
+    covered = {p for parts in groups.values() for p in parts}
+    # a layer outside the family's table (a head tied to the embedding, which HF also calls lm_head): lmkit's name
+    return {**groups, **{n: [n] for n, m in model.named_modules() if isinstance(m, kinds) and n not in covered}}
 
 
 def _task_type(model: nn.Module, saves_head: bool) -> str | None:
     kind = type(model).__name__
     if kind == "Encoder":  # PEFT's task of the head (prompt tuning acts only through a task's model class); PEFT
-        if not saves_head:  # then expects the head's tensors in the adapter
-            return None
-        return {"sequence": "SEQ_CLS", "token": "TOKEN_CLS", "qa": "QUESTION_ANS"}.get(getattr(model, "head", None))
+        # then expects the head's tensors in the adapter. Any other encoder is FEATURE_EXTRACTION, whose PEFT
+        # model still puts the virtual tokens in front (with no task type PEFT would silently leave them out; it
+        # does drop token_type_ids there, with a warning, where lmkit keeps them)
+        task = {"sequence": "SEQ_CLS", "token": "TOKEN_CLS", "qa": "QUESTION_ANS"}.get(getattr(model, "head", None))
+        return task if saves_head and task else "FEATURE_EXTRACTION"
     return {"CausalLM": "CAUSAL_LM", "Seq2SeqLM": "SEQ_2_SEQ_LM"}.get(kind)
 
 
@@ -102,7 +106,7 @@ def save_adapter(peft_model: PeftModel, path) -> None:
                 ranks[hf], alphas[hf] = rank, alpha
         if not layers:
             raise ConfigError("this model has no LoRA layers to save")
-        raw.update(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=sorted(targets), bias="none",
+        raw.update(r=c.r, lora_alpha=c.alpha, lora_dropout=c.dropout, target_modules=sorted(targets), bias=c.bias,
                    fan_in_fan_out=getattr(model.config, "family", None) == "gpt2", rank_pattern=ranks,
                    alpha_pattern=alphas, use_rslora=c.use_rslora, use_dora=False, init_lora_weights=True,
                    layers_to_transform=None, layers_pattern=None)
@@ -134,15 +138,19 @@ def save_adapter(peft_model: PeftModel, path) -> None:
         for name, p in model.named_parameters():
             if any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS):
                 tensors[name] = p.detach()
+    # tensors trained in full (modules_to_save, biases): HF names, `.base_layer.` inside a LoRA layer as in PEFT
+    full = {n.replace(".base_layer.", "."): (n, p) for n, p in model.named_parameters(remove_duplicate=False)
+            if p.requires_grad and not any(f".{a}" in f".{n}" for a in ADAPTER_PARAMS)}
+    for rule in hf_rules(model):
+        if rule.ours and all(o in full for o in rule.ours):
+            wrapped = any(full[o][0] != o for o in rule.ours)
+            t = torch.cat([full.pop(o)[1].detach() for o in rule.ours], dim=0)
+            module, _, attr = rule.hf.rpartition(".")
+            tensors[_prefix(c.method) + (f"{module}.base_layer.{attr}" if wrapped else rule.hf)] = \
+                t.t() if rule.transpose else t
+    for name, p in full.values():  # not in the family's table: lmkit's name
+        tensors[_prefix(c.method) + name] = p.detach()
     if c.modules_to_save:
-        full = {n: p for n, p in model.named_parameters(remove_duplicate=False)
-                if p.requires_grad and not any(f".{a}" in f".{n}" for a in ADAPTER_PARAMS)}
-        for rule in hf_rules(model):
-            if rule.ours and all(o in full for o in rule.ours):
-                t = torch.cat([full.pop(o).detach() for o in rule.ours], dim=0)
-                tensors[_prefix(c.method) + rule.hf] = t.t() if rule.transpose else t
-        for name, p in full.items():  # not in the family's table: lmkit's name
-            tensors[_prefix(c.method) + name] = p.detach()
         raw["modules_to_save"] = list(c.modules_to_save)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_save_safetensors({k: v.contiguous() for k, v in tensors.items()}, folder / WEIGHTS)
@@ -183,16 +191,19 @@ def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:
         targets = prompt.apply_prompt(model, int(raw["num_virtual_tokens"]))
         config.num_virtual_tokens = int(raw["num_virtual_tokens"])
         emb = next(m for m in model.modules() if isinstance(m, prompt.PromptEmbedding))
-        with torch.no_grad():
-            emb.prompt_embeddings.copy_(tensors["prompt_embeddings"])
+        _copy(model, {n: tensors["prompt_embeddings"] for n, p in model.named_parameters()
+                      if p is emb.prompt_embeddings}, folder)
     else:
         targets = (prompt.apply_prefix(model, config.num_virtual_tokens) if method == "prefix"
                    else adapters.apply_adapters(model, config.bottleneck))
         _copy(model, {k: v for k, v in tensors.items() if not k.startswith(PREFIX)}, folder)
     if raw.get("modules_to_save"):
         config.modules_to_save = list(raw["modules_to_save"])
+    if method in ("lora", "qlora"):
+        config.bias = str(raw.get("bias") or "none")
+        PeftConfig(method=method, bias=config.bias)  # refuses an unknown value
     out = PeftModel(model, config, targets=targets)
-    mark_trainable(model, config.modules_to_save)
+    mark_trainable(model, config.modules_to_save, config.bias)
     if not trainable:
         for p in out.parameters():
             p.requires_grad_(False)
@@ -236,7 +247,9 @@ def _load_full(model: nn.Module, tensors: dict, folder: Path, prefix: str = PREF
     """Copy HF-named tensors trained in full into the model, splitting fused ones (GPT-2's c_attn) by the rules."""
     rules = {rule.hf: rule for rule in hf_rules(model)}
     covered = {o for rule in rules.values() for o in rule.ours}
-    for name, _ in model.named_parameters():  # not in the family's table (an untied head): lmkit's name
+    # not in the family's table (an untied head; a tied one, whose base weight PEFT saves when LoRA targets it
+    # and loads into the shared weight): lmkit's name
+    for name, _ in model.named_parameters(remove_duplicate=False):
         if name not in covered:
             rules.setdefault(name, rename(name, name))
     wanted: dict[str, torch.Tensor] = {}
@@ -272,6 +285,11 @@ def _load_lora(model: nn.Module, raw: dict, tensors: dict, config: PeftConfig) -
             raise CheckpointError(f"adapter tensor {key} names {hf}, which this model does not have")
         A, B = tensors[key], tensors[key.replace(".lora_A.", ".lora_B.")]
         rank = A.shape[0]
+        parts = [model.get_submodule(p) for p in groups[hf]]
+        want_a, want_b = (rank, parts[0].in_features), (sum(p.out_features for p in parts), rank)
+        if tuple(A.shape) != want_a or tuple(B.shape) != want_b:
+            raise CheckpointError(f"adapter tensors of {hf}: A {tuple(A.shape)} and B {tuple(B.shape)} do not fit the "
+                                  f"layer (A {want_a}, B {want_b}); the adapter was made for another model")
         alpha = float(_suffix_lookup(raw.get("alpha_pattern"), hf, config.alpha))
         row, shared = 0, None
         for part in groups[hf]:   # the parts of a fused layer share its A (one LoRA, as in PEFT)
@@ -284,8 +302,6 @@ def _load_lora(model: nn.Module, raw: dict, tensors: dict, config: PeftConfig) -
             row += base.out_features
             replace_module(model, part, layer)
             targets.append(part)
-        if row != B.shape[0]:
-            raise CheckpointError(f"adapter tensor {key}: B has {B.shape[0]} rows, the layer {row}")
     return targets
 
 
@@ -299,7 +315,9 @@ def _load_ia3(model: nn.Module, raw: dict, tensors: dict) -> list[str]:
         if hf not in groups:
             raise CheckpointError(f"adapter tensor {key} names {hf}, which this model does not have")
         vec, row = tensors[key], 0
-        ff = matches(hf, ff_patterns)
+        # PEFT stores a feed-forward (input) scale as (1, in) and an output scale as (out, 1): the shape says which
+        # (its feedforward_modules test is a bare `endswith`, `proj` taking in down_proj, unlike lmkit's patterns)
+        ff = vec.shape[0] == 1 if vec.dim() == 2 and vec.shape != (1, 1) else matches(hf, ff_patterns)
         for part in groups[hf]:
             base = model.get_submodule(part)
             layer = adapters.IA3Linear(base, ff)

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from lmkit.errors import ConfigError
-from lmkit.peft.names import WrappedLinear, find_modules, hf_groups, hf_names, matches, replace_module
+from lmkit.peft.names import (WrappedLinear, find_modules, hf_groups, hf_names, matches, replace_module,
+                              untie_shared_bases)
 from lmkit.peft.quant import QuantizedLinear
 
 
@@ -129,6 +130,7 @@ def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
 
 
 def merge_lora(model: nn.Module) -> None:
+    untie_shared_bases(model, [m for m in lora_layers(model).values() if not m.merged])
     for m in lora_layers(model).values():
         m.merge()
 
@@ -140,6 +142,7 @@ def unmerge_lora(model: nn.Module) -> None:
 
 def merge_and_unload(model: nn.Module) -> nn.Module:
     """Replace each LoRALinear by a plain linear layer holding W + (alpha / r) B A; returns the model."""
+    untie_shared_bases(model, [m for m in lora_layers(model).values() if not m.merged])
     for name, m in lora_layers(model).items():
         replace_module(model, name, m.merged_linear())
     return model

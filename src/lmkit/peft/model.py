@@ -36,12 +36,16 @@ class PeftConfig:
     bottleneck: int = 16                             # adapter
     feedforward_modules: list[str] = field(default_factory=lambda: ["down_proj"])   # ia3
     modules_to_save: list[str] = field(default_factory=list)   # trained in full (e.g. a classification head)
+    bias: str = "none"                               # lora: also train biases, "all" or "lora_only" (PEFT's)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"unknown PEFT method {self.method!r}; choose one of {', '.join(METHODS)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout (--lora-dropout) is a probability in [0, 1), got {self.dropout}")
+        if self.bias not in ("none", "all", "lora_only") or (self.bias != "none" and self.method not in ("lora", "qlora")):
+            raise ConfigError(f"bias is 'none', 'all' or 'lora_only' (LoRA only, as in PEFT), got {self.bias!r} for "
+                              f"{self.method}")
         used = {"prefix": "num_virtual_tokens (--virtual-tokens)", "prompt": "num_virtual_tokens (--virtual-tokens)",
                 "adapter": "bottleneck (--bottleneck)"}.get(self.method)
         if used and getattr(self, used.split()[0]) < 1:  # zero would train nothing (or fail deep in autograd)
@@ -77,7 +81,7 @@ class PeftModel(nn.Module):
             self.targets = adapters.apply_ia3(model, c.target_modules or ["k_proj", "v_proj", "down_proj"],
                                               c.feedforward_modules)
         untie_saved(model, c.modules_to_save)
-        mark_trainable(model, c.modules_to_save)
+        mark_trainable(model, c.modules_to_save, c.bias)
 
     @property
     def config(self):
@@ -142,10 +146,14 @@ class PeftModel(nn.Module):
         lora.unmerge_lora(self.base_model)
 
     def merge_and_unload(self) -> nn.Module:
-        """The base model with each LoRA update folded into its layer (LoRA, QLoRA only)."""
-        if self.peft_config.method not in ("lora", "qlora"):
-            raise ConfigError(f"merge_and_unload applies to LoRA; method {self.peft_config.method} cannot be merged")
-        model = lora.merge_and_unload(self.base_model)
+        """The base model with each LoRA update (or IA3 scale) folded into its layer."""
+        if self.peft_config.method not in ("lora", "qlora", "ia3"):
+            raise ConfigError(f"merge_and_unload applies to LoRA and IA3; method {self.peft_config.method} adds "
+                              "computation that cannot be folded into the weights")
+        if self.peft_config.method == "ia3":
+            model = adapters.merge_ia3(self.base_model)
+        else:
+            model = lora.merge_and_unload(self.base_model)
         for p in model.parameters():
             p.requires_grad_(True)
         return model
@@ -164,12 +172,16 @@ def _head_names(model: nn.Module, config: PeftConfig) -> tuple[str, ...]:
     return ("lm_head", *config.modules_to_save)
 
 
-def mark_trainable(model: nn.Module, modules_to_save=()) -> None:
-    """requires_grad only for the methods' parameters and the modules listed in modules_to_save."""
+def mark_trainable(model: nn.Module, modules_to_save=(), bias: str = "none") -> None:
+    """requires_grad only for the methods' parameters, the modules listed in modules_to_save and, as PEFT's
+    LoRA `bias` does, every parameter named `bias` ("all") or the LoRA layers' biases ("lora_only")."""
     names = hf_names(model)
+    lora_modules = {names.get(n, n) for n in lora.lora_layers(model)}  # HF names: GPT-2's c_attn for q, k, v
     for name, p in model.named_parameters():
-        keep = any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS) or _to_save(name.rpartition(".")[0],
-                                                                               modules_to_save, names)
+        module, _, attr = name.rpartition(".")
+        hf = names.get(module.removesuffix(".base_layer"), module.removesuffix(".base_layer"))
+        keep = any(f".{a}" in f".{name}" for a in ADAPTER_PARAMS) or _to_save(module, modules_to_save, names)
+        keep = keep or (attr == "bias" and (bias == "all" or (bias == "lora_only" and hf in lora_modules)))
         p.requires_grad_(keep)
 
 

@@ -84,6 +84,23 @@ def hf_rules(model: nn.Module) -> list:
     return module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
 
 
+def untie_shared_bases(model: nn.Module, layers) -> None:
+    """Give each of `layers` (wrapped linear layers about to be merged) whose base weight is shared (a head tied
+    to the embedding) its own copy, so that merging changes that layer alone (merging into the shared weight
+    would change the embedding too); the model's config then says untied, so that a saved merged model keeps
+    its head."""
+    owners: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        owners[id(p)] = owners.get(id(p), 0) + 1
+    for m in layers:
+        w = m.base_layer.weight
+        if isinstance(w, nn.Parameter) and owners.get(id(w), 0) > 1:
+            m.base_layer.weight = nn.Parameter(w.detach().clone(), w.requires_grad)
+            config = getattr(model, "config", None)
+            if getattr(config, "tie_embeddings", False):
+                model.config = config.replace(tie_embeddings=False)
+
+
 class WrappedLinear(nn.Module):
     """A module that stands in for a frozen linear `base_layer` and shows its weight and sizes."""
 
