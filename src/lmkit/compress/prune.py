@@ -164,6 +164,11 @@ def prune_heads(model: nn.Module, heads: dict[str, list[int]]) -> None:
     model.config.family = None
 
 
+def _group_size(attn: nn.Module) -> int:
+    """Query heads removed together: those sharing a key/value head under GQA; one under MHA and MQA."""
+    return 1 if attn.n_kv_heads == 1 else attn.n_heads // attn.n_kv_heads
+
+
 def least_important(importance: dict[str, torch.Tensor], n: int, model: nn.Module) -> dict[str, list[int]]:
     """The n heads of lowest importance (per current head), at least one kept per layer, in the original
     numbering prune_heads takes. Under GQA whole groups are removed (scored by their sum, counted in query
@@ -174,7 +179,7 @@ def least_important(importance: dict[str, torch.Tensor], n: int, model: nn.Modul
         attn = modules[name]
         if not attn.n_heads:
             continue
-        g = 1 if attn.n_kv_heads == 1 else attn.n_heads // attn.n_kv_heads
+        g = _group_size(attn)
         for k in range(attn.n_heads // g):
             heads = list(range(k * g, (k + 1) * g))
             units.append((float(score[heads].sum()), name, heads))
@@ -191,8 +196,14 @@ def least_important(importance: dict[str, torch.Tensor], n: int, model: nn.Modul
         left[name] -= len(heads)
         pruned += len(heads)
     if pruned != n:
+        reachable = {0}  # totals that whole units can make, one unit kept per layer
+        for name in importance:
+            if modules[name].n_heads:
+                g = _group_size(modules[name])
+                reachable = {r + k * g for r in reachable for k in range(modules[name].n_heads // g)}
+        near = [max(r for r in reachable if r < n)] + [r for r in [min((r for r in reachable if r > n), default=0)] if r]
         raise ConfigError(f"cannot prune exactly {n} heads keeping one per layer (in whole groups of query heads "
-                          f"under grouped-query attention); {pruned} can be: ask for that many")
+                          f"under grouped-query attention); {' or '.join(map(str, near))} can be: ask for that many")
     return {name: sorted(original_heads(model, name)[h] for h in hs) for name, hs in chosen.items()}
 
 
