@@ -201,9 +201,9 @@ def least_important(importance: dict[str, torch.Tensor], n: int, model: nn.Modul
             if modules[name].n_heads:
                 g = _group_size(modules[name])
                 reachable = {r + k * g for r in reachable for k in range(modules[name].n_heads // g)}
-        near = [max(r for r in reachable if r < n)] + [r for r in [min((r for r in reachable if r > n), default=0)] if r]
+        near = [r for r in (max(r for r in reachable if r < n), min((r for r in reachable if r > n), default=0)) if r]
         raise ConfigError(f"cannot prune exactly {n} heads keeping one per layer (in whole groups of query heads "
-                          f"under grouped-query attention); {' or '.join(map(str, near))} can be: ask for that many")
+                          f"under grouped-query attention); {' or '.join(map(str, near)) or 'none'} can be: ask for that many")
     return {name: sorted(original_heads(model, name)[h] for h in hs) for name, hs in chosen.items()}
 
 
