@@ -66,7 +66,7 @@ def normalizer(draw, depth=0):
 
 def pre_tokenizer(draw, depth=0):
     kind = draw(st.sampled_from(["ByteLevel", "Whitespace", "WhitespaceSplit", "Bert", "Metaspace", "Punctuation",
-                                 "Digits", "Split", "CharDelimiterSplit", "UnicodeScripts"]
+                                 "Digits", "Split", "CharDelimiterSplit", "UnicodeScripts", "FixedLength"]
                                 + (["Seq"] if depth == 0 else [])))
     behavior = st.sampled_from(["removed", "isolated", "merged_with_previous", "merged_with_next", "contiguous"])
     if kind == "ByteLevel":
@@ -86,6 +86,8 @@ def pre_tokenizer(draw, depth=0):
         return P.Split(pattern, draw(behavior), invert=draw(st.booleans()))
     if kind == "CharDelimiterSplit":
         return P.CharDelimiterSplit(draw(st.sampled_from([" ", "e", "-", "中"])))
+    if kind == "FixedLength":
+        return P.FixedLength(draw(st.integers(1, 4)))
     if kind == "Seq":
         return P.Sequence([pre_tokenizer(draw, 1) for _ in range(draw(st.integers(0, 3)))])
     return getattr(P, kind)()
@@ -210,12 +212,14 @@ def pipelines(draw):
     hf.post_processor = post_processor(draw, ids)
     hf.decoder = decoder(draw)
     if draw(st.booleans()):
-        hf.enable_truncation(draw(st.integers(1, 12)), stride=0,
+        max_length = draw(st.integers(1, 12))  # a stride (overflow only) must stay below max_length - specials
+        hf.enable_truncation(max_length, stride=int(max_length > 5 and draw(st.booleans())),
                              strategy=draw(st.sampled_from(["longest_first", "only_first", "only_second"])),
                              direction=draw(st.sampled_from(["left", "right"])))
     if draw(st.booleans()):
         hf.enable_padding(direction=draw(st.sampled_from(["left", "right"])), pad_id=ids["[PAD]"], pad_token="[PAD]",
-                          pad_type_id=draw(st.integers(0, 2)), pad_to_multiple_of=draw(st.sampled_from([None, 3, 8])))
+                          pad_type_id=draw(st.integers(0, 2)), pad_to_multiple_of=draw(st.sampled_from([None, 3, 8])),
+                          length=draw(st.sampled_from([None, None, 6, 20])))
     texts = draw(st.lists(text, min_size=1, max_size=3))
     texts += [a + c + b for a, c, b in zip(texts, draw(st.lists(st.sampled_from(ADDED), max_size=2)), texts[::-1])]
     return hf.to_str(), texts
@@ -297,12 +301,14 @@ def check_pipeline(spec: str, texts: list[str]) -> None:
                       lambda: hf_encode(hf_trunc, a, b, special), (a, b, special), hf_all.truncation["max_length"])
     if hf_all.padding is not None:
         trunc = hf_all.truncation is not None
+        fixed = isinstance(hf_all.padding["length"], int)
         for second in (None, [b for _, b in pairs]):
             def theirs():
                 encs = hf_all.encode_batch(list(zip(texts, second)) if second else texts)
                 return {"input_ids": [e.ids for e in encs], "attention_mask": [e.attention_mask for e in encs],
                         "token_type_ids": [e.type_ids for e in encs]}
-            agree(lambda: ours(texts, pair=second, padding=True, truncation=trunc), theirs, (texts, second),
+            agree(lambda: ours(texts, pair=second, padding="max_length" if fixed else True, truncation=trunc), theirs,
+                  (texts, second),
                   hf_all.truncation["max_length"] if trunc else None)
     ids = list(range(ours.vocab_size))[::3] + [ours.vocab_size - 1] * 2
     for skip in (True, False):
@@ -326,3 +332,98 @@ def test_bpe_dropout_is_refused_clearly():
     hf.train_from_iterator(CORPUS, T.BpeTrainer(vocab_size=60, special_tokens=["[UNK]"], show_progress=False))
     with pytest.raises(TokenizerError, match="dropout"):
         Tokenizer.from_str(hf.to_str())
+
+
+def test_sequence_of_two_special_token_processors_is_refused_clearly():
+    hf = tokenizers.Tokenizer(M.WordLevel({"[UNK]": 0, "[CLS]": 1, "[SEP]": 2}, unk_token="[UNK]"))
+    hf.post_processor = R.Sequence([R.BertProcessing(("[SEP]", 2), ("[CLS]", 1)),
+                                    R.TemplateProcessing(single="$A [SEP]", special_tokens=[("[SEP]", 2)])])
+    with pytest.raises(TokenizerError, match="more than one special-token processor"):
+        Tokenizer.from_str(hf.to_str())
+
+
+# ---- each discrepancy the fuzz found, pinned ------------------------------------------------------------------
+
+def _pair(d: dict):
+    """(tokenizers, lmkit) tokenizers from one tokenizer.json dict."""
+    text = json.dumps({"version": "1.0", **d})
+    return tokenizers.Tokenizer.from_str(text), Tokenizer.from_str(text)
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+def test_unigram_without_unk_fails_where_tokenizers_does(fallback):
+    # tokenizers needs unk_id as soon as a character has no piece of its own, even where a longer piece ("ab") or
+    # byte fallback would cover it
+    vocab = [["ab", -1.0], ["b", -2.0], ["<0x61>", -3.0]]
+    hf, ours = _pair({"model": {"type": "Unigram", "unk_id": None, "vocab": vocab, "byte_fallback": fallback}})
+    for text in ("ab", "ba", "a", "b", "bb"):
+        expected = outcome(lambda: hf.encode(text).ids)
+        assert outcome(ours.encode, text) == expected, text
+        assert outcome(ours.tokenize, text) == outcome(lambda: hf.encode(text).tokens), text
+
+
+def test_unigram_piece_listed_twice_takes_its_last_entry():
+    vocab = [["a", -1.0], ["b", -1.0], ["ab", -5.0], ["[CLS]", 0.0], ["ab", -1.5], ["[CLS]", -9.0]]
+    hf, ours = _pair({"model": {"type": "Unigram", "unk_id": None, "vocab": vocab},
+                      "added_tokens": [{"id": 5, "content": "[CLS]", "special": True, "single_word": False, "lstrip": False,
+                                        "rstrip": False, "normalized": False}]})
+    assert ours.encode("abab") == hf.encode("abab").ids == [4, 4]
+    assert ours.token_to_id("[CLS]") == hf.token_to_id("[CLS]") == 5
+    assert [ours.id_to_token(i) for i in range(6)] == [hf.id_to_token(i) for i in range(6)]
+    for skip in (True, False):
+        assert ours.decode(range(6), skip) == hf.decode(list(range(6)), skip_special_tokens=skip)
+    hf.add_tokens(["<x>"])  # the next id after all six entries, not after the four distinct pieces
+    ours = Tokenizer.from_str(hf.to_str())
+    assert ours.encode("a<x>") == hf.encode("a<x>").ids == [0, 6]
+    assert ours.vocab_size == hf.get_vocab_size() == 7
+
+
+def test_bpe_byte_fallback_spells_the_prefix_and_suffix_too():
+    vocab = {"a": 0, "b": 1, "##b": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    hf, ours = _pair({"model": {"type": "BPE", "vocab": vocab, "merges": [], "byte_fallback": True,
+                                "continuing_subword_prefix": "##", "end_of_word_suffix": "</w>"}})
+    for text in ("ab", "ac", "c", "ba"):
+        assert ours.encode(text) == hf.encode(text).ids, text
+        assert ours.tokenize(text) == hf.encode(text).tokens, text
+
+
+@pytest.mark.parametrize("strategy", ["longest_first", "only_first", "only_second"])
+def test_truncation_to_no_room_left_empties_both_sequences(strategy):
+    hf = tokenizers.Tokenizer(M.WordLevel({"a": 0, "b": 1, "[CLS]": 2, "[SEP]": 3, "[UNK]": 4}, unk_token="[UNK]"))
+    hf.pre_tokenizer = P.Whitespace()
+    hf.post_processor = R.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
+    for max_length, args in ((2, ("a b a",)), (3, ("a b", "b")), (3, ("a", "b a b"))):
+        hf.enable_truncation(max_length, strategy=strategy)
+        ours = Tokenizer.from_str(hf.to_str())
+        enc = hf.encode(*args)
+        assert ours.encode_plus(*args, truncation=True).ids == enc.ids == [2, 3] + [3] * (len(args) - 1)
+    hf.enable_truncation(1, strategy=strategy)  # tokenizers then leaves the text whole; lmkit says why it cannot
+    with pytest.raises(TokenizerError, match="no room"):
+        Tokenizer.from_str(hf.to_str()).encode_plus("a b", truncation=True)
+
+
+EMPTY_MATCHING = ["x*", "l*", "x*?", "|l", "l|", r"\b", "(?<=l)", "(?=l)", "l??", "$", "^"]
+
+
+@pytest.mark.parametrize("pattern", EMPTY_MATCHING)
+def test_regex_empty_matches_split_and_replace_as_tokenizers(pattern):
+    from lmkit.tokenizers.normalizers import normalizer_from_json
+    from lmkit.tokenizers.pre_tokenizers import pre_tokenizer_from_json
+    texts = ["hello", "axxb", " a", "xx", "ll", "a\nb", "héllo wörld", "", "lol l"]
+    for behavior in ("removed", "isolated", "merged_with_previous", "merged_with_next", "contiguous"):
+        for invert in (False, True):
+            hf = P.Split(Regex(pattern), behavior, invert=invert)
+            ours = pre_tokenizer_from_json(json.loads(hf.__getstate__()))
+            for t in texts:
+                assert ours.split(t) == [w for w, _ in hf.pre_tokenize_str(t)], (behavior, invert, t)
+    hf = N.Replace(Regex(pattern), "-")
+    ours = normalizer_from_json(json.loads(hf.__getstate__()))
+    for t in texts:
+        assert ours.normalize(t) == hf.normalize_str(t), t
+
+
+def test_empty_string_split_pattern_cuts_every_character():
+    from lmkit.tokenizers.pre_tokenizers import pre_tokenizer_from_json
+    hf = P.Split("", "isolated")
+    assert pre_tokenizer_from_json(json.loads(hf.__getstate__())).split("ab c") == ["a", "b", " ", "c"] == \
+        [w for w, _ in hf.pre_tokenize_str("ab c")]

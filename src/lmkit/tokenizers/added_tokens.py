@@ -142,7 +142,7 @@ class AddedVocabulary:
         toks = [AddedToken(d["content"], d["id"], d.get("single_word", False), d.get("lstrip", False),
                            d.get("rstrip", False), d.get("normalized", False), d.get("special", False)) for d in items]
         if model is not None:
-            size, given = len(model.vocab), {}
+            size, given = model.vocab_size(), {}
             for t in toks:
                 if not t.content:
                     continue

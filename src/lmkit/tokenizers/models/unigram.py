@@ -87,6 +87,9 @@ class Unigram(Model):
         out.reverse()
         return out
 
+    def vocab_size(self) -> int:
+        return len(self.pieces)  # a piece listed twice counts twice, as in HF
+
     def id_to_token(self, i: int) -> str | None:
         return self.pieces[i][0] if 0 <= i < len(self.pieces) else None
 
