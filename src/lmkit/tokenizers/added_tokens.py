@@ -29,6 +29,7 @@ class AddedToken:
 
 
 def _pattern(contents: list[str]) -> regex.Pattern | None:
+    contents = [c for c in contents if c]  # a token the normalizer empties never matches, as in HF
     if not contents:
         return None
     return regex.compile("|".join(regex.escape(c) for c in sorted(set(contents), key=len, reverse=True)))
@@ -71,6 +72,9 @@ class AddedVocabulary:
         self._raw = (_pattern([t.content for t in raw]), {t.content: t for t in raw})
         normed = {(self.normalizer.normalize(t.content) if self.normalizer else t.content): t for t in norm}
         self._norm = (_pattern(list(normed)), normed)
+        # a token the normalizer empties matches nothing, but HF's matcher then stops at every position: the normalized
+        # text outside added tokens falls apart into characters (HF panics on a multi-byte one)
+        self._chars = "" in normed
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -112,10 +116,12 @@ class AddedVocabulary:
             if self.normalizer is not None:
                 piece, kept = self.normalizer.normalize_start(piece)
                 first = first and kept
-            if self._norm[0] is None:
-                out.append((piece, None, first))
-            else:
-                out.extend(self._cut(piece, *self._norm, first))
+            cut = [(piece, None, first)] if self._norm[0] is None else self._cut(piece, *self._norm, first)
+            for part in cut:
+                if self._chars and part[1] is None:
+                    out.extend((c, None, part[2] and not i) for i, c in enumerate(part[0]))
+                else:
+                    out.append(part)
         return out
 
     def _cut(self, text, pattern, table, first):
