@@ -489,3 +489,15 @@ def test_added_token_the_normalizer_empties_never_hangs():
         for text in ("ab", "aab", "a b", "x", "axb", "ayb", "a<z>b", "ab<z>", ""):
             assert ours.encode(text) == hf.encode(text).ids, text
             assert ours.tokenize(text) == hf.encode(text).tokens, text
+
+
+@pytest.mark.parametrize("flags", [{}, {"single_word": True}, {"lstrip": True}, {"rstrip": True},
+                                   {"lstrip": True, "rstrip": True, "single_word": True}])
+def test_added_token_the_normalizer_empties_honours_its_flags(flags):
+    vocab = {"a": 0, "b": 1, "[UNK]": 2, "x": 3, " ": 4, ".": 5, "3": 6, "14": 7, "#": 8}
+    hf = tokenizers.Tokenizer(M.WordLevel(vocab, unk_token="[UNK]"))
+    hf.normalizer = N.Replace("x", "")
+    hf.add_tokens([HFAddedToken("x", normalized=True, **flags)])
+    ours = Tokenizer.from_str(hf.to_str())
+    for text in ("ab", "a b", "3.14", "##", " a  b ", "a.b", "x", "a b"):
+        assert ours.encode(text) == hf.encode(text).ids, text

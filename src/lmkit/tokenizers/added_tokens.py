@@ -29,7 +29,6 @@ class AddedToken:
 
 
 def _pattern(contents: list[str]) -> regex.Pattern | None:
-    contents = [c for c in contents if c]  # a token the normalizer empties never matches, as in HF
     if not contents:
         return None
     return regex.compile("|".join(regex.escape(c) for c in sorted(set(contents), key=len, reverse=True)))
@@ -72,9 +71,6 @@ class AddedVocabulary:
         self._raw = (_pattern([t.content for t in raw]), {t.content: t for t in raw})
         normed = {(self.normalizer.normalize(t.content) if self.normalizer else t.content): t for t in norm}
         self._norm = (_pattern(list(normed)), normed)
-        # a token the normalizer empties matches nothing, but HF's matcher then stops at every position: the normalized
-        # text outside added tokens falls apart into characters (HF panics on a multi-byte one)
-        self._chars = "" in normed
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -84,13 +80,18 @@ class AddedVocabulary:
         """(start, end, id) of each match, with lstrip/rstrip/single_word applied as HF's find_matches: matches
         are found on the text alone (an rstrip that swallows the space a later match starts with does not
         hide that match), and lstrip never reaches back past the previous token's end."""
-        out, pos, floor = [], 0, 0
-        while pattern is not None:
+        out, pos, floor, last_end = [], 0, 0, None
+        while pattern is not None and pos <= len(text):
             m = pattern.search(text, pos)
             if m is None:
                 break
             s, e = m.span()
-            pos = e
+            # a token the normalizer empties matches the empty string, as HF's matcher does: anywhere but right
+            # where the previous match ended, moving on one character after it (its empty piece is dropped later)
+            pos = e + 1 if s == e else e
+            if s == e == last_end:
+                continue
+            last_end = e
             tok = table[m.group()]
             if tok.single_word and ((s > 0 and _WORD.match(text[s - 1])) or (e < len(text) and _WORD.match(text[e]))):
                 continue
@@ -116,12 +117,10 @@ class AddedVocabulary:
             if self.normalizer is not None:
                 piece, kept = self.normalizer.normalize_start(piece)
                 first = first and kept
-            cut = [(piece, None, first)] if self._norm[0] is None else self._cut(piece, *self._norm, first)
-            for part in cut:
-                if self._chars and part[1] is None:
-                    out.extend((c, None, part[2] and not i) for i, c in enumerate(part[0]))
-                else:
-                    out.append(part)
+            if self._norm[0] is None:
+                out.append((piece, None, first))
+            else:
+                out.extend(self._cut(piece, *self._norm, first))
         return out
 
     def _cut(self, text, pattern, table, first):
@@ -131,7 +130,8 @@ class AddedVocabulary:
         for s, e, tid in self._find(text, pattern, table):
             if s > prev:
                 out.append((text[prev:s], None, first and prev == 0))
-            out.append((text[s:e], tid, first and s == 0))
+            if e > s:
+                out.append((text[s:e], tid, first and s == 0))
             prev = e
         if prev < len(text):
             out.append((text[prev:], None, first and prev == 0))
