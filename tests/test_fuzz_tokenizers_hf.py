@@ -25,7 +25,7 @@ from lmkit.tokenizers import Tokenizer  # noqa: E402
 
 # TOK_FUZZ_EXAMPLES=N (and TOK_FUZZ_RANDOM=1 for fresh seeds, reported unshrunk) for a longer audit
 AUDIT = bool(os.environ.get("TOK_FUZZ_RANDOM"))
-SETTINGS = settings(max_examples=int(os.environ.get("TOK_FUZZ_EXAMPLES", 80)), deadline=None, derandomize=not AUDIT,
+SETTINGS = settings(max_examples=int(os.environ.get("TOK_FUZZ_EXAMPLES", 150)), deadline=None, derandomize=not AUDIT,
                     phases=(Phase.generate,) if AUDIT else tuple(Phase), database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
