@@ -63,7 +63,7 @@ def test_pre_tokenizers(hf):
         assert ours.split(s) == [w for w, _ in hf.pre_tokenize_str(s)], s
 
 
-TOKENS = [["▁Hello", "▁wor", "ld", "!", "▁", "▁x"], ["Hello", "##wor", "##ld", "!", ",", "do", "n't", "'s", "."],
+TOKENS = [["▁Hello", "▁wor", "ld", "!", "▁", "▁x"], ["<pad>", "h", "h", "<pad>", "h", "|", "|", "e", "'s", "▁", "!"], ["Hello", "##wor", "##ld", "!", ",", "do", "n't", "'s", "."],
           ["Ġhello", "Ġw", "orld", "Ċ", "ðŁĺ", "Ģ", "<|endoftext|>", "ĠâĢ"], ["un</w>", "believ", "able</w>"], [],
           ["▁Hi", "<0xE2>", "<0x82>", "<0xAC>", "▁x", "<0xFF>", "<0x41>", "<0xZZ>", "  pad  ", "<0xF0>"]]
 
@@ -72,7 +72,8 @@ TOKENS = [["▁Hello", "▁wor", "ld", "!", "▁", "▁x"], ["Hello", "##wor", "
                                 D.Metaspace(prepend_scheme="never"), D.BPEDecoder(), D.Fuse(),
                                 D.Sequence([D.Metaspace(), D.Fuse()]), D.ByteFallback(), D.Strip(" ", 1, 2),
                                 D.Sequence([D.Replace("▁", " "), D.ByteFallback(), D.Fuse(), D.Strip(" ", 1, 0)]),
-                                D.Replace(Regex("▁+|#{2,}"), " ")],
+                                D.Replace(Regex("▁+|#{2,}"), " "), D.CTC(), D.CTC("▁", "Ġ", cleanup=False),
+                                D.CTC("##", "!", cleanup=True), D.Sequence([D.CTC("<0xFF>", "▁"), D.ByteFallback()])],
                          ids=lambda h: state(h)["type"])
 def test_decoders(hf):
     ours = decoder_from_json(state(hf))

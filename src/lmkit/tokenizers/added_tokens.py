@@ -80,13 +80,18 @@ class AddedVocabulary:
         """(start, end, id) of each match, with lstrip/rstrip/single_word applied as HF's find_matches: matches
         are found on the text alone (an rstrip that swallows the space a later match starts with does not
         hide that match), and lstrip never reaches back past the previous token's end."""
-        out, pos, floor = [], 0, 0
-        while pattern is not None:
+        out, pos, floor, last_end = [], 0, 0, None
+        while pattern is not None and pos <= len(text):
             m = pattern.search(text, pos)
             if m is None:
                 break
             s, e = m.span()
-            pos = e
+            # a token the normalizer empties matches the empty string, as HF's matcher does: anywhere but right
+            # where the previous match ended, moving on one character after it (its empty piece is dropped later)
+            pos = e + 1 if s == e else e
+            if s == e == last_end:
+                continue
+            last_end = e
             tok = table[m.group()]
             if tok.single_word and ((s > 0 and _WORD.match(text[s - 1])) or (e < len(text) and _WORD.match(text[e]))):
                 continue
@@ -125,7 +130,8 @@ class AddedVocabulary:
         for s, e, tid in self._find(text, pattern, table):
             if s > prev:
                 out.append((text[prev:s], None, first and prev == 0))
-            out.append((text[s:e], tid, first and s == 0))
+            if e > s:
+                out.append((text[s:e], tid, first and s == 0))
             prev = e
         if prev < len(text):
             out.append((text[prev:], None, first and prev == 0))
@@ -142,7 +148,7 @@ class AddedVocabulary:
         toks = [AddedToken(d["content"], d["id"], d.get("single_word", False), d.get("lstrip", False),
                            d.get("rstrip", False), d.get("normalized", False), d.get("special", False)) for d in items]
         if model is not None:
-            size, given = len(model.vocab), {}
+            size, given = model.vocab_size(), {}
             for t in toks:
                 if not t.content:
                     continue

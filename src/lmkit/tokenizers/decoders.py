@@ -75,6 +75,32 @@ class WordPiece(Decoder):
         return {"type": self.type_name, "prefix": self.prefix, "cleanup": self.cleanup}
 
 
+class CTC(Decoder):
+    """Connectionist temporal classification output (wav2vec2): repeats collapse to one token, the pad (blank)
+    token is removed, and with cleanup the word delimiter becomes a space; tokens left empty are dropped."""
+
+    type_name = "CTC"
+
+    def __init__(self, pad_token: str = "<pad>", word_delimiter_token: str = "|", cleanup: bool = True):
+        self.pad_token, self.word_delimiter_token, self.cleanup = pad_token, word_delimiter_token, cleanup
+
+    def decode_chain(self, tokens: list[str]) -> list[str]:
+        out = []
+        for i, t in enumerate(tokens):
+            if i and t == tokens[i - 1]:
+                continue
+            t = t.replace(self.pad_token, "")
+            if self.cleanup:
+                t = cleanup(t).replace(self.word_delimiter_token, " ")
+            if t:
+                out.append(t)
+        return out
+
+    def to_json(self) -> dict:
+        return {"type": self.type_name, "pad_token": self.pad_token,
+                "word_delimiter_token": self.word_delimiter_token, "cleanup": self.cleanup}
+
+
 class Metaspace(Decoder):
     """`▁` back to spaces; the `▁` of the first token is dropped unless prepend_scheme is "never"."""
 
@@ -230,7 +256,9 @@ def decoder_from_json(d: dict | None) -> Decoder | None:
         return ByteFallback()
     if kind == "Strip":
         return Strip(d.get("content", " "), d.get("start", 0), d.get("stop", 0))
+    if kind == "CTC":
+        return CTC(d.get("pad_token", "<pad>"), d.get("word_delimiter_token", "|"), d.get("cleanup", True))
     if kind == "Sequence":
         return Sequence([decoder_from_json(x) for x in d["decoders"]])
     raise TokenizerError(f"unsupported decoder type {kind!r} in tokenizer.json; lmkit reads ByteLevel, WordPiece, "
-                         "Metaspace, BPEDecoder, Fuse, Replace, ByteFallback, Strip and Sequence")
+                         "Metaspace, BPEDecoder, Fuse, Replace, ByteFallback, Strip, CTC and Sequence")

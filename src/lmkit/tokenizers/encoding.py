@@ -59,6 +59,8 @@ def truncate(a: list[int], b: list[int] | None, max_length: int, added: int, str
     n1, n2 = len(a), len(b or [])
     if n1 + n2 <= budget:
         return a, b
+    if budget == 0:  # HF empties both, whatever the strategy
+        return [], ([] if b is not None else None)
     strategy = STRATEGIES.get(strategy)
     if strategy is None:
         raise TokenizerError("truncation strategy must be longest_first, only_first or only_second")

@@ -134,6 +134,26 @@ def regex_view(pattern: str):
     return (lambda text: text) if has_regex_unknown(pattern) else onig_view
 
 
+def onig_spans(compiled: regex.Pattern, text: str) -> list[tuple[int, int]]:
+    """(start, end) of each match as HF's Oniguruma `find_iter` yields them: every empty match is kept, but not
+    one right where the previous match ended, and after an empty match the search moves on one character."""
+    spans = [m.span() for m in compiled.finditer(text)]
+    if all(s < e for s, e in spans):  # no empty match: Python's iteration is Oniguruma's
+        return spans
+    spans, pos, last = [], 0, None
+    while pos <= len(text):
+        m = compiled.search(text, pos)
+        if m is None:
+            break
+        s, e = m.span()
+        if s == e == last:
+            pos += 1
+            continue
+        spans.append((s, e))
+        pos = last = e
+    return spans
+
+
 def replacer(pattern: dict, content: str):
     """str -> str replacing every match of HF's pattern, {"String": literal} or {"Regex": expression}."""
     if not isinstance(pattern, dict) or not ({"String", "Regex"} & set(pattern)):
@@ -148,14 +168,11 @@ def replacer(pattern: dict, content: str):
     view = regex_view(pattern["Regex"])
 
     def sub(text: str) -> str:
-        out, prev = [], -1
-        for m in compiled.finditer(view(text)):
-            s, e = m.span()
-            if s == e == prev:  # Rust's rule: no empty match right where the previous match ended
-                continue
-            out += (text[max(prev, 0):s], content)
+        out, prev = [], 0
+        for s, e in onig_spans(compiled, view(text)):
+            out += (text[prev:s], content)
             prev = e
-        return "".join(out) + text[max(prev, 0):] if out else text
+        return "".join(out) + text[prev:] if out else text
     return lambda text: sub(text) if text else text
 
 

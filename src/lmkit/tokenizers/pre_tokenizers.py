@@ -10,7 +10,7 @@ import regex
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.chars import (BYTE_TO_CHAR, SCRIPTS, WHITESPACE_CLASS, is_numeric, is_punctuation,
                                     is_whitespace, onig_view)
-from lmkit.tokenizers.normalizers import ONIG_FLAGS, regex_view
+from lmkit.tokenizers.normalizers import ONIG_FLAGS, onig_spans, regex_view
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # the same language with the contractions factored (tiktoken's spelling): about 10% faster in `regex`
@@ -65,11 +65,10 @@ def split_spans(text: str, spans: list[tuple[int, int, bool]], behavior: str) ->
 
 
 def match_spans(pattern: regex.Pattern, text: str, invert: bool = False) -> list[tuple[int, int, bool]]:
+    """A cover of `text` by (start, end, is_match) spans, as HF's find_matches: an empty match is a span of its
+    own, which splits the text there and takes part in the merging behaviours."""
     spans, prev = [], 0
-    for m in pattern.finditer(text):
-        s, e = m.span()
-        if s == e:
-            continue
+    for s, e in onig_spans(pattern, text):
         if s > prev:
             spans.append((prev, s, invert))
         spans.append((s, e, not invert))
@@ -231,7 +230,7 @@ class Split(PreTokenizer):
     def split(self, text: str, first: bool = True) -> list[str]:
         spans = match_spans(self._re, self._view(text), self.invert)  # spans of the view are spans of text
         if self.behavior == "Isolated" and not self.invert:
-            return [text[s:e] for s, e, _ in spans]
+            return [text[s:e] for s, e, _ in spans if e > s]
         return split_spans(text, spans, self.behavior)
 
     def to_json(self) -> dict:

@@ -50,8 +50,8 @@ class BPE(Model):
                     pending = False
                 out.append(s)
                 continue
-            if self.byte_fallback:
-                pieces = [f"<0x{b:02X}>" for b in c.encode("utf-8")]
+            if self.byte_fallback:  # the bytes of the symbol, prefix and suffix included, as HF does
+                pieces = [f"<0x{b:02X}>" for b in s.encode("utf-8")]
                 if all(p in vocab for p in pieces):
                     out.extend(pieces)
                     continue

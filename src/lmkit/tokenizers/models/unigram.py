@@ -17,16 +17,18 @@ class Unigram(Model):
     type_name = "Unigram"
 
     def __init__(self, pieces: list[tuple[str, float]], unk_id: int | None = None, byte_fallback: bool = False):
-        super().__init__({p: i for i, (p, _) in reversed(list(enumerate(pieces)))})
+        # a piece listed twice (HF's trainer learns "[CLS]" again when the text holds it) has, as in HF, the id
+        # and score of its last entry; each id still names its own entry
+        super().__init__({p: i for i, (p, _) in enumerate(pieces)})
         self.pieces = [(p, float(s)) for p, s in pieces]
-        self.scores = {p: s for p, s in reversed(self.pieces)}
+        self.scores = dict(self.pieces)
         self.unk_id, self.byte_fallback = unk_id, byte_fallback
         self.min_score = min((s for _, s in self.pieces), default=0.0)
         self.max_len = max((len(p) for p, _ in self.pieces), default=1)
         # a character trie of the pieces (a node's score under the key ""): the lattice scan walks it from each
         # start and stops at the first character no piece continues with
         self.trie: dict = {}
-        for p, sc in reversed(self.pieces):
+        for p, sc in self.scores.items():
             node = self.trie
             for ch in p:
                 node = node.setdefault(ch, {})
@@ -64,6 +66,9 @@ class Unigram(Model):
                 cand = base + unk_score
                 end = start + 1
                 if best[end] is None or cand > best[end]:
+                    if self.unk_id is None:  # HF fails here, even when a longer piece or byte fallback would cover it
+                        raise TokenizerError(f"Unigram: no piece is the character {word[start]!r} and the model has "
+                                             "no unk_id; train with an unk token or add one")
                     best[end], back[end], is_unk[end] = cand, start, True
         out: list[str] = []
         end, unk_run = n, []
@@ -81,6 +86,12 @@ class Unigram(Model):
             out.append("".join(reversed(unk_run)))
         out.reverse()
         return out
+
+    def vocab_size(self) -> int:
+        return len(self.pieces)  # a piece listed twice counts twice, as in HF
+
+    def id_to_token(self, i: int) -> str | None:
+        return self.pieces[i][0] if 0 <= i < len(self.pieces) else None
 
     def tokenize(self, word: str) -> list[str]:
         out = []
