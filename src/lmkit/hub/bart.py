@@ -10,12 +10,14 @@ import torch
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
+from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, refuse_unloadable, \
+    rename
 
 MODEL_TYPES = ("bart",)
-# checkpoints that store the table under the stacks' names only; BartModel has no "model." prefix
+# checkpoints that store the table under the stacks' names only; BartModel has no "model." prefix and no head (an
+# untied config's head then falls back to the shared table, as T5's does)
 ALIASES = (("model.shared.", "model.encoder.embed_tokens."), ("model.encoder.embed_tokens.", "model.shared."),
-           ("model.decoder.embed_tokens.", "model.shared."), ("model.", ""))
+           ("model.decoder.embed_tokens.", "model.shared."), ("model.", ""), ("lm_head.", "shared."))
 _KEPT = ("forced_bos_token_id", "forced_eos_token_id")  # generation settings kept for the round trip
 # what sets each format apart: mBART runs pre-norm blocks x + F(LN(x)) with a final LayerNorm `layer_norm` per stack,
 # and its teacher forcing starts from the labels' last non-pad token (the language code), not a fixed start token
@@ -34,10 +36,7 @@ _IGNORED = ("normalize_before", "add_final_layer_norm", "normalize_embedding", "
 def config_from_hf(hf: dict, family: str = "bart") -> ModelConfig:
     layout = LAYOUTS[family]
     name = layout["name"]
-    decoder_only = [a for a in hf.get("architectures") or () if isinstance(a, str) and a.endswith("ForCausalLM")]
-    if decoder_only:
-        raise ConfigError(f"{decoder_only[0]} holds a decoder without its encoder; lmkit loads {name} "
-                          f"encoder-decoder folders ({layout['architecture']})")
+    refuse_unloadable(hf, name, layout["architecture"])
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if hf.get(a, 16 if "heads" in a else 4096) != hf.get(b, 16 if "heads" in b else 4096):
             raise ConfigError(f"{name} with {a}={hf.get(a)} != {b}={hf.get(b)} is not supported by lmkit; "

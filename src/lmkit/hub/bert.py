@@ -89,6 +89,44 @@ def num_labels_of(hf: dict) -> int:
     return int(hf.get("num_labels", 2))
 
 
+_ATTENTION = "encoder.layers.{i}.self_attn.sublayer"  # lmkit's attention module of layer i
+
+
+def pruned_heads_of(hf: dict, n_heads: int, n_layers: int) -> dict:
+    """config.json's `pruned_heads` {layer: [head, ...]} (transformers 4's prune_heads; transformers 5 no longer
+    reads it) as config.extra entries: lmkit's per-layer head counts, and the list itself for the save."""
+    pruned = hf.get("pruned_heads") or {}
+    if not isinstance(pruned, dict):
+        raise ConfigError(f"pruned_heads must map layer indices to lists of heads, got {pruned!r}")
+    layout, kept = {}, {}
+    for layer, heads in pruned.items():
+        i, heads = int(layer), sorted({int(h) for h in heads})
+        if not 0 <= i < n_layers or any(not 0 <= h < n_heads for h in heads) or len(heads) == n_heads:
+            raise ConfigError(f"pruned_heads {{{layer!r}: {heads}}} names a layer or head the model lacks, or every "
+                              f"head of a layer ({n_layers} layers of {n_heads} heads); fix config.json")
+        if heads:
+            layout[_ATTENTION.format(i=i)] = [n_heads - len(heads)] * 2
+            kept[str(i)] = heads
+    return {"attention_heads": layout, "pruned_heads": kept} if layout else {}
+
+
+def pruned_heads_to_hf(cfg: ModelConfig) -> dict:
+    """{"pruned_heads": ...} of a model whose layers lost heads (the indices it was loaded with, else the first
+    ones: transformers 4 reads only how many), or {} when none did."""
+    layout, loaded = cfg.extra.get("attention_heads") or {}, cfg.extra.get("pruned_heads") or {}
+    out = {}
+    for i in range(cfg.n_layers):
+        n, n_kv = layout.get(_ATTENTION.format(i=i), (cfg.n_heads, cfg.n_heads))
+        if n != n_kv:
+            raise ConfigError("a Hugging Face encoder keeps as many key/value heads as query heads; save with family=None")
+        if n != cfg.n_heads:
+            heads = loaded.get(str(i), ())
+            out[str(i)] = list(heads) if len(heads) == cfg.n_heads - n else list(range(cfg.n_heads - n))
+    if len(out) != len(layout):
+        raise ConfigError("only the encoder layers' attention heads can be pruned in this format; save with family=None")
+    return {"pruned_heads": out} if out else {}
+
+
 def encoder_config_from_hf(hf: dict, family: str, **fields) -> ModelConfig:
     """The settings BERT-like configs share (BERT and RoBERTa spell them alike)."""
     act = hf_activation(hf, "hidden_act", "gelu", HF_ACTIVATIONS, family)
@@ -112,6 +150,7 @@ def encoder_config_from_hf(hf: dict, family: str, **fields) -> ModelConfig:
         dropout=hf.get("hidden_dropout_prob", 0.1), attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
         init_std=hf.get("initializer_range", 0.02), extra=extra)
     values.update(fields)
+    extra.update(pruned_heads_of(hf, values["n_heads"], values["n_layers"]))
     return ModelConfig(**values)
 
 
@@ -148,7 +187,7 @@ def encoder_config_to_hf(cfg: ModelConfig, family: str, max_positions: int) -> d
         "eos_token_id": cfg.eos_token_id, "hidden_dropout_prob": cfg.dropout,
         "attention_probs_dropout_prob": cfg.attention_dropout, "initializer_range": cfg.init_std,
         "position_embedding_type": "absolute", "tie_word_embeddings": cfg.tie_embeddings, "is_decoder": False,
-        "use_cache": False, **labels_to_hf(cfg)}
+        "use_cache": False, **labels_to_hf(cfg), **pruned_heads_to_hf(cfg)}
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:

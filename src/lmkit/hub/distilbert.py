@@ -10,7 +10,7 @@ from __future__ import annotations
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.bert import EncoderFormat, build_encoder, check_encoder, format_rules, labels_to_hf, linear, \
-    num_labels_of, problem_type_of, with_architecture
+    num_labels_of, problem_type_of, pruned_heads_of, pruned_heads_to_hf, with_architecture
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation
 
 MODEL_TYPES = ("distilbert",)
@@ -43,6 +43,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
              "problem_type": problem_type_of(hf)}
     if hf.get("id2label"):
         extra["id2label"] = {str(k): v for k, v in hf["id2label"].items()}
+    extra.update(pruned_heads_of(hf, hf.get("n_heads", 12), hf.get("n_layers", 6)))
     return ModelConfig(
         family="distilbert", architecture="encoder", vocab_size=hf.get("vocab_size", 30522), d_model=hf.get("dim", 768),
         n_layers=hf.get("n_layers", 6), n_heads=hf.get("n_heads", 12), d_ff=hf.get("hidden_dim", 3072),
@@ -65,7 +66,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
            "max_position_embeddings": cfg.max_seq_len, "sinusoidal_pos_embds": False, "dropout": cfg.dropout,
            "attention_dropout": cfg.attention_dropout, "initializer_range": cfg.init_std,
            "seq_classif_dropout": 0.2 if classifier_dropout is None else classifier_dropout, "qa_dropout": cfg.dropout,
-           "pad_token_id": cfg.pad_token_id, "tie_word_embeddings": cfg.tie_embeddings, **labels}
+           "pad_token_id": cfg.pad_token_id, "tie_word_embeddings": cfg.tie_embeddings, **labels,
+           **pruned_heads_to_hf(cfg)}
     return with_architecture(FORMAT, cfg, raw)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import HF_ACTIVATIONS, HF_GATED_ACTIVATIONS, Rule, hf_activation_name, layer_rules, rename
+from lmkit.hub.convert import HF_ACTIVATIONS, HF_GATED_ACTIVATIONS, Rule, hf_activation_name, layer_rules, \
+    refuse_unloadable, rename
 
 MODEL_TYPES = ("t5", "mt5")
 # MT5Config's defaults where they differ from T5Config's (read when config.json leaves them out)
@@ -38,6 +39,7 @@ def _activation(hf: dict) -> str:
 
 def config_from_hf(hf: dict) -> ModelConfig:
     mt5 = hf.get("model_type") == "mt5"
+    refuse_unloadable(hf, "mT5" if mt5 else "T5", "MT5ForConditionalGeneration" if mt5 else "T5ForConditionalGeneration")
     if mt5:
         hf = {**_MT5_DEFAULTS, **hf}
     d = hf.get("d_model", 512)

@@ -1,0 +1,514 @@
+"""Differential fuzz of loading and saving BERT, RoBERTa and DistilBERT folders against transformers.
+
+Hypothesis draws small odd configs (sizes, activations, eps, segment and position tables, pad ids) and inputs
+(right and left padding, masks with holes, segments); each model goes transformers -> folder -> lmkit with the
+same outputs and losses, a transformers 4.x style config.json of the same weights loads alike, and lmkit's save
+loads back in transformers without missing or unexpected tensors.
+HUB_FUZZ_EXAMPLES raises the number of examples.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, note, settings, strategies as st
+
+import lmkit
+from lmkit.errors import ConfigError
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+EXAMPLES = int(os.environ.get("HUB_FUZZ_EXAMPLES", "12"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 100,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                       HealthCheck.data_too_large])
+# the activation names transformers accepts that lmkit runs; the others must be refused with a ConfigError
+SUPPORTED_ACTS = ("gelu", "gelu_new", "relu", "silu", "swish", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate",
+                  "gelu_python", "gelu_python_tanh")
+OTHER_ACTS = ("tanh", "sigmoid", "quick_gelu", "mish", "relu6", "gelu_10", "linear", "leaky_relu")
+HEADS = {"bert": ["Model", "ForMaskedLM", "ForPreTraining", "ForNextSentencePrediction", "ForSequenceClassification",
+                  "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice"],
+         "roberta": ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+                     "ForQuestionAnswering", "ForMultipleChoice"],
+         "distilbert": ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+                        "ForQuestionAnswering", "ForMultipleChoice"]}
+CLASS = {"bert": "Bert", "roberta": "Roberta", "distilbert": "DistilBert"}
+# transformers' output name of each lmkit output name, per head
+OUTPUTS = {"Model": ["last_hidden_state", "pooler_output"], "ForMaskedLM": ["logits"],
+           "ForPreTraining": [("logits", "prediction_logits"), ("nsp_logits", "seq_relationship_logits")],
+           "ForNextSentencePrediction": ["logits"], "ForSequenceClassification": ["logits"],
+           "ForTokenClassification": ["logits"], "ForQuestionAnswering": ["start_logits", "end_logits"],
+           "ForMultipleChoice": ["logits"]}
+
+
+@st.composite
+def encoder_configs(draw, family=None):
+    """(family, head suffix, transformers config) of a small random encoder."""
+    family = family or draw(st.sampled_from(sorted(HEADS)))
+    head = draw(st.sampled_from(HEADS[family]))
+    heads = draw(st.integers(1, 4))
+    d = heads * draw(st.integers(1, 7))
+    act = draw(st.sampled_from(SUPPORTED_ACTS))
+    vocab = draw(st.integers(20, 70))
+    common = dict(vocab_size=vocab, tie_word_embeddings=draw(st.booleans()))
+    if head in ("ForSequenceClassification", "ForTokenClassification"):
+        common["num_labels"] = draw(st.integers(1, 4))
+        if head == "ForSequenceClassification":
+            common["problem_type"] = draw(st.sampled_from([None, "regression", "single_label_classification",
+                                                           "multi_label_classification"]))
+            if common["problem_type"] == "single_label_classification":  # transformers refuses one label
+                common["num_labels"] = max(common["num_labels"], 2)
+    if family == "distilbert":
+        cfg = transformers.DistilBertConfig(dim=d, n_layers=draw(st.integers(1, 3)), n_heads=heads,
+                                            hidden_dim=draw(st.integers(1, 40)), activation=act,
+                                            max_position_embeddings=draw(st.integers(16, 40)), dropout=0.0,
+                                            attention_dropout=0.0, pad_token_id=draw(st.integers(0, 5)),
+                                            sinusoidal_pos_embds=draw(st.booleans()), **common)
+    else:
+        pad = draw(st.integers(0, 5))
+        n_pos = draw(st.integers(16, 40)) + (pad + 1 if family == "roberta" else 0)
+        cfg = getattr(transformers, CLASS[family] + "Config")(
+            hidden_size=d, num_hidden_layers=draw(st.integers(1, 3)), num_attention_heads=heads,
+            intermediate_size=draw(st.integers(1, 40)), hidden_act=act, max_position_embeddings=n_pos,
+            type_vocab_size=draw(st.integers(1, 3)), layer_norm_eps=draw(st.sampled_from([1e-12, 1e-5, 1e-3, 0.1])),
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=pad, **common)
+    return family, head, cfg
+
+
+def hf_model(family, head, cfg, seed):
+    torch.manual_seed(seed)
+    model = getattr(transformers, CLASS[family] + head)(cfg)
+    for p in model.parameters():  # nonzero biases and norms, so every tensor's mapping shows
+        torch.nn.init.normal_(p, std=0.3)
+    return model.eval()
+
+
+@st.composite
+def encoder_inputs(draw, cfg, family, choices=False):
+    """Keyword arguments of one random padded batch for this config."""
+    batch, length = draw(st.integers(1, 3)), draw(st.integers(1, 12))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    pad = cfg.pad_token_id
+    ids = torch.randint(0, cfg.vocab_size, (batch, length), generator=g)
+    ids[ids == pad] = (pad + 1) % cfg.vocab_size
+    mask = torch.ones_like(ids)
+    for row in range(batch):
+        side = draw(st.sampled_from(["none", "right", "left", "holes"]))
+        n = draw(st.integers(0, length - 1))
+        if side == "right" and n:
+            mask[row, -n:] = 0
+        elif side == "left" and n:
+            mask[row, :n] = 0
+        elif side == "holes":  # any positions masked, one at least kept
+            mask[row] = (torch.rand(length, generator=g) > 0.4).long()
+            mask[row, draw(st.integers(0, length - 1))] = 1
+    if family != "roberta" or draw(st.booleans()):  # roberta positions skip the pad ids: masked ids stay real
+        ids[mask == 0] = pad
+    out = dict(input_ids=ids, attention_mask=mask)
+    types = getattr(cfg, "type_vocab_size", 0)
+    if types and draw(st.booleans()):
+        out["token_type_ids"] = torch.randint(0, types, ids.shape, generator=g)
+    if choices:
+        out = {k: v.unsqueeze(1).expand(-1, 2, -1).contiguous() for k, v in out.items()}
+    return out
+
+
+def labels_for(head, cfg, inputs, g):
+    """Labels of the head's loss for a batch (none for heads without one)."""
+    ids = inputs["input_ids"]
+    B, T = ids.shape[0], ids.shape[-1]
+    if head == "ForMaskedLM":
+        labels = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+        labels[torch.rand(B, T, generator=g) < 0.5] = -100
+        return dict(labels=labels)
+    if head == "ForPreTraining":
+        return dict(labels=torch.randint(0, cfg.vocab_size, (B, T), generator=g),
+                    next_sentence_label=torch.randint(0, 2, (B,), generator=g))
+    if head == "ForNextSentencePrediction" or head == "ForMultipleChoice":
+        return dict(labels=torch.randint(0, 2, (B,), generator=g))
+    if head == "ForSequenceClassification":
+        n, kind = cfg.num_labels, cfg.problem_type
+        if kind == "regression" or (kind is None and n == 1):
+            return dict(labels=torch.randn(B, n, generator=g).squeeze(-1) if n == 1 else torch.randn(B, n, generator=g))
+        if kind == "multi_label_classification":
+            return dict(labels=torch.randint(0, 2, (B, n), generator=g).float())
+        return dict(labels=torch.randint(0, n, (B,), generator=g))
+    if head == "ForTokenClassification":
+        return dict(labels=torch.randint(0, cfg.num_labels, (B, T), generator=g))
+    if head == "ForQuestionAnswering":
+        return dict(start_positions=torch.randint(0, T + 2, (B,), generator=g),
+                    end_positions=torch.randint(0, T + 2, (B,), generator=g))
+    return {}
+
+
+def compare(ref, got, head, atol=1e-4, both_hf=False):
+    """got's outputs (lmkit's, or transformers' with both_hf) within atol of transformers' ref, loss included."""
+    for name in OUTPUTS[head]:
+        ours, theirs = name if isinstance(name, tuple) else (name, name)
+        ours = theirs if both_hf else ours
+        expected = getattr(ref, theirs, None)
+        if expected is None:
+            continue
+        value = getattr(got, ours)
+        assert value is not None and value.shape == expected.shape, (ours, getattr(value, "shape", None))
+        torch.testing.assert_close(value.float(), expected.float(), atol=atol, rtol=0, msg=lambda m: f"{ours}: {m}")
+    if getattr(ref, "loss", None) is not None:
+        torch.testing.assert_close(got.loss.float(), ref.loss.float(), atol=atol, rtol=1e-5, equal_nan=True,
+                                   msg=lambda m: f"loss: {m}")
+
+
+def v4_style(folder):
+    """Rewrite a transformers 5 config.json as transformers 4.x wrote it: torch_dtype, a 4.x version."""
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    raw["torch_dtype"] = raw.pop("dtype", "float32")
+    raw["transformers_version"] = "4.46.0"
+    path.write_text(json.dumps(raw))
+
+
+@FUZZ
+@given(st.data())
+def test_encoder_folders_load_and_save_as_transformers(tmp_path_factory, data):
+    family, head, cfg = data.draw(encoder_configs())
+    note(f"{family}{head} {cfg.to_dict()}")
+    hf = hf_model(family, head, cfg, data.draw(st.integers(0, 100)))
+    folder = tmp_path_factory.mktemp("hf")
+    hf.save_pretrained(folder)
+    ours = lmkit.load_model(folder)
+    assert next(ours.parameters()).dtype == torch.float32 and not ours.training
+    inputs = data.draw(encoder_inputs(cfg, family, choices=head == "ForMultipleChoice"))
+    inputs.update(labels_for(head, cfg, inputs, torch.Generator().manual_seed(0)))
+    with torch.no_grad():
+        ref = hf(**inputs)
+        compare(ref, ours(**inputs), head)
+    v4_style(folder)
+    with torch.no_grad():
+        compare(ref, lmkit.load_model(folder)(**inputs), head)
+    out = tmp_path_factory.mktemp("ours")
+    ours.save_pretrained(out)
+    back, info = getattr(transformers, CLASS[family] + head).from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    with torch.no_grad():
+        compare(ref, back.eval()(**inputs), head, both_hf=True)
+
+
+
+
+# --- encoder-decoder formats: T5, mT5, BART, mBART ------------------------------------------------------------------
+S2S_CLASS = {"t5": "T5", "mt5": "MT5", "bart": "Bart", "mbart": "MBart"}
+T5_PROJ = ("relu", "gelu", "silu", "gelu_new", "gated-gelu", "gated-silu", "gated-relu", "gated-gelu_new")
+
+
+@st.composite
+def seq2seq_configs(draw):
+    """(family, "ForConditionalGeneration" or "Model", transformers config) of a small random encoder-decoder."""
+    family = draw(st.sampled_from(sorted(S2S_CLASS)))
+    head = draw(st.sampled_from(["ForConditionalGeneration", "Model"]))
+    heads, vocab = draw(st.integers(1, 4)), draw(st.integers(20, 70))
+    tie = draw(st.booleans())
+    if family in ("t5", "mt5"):
+        cfg = getattr(transformers, S2S_CLASS[family] + "Config")(
+            vocab_size=vocab, d_model=draw(st.integers(2, 20)), d_kv=draw(st.integers(1, 7)), num_heads=heads,
+            d_ff=draw(st.integers(1, 30)), num_layers=draw(st.integers(1, 3)),
+            num_decoder_layers=draw(st.integers(1, 3)), feed_forward_proj=draw(st.sampled_from(T5_PROJ)),
+            # fewer than 4 buckets, or a max distance under them, divide by zero in transformers
+            relative_attention_num_buckets=(buckets := draw(st.integers(4, 16))),
+            relative_attention_max_distance=draw(st.integers(buckets, 30)),
+            layer_norm_epsilon=draw(st.sampled_from([1e-6, 1e-3, 0.1])), dropout_rate=0.0, tie_word_embeddings=tie,
+            decoder_start_token_id=draw(st.integers(0, 3)), pad_token_id=draw(st.integers(0, 3)))
+    else:
+        ffn = draw(st.integers(1, 30))
+        act = draw(st.sampled_from(SUPPORTED_ACTS))
+        cfg = getattr(transformers, S2S_CLASS[family] + "Config")(
+            vocab_size=vocab, d_model=heads * draw(st.integers(1, 6)), encoder_layers=draw(st.integers(1, 3)),
+            decoder_layers=draw(st.integers(1, 3)), encoder_attention_heads=heads, decoder_attention_heads=heads,
+            encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, activation_function=act,
+            max_position_embeddings=draw(st.integers(14, 30)), scale_embedding=draw(st.booleans()), dropout=0.0,
+            activation_dropout=draw(st.sampled_from([0.0, 0.3])), attention_dropout=0.0, tie_word_embeddings=tie,
+            pad_token_id=draw(st.integers(0, 3)), bos_token_id=0, eos_token_id=2,
+            decoder_start_token_id=draw(st.sampled_from([None, 2, 5])),
+            forced_bos_token_id=draw(st.sampled_from([None, 0])), forced_eos_token_id=draw(st.sampled_from([None, 2])))
+    return family, head, cfg
+
+
+def s2s_model(family, head, cfg, seed):
+    torch.manual_seed(seed)
+    model = getattr(transformers, S2S_CLASS[family] + head)(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "bias" in name or "norm" in name:  # nonzero biases and norms, so every tensor's mapping shows
+                p.normal_(0, 0.3)
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_(0, 0.3)
+    return model.eval()
+
+
+def padded(draw, g, batch, length, vocab, pad, holes=True):
+    """(ids, mask) of a batch padded right, left or (holes) anywhere, one real position per row at least."""
+    ids = torch.randint(3, vocab, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    for row in range(batch):
+        side = draw(st.sampled_from(["none", "right", "left"] + (["holes"] if holes else [])))
+        n = draw(st.integers(0, length - 1))
+        if side == "right" and n:
+            mask[row, -n:] = 0
+        elif side == "left" and n:
+            mask[row, :n] = 0
+        elif side == "holes":
+            mask[row] = (torch.rand(length, generator=g) > 0.4).long()
+            mask[row, draw(st.integers(0, length - 1))] = 1
+    ids[mask == 0] = pad
+    return ids, mask
+
+
+@st.composite
+def seq2seq_inputs(draw, cfg, family):
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    batch = draw(st.integers(1, 3))
+    ids, mask = padded(draw, g, batch, draw(st.integers(1, 10)), cfg.vocab_size, cfg.pad_token_id)
+    out = dict(input_ids=ids, attention_mask=mask)
+    dec, dec_mask = padded(draw, g, batch, draw(st.integers(1, 8)), cfg.vocab_size, cfg.pad_token_id)
+    # transformers' BART cannot shift labels without a decoder_start_token_id (lmkit starts from bos then)
+    shifts = family != "bart" or cfg.decoder_start_token_id is not None
+    how = draw(st.sampled_from(["ids", "ids+mask", "ids+labels"] + (["labels"] if shifts else [])))
+    if "ids" in how:
+        out["decoder_input_ids"] = dec
+    if "mask" in how:
+        out["decoder_attention_mask"] = dec_mask
+    if "labels" in how:
+        labels = dec.clone()
+        labels[dec_mask == 0] = -100
+        out["labels"] = labels
+    return out
+
+
+def compare_s2s(ref, got, head, atol=1e-4):
+    names = ["encoder_last_hidden_state"] + (["logits"] if head == "ForConditionalGeneration" else ["last_hidden_state"])
+    for name in names:
+        torch.testing.assert_close(getattr(got, name).float(), getattr(ref, name).float(), atol=atol, rtol=1e-4,
+                                   msg=lambda m: f"{name}: {m}")
+    if getattr(ref, "loss", None) is not None:
+        torch.testing.assert_close(got.loss.float(), ref.loss.float(), atol=atol, rtol=1e-4, equal_nan=True,
+                                   msg=lambda m: f"loss: {m}")
+
+
+def v4_style_s2s(folder):
+    """transformers 4.x's config.json of the same model: torch_dtype, and T5's scaling said by tie_word_embeddings."""
+    v4_style(folder)
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    if "scale_decoder_outputs" in raw:
+        raw["tie_word_embeddings"] = raw.pop("scale_decoder_outputs")
+    path.write_text(json.dumps(raw))
+
+
+@FUZZ
+@given(st.data())
+def test_seq2seq_folders_load_and_save_as_transformers(tmp_path_factory, data):
+    family, head, cfg = data.draw(seq2seq_configs())
+    note(f"{family}{head} {cfg.to_diff_dict()}")
+    hf = s2s_model(family, head, cfg, data.draw(st.integers(0, 100)))
+    folder = tmp_path_factory.mktemp("hf")
+    hf.save_pretrained(folder)
+    ours = lmkit.load_model(folder)
+    assert next(ours.parameters()).dtype == torch.float32 and not ours.training
+    inputs = data.draw(seq2seq_inputs(cfg, family))
+    if head == "Model" and "decoder_input_ids" not in inputs:  # the bare model takes no labels
+        inputs["decoder_input_ids"] = inputs.pop("labels").clamp(min=0)
+    if head == "Model":
+        inputs.pop("labels", None)
+    with torch.no_grad():
+        ref = hf(**inputs, use_cache=False)
+        compare_s2s(ref, ours(**inputs), head)
+        v4_style_s2s(folder)
+        compare_s2s(ref, lmkit.load_model(folder)(**inputs), head)
+    out = tmp_path_factory.mktemp("ours")
+    ours.save_pretrained(out)
+    cls = getattr(transformers, S2S_CLASS[family] + "ForConditionalGeneration")
+    back, info = cls.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    with torch.no_grad():
+        compare_s2s(back.eval()(**inputs, use_cache=False), ours(**inputs), "ForConditionalGeneration")
+
+
+# --- fixed cases the fuzz found or the brief names ------------------------------------------------------------------
+def small_seq2seq(name, **kw):
+    """A tiny transformers encoder-decoder of class `name`, random but with nonzero norms and biases."""
+    if name.startswith(("T5", "MT5")):
+        cfg = getattr(transformers, "MT5Config" if name.startswith("MT5") else "T5Config")(
+            vocab_size=40, d_model=12, d_kv=5, d_ff=14, num_layers=2, num_decoder_layers=1, num_heads=3,
+            dropout_rate=0.0, decoder_start_token_id=0, **kw)
+    else:
+        cfg = getattr(transformers, "MBartConfig" if name.startswith("MBart") else "BartConfig")(
+            vocab_size=40, d_model=12, encoder_layers=1, decoder_layers=2, encoder_attention_heads=3,
+            decoder_attention_heads=3, encoder_ffn_dim=14, decoder_ffn_dim=14, max_position_embeddings=30, dropout=0.0,
+            **kw)
+    torch.manual_seed(0)
+    model = getattr(transformers, name)(cfg)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if "bias" in key or "norm" in key:
+                p.normal_(0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", ["T5Model", "MT5Model", "BartModel", "MBartModel"])
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_bare_seq2seq_models_give_transformers_last_hidden_state(tmp_path, name, tie):
+    """The decoder output of a bare model (T5 v1.0's too, whose head alone reads it times d^-0.5), and an untied
+    BartModel, which holds no head, loads."""
+    hf = small_seq2seq(name, tie_word_embeddings=tie)
+    hf.save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    ids = torch.randint(3, 40, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        ref, got = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :4]), \
+            ours(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :4])
+    torch.testing.assert_close(got.last_hidden_state, ref.last_hidden_state, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.encoder_last_hidden_state, ref.encoder_last_hidden_state, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["T5EncoderModel", "T5ForSequenceClassification", "T5ForTokenClassification",
+                                  "T5ForQuestionAnswering", "BartForSequenceClassification",
+                                  "BartForQuestionAnswering", "MBartForSequenceClassification",
+                                  "MBartForQuestionAnswering", "BartForCausalLM"])
+def test_seq2seq_classes_with_other_heads_are_refused(tmp_path, name):
+    """Loading these as a language model would drop their head (or miss the decoder): a one-line ConfigError."""
+    small_seq2seq(name).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=f"{name} is a .* class lmkit does not load"):
+        lmkit.load_model(tmp_path)
+
+
+PRUNABLE = [("bert", "BertModel", transformers.BertConfig, "attention.self.{}", ("query", "key", "value"),
+             "attention.output.dense"),
+            ("roberta", "RobertaForSequenceClassification", transformers.RobertaConfig, "attention.self.{}",
+             ("query", "key", "value"), "attention.output.dense"),
+            ("distilbert", "DistilBertForMaskedLM", transformers.DistilBertConfig, "attention.{}",
+             ("q_lin", "k_lin", "v_lin"), "attention.out_lin")]
+
+
+@pytest.mark.parametrize("family,name,config,qkv,names,out", PRUNABLE, ids=[p[0] for p in PRUNABLE])
+def test_folders_with_pruned_heads_load_and_round_trip(tmp_path, family, name, config, qkv, names, out):
+    """A transformers 4 folder whose config.json lists pruned_heads (its tensors hold only the kept heads) gives
+    the outputs of the unpruned model with those heads' share of the output projection zeroed; lmkit saves it back
+    with the same pruned_heads."""
+    sizes = dict(dim=12, n_layers=2, n_heads=3, hidden_dim=10, dropout=0.0, attention_dropout=0.0) \
+        if family == "distilbert" else dict(hidden_size=12, num_hidden_layers=2, num_attention_heads=3,
+                                            intermediate_size=10, hidden_dropout_prob=0.0,
+                                            attention_probs_dropout_prob=0.0)
+    hf = hf_model(family, name[len(CLASS[family]):], config(vocab_size=40, max_position_embeddings=24, **sizes), 0)
+    hf.save_pretrained(tmp_path / "hf")
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(tmp_path / "hf" / "model.safetensors")
+    pruned, D = {"1": [0, 2], "0": [1]}, 4
+    for layer, heads in pruned.items():
+        rows = torch.cat([torch.arange(h * D, (h + 1) * D) for h in range(3) if h not in heads])
+        prefix = next(k for k in state if k.endswith(f"layer.{layer}.{qkv.format(names[0])}.weight"))[:-len(
+            qkv.format(names[0]) + ".weight")]
+        for n in names:
+            for w in ("weight", "bias"):
+                state[f"{prefix}{qkv.format(n)}.{w}"] = state[f"{prefix}{qkv.format(n)}.{w}"][rows].contiguous()
+        state[f"{prefix}{out}.weight"] = state[f"{prefix}{out}.weight"][:, rows].contiguous()
+        with torch.no_grad():  # the reference: transformers' unpruned model without those heads' contribution
+            for h in heads:
+                hf.get_submodule(f"{prefix}{out}").weight[:, h * D:(h + 1) * D] = 0
+    save_file(state, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**raw, "pruned_heads": pruned}))
+    ours = lmkit.load_model(tmp_path / "hf")
+    ids = torch.randint(3, 40, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        compare(hf(input_ids=ids, attention_mask=mask), ours(input_ids=ids, attention_mask=mask),
+                name[len(CLASS[family]):], atol=1e-5)
+    ours.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["pruned_heads"] == {"0": [1], "1": [0, 2]}
+    again = lmkit.load_model(tmp_path / "ours")
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), again.state_dict().values()))
+
+
+@pytest.mark.parametrize("family,pruned", [("bert", {"0": [0, 1, 2]}), ("bert", {"5": [0]}), ("distilbert", {"0": [3]}),
+                                           ("t5", {"0": [0]}), ("bart", {"0": [0]})])
+def test_pruned_heads_lmkit_cannot_load_are_refused(tmp_path, family, pruned):
+    """Every head of a layer, a layer or head the model lacks, or a pruned encoder-decoder: a ConfigError."""
+    if family in ("t5", "bart"):
+        hf = small_seq2seq("T5ForConditionalGeneration" if family == "t5" else "BartForConditionalGeneration")
+    else:
+        sizes = dict(dim=12, n_layers=1, n_heads=3, hidden_dim=10) if family == "distilbert" else \
+            dict(hidden_size=12, num_hidden_layers=1, num_attention_heads=3, intermediate_size=10)
+        hf = hf_model(family, "Model", getattr(transformers, CLASS[family] + "Config")(vocab_size=40, **sizes), 0)
+    hf.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "pruned_heads": pruned}))
+    with pytest.raises(ConfigError, match="pruned_heads"):
+        lmkit.load_model(tmp_path)
+
+
+CAST = [("BertForMaskedLM", "bert"), ("RobertaForSequenceClassification", "roberta"),
+        ("DistilBertForTokenClassification", "distilbert"), ("T5ForConditionalGeneration", None),
+        ("MT5ForConditionalGeneration", None), ("BartForConditionalGeneration", None),
+        ("MBartForConditionalGeneration", None)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name,family", CAST, ids=[c[0] for c in CAST])
+def test_half_precision_folders_load_in_their_dtype(tmp_path, name, family, dtype):
+    """dtype="auto" loads a bf16 / fp16 folder in that dtype with transformers' dtype="auto" outputs (within 2% of
+    the largest logit for bf16, 0.5% for fp16: both round each op), no dtype loads float32, and lmkit's save of the
+    half model stays in that dtype."""
+    if family:
+        sizes = dict(dim=12, n_layers=2, n_heads=3, hidden_dim=10) if family == "distilbert" else \
+            dict(hidden_size=12, num_hidden_layers=2, num_attention_heads=3, intermediate_size=10,
+                 max_position_embeddings=24)
+        hf = hf_model(family, name[len(CLASS[family]):], getattr(transformers, CLASS[family] + "Config")(
+            vocab_size=40, num_labels=3, **sizes), 0)
+    else:
+        hf = small_seq2seq(name)
+    hf.to(dtype).save_pretrained(tmp_path / "hf")
+    ref = getattr(transformers, name).from_pretrained(tmp_path / "hf", dtype="auto").eval()
+    ours = lmkit.load_model(tmp_path / "hf", dtype="auto")
+    assert next(ref.parameters()).dtype == next(ours.parameters()).dtype == dtype
+    assert next(lmkit.load_model(tmp_path / "hf").parameters()).dtype == torch.float32
+    ids = torch.randint(3, 40, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    kw = dict(input_ids=ids, attention_mask=mask) | ({} if family else dict(decoder_input_ids=ids[:, :5]))
+    with torch.no_grad():
+        a, b = ref(**kw).logits.float(), ours(**kw).logits
+    assert b.dtype == dtype
+    tol = (0.02 if dtype == torch.bfloat16 else 0.005) * a.abs().max().item() + 1e-3
+    torch.testing.assert_close(b.float(), a, atol=tol, rtol=0)
+    ours.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["dtype"] == str(dtype).removeprefix("torch.")
+    back = getattr(transformers, name).from_pretrained(tmp_path / "ours", dtype="auto")
+    assert next(back.parameters()).dtype == dtype
+
+
+@settings(FUZZ, max_examples=max(EXAMPLES // 2, 4))
+@given(st.data())
+def test_unsupported_activations_are_refused(tmp_path_factory, data):
+    """Every activation transformers runs that lmkit lacks is a one-line ConfigError, in every family."""
+    act = data.draw(st.sampled_from(OTHER_ACTS))
+    if data.draw(st.booleans()):
+        family, head, cfg = data.draw(encoder_configs())
+        setattr(cfg, "activation" if family == "distilbert" else "hidden_act", act)
+        model = hf_model(family, head, cfg, 0)
+    else:
+        family, head, cfg = data.draw(seq2seq_configs())
+        if family in ("t5", "mt5"):
+            cfg.feed_forward_proj = data.draw(st.sampled_from([act, f"gated-{act}"]))
+            cfg.dense_act_fn, cfg.is_gated_act = act, cfg.feed_forward_proj.startswith("gated")
+        else:
+            cfg.activation_function = act
+        model = s2s_model(family, head, cfg, 0)
+    folder = tmp_path_factory.mktemp("act")
+    model.save_pretrained(folder)
+    with pytest.raises(ConfigError, match="not supported"):
+        lmkit.load_model(folder)
