@@ -373,6 +373,23 @@ def test_bare_seq2seq_models_give_transformers_last_hidden_state(tmp_path, name,
     torch.testing.assert_close(got.encoder_last_hidden_state, ref.encoder_last_hidden_state, atol=1e-5, rtol=0)
 
 
+def test_untied_bart_saved_by_lmkit_holds_the_stack_tables(tmp_path):
+    """transformers 5 gives an untied BART a token table per stack: lmkit's untied BART (one shared table) writes it
+    under each stack's name, so transformers loads every tensor and gives lmkit's logits."""
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    ours = randomized(build_model(get_preset("bart", vocab_size=30, d_model=8, n_layers=1, n_heads=2, d_ff=10,
+                                             max_seq_len=20, tie_embeddings=False)))
+    ours.save_pretrained(tmp_path)
+    hf, info = transformers.BartForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    ids = torch.randint(3, 30, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids, decoder_input_ids=ids).logits,
+                                   hf.eval()(input_ids=ids, decoder_input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("name", ["T5EncoderModel", "T5ForSequenceClassification", "T5ForTokenClassification",
                                   "T5ForQuestionAnswering", "BartForSequenceClassification",
                                   "BartForQuestionAnswering", "MBartForSequenceClassification",
@@ -512,3 +529,100 @@ def test_unsupported_activations_are_refused(tmp_path_factory, data):
     model.save_pretrained(folder)
     with pytest.raises(ConfigError, match="not supported"):
         lmkit.load_model(folder)
+
+
+# --- lmkit's own models -> transformers -------------------------------------------------------------------------------
+NATIVE_HEADS = {"bert": [None, "mlm", "pretraining", "nsp", "sequence", "token", "qa", "choice"],
+                "roberta": [None, "mlm", "sequence", "token", "qa", "choice"],
+                "distilbert": [None, "mlm", "sequence", "token", "qa", "choice"]}
+HEAD_CLASS = {None: "Model", "mlm": "ForMaskedLM", "pretraining": "ForPreTraining",
+              "nsp": "ForNextSentencePrediction", "sequence": "ForSequenceClassification",
+              "token": "ForTokenClassification", "qa": "ForQuestionAnswering", "choice": "ForMultipleChoice"}
+LMKIT_ACTS = ("gelu", "gelu_tanh", "relu", "silu")
+
+
+def randomized(model):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+        for name, b in model.named_buffers():
+            if name.endswith("final_logits_bias"):
+                b.normal_(0, 0.3)
+    return model.eval()
+
+
+@st.composite
+def native_models(draw):
+    """(transformers class name, an lmkit model built from a preset with random sizes) of every savable family."""
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+    from lmkit.models.encoder import Encoder
+
+    family = draw(st.sampled_from(["bert", "roberta", "distilbert", "t5", "mt5", "bart", "mbart"]))
+    heads = draw(st.integers(1, 4))
+    sizes = dict(vocab_size=draw(st.integers(20, 60)), n_layers=draw(st.integers(1, 3)), n_heads=heads,
+                 d_ff=draw(st.integers(1, 30)), dropout=0.0, attention_dropout=0.0, max_seq_len=draw(st.integers(14, 30)))
+    if family in ("bert", "roberta", "distilbert"):
+        pad = draw(st.integers(0, 4))
+        sizes.update(d_model=heads * draw(st.integers(1, 6)), activation=draw(st.sampled_from(LMKIT_ACTS)),
+                     tie_embeddings=draw(st.booleans()), pad_token_id=pad)
+        if family == "bert":
+            sizes.update(type_vocab_size=draw(st.integers(1, 3)), norm_eps=draw(st.sampled_from([1e-12, 1e-3])))
+        if family == "roberta":
+            sizes.update(position_offset=pad + 1, norm_eps=draw(st.sampled_from([1e-5, 1e-3])))
+        head = draw(st.sampled_from(NATIVE_HEADS[family]))
+        n = draw(st.integers(1, 4)) if head in ("sequence", "token") else 2
+        pooler = "relu" if family == "distilbert" and head in ("sequence", "choice") else None
+        model = Encoder(get_preset(family, **sizes), head=head, num_labels=n,
+                        **({"pooler": pooler} if pooler else {}))
+        return CLASS[family] + HEAD_CLASS[head], randomized(model)
+    if family in ("t5", "mt5"):
+        gated = draw(st.booleans())
+        tied = family == "t5" and draw(st.booleans())
+        d = draw(st.integers(2, 20))
+        cfg = get_preset("t5", **sizes, d_model=d, head_dim=draw(st.integers(1, 6)), family=family,
+                         n_decoder_layers=draw(st.integers(1, 3)), tie_embeddings=tied,
+                         output_scale=d ** -0.5 if tied else 1.0,
+                         activation=draw(st.sampled_from(("geglu", "geglu_tanh", "swiglu", "reglu") if gated
+                                                         else LMKIT_ACTS)),
+                         relative_buckets=(b := draw(st.integers(4, 12))),
+                         relative_max_distance=draw(st.integers(b, 30)))
+        return ("MT5" if family == "mt5" else "T5") + "ForConditionalGeneration", randomized(build_model(cfg))
+    layout = dict(norm_placement="pre", final_norm=True, decoder_start_from_labels=True) if family == "mbart" else {}
+    d = heads * draw(st.integers(1, 6))
+    cfg = get_preset("bart", **sizes, **layout, d_model=d, family=family,
+                     n_decoder_layers=draw(st.integers(1, 3)), activation=draw(st.sampled_from(LMKIT_ACTS)),
+                     tie_embeddings=draw(st.booleans()), embedding_scale=draw(st.sampled_from([1.0, d ** 0.5])))
+    return S2S_CLASS[family] + "ForConditionalGeneration", randomized(build_model(cfg))
+
+
+@FUZZ
+@given(st.data())
+def test_lmkit_models_save_folders_transformers_loads(tmp_path_factory, data):
+    """An lmkit model of any savable family and head, saved, loads in transformers' class without missing or
+    unexpected tensors and gives lmkit's outputs."""
+    name, ours = data.draw(native_models())
+    note(f"{name} {ours.config}")
+    folder = tmp_path_factory.mktemp("native")
+    ours.save_pretrained(folder)
+    assert json.loads((folder / "config.json").read_text())["architectures"] == [name]
+    # a bare encoder without pooler is built so in transformers by an argument (the folder lacks its tensors)
+    kw = {"add_pooling_layer": False} if name in ("BertModel", "RobertaModel") and ours.pooler is None else {}
+    hf, info = getattr(transformers, name).from_pretrained(folder, output_loading_info=True, **kw)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    cfg = hf.config
+    if hf.config.is_encoder_decoder:
+        inputs = data.draw(seq2seq_inputs(cfg, "mbart" if "MBart" in name else "t5"))
+        if "decoder_input_ids" not in inputs:
+            inputs["decoder_input_ids"] = inputs.pop("labels").clamp(min=0)
+        with torch.no_grad():
+            compare_s2s(hf.eval()(**inputs, use_cache=False), ours(**inputs), "ForConditionalGeneration")
+        return
+    family = {"Bert": "bert", "Roberta": "roberta", "DistilBert": "distilbert"}[name[:name.index("For")]
+                                                                                if "For" in name else name[:-5]]
+    head = name[len(CLASS[family]):]
+    inputs = data.draw(encoder_inputs(cfg, family, choices=head == "ForMultipleChoice"))
+    inputs.update(labels_for(head, cfg, inputs, torch.Generator().manual_seed(0)))
+    with torch.no_grad():
+        compare(hf.eval()(**inputs), ours(**inputs), head)

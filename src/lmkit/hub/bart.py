@@ -126,7 +126,9 @@ def rules(cfg: ModelConfig) -> list[Rule]:
         out += layer_rules(n, tables[stack], f"{stack}.layers.{{i}}.", f"model.{stack}.layers.{{i}}.")
         if cfg.final_norm:  # mBART
             out += [rename(f"{stack}.norm.{w}", f"model.{stack}.layer_norm.{w}") for w in ("weight", "bias")]
-    if cfg.extra.get("separate_stack_embeddings"):  # read after shared, so the tables the stacks use win
+    # transformers 5 unties the stacks' tables from shared when the head is untied: they are written then (the shared
+    # table under each name if the model has one), and read after shared, so the tables the stacks use win
+    if cfg.extra.get("separate_stack_embeddings") or not cfg.tie_embeddings:
         out += [rename(f"{stack}.embeddings.tokens.weight", f"model.{stack}.embed_tokens.weight")
                 for stack in ("encoder", "decoder")]
     if not cfg.tie_embeddings:
