@@ -21,7 +21,7 @@ from lmkit.errors import ConfigError
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-EXAMPLES = int(os.environ.get("HUB_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("HUB_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 100,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.data_too_large])
@@ -35,6 +35,7 @@ HEADS = {"bert": ["Model", "ForMaskedLM", "ForPreTraining", "ForNextSentencePred
                      "ForQuestionAnswering", "ForMultipleChoice"],
          "distilbert": ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
                         "ForQuestionAnswering", "ForMultipleChoice"]}
+MASK_DTYPES = (torch.long, torch.bool, torch.float32, torch.int32)  # attention masks as callers pass them
 CLASS = {"bert": "Bert", "roberta": "Roberta", "distilbert": "DistilBert"}
 # transformers' output name of each lmkit output name, per head
 OUTPUTS = {"Model": ["last_hidden_state", "pooler_output"], "ForMaskedLM": ["logits"],
@@ -107,7 +108,7 @@ def encoder_inputs(draw, cfg, family, choices=False):
             mask[row, draw(st.integers(0, length - 1))] = 1
     if family != "roberta" or draw(st.booleans()):  # roberta positions skip the pad ids: masked ids stay real
         ids[mask == 0] = pad
-    out = dict(input_ids=ids, attention_mask=mask)
+    out = dict(input_ids=ids, attention_mask=mask.to(draw(st.sampled_from(MASK_DTYPES))))
     types = getattr(cfg, "type_vocab_size", 0)
     if types and draw(st.booleans()):
         out["token_type_ids"] = torch.randint(0, types, ids.shape, generator=g)
@@ -133,11 +134,13 @@ def labels_for(head, cfg, inputs, g):
         n, kind = cfg.num_labels, cfg.problem_type
         if kind == "regression" or (kind is None and n == 1):
             return dict(labels=torch.randn(B, n, generator=g).squeeze(-1) if n == 1 else torch.randn(B, n, generator=g))
-        if kind == "multi_label_classification":
+        if kind == "multi_label_classification" or (kind is None and g.initial_seed() % 2):  # float labels: multi
             return dict(labels=torch.randint(0, 2, (B, n), generator=g).float())
         return dict(labels=torch.randint(0, n, (B,), generator=g))
     if head == "ForTokenClassification":
-        return dict(labels=torch.randint(0, cfg.num_labels, (B, T), generator=g))
+        labels = torch.randint(0, cfg.num_labels, (B, T), generator=g)
+        labels[inputs["attention_mask"].reshape(B, T) == 0] = -100
+        return dict(labels=labels)
     if head == "ForQuestionAnswering":
         return dict(start_positions=torch.randint(0, T + 2, (B,), generator=g),
                     end_positions=torch.randint(0, T + 2, (B,), generator=g))
@@ -180,7 +183,7 @@ def test_encoder_folders_load_and_save_as_transformers(tmp_path_factory, data):
     ours = lmkit.load_model(folder)
     assert next(ours.parameters()).dtype == torch.float32 and not ours.training
     inputs = data.draw(encoder_inputs(cfg, family, choices=head == "ForMultipleChoice"))
-    inputs.update(labels_for(head, cfg, inputs, torch.Generator().manual_seed(0)))
+    inputs.update(labels_for(head, cfg, inputs, torch.Generator().manual_seed(data.draw(st.integers(0, 1)))))
     with torch.no_grad():
         ref = hf(**inputs)
         compare(ref, ours(**inputs), head)
@@ -269,7 +272,7 @@ def seq2seq_inputs(draw, cfg, family):
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     batch = draw(st.integers(1, 3))
     ids, mask = padded(draw, g, batch, draw(st.integers(1, 10)), cfg.vocab_size, cfg.pad_token_id)
-    out = dict(input_ids=ids, attention_mask=mask)
+    out = dict(input_ids=ids, attention_mask=mask.to(draw(st.sampled_from(MASK_DTYPES))))
     dec, dec_mask = padded(draw, g, batch, draw(st.integers(1, 8)), cfg.vocab_size, cfg.pad_token_id)
     # transformers' BART cannot shift labels without a decoder_start_token_id (lmkit starts from bos then)
     shifts = family != "bart" or cfg.decoder_start_token_id is not None
@@ -277,7 +280,7 @@ def seq2seq_inputs(draw, cfg, family):
     if "ids" in how:
         out["decoder_input_ids"] = dec
     if "mask" in how:
-        out["decoder_attention_mask"] = dec_mask
+        out["decoder_attention_mask"] = dec_mask.to(draw(st.sampled_from(MASK_DTYPES)))
     if "labels" in how:
         labels = dec.clone()
         labels[dec_mask == 0] = -100
@@ -388,6 +391,22 @@ def test_untied_bart_saved_by_lmkit_holds_the_stack_tables(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(ours(input_ids=ids, decoder_input_ids=ids).logits,
                                    hf.eval()(input_ids=ids, decoder_input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+def test_roberta_mlm_head_of_another_activation_is_refused_on_save(tmp_path):
+    """RobertaLMHead runs exact GELU whatever hidden_act says: an lmkit RoBERTa whose MLM head runs ReLU cannot be
+    written as one (transformers, and lmkit reading it back, would change its outputs)."""
+    from lmkit.config import get_preset
+    from lmkit.models.encoder import Encoder
+
+    sizes = dict(vocab_size=30, d_model=8, n_layers=1, n_heads=2, d_ff=10, max_seq_len=20, activation="relu")
+    with pytest.raises(ConfigError, match="masked-LM head with exact GELU"):
+        Encoder(get_preset("roberta", **sizes), head="mlm").save_pretrained(tmp_path / "relu")
+    ours = randomized(Encoder(get_preset("roberta", **sizes, extra={"mlm_activation": "gelu"}), head="mlm"))
+    ours.save_pretrained(tmp_path / "gelu")
+    ids = torch.randint(3, 30, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(lmkit.load_model(tmp_path / "gelu")(ids).logits, ours(ids).logits, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["T5EncoderModel", "T5ForSequenceClassification", "T5ForTokenClassification",
@@ -506,6 +525,8 @@ def test_half_precision_folders_load_in_their_dtype(tmp_path, name, family, dtyp
     assert json.loads((tmp_path / "ours" / "config.json").read_text())["dtype"] == str(dtype).removeprefix("torch.")
     back = getattr(transformers, name).from_pretrained(tmp_path / "ours", dtype="auto")
     assert next(back.parameters()).dtype == dtype
+    v4_style(tmp_path / "hf")  # transformers 4 named it torch_dtype
+    assert next(lmkit.load_model(tmp_path / "hf", dtype="auto").parameters()).dtype == dtype
 
 
 @settings(FUZZ, max_examples=max(EXAMPLES // 2, 4))
@@ -574,6 +595,8 @@ def native_models(draw):
         head = draw(st.sampled_from(NATIVE_HEADS[family]))
         n = draw(st.integers(1, 4)) if head in ("sequence", "token") else 2
         pooler = "relu" if family == "distilbert" and head in ("sequence", "choice") else None
+        if family == "roberta" and draw(st.booleans()):  # RobertaLMHead's GELU, whatever the stack runs
+            sizes["extra"] = {"mlm_activation": "gelu"}
         model = Encoder(get_preset(family, **sizes), head=head, num_labels=n,
                         **({"pooler": pooler} if pooler else {}))
         return CLASS[family] + HEAD_CLASS[head], randomized(model)
@@ -605,6 +628,10 @@ def test_lmkit_models_save_folders_transformers_loads(tmp_path_factory, data):
     name, ours = data.draw(native_models())
     note(f"{name} {ours.config}")
     folder = tmp_path_factory.mktemp("native")
+    if name == "RobertaForMaskedLM" and ours.config.extra.get("mlm_activation", ours.config.activation) != "gelu":
+        with pytest.raises(ConfigError, match="masked-LM head with exact GELU"):
+            ours.save_pretrained(folder)
+        return
     ours.save_pretrained(folder)
     assert json.loads((folder / "config.json").read_text())["architectures"] == [name]
     # a bare encoder without pooler is built so in transformers by an argument (the folder lacks its tensors)
@@ -623,6 +650,6 @@ def test_lmkit_models_save_folders_transformers_loads(tmp_path_factory, data):
                                                                                 if "For" in name else name[:-5]]
     head = name[len(CLASS[family]):]
     inputs = data.draw(encoder_inputs(cfg, family, choices=head == "ForMultipleChoice"))
-    inputs.update(labels_for(head, cfg, inputs, torch.Generator().manual_seed(0)))
+    inputs.update(labels_for(head, cfg, inputs, torch.Generator().manual_seed(data.draw(st.integers(0, 1)))))
     with torch.no_grad():
         compare(hf.eval()(**inputs), ours(**inputs), head)
