@@ -163,6 +163,27 @@ def compare(ref, got, head, atol=1e-4, both_hf=False):
                                    msg=lambda m: f"loss: {m}")
 
 
+# config.json entries lmkit's save may change without changing the model: bookkeeping, transformers' defaults
+# written out, and (DistilBERT) the flag that froze a sinusoidal table that is loaded from the weights anyway
+LOSSY = {"transformers_version", "architectures", "dtype", "_name_or_path", "position_embedding_type", "use_cache",
+         "label2id", "sinusoidal_pos_embds", "n_positions"}
+
+
+def same_config(folder_a, folder_b, cls):
+    """The settings of two folders' config.json as transformers reads them, but for LOSSY ones."""
+    from lmkit.hub.convert import HF_ACTIVATIONS
+
+    a, b = (cls.config_class.from_pretrained(f).to_dict() for f in (folder_a, folder_b))
+    for key in ("hidden_act", "activation", "activation_function", "dense_act_fn"):  # swish and silu are one
+        a[key], b[key] = (HF_ACTIVATIONS.get(x.get(key), x.get(key)) for x in (a, b))
+    if a.get("is_encoder_decoder") and a.get("decoder_start_token_id") is None:  # lmkit starts from bos then, as
+        b["decoder_start_token_id"] = None if b["decoder_start_token_id"] == b.get("bos_token_id") else -1  # generate
+    if a.get("d_model") == 1:  # scaling by sqrt(1) is no scaling
+        a.pop("scale_embedding", None), b.pop("scale_embedding", None)
+    diff = {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if k not in LOSSY and a.get(k) != b.get(k)}
+    assert not diff, diff
+
+
 def v4_style(folder):
     """Rewrite a transformers 5 config.json as transformers 4.x wrote it: torch_dtype, a 4.x version."""
     path = folder / "config.json"
@@ -192,6 +213,7 @@ def test_encoder_folders_load_and_save_as_transformers(tmp_path_factory, data):
         compare(ref, lmkit.load_model(folder)(**inputs), head)
     out = tmp_path_factory.mktemp("ours")
     ours.save_pretrained(out)
+    same_config(folder, out, getattr(transformers, CLASS[family] + head))
     back, info = getattr(transformers, CLASS[family] + head).from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     with torch.no_grad():
@@ -331,6 +353,7 @@ def test_seq2seq_folders_load_and_save_as_transformers(tmp_path_factory, data):
     out = tmp_path_factory.mktemp("ours")
     ours.save_pretrained(out)
     cls = getattr(transformers, S2S_CLASS[family] + "ForConditionalGeneration")
+    same_config(folder, out, cls)
     back, info = cls.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     with torch.no_grad():
@@ -391,6 +414,27 @@ def test_untied_bart_saved_by_lmkit_holds_the_stack_tables(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(ours(input_ids=ids, decoder_input_ids=ids).logits,
                                    hf.eval()(input_ids=ids, decoder_input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+ROUND_TRIPS = [("T5ForConditionalGeneration", dict(bos_token_id=5)), ("MT5ForConditionalGeneration", {}),
+               ("BartForConditionalGeneration", dict(forced_eos_token_id=None, forced_bos_token_id=0)),
+               ("DistilBertForQuestionAnswering", dict(qa_dropout=0.25))]
+
+
+@pytest.mark.parametrize("name,fields", ROUND_TRIPS, ids=[r[0] for r in ROUND_TRIPS])
+def test_config_json_settings_survive_lmkit_save(tmp_path, name, fields):
+    """T5's bos_token_id, DistilBERT's qa_dropout and BART's explicit forced_eos_token_id=null (whose class default
+    is 2) come back from lmkit's save, and mT5's config gets no T5-only key."""
+    if name.startswith("Distil"):
+        hf = hf_model("distilbert", "ForQuestionAnswering", transformers.DistilBertConfig(
+            vocab_size=30, dim=8, n_layers=1, n_heads=2, hidden_dim=10, **fields), 0)
+    else:
+        hf = small_seq2seq(name, **fields)
+    hf.save_pretrained(tmp_path / "hf")
+    lmkit.load_model(tmp_path / "hf").save_pretrained(tmp_path / "ours")
+    same_config(tmp_path / "hf", tmp_path / "ours", getattr(transformers, name))
+    if name.startswith("MT5"):
+        assert "scale_decoder_outputs" not in json.loads((tmp_path / "ours" / "config.json").read_text())
 
 
 def test_roberta_mlm_head_of_another_activation_is_refused_on_save(tmp_path):

@@ -59,7 +59,7 @@ def config_from_hf(hf: dict, family: str = "bart") -> ModelConfig:
         # generate starts from decoder_start_token_id, else bos_token_id (transformers' rule)
         eos_token_id=hf.get("eos_token_id", 2), decoder_start_token_id=start if start is not None else bos,
         # transformers 5 unties the stacks' token tables from `shared` too when tie_word_embeddings is false
-        extra={**{k: hf[k] for k in _KEPT if hf.get(k) is not None},
+        extra={**{k: hf[k] for k in _KEPT if k in hf},  # an explicit null too: the class default would replace it
                **({"separate_stack_embeddings": True} if hf.get("tie_word_embeddings", True) is False else {})})
 
 

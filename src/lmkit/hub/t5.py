@@ -89,8 +89,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "layer_norm_epsilon": cfg.norm_eps, "initializer_factor": cfg.init_std / 0.02, "feed_forward_proj": proj,
         "dense_act_fn": act, "is_gated_act": gated,
         "is_encoder_decoder": True, "use_cache": True, "tie_word_embeddings": cfg.tie_embeddings,
-        "scale_decoder_outputs": scaled, "n_positions": cfg.max_seq_len,
-        "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id,
+        **({} if mt5 else {"scale_decoder_outputs": scaled}), "n_positions": cfg.max_seq_len,
+        "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id, "bos_token_id": cfg.bos_token_id,
         "decoder_start_token_id": cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else cfg.pad_token_id,
     }
 
