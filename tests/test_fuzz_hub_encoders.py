@@ -164,9 +164,10 @@ def compare(ref, got, head, atol=1e-4, both_hf=False):
 
 
 # config.json entries lmkit's save may change without changing the model: bookkeeping, transformers' defaults
-# written out, and (DistilBERT) the flag that froze a sinusoidal table that is loaded from the weights anyway
+# written out, (DistilBERT) the flag that froze a sinusoidal table that is loaded from the weights anyway, and T5's
+# feed_forward_proj spelling ("gated-gelu_new" is written "gated-gelu"; dense_act_fn and is_gated_act, compared, run)
 LOSSY = {"transformers_version", "architectures", "dtype", "_name_or_path", "position_embedding_type", "use_cache",
-         "label2id", "sinusoidal_pos_embds", "n_positions"}
+         "label2id", "sinusoidal_pos_embds", "n_positions", "feed_forward_proj"}
 
 
 def same_config(folder_a, folder_b, cls):
