@@ -42,7 +42,7 @@ def test_qa_positions_of_shape_batch_by_one(tmp_path, arch, make):
 @pytest.mark.parametrize("arch,make", [("BertModel", bert_config), ("RobertaModel", roberta_config)])
 def test_base_folder_without_pooler_loads_without_one(tmp_path, arch, make):
     """BertModel(config, add_pooling_layer=False) writes no pooler and no flag in config.json: the folder loads
-    with no pooler (pooler_output None, as transformers' own model gives) and saves back without one."""
+    with no pooler (pooler_output None, as transformers' own model gives) and saves back alike, without one."""
     hf = getattr(transformers, arch)(make(), add_pooling_layer=False)
     ours = lmkit.load_model(save_hf(hf, tmp_path))
     assert ours.pooler is None
@@ -56,6 +56,10 @@ def test_base_folder_without_pooler_loads_without_one(tmp_path, arch, make):
     from safetensors.torch import load_file
     assert not any("pooler" in k for k in load_file(tmp_path / "ours" / "model.safetensors"))
     assert lmkit.load_model(tmp_path / "ours").pooler is None
+    # transformers builds the same model from lmkit's folder when told so, as from its own
+    back, info = getattr(transformers, arch).from_pretrained(tmp_path / "ours", add_pooling_layer=False,
+                                                            output_loading_info=True)
+    assert back.pooler is None and not info["missing_keys"] and not info["unexpected_keys"]
 
 
 @pytest.mark.parametrize("arch,make,types", [("BertForMultipleChoice", bert_config, 3),

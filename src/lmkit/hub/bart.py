@@ -10,12 +10,14 @@ import torch
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
+from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, refuse_unloadable, \
+    rename
 
 MODEL_TYPES = ("bart",)
-# checkpoints that store the table under the stacks' names only; BartModel has no "model." prefix
+# checkpoints that store the table under the stacks' names only; BartModel has no "model." prefix and no head (an
+# untied config's head then falls back to the shared table, as T5's does)
 ALIASES = (("model.shared.", "model.encoder.embed_tokens."), ("model.encoder.embed_tokens.", "model.shared."),
-           ("model.decoder.embed_tokens.", "model.shared."), ("model.", ""))
+           ("model.decoder.embed_tokens.", "model.shared."), ("model.", ""), ("lm_head.", "shared."))
 _KEPT = ("forced_bos_token_id", "forced_eos_token_id")  # generation settings kept for the round trip
 # what sets each format apart: mBART runs pre-norm blocks x + F(LN(x)) with a final LayerNorm `layer_norm` per stack,
 # and its teacher forcing starts from the labels' last non-pad token (the language code), not a fixed start token
@@ -34,10 +36,7 @@ _IGNORED = ("normalize_before", "add_final_layer_norm", "normalize_embedding", "
 def config_from_hf(hf: dict, family: str = "bart") -> ModelConfig:
     layout = LAYOUTS[family]
     name = layout["name"]
-    decoder_only = [a for a in hf.get("architectures") or () if isinstance(a, str) and a.endswith("ForCausalLM")]
-    if decoder_only:
-        raise ConfigError(f"{decoder_only[0]} holds a decoder without its encoder; lmkit loads {name} "
-                          f"encoder-decoder folders ({layout['architecture']})")
+    refuse_unloadable(hf, name, layout["architecture"])
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if hf.get(a, 16 if "heads" in a else 4096) != hf.get(b, 16 if "heads" in b else 4096):
             raise ConfigError(f"{name} with {a}={hf.get(a)} != {b}={hf.get(b)} is not supported by lmkit; "
@@ -60,7 +59,7 @@ def config_from_hf(hf: dict, family: str = "bart") -> ModelConfig:
         # generate starts from decoder_start_token_id, else bos_token_id (transformers' rule)
         eos_token_id=hf.get("eos_token_id", 2), decoder_start_token_id=start if start is not None else bos,
         # transformers 5 unties the stacks' token tables from `shared` too when tie_word_embeddings is false
-        extra={**{k: hf[k] for k in _KEPT if hf.get(k) is not None},
+        extra={**{k: hf[k] for k in _KEPT if k in hf},  # an explicit null too: the class default would replace it
                **({"separate_stack_embeddings": True} if hf.get("tie_word_embeddings", True) is False else {})})
 
 
@@ -127,7 +126,9 @@ def rules(cfg: ModelConfig) -> list[Rule]:
         out += layer_rules(n, tables[stack], f"{stack}.layers.{{i}}.", f"model.{stack}.layers.{{i}}.")
         if cfg.final_norm:  # mBART
             out += [rename(f"{stack}.norm.{w}", f"model.{stack}.layer_norm.{w}") for w in ("weight", "bias")]
-    if cfg.extra.get("separate_stack_embeddings"):  # read after shared, so the tables the stacks use win
+    # transformers 5 unties the stacks' tables from shared when the head is untied: they are written then (the shared
+    # table under each name if the model has one), and read after shared, so the tables the stacks use win
+    if cfg.extra.get("separate_stack_embeddings") or not cfg.tie_embeddings:
         out += [rename(f"{stack}.embeddings.tokens.weight", f"model.{stack}.embed_tokens.weight")
                 for stack in ("encoder", "decoder")]
     if not cfg.tie_embeddings:

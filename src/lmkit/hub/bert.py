@@ -161,11 +161,11 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 
 def with_architecture(fmt: EncoderFormat, cfg: ModelConfig, raw: dict) -> dict:
-    """raw plus the HF class of the model's head; a bare model without pooler says add_pooling_layer=false."""
+    """raw plus the HF class of the model's head. A bare model without pooler is told by its missing tensors, as
+    transformers writes it: an add_pooling_layer key in config.json would swallow the from_pretrained(...,
+    add_pooling_layer=False) that builds transformers' model without one (lmkit still reads the key)."""
     head, pooler = cfg.extra.get("head"), cfg.extra.get("pooler")
     raw["architectures"] = [fmt.arch_of(head, pooler)]
-    if head is None and fmt.archs[raw["architectures"][0]][1] and not pooler:
-        raw["add_pooling_layer"] = False
     if cfg.extra.get("pooling", "cls") != "cls":
         raw["lmkit_pooling"] = cfg.extra["pooling"]  # transformers pools [CLS]; lmkit reads this back
     return raw

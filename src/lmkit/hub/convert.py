@@ -93,6 +93,20 @@ def hf_activation_name(act: str, table: dict, prefer: tuple[str, ...] = ()) -> s
     return next((name for name in (*prefer, *table) if table.get(name) == act), None)
 
 
+# transformers classes of encoder-decoder formats that put another head (or none of the decoder) on the stacks
+TASK_HEAD_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForCausalLM",
+                      "EncoderModel")
+
+
+def refuse_unloadable(hf: dict, family: str, supported: str) -> None:
+    """A ConfigError for an encoder-decoder config.json whose `architectures` names a class with a head lmkit's
+    Seq2SeqLM lacks (loading it as a language model would silently drop that head, or miss the decoder)."""
+    other = [a for a in hf.get("architectures") or () if isinstance(a, str) and a.endswith(TASK_HEAD_SUFFIXES)]
+    if other:
+        raise ConfigError(f"{other[0]} is a {family} class lmkit does not load (its head or stacks differ from a "
+                          f"language model's); lmkit loads {family} folders of {supported} and the bare model")
+
+
 def hf_activation(hf: dict, key: str, default: str, table: dict, family: str) -> str:
     """The config's activation name under `key`, checked against the names `table` maps to lmkit's."""
     act = hf.get(key, default)

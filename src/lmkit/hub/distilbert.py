@@ -39,7 +39,10 @@ ALIASES = (("distilbert.", ""), ("embeddings.", "distilbert.embeddings."), ("tra
 
 def config_from_hf(hf: dict) -> ModelConfig:
     act = hf_activation(hf, "activation", "gelu", HF_ACTIVATIONS, "DistilBERT")
+    # qa_dropout (before DistilBertForQuestionAnswering's qa_outputs) is kept for the save only: lmkit's QA head,
+    # as BERT's, has no dropout
     extra = {"num_labels": num_labels_of(hf), "classifier_dropout": hf.get("seq_classif_dropout", 0.2),
+             "qa_dropout": hf.get("qa_dropout", 0.1),
              "problem_type": problem_type_of(hf)}
     if hf.get("id2label"):
         extra["id2label"] = {str(k): v for k, v in hf["id2label"].items()}
@@ -64,7 +67,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
            "n_heads": cfg.n_heads, "hidden_dim": cfg.ffn_dim, "activation": act,
            "max_position_embeddings": cfg.max_seq_len, "sinusoidal_pos_embds": False, "dropout": cfg.dropout,
            "attention_dropout": cfg.attention_dropout, "initializer_range": cfg.init_std,
-           "seq_classif_dropout": 0.2 if classifier_dropout is None else classifier_dropout, "qa_dropout": cfg.dropout,
+           "seq_classif_dropout": 0.2 if classifier_dropout is None else classifier_dropout, "qa_dropout": cfg.extra.get("qa_dropout", cfg.dropout),
            "pad_token_id": cfg.pad_token_id, "tie_word_embeddings": cfg.tie_embeddings, **labels}
     return with_architecture(FORMAT, cfg, raw)
 

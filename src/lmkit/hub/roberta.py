@@ -53,6 +53,11 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.pad_token_id is None or cfg.position_offset != cfg.pad_token_id + 1 or not cfg.position_skip_padding:
         raise ConfigError("the RoBERTa format needs positions that skip padding and start at pad_token_id + 1 "
                           "(position_skip_padding=True, position_offset=pad_token_id + 1); use family='bert' otherwise")
+    mlm_act = cfg.extra.get("mlm_activation", cfg.activation)
+    if cfg.extra.get("head") == "mlm" and mlm_act != "gelu":
+        raise ConfigError(f"the RoBERTa format runs the masked-LM head with exact GELU whatever hidden_act says, and "
+                          f"this model's head runs {mlm_act}; build it with extra['mlm_activation']='gelu' or save it "
+                          "with family=None")
     raw = encoder_config_to_hf(cfg, "roberta", cfg.max_seq_len + cfg.position_offset)
     return with_architecture(FORMAT, cfg, raw)
 

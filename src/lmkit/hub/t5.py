@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import HF_ACTIVATIONS, HF_GATED_ACTIVATIONS, Rule, hf_activation_name, layer_rules, rename
+from lmkit.hub.convert import HF_ACTIVATIONS, HF_GATED_ACTIVATIONS, Rule, hf_activation_name, layer_rules, \
+    refuse_unloadable, rename
 
 MODEL_TYPES = ("t5", "mt5")
 # MT5Config's defaults where they differ from T5Config's (read when config.json leaves them out)
@@ -38,6 +39,7 @@ def _activation(hf: dict) -> str:
 
 def config_from_hf(hf: dict) -> ModelConfig:
     mt5 = hf.get("model_type") == "mt5"
+    refuse_unloadable(hf, "mT5" if mt5 else "T5", "MT5ForConditionalGeneration" if mt5 else "T5ForConditionalGeneration")
     if mt5:
         hf = {**_MT5_DEFAULTS, **hf}
     d = hf.get("d_model", 512)
@@ -87,8 +89,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "layer_norm_epsilon": cfg.norm_eps, "initializer_factor": cfg.init_std / 0.02, "feed_forward_proj": proj,
         "dense_act_fn": act, "is_gated_act": gated,
         "is_encoder_decoder": True, "use_cache": True, "tie_word_embeddings": cfg.tie_embeddings,
-        "scale_decoder_outputs": scaled, "n_positions": cfg.max_seq_len,
-        "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id,
+        **({} if mt5 else {"scale_decoder_outputs": scaled}), "n_positions": cfg.max_seq_len,
+        "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id, "bos_token_id": cfg.bos_token_id,
         "decoder_start_token_id": cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else cfg.pad_token_id,
     }
 

@@ -104,9 +104,8 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
         length = h.shape[1]
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
-        if self.config.output_scale != 1.0:
-            h = h * self.config.output_scale
-        logits = self.lm_head(h)
+        # the head reads h * output_scale (T5 v1.0); last_hidden_state stays the decoder's output, as T5Model's
+        logits = self.lm_head(h * self.config.output_scale if self.config.output_scale != 1.0 else h)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias.to(logits.dtype)
         loss = None
