@@ -185,6 +185,15 @@ def same_config(folder_a, folder_b, cls):
     assert not diff, diff
 
 
+def saved_and_loaded(hf, tmp_path_factory):
+    """(folder, lmkit's model) of a transformers model saved as transformers 5 does: float32, in eval mode."""
+    folder = tmp_path_factory.mktemp("hf")
+    hf.save_pretrained(folder)
+    ours = lmkit.load_model(folder)
+    assert next(ours.parameters()).dtype == torch.float32 and not ours.training
+    return folder, ours
+
+
 def v4_style(folder):
     """Rewrite a transformers 5 config.json as transformers 4.x wrote it: torch_dtype, a 4.x version."""
     path = folder / "config.json"
@@ -200,10 +209,7 @@ def test_encoder_folders_load_and_save_as_transformers(tmp_path_factory, data):
     family, head, cfg = data.draw(encoder_configs())
     note(f"{family}{head} {cfg.to_dict()}")
     hf = hf_model(family, head, cfg, data.draw(st.integers(0, 100)))
-    folder = tmp_path_factory.mktemp("hf")
-    hf.save_pretrained(folder)
-    ours = lmkit.load_model(folder)
-    assert next(ours.parameters()).dtype == torch.float32 and not ours.training
+    folder, ours = saved_and_loaded(hf, tmp_path_factory)
     inputs = data.draw(encoder_inputs(cfg, family, choices=head == "ForMultipleChoice"))
     inputs.update(labels_for(head, cfg, inputs, torch.Generator().manual_seed(data.draw(st.integers(0, 1)))))
     with torch.no_grad():
@@ -337,10 +343,7 @@ def test_seq2seq_folders_load_and_save_as_transformers(tmp_path_factory, data):
     family, head, cfg = data.draw(seq2seq_configs())
     note(f"{family}{head} {cfg.to_diff_dict()}")
     hf = s2s_model(family, head, cfg, data.draw(st.integers(0, 100)))
-    folder = tmp_path_factory.mktemp("hf")
-    hf.save_pretrained(folder)
-    ours = lmkit.load_model(folder)
-    assert next(ours.parameters()).dtype == torch.float32 and not ours.training
+    folder, ours = saved_and_loaded(hf, tmp_path_factory)
     inputs = data.draw(seq2seq_inputs(cfg, family))
     if head == "Model" and "decoder_input_ids" not in inputs:  # the bare model takes no labels
         inputs["decoder_input_ids"] = inputs.pop("labels").clamp(min=0)

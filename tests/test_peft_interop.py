@@ -103,13 +103,17 @@ def test_prompt_tuning_matches_peft(tmp_path):
         assert written[key] == getattr(expected, key), key  # the fields PEFT fills in from the model
 
 
-def _peft_to_lmkit(tmp_path, kind, config, seed=1):
-    ref = hf_model(kind, tmp_path, seed=seed)
-    theirs = peft.get_peft_model(ref, config)
+def _peft_pair(tmp_path, kind, config, seed=1):
+    """(lmkit's model with the adapter, PEFT's model): PEFT makes and saves a randomized adapter, lmkit loads it."""
+    theirs = peft.get_peft_model(hf_model(kind, tmp_path, seed=seed), config)
     randomize(theirs)
     theirs.save_pretrained(tmp_path / "adapter")
     theirs.eval()
-    ours = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+    return load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter"), theirs
+
+
+def _peft_to_lmkit(tmp_path, kind, config, seed=1):
+    ours, theirs = _peft_pair(tmp_path, kind, config, seed)
     with torch.no_grad():
         return ours(IDS).logits, theirs(input_ids=IDS).logits
 
@@ -359,21 +363,17 @@ def test_lora_bias_trains_and_saves_the_biases_as_peft_does(tmp_path, kind, targ
 def test_ia3_merge_and_unload_equals_peft(tmp_path, kind):
     """IA3 folds into the weights as PEFT's merge_and_unload does (diag(l) W and l b for outputs, W diag(l) for a
     feed-forward input); lmkit used to refuse merging IA3. The merged folder loads in transformers."""
-    ref = hf_model(kind, tmp_path, seed=2)
     config = (peft.IA3Config(target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"])
               if kind == "llama" else peft.IA3Config(target_modules=["c_attn", "mlp.c_proj"],
                                                      feedforward_modules=["mlp.c_proj"], fan_in_fan_out=True))
-    theirs = peft.get_peft_model(ref, config)
-    randomize(theirs)
-    theirs.save_pretrained(tmp_path / "adapter")
-    theirs.eval()
-    ours = load_adapter(lmkit.load_model(tmp_path / "base"), tmp_path / "adapter")
+    ours, theirs = _peft_pair(tmp_path, kind, config, seed=2)
     with torch.no_grad():
-        want = theirs.merge_and_unload()(input_ids=IDS).logits
+        unloaded = theirs.merge_and_unload()
+        want = unloaded(input_ids=IDS).logits
         merged = ours.merge_and_unload()
         assert not any(isinstance(m, lmkit.peft.IA3Linear) for m in merged.modules())
         torch.testing.assert_close(merged(IDS).logits, want, rtol=1e-4, atol=1e-4)
     merged.save_pretrained(tmp_path / "merged")
-    reloaded = type(ref).from_pretrained(tmp_path / "merged").eval()
+    reloaded = type(unloaded).from_pretrained(tmp_path / "merged").eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=IDS).logits, want, rtol=1e-4, atol=1e-4)
