@@ -35,8 +35,8 @@ def register(subparsers) -> None:
 class TerminalStreamer:
     """Prints text as tokens arrive (the `streamer=` interface of generate: put(ids), end())."""
 
-    def __init__(self, tokenizer, prompt: str, out=sys.stdout):
-        self.tokenizer, self.prompt, self.out = tokenizer, prompt, out
+    def __init__(self, tokenizer, prompt: str, out=None):
+        self.tokenizer, self.prompt, self.out = tokenizer, prompt, sys.stdout if out is None else out
         self.ids: list[int] = []
         self.printed = 0
 
