@@ -269,3 +269,56 @@ def test_tokenizer_ids_equal_the_fast_tokenizer(request, which):
             assert ours.encode(text, add_special_tokens=special) == ids
         ids = theirs(text).input_ids
         assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
+
+
+# --- tokenizer folders read as transformers 5 reads them -----------------------------------------------------------
+
+TRICKY = ["Hello world", " leading space", "a  b\tc", "<s> inline </s> x", "x </s> y", "Numbers 12345 here", "",
+          "漢字 😀 café", "cafe\u0301 nai\u0308ve"]
+
+
+def old_t5_unigram():
+    """A T5 tokenizer.json as older converters wrote it: Metaspace without WhitespaceSplit."""
+    t = unigram(["<pad>", "</s>", "<unk>"])
+    t.pre_tokenizer = pre_tokenizers.Metaspace()
+    return t
+
+
+@pytest.mark.parametrize("family, settings", [
+    ("llama", {}), ("llama", {"legacy": True}), ("llama", {"add_prefix_space": False}),
+    ("t5", {}), ("qwen2", {}), ("mbart", {}),
+])
+def test_folder_tokenizer_follows_the_transformers_class(tmp_path, family, settings):
+    """transformers 5 rebuilds LlamaTokenizer's, T5Tokenizer's, Qwen2Tokenizer's and MBartTokenizer's pipelines from
+    the class (a legacy LLaMA Prepend normalizer becomes a Metaspace that prepends ▁ to the first piece only; T5 and
+    mBART split on whitespace first; Qwen2 splits digits one by one): lmkit read the folder's tokenizer.json as is,
+    so a leading space, a space after a special token, a tab or a number got other ids."""
+    T = transformers
+    if family == "llama":
+        tok = T.LlamaTokenizerFast(tokenizer_object=spm_bpe(), bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   **settings)
+    elif family == "t5":
+        tok = T.T5TokenizerFast(tokenizer_object=old_t5_unigram(), eos_token="</s>", unk_token="<unk>",
+                                pad_token="<pad>", extra_ids=4)
+    elif family == "qwen2":
+        tok = T.Qwen2TokenizerFast(tokenizer_object=byte_level_bpe(["<|endoftext|>"]), eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", unk_token=None, bos_token=None)
+    else:
+        base = unigram(["<s>", "<pad>", "</s>", "<unk>"])
+        base.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok = T.MBartTokenizerFast(tokenizer_object=base, src_lang="en_XX", tgt_lang="fr_XX",
+                                   additional_special_tokens=["en_XX", "fr_XX"], **ROBERTA_SPECIALS)
+    tok.save_pretrained(tmp_path)
+    theirs, ours = hf_tokenizer(tmp_path), lmkit.load_tokenizer(tmp_path)
+    assert any(theirs(t).input_ids != tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode(t).ids
+               for t in TRICKY) or family == "mbart"  # the file alone reads otherwise: the class decides
+    for text in TRICKY:
+        for special in (True, False):
+            assert ours.encode(text, add_special_tokens=special) == theirs(text, add_special_tokens=special).input_ids
+        ids = theirs(text).input_ids
+        for skip in (True, False):
+            assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip)
+    # the tokenizer.json file on its own still reads as the `tokenizers` library reads it
+    raw = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    alone = lmkit.load_tokenizer(tmp_path / "tokenizer.json")
+    assert all(alone.encode(t) == raw.encode(t).ids for t in TRICKY)
