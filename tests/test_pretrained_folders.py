@@ -322,3 +322,12 @@ def test_folder_tokenizer_follows_the_transformers_class(tmp_path, family, setti
     raw = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     alone = lmkit.load_tokenizer(tmp_path / "tokenizer.json")
     assert all(alone.encode(t) == raw.encode(t).ids for t in TRICKY)
+
+
+def test_classify_refuses_a_text_to_text_folder_in_one_line(t5_dir, capfd, tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\na,x\nb,y\nc,x\nd,y\n", encoding="utf-8")
+    rc, out, err = cli(capfd, "finetune", "--model", t5_dir, "--train", str(tmp_path / "train.csv"),
+                       "--eval", str(tmp_path / "train.csv"), "--out", str(tmp_path / "out"))
+    assert rc == 2 and err.count("\n") == 1
+    assert "holds an encoder-decoder model" in err and "needs an encoder" in err
+    assert not (tmp_path / "out").exists()
