@@ -38,6 +38,13 @@ POOLING_MODES = tuple(LEGACY_POOLING.values())
 
 
 
+def _causal_lm(folder: Path) -> bool:
+    """Whether config.json names a ...ForCausalLM architecture that is causal (sentence-transformers' test)."""
+    config = _read_json(folder / "config.json")
+    arch = config.get("architectures") or [""]
+    return str(arch[0]).endswith("ForCausalLM") and config.get("is_causal", True) is not False
+
+
 def _read_json(path: Path) -> dict | list:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -120,6 +127,11 @@ class SentenceEncoder:
             if kind == "transformer":
                 transformer_dir = sub
                 model = load_model(sub, dtype=dtype)
+                if model.config.architecture == "encoder-decoder" and model.config.family not in ("t5", "mt5"):
+                    # sentence-transformers embeds T5 by its encoder alone, but BART by its decoder's states
+                    raise ConfigError(f"{sub} holds a {model.config.family} encoder-decoder model; lmkit embeds "
+                                      "sentences with encoders (BERT, RoBERTa, DistilBERT), the encoder of T5/mT5, "
+                                      "or decoders: use one of those")
                 if getattr(model, "pooler", None) is not None:
                     model.pooler = None  # sentence-transformers reads the token states, never the pooler
                 tokenizer = load_tokenizer(sub)
@@ -140,6 +152,8 @@ class SentenceEncoder:
                 head.append("normalize")
         if model is None:
             raise ConfigError(f"{folder / 'modules.json'} lists no Transformer module; lmkit needs one")
+        if not (folder / "modules.json").is_file() and _causal_lm(folder):
+            modes = ("lasttoken",)  # sentence-transformers pools a plain ...ForCausalLM folder by its last token
         # sentence-transformers 2-5 keep max_seq_length in sentence_bert_config.json, 6 in the tokenizer's config
         # the tokenizer arguments' model_max_length wins over max_seq_length, as sentence-transformers passes them
         tokenizer_args = settings.get("processor_kwargs") or settings.get("tokenizer_args") or {}
@@ -285,7 +299,10 @@ class SentenceEncoder:
             input_ids[i, int(start[i]):int(start[i]) + len(r)] = torch.tensor(r)
         t = torch.arange(width).view(1, -1)
         mask = ((t >= start.view(-1, 1)) & (t < (start + lengths).view(-1, 1))).long()
-        h = self.model(input_ids.to(device), attention_mask=mask.to(device)).last_hidden_state.float()
+        if self.model.config.architecture == "encoder-decoder":  # T5: its encoder, as sentence-transformers loads it
+            h = self.model.encode(input_ids.to(device), attention_mask=mask.to(device)).float()
+        else:
+            h = self.model(input_ids.to(device), attention_mask=mask.to(device)).last_hidden_state.float()
         if tokens:  # up to the last real token, as sentence-transformers cuts them (left padding stays)
             return [h[i, :int(start[i]) + len(r)] for i, r in enumerate(rows)]
         # the prompt's tokens attend and are attended to, but are not pooled

@@ -2,7 +2,8 @@
 
 Greedy unless a sampling flag (--temperature, --top-k, --top-p) is given; --num-beams runs beam
 search. Models trained by `lmkit train` saw BOS at the start of every row, so their prompts get it
-too (--bos / --no-bos override).
+too; a pretrained folder's prompt gets the tokenizer's own special tokens, as transformers' tokenizer(prompt)
+gives them (--bos / --no-bos override: BOS alone, or no special token).
 """
 from __future__ import annotations
 
@@ -27,15 +28,15 @@ def register(subparsers) -> None:
                    help="N continuations (samples, or the N best beams), printed one after another")
     p.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling (repeatable output)")
     p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
-                   help="put BOS before the prompt (default: when the folder holds an lmkit training run)")
+                   help="put BOS before the prompt (default: when the folder holds an lmkit training run; other folders: the tokenizer's own special tokens)")
     p.set_defaults(func=run)
 
 
 class TerminalStreamer:
     """Prints text as tokens arrive (the `streamer=` interface of generate: put(ids), end())."""
 
-    def __init__(self, tokenizer, prompt: str, out=sys.stdout):
-        self.tokenizer, self.prompt, self.out = tokenizer, prompt, out
+    def __init__(self, tokenizer, prompt: str, out=None):
+        self.tokenizer, self.prompt, self.out = tokenizer, prompt, sys.stdout if out is None else out
         self.ids: list[int] = []
         self.printed = 0
 
@@ -103,13 +104,16 @@ def run(args: argparse.Namespace) -> int:
     if cfg.architecture != "decoder":
         raise GenerationError(f"{args.model} is an encoder model, which does not generate text; use a decoder or "
                               f"encoder-decoder model")
-    bos = args.bos if args.bos is not None else run_settings(args.model) is not None
-    ids = tok.encode(args.prompt, add_special_tokens=False)
-    if bos and cfg.bos_token_id is not None:
-        ids = [cfg.bos_token_id] + ids
+    if run_settings(args.model) is None and args.bos is None:
+        # a pretrained folder: the prompt as transformers' tokenizer(prompt) gives it (LLaMA's <s>, GPT-2's nothing)
+        ids = tok.encode(args.prompt, add_special_tokens=True)
+    else:
+        ids = tok.encode(args.prompt, add_special_tokens=False)
+        if args.bos is not False and cfg.bos_token_id is not None:
+            ids = [cfg.bos_token_id] + ids
     if not ids:
         raise GenerationError("the prompt is empty and no BOS token starts it; give --prompt some text"
-                              + (", or drop --no-bos" if cfg.bos_token_id is not None else ""))
+                              + (", or pass --bos" if cfg.bos_token_id is not None else ""))
     if args.max_new_tokens is None and cfg.position in ("learned", "sinusoidal") and len(ids) < cfg.max_seq_len:
         # the default stops where the position table ends (RoPE models may run past their training context)
         options["max_new_tokens"] = min(options["max_new_tokens"], cfg.max_seq_len - len(ids))

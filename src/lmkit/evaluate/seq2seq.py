@@ -26,15 +26,17 @@ def encode_source(tokenizer, text: str, eos_id: int | None) -> list[int]:
 
 
 def encode_target(model, tokenizer, text: str) -> list[int]:
-    """Label ids of a reference: its tokens + EOS. An mBART model (decoder_start_from_labels) also carries the target
+    """Label ids of a reference: as transformers' tokenizer(text_target=...) gives them, with the tokenizer's own
+    specials, ending with EOS (T5: `X </s>`; BART: `<s> X </s>`, the <s> that its forced_bos_token_id makes
+    generation emit). An mBART model (decoder_start_from_labels) carries the target
     language code where transformers' tokenizers put it: `X </s> code` when the decoder starts from the code
     (MBartTokenizer; mbart-large-en-ro), `code X </s>` when it starts from EOS and forced_bos_token_id is the code
     (MBart50Tokenizer): the labels shifted right, the last wrapped to the front, then begin as generation does."""
     cfg = model.config
+    if not cfg.decoder_start_from_labels:
+        return encode_source(tokenizer, text, cfg.eos_token_id)
     ids = list(tokenizer.encode(text, add_special_tokens=False)) + ([cfg.eos_token_id] if cfg.eos_token_id is not None
                                                                     else [])
-    if not cfg.decoder_start_from_labels:
-        return ids
     defaults = getattr(model, "generation_defaults", {})
     start = defaults.get("decoder_start_token_id")
     start = model.decoder_start_token_id if start is None else start

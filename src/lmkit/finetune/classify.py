@@ -72,8 +72,9 @@ def classifier_from_pretrained(path: str | Path, num_labels: int, pooling: str =
 
     base = load_model(path)
     if base.config.architecture != "encoder":
-        raise ConfigError(f"{path} holds a {base.config.architecture} model; fine-tuning for classification needs an "
-                          f"encoder (BERT, RoBERTa, DistilBERT)")
+        arch = base.config.architecture
+        raise ConfigError(f"{path} holds {'an' if arch[0] in 'aeiou' else 'a'} {arch} model; fine-tuning for "
+                          "classification needs an encoder (BERT, RoBERTa, DistilBERT)")
     extra = {k: v for k, v in base.config.extra.items() if k not in ("head", "num_labels", "pooling", "pooler", "id2label")}
     if id2label:
         extra["id2label"] = id2label

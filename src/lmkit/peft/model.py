@@ -190,8 +190,12 @@ def _to_save(module: str, modules_to_save, names: dict[str, str]) -> bool:
     if not modules_to_save:
         return False
     hf = names.get(module)  # a module inside an HF module to save (RoBERTa's pooler is classifier.dense)
+    # PEFT matches modules_to_save by a bare endswith: "classifier" also takes DistilBERT's pre_classifier
+    peft_suffix = [m for m in ([modules_to_save] if isinstance(modules_to_save, str) else modules_to_save)
+                   if not m.startswith("re:")]
     return (any(matches(m, modules_to_save, names.get(m)) for m in _prefixes(module))
-            or (hf is not None and any(matches(h, modules_to_save) for h in _prefixes(hf))))
+            or (hf is not None and any(matches(h, modules_to_save) or h.endswith(tuple(peft_suffix))
+                                       for h in _prefixes(hf))))
 
 
 def untie_saved(model: nn.Module, modules_to_save=()) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from lmkit.atomic import atomic_write_json
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.decoders import decoder_from_json
+from lmkit.tokenizers.hf_classes import apply_class_pipeline
 from lmkit.tokenizers.models import model_from_json
 from lmkit.tokenizers.normalizers import normalizer_from_json
 from lmkit.tokenizers.pre_tokenizers import pre_tokenizer_from_json
@@ -35,6 +36,15 @@ def tokenizer_to_json(tok: Tokenizer) -> dict:
             "decoder": dump(tok.decoder), "model": tok.model.to_json()}
 
 
+def _read_config(folder: Path) -> dict:
+    """tokenizer_config.json of a transformers folder ({} when absent or unreadable)."""
+    try:
+        d = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
 def _special_tokens_map(folder: Path) -> dict:
     """Role names from a transformers folder (special_tokens_map.json, else tokenizer_config.json)."""
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
@@ -51,7 +61,8 @@ def _special_tokens_map(folder: Path) -> dict:
 
 
 def load_tokenizer(path) -> Tokenizer:
-    """A `Tokenizer` from a tokenizer.json file, or from a folder holding one."""
+    """A `Tokenizer` from a tokenizer.json file, or from a folder holding one (read as transformers 5 reads the
+    folder: `hf_classes`)."""
     p = Path(path)
     if p.is_dir():
         folder, p = p, p / "tokenizer.json"
@@ -68,6 +79,8 @@ def load_tokenizer(path) -> Tokenizer:
         raise TokenizerError(f"{p} is not valid JSON ({exc}); re-save it with tokenizer.save()") from exc
     if not isinstance(d, dict):
         raise TokenizerError(f"{p} must hold a JSON object (a tokenizer.json), found {type(d).__name__}")
+    if Path(path).is_dir():
+        d = apply_class_pipeline(d, _read_config(folder))  # a folder reads as transformers 5's AutoTokenizer
     try:
         return tokenizer_from_json(d, _special_tokens_map(folder))
     except TokenizerError as exc:
