@@ -196,3 +196,38 @@ def test_failure_report_names_the_ranks_unless_all_gave_the_same():
     assert failure_report([None, "no corpus"]) == "rank 1: no corpus"
     assert failure_report(["a", "b", None]) == "rank 0: a; rank 1: b"
     assert failure_report([None, "x", "x", "y"]) == "ranks 1, 2: x; rank 3: y"
+
+
+NESTED = """
+import time
+from lmkit.train import distributed as D
+ctx = D.setup()
+try:
+    with D.agree_on_setup(ctx):  # lmkit train's: around the flags and Trainer, whose set-up agrees on its own
+        with D.agree_on_setup(ctx):
+            if ctx.rank == 1:
+                raise ValueError("a bug on rank 1")
+except Exception as exc:
+    print(f"rank {ctx.rank}: {type(exc).__name__}: {exc}", flush=True)
+if ctx.rank == 0:
+    time.sleep(2)  # rank 0 goes on and leaves the group
+D.teardown(ctx, False)
+"""
+
+
+def test_a_bug_agreed_on_in_a_nested_setup_keeps_its_own_exception():
+    """A bug on rank 1 inside Trainer's set-up (nested in lmkit train's): the inner block agrees on it and rank 1
+    re-raises it; the outer block agreed a second time on that rank alone, so rank 1 waited in an all_reduce that
+    rank 0 never joined and ended with gloo's 'Connection closed by peer' instead of its own ValueError."""
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", NESTED], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                                   "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for rank in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert outs[0].strip() == "rank 0: SetupFailed: rank 1: ValueError: a bug on rank 1 (a bug: see that rank's traceback)"
+    assert outs[1].strip() == "rank 1: ValueError: a bug on rank 1"

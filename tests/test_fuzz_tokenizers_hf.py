@@ -477,7 +477,8 @@ def test_empty_string_split_pattern_cuts_every_character():
 
 
 def test_added_token_the_normalizer_empties_never_hangs():
-    # lmkit used to loop forever on it; tokenizers matches it nowhere but cuts the normalized text into characters
+    # lmkit used to loop forever on it; tokenizers matches it as the empty string between characters (not right
+    # after another match), so the normalized text is cut into characters and the empty pieces dropped
     vocab = {"a": 0, "b": 1, "[UNK]": 2, "x": 3, "ab": 4, "y": 5, "<z>": 6}
     hf = tokenizers.Tokenizer(M.WordLevel(vocab, unk_token="[UNK]"))
     hf.normalizer = N.Replace("x", "")

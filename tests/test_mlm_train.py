@@ -149,3 +149,27 @@ def test_lmkit_eval_scores_a_pretrained_bert_folder_with_its_own_mask_token(tmp_
     with torch.no_grad():
         loss = hf(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
     assert printed["loss"] == pytest.approx(float(loss), abs=1e-4)
+
+
+def test_lmkit_eval_refuses_a_masked_lm_folder_whose_tokenizer_has_no_mask_token(tmp_path, capsys):
+    """A BertForMaskedLM folder whose tokenizer lacks a mask token: scoring it would mask with a `<|mask|>` added past
+    the model's vocabulary (an IndexError deep in the embedding); one clear error instead, the tokenizer's size kept."""
+    import transformers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    from lmkit.cli import main
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(["The quick brown fox jumps over the lazy dog."] * 20, trainers.WordPieceTrainer(
+        vocab_size=100, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                                  cls_token="[CLS]", sep_token="[SEP]")
+    transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=len(hf_tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=32)).save_pretrained(tmp_path / "bert")
+    hf_tok.save_pretrained(tmp_path / "bert")
+    (tmp_path / "held_out.txt").write_text("the lazy dog jumps over the quick brown fox. " * 4, encoding="utf-8")
+    capsys.readouterr()
+    assert main(["eval", "--model", str(tmp_path / "bert"), "--corpus", str(tmp_path / "held_out.txt")]) == 2
+    assert "the tokenizer has no mask token for --objective mlm" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from torch import nn
 
 from lmkit.errors import ConfigError
 from lmkit.peft import adapters, lora, prompt, quant
-from lmkit.peft.names import hf_names, matches
+from lmkit.peft.names import hf_names, matches, own_copy, parameter_owners
 
 METHODS = ("lora", "qlora", "prefix", "prompt", "adapter", "ia3")
 # parameter names that belong to the methods (trainable); everything else is frozen
@@ -204,21 +204,14 @@ def untie_saved(model: nn.Module, modules_to_save=()) -> None:
     if not modules_to_save:
         return
     names = hf_names(model)
-    owners: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        owners.setdefault(id(p), []).append(name)
-    for shared in (o for o in owners.values() if len(o) > 1):
+    for shared in (o for o in parameter_owners(model).values() if len(o) > 1):
         saved = [n for n in shared if _to_save(n.rpartition(".")[0], modules_to_save, names)]
         # the original stays with a module not to save (else with the first); the others get copies
         keep = next((n for n in shared if n not in saved), shared[0])
         for name in saved:
             if name != keep:
                 module, _, attr = name.rpartition(".")
-                p = model.get_parameter(name)
-                setattr(model.get_submodule(module), attr, nn.Parameter(p.detach().clone(), p.requires_grad))
-                config = getattr(model, "config", None)
-                if getattr(config, "tie_embeddings", False):  # so that a merged model saves its trained head too
-                    model.config = config.replace(tie_embeddings=False)
+                own_copy(model, model.get_submodule(module), attr)
 
 
 def _prefixes(name: str) -> list[str]:

@@ -84,21 +84,33 @@ def hf_rules(model: nn.Module) -> list:
     return module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
 
 
+def parameter_owners(model: nn.Module) -> dict[int, list[str]]:
+    """{id(parameter): every name it has in `model`} (more than one for a head tied to the embedding)."""
+    owners: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name)
+    return owners
+
+
+def own_copy(model: nn.Module, module: nn.Module, attr: str) -> None:
+    """Give `module` its own copy of the parameter `attr` it shares; the model's config then says untied, so that a
+    saved model keeps both (a trained or merged head apart from the embedding)."""
+    p = getattr(module, attr)
+    setattr(module, attr, nn.Parameter(p.detach().clone(), p.requires_grad))
+    config = getattr(model, "config", None)
+    if getattr(config, "tie_embeddings", False):
+        model.config = config.replace(tie_embeddings=False)
+
+
 def untie_shared_bases(model: nn.Module, layers) -> None:
     """Give each of `layers` (wrapped linear layers about to be merged) whose base weight is shared (a head tied
-    to the embedding) its own copy, so that merging changes that layer alone (merging into the shared weight
-    would change the embedding too); the model's config then says untied, so that a saved merged model keeps
-    its head."""
-    owners: dict[int, int] = {}
-    for _, p in model.named_parameters(remove_duplicate=False):
-        owners[id(p)] = owners.get(id(p), 0) + 1
+    to the embedding) its own copy (`own_copy`), so that merging changes that layer alone (merging into the
+    shared weight would change the embedding too)."""
+    owners = parameter_owners(model)
     for m in layers:
         w = m.base_layer.weight
-        if isinstance(w, nn.Parameter) and owners.get(id(w), 0) > 1:
-            m.base_layer.weight = nn.Parameter(w.detach().clone(), w.requires_grad)
-            config = getattr(model, "config", None)
-            if getattr(config, "tie_embeddings", False):
-                model.config = config.replace(tie_embeddings=False)
+        if isinstance(w, nn.Parameter) and len(owners.get(id(w), ())) > 1:
+            own_copy(model, m.base_layer, "weight")
 
 
 class WrappedLinear(nn.Module):

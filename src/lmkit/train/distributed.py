@@ -74,7 +74,8 @@ def agree_on_setup(ctx: DistContext):
     """Run a set-up block on every rank, then let every rank learn whether it succeeded on all of them (an all_reduce
     of a failure flag): a rank > 0 failing alone (its own file system) no longer leaves the others waiting in the
     next collective until the group's timeout. When any failed, every rank raises SetupFailed(failure_report(...));
-    a rank's own bug is re-raised there, with its traceback. The block must not itself start a collective."""
+    a rank's own bug is re-raised there, with its traceback. The block must not itself start a collective, but
+    for a nested agree_on_setup: what that one agreed on passes the outer one untouched."""
     if ctx.world_size <= 1:
         yield
         return
@@ -83,9 +84,13 @@ def agree_on_setup(ctx: DistContext):
     except SetupFailed:
         raise  # an inner block has agreed already
     except Exception as exc:
+        if getattr(exc, "_lmkit_agreed", False):  # a bug an inner block agreed on: the other ranks raised SetupFailed
+            raise
         message = user_message(exc)
         report = _agree(ctx, message or f"{type(exc).__name__}: {exc} (a bug: see that rank's traceback)")
         if message is None:
+            with contextlib.suppress(AttributeError):  # an exception type without attributes of its own
+                exc._lmkit_agreed = True
             raise
         raise SetupFailed(report) from None
     report = _agree(ctx, None)

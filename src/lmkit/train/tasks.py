@@ -117,9 +117,14 @@ def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objecti
     """The validation numbers an `objective` run (mlm, span, denoise) reports on `corpus`: the loss of the
     tokens its fixed corruption of the rows hides or asks for."""
     from lmkit.data.stream import eval_rows, tokenize_corpus
-    from lmkit.data.tokenize import special_ids
+    from lmkit.data.tokenize import special_ids, vocab_size_of
 
+    size = vocab_size_of(tokenizer)
     task = get_objective(objective).prepare(tokenizer)
+    if vocab_size_of(tokenizer) != size:  # prepare added the tokens a run gets: this model never learned them
+        raise TrainingError(f"the tokenizer has no {'sentinel tokens' if objective == 'span' else 'mask token'} for "
+                            f"--objective {objective} (a training run adds its own), so a model trained without "
+                            "it cannot be scored on that corruption; use the tokenizer the model was trained with")
     bos, pad = special_ids(tokenizer)
     rows, mask, nbytes = eval_rows(tokenize_corpus(corpus, tokenizer), bos, pad, seq_len or model.config.max_seq_len)
     return task.evaluate(model, rows=rows, mask=mask, num_bytes=nbytes, batch_size=batch_size)
