@@ -17,9 +17,11 @@ SLIDING_WINDOW = True  # written as use_sliding_window, sliding_window, max_wind
 SLIDING_LAYERS = True  # windows on some layers only
 ALIASES = llama.ALIASES
 IGNORED_SUFFIXES = llama.IGNORED_SUFFIXES
+HEAD_TENSORS = llama.HEAD_TENSORS
 DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
             "max_position_embeddings": 32768}  # Qwen2Config's, where LlamaConfig's differ
 LAYER_TYPES = ("full_attention", "sliding_attention")
+KEPT = ("use_sliding_window", "sliding_window", "max_window_layers")
 
 
 def sliding_from_hf(hf: dict) -> dict:
@@ -37,17 +39,26 @@ def sliding_from_hf(hf: dict) -> dict:
 
 def config_from_hf(hf: dict) -> ModelConfig:
     hf = {**DEFAULTS, **hf}
+    # config.json's own window settings, written back while they describe the model (e.g. a window no layer uses)
+    kept = {k: hf[k] for k in KEPT if k in hf}
     return llama.config_from_hf(hf, family="qwen2", attention_bias=True, attention_out_bias=False, mlp_bias=False,
-                                **sliding_from_hf(hf))
+                                **sliding_from_hf(hf), extra={"qwen2_sliding": kept} if kept else {})
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     llama.check_biases(cfg, "Qwen2", qkv=True)
     slides = [cfg.layer_window(i) is not None for i in range(cfg.n_layers)]
     window = cfg.sliding_window if any(slides) else None
-    return {**llama.llama_like_to_hf(cfg, "qwen2", "Qwen2ForCausalLM"), "use_sliding_window": window is not None,
-            "sliding_window": window, "max_window_layers": slides.index(True) if window else cfg.n_layers,
-            "layer_types": ["sliding_attention" if s else "full_attention" for s in slides]}
+    out = {**llama.llama_like_to_hf(cfg, "qwen2", "Qwen2ForCausalLM"), "use_sliding_window": window is not None,
+           "sliding_window": window, "max_window_layers": slides.index(True) if window else cfg.n_layers,
+           "layer_types": ["sliding_attention" if s else "full_attention" for s in slides]}
+    kept = {k: v for k, v in cfg.extra.get("qwen2_sliding", {}).items() if k in KEPT}
+    model = sliding_fields(window, slides)
+    if kept and sliding_from_hf({**out, **kept}) == model:  # as transformers 5 reads them (layer_types wins)
+        legacy = {**out, **kept}
+        legacy.pop("layer_types")
+        out.update(kept if sliding_from_hf(legacy) == model else {k: kept[k] for k in KEPT[:2] if k in kept})
+    return out
 
 
 def rules(cfg: ModelConfig) -> list[Rule]:
