@@ -78,15 +78,18 @@ def decoder_configs(draw, family=None, head=None):
             scale_attn_by_inverse_layer_idx=draw(st.booleans()), reorder_and_upcast_attn=draw(st.booleans()),
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
     kv = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]))
-    head_dim = 2 * draw(st.integers(1, 5))  # RoPE needs an even rotary size
+    rope = draw(rope_parameters(max_pos := draw(st.integers(6, 24))))
+    # RoPE needs an even rotary size; transformers' dynamic NTK divides by head_dim - 2
+    head_dim = 2 * draw(st.integers(2 if rope["rope_type"] == "dynamic" else 1, 5))
     hidden = heads * draw(st.integers(1, 7))  # odd sizes, head_dim apart (transformers wants heads | hidden)
     layers = draw(st.integers(1, 3))
-    max_pos = draw(st.integers(6, 24))
     kw = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
               intermediate_size=draw(st.integers(1, 30)), hidden_act=draw(st.sampled_from(sorted(HF_GATED_ACTIVATIONS))),
               max_position_embeddings=max_pos, rms_norm_eps=draw(st.sampled_from([1e-6, 1e-5, 1e-3, 0.1])),
-              rope_parameters=draw(rope_parameters(max_pos)), attention_dropout=0.0, **common)
-    if draw(st.booleans()) or hidden // heads % 2:  # (an odd hidden / heads needs one)
+              rope_parameters=rope, attention_dropout=0.0, **common)
+    # an odd (or, dynamic, a 2-wide) hidden / heads needs one; transformers' Mixtral RoPE fails without one
+    implied = hidden // heads
+    if draw(st.booleans()) or implied % 2 or implied == 2 and rope["rope_type"] == "dynamic" or family == "mixtral":
         kw["head_dim"] = head_dim
     if family == "llama":
         kw.update(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()))
@@ -262,7 +265,9 @@ def test_decoder_task_head_folders_are_refused_not_loaded_without_their_head(fam
 
 @pytest.mark.parametrize("kw", [dict(use_sliding_window=True, sliding_window=3, max_window_layers=2),
                                 dict(use_sliding_window=False, sliding_window=5, max_window_layers=0),
-                                dict(use_sliding_window=True, sliding_window=3, max_window_layers=1)])
+                                dict(use_sliding_window=True, sliding_window=3, max_window_layers=1),
+                                dict(use_sliding_window=True, sliding_window=3,
+                                     layer_types=["sliding_attention", "full_attention"])])
 def test_qwen2_window_settings_survive_lmkit_save(kw, tmp_path):
     """A window no layer uses, or a max_window_layers without a window, was written as no window at all /
     max_window_layers = the layer count; config.json's settings are written back as they were."""
