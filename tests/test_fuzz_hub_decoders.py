@@ -4,7 +4,8 @@ Hypothesis draws small odd configs (GQA/MQA, head_dim apart from hidden / heads,
 scaling in the 5.x and 4.x spellings, sliding windows and layer types, experts, GPT-2's attention switches) and
 padded inputs; each model goes transformers -> folder -> lmkit with the same logits and loss, a transformers
 4.x style config.json of the same weights loads alike, lmkit's save keeps every setting and loads back in
-transformers without missing or unexpected tensors, and half-precision folders load with dtype="auto".
+transformers without missing or unexpected tensors (lmkit's own decoders built from presets too), and
+half-precision folders load with dtype="auto".
 Heads lmkit has no decoder class for (sequence and token classification) are refused, never dropped.
 HUB_FUZZ_EXAMPLES raises the number of examples.
 """
@@ -282,3 +283,53 @@ def test_qwen2_window_settings_survive_lmkit_save(kw, tmp_path):
     folder = small_decoder("qwen2", "ForCausalLM", tmp_path / "hf", **kw)
     lmkit.load_model(folder).save_pretrained(tmp_path / "ours")
     same_config(folder, tmp_path / "ours", transformers.Qwen2ForCausalLM)
+
+
+@st.composite
+def native_decoders(draw):
+    """An lmkit decoder built from a preset with random sizes, in each decoder family's format."""
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    family = draw(st.sampled_from(sorted(CLASS)))
+    heads = draw(st.integers(1, 4))
+    sizes = dict(vocab_size=draw(st.integers(20, 60)), n_layers=draw(st.integers(1, 3)), n_heads=heads,
+                 d_model=heads * draw(st.integers(1, 6)), d_ff=draw(st.integers(1, 30)), dropout=0.0,
+                 attention_dropout=0.0, max_seq_len=draw(st.integers(12, 30)), tie_embeddings=draw(st.booleans()))
+    if family == "gpt2":
+        cfg = get_preset("gpt2", **sizes, activation=draw(st.sampled_from(["gelu", "gelu_tanh", "relu", "silu"])))
+    else:
+        sizes.update(n_kv_heads=draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0])),
+                     head_dim=2 * draw(st.integers(1, 4)), family=family,
+                     activation=draw(st.sampled_from(["swiglu", "geglu", "geglu_tanh", "reglu"])),
+                     norm_eps=draw(st.sampled_from([1e-6, 1e-3])), rope_theta=draw(st.sampled_from([1e4, 500.0])))
+        if family == "qwen2":
+            sizes.update(attention_bias=True, attention_out_bias=False)
+        if family in ("mistral", "qwen2", "mixtral"):
+            sizes["sliding_window"] = draw(st.sampled_from([None, 3]))
+        if family == "mixtral":
+            sizes.update(n_experts=(e := draw(st.integers(1, 4))), n_experts_per_token=draw(st.integers(1, e)))
+        cfg = get_preset("moe" if family == "mixtral" else "llama", **sizes)
+    model = build_model(cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return family, model.eval()
+
+
+@FUZZ
+@given(st.data())
+def test_lmkit_decoders_save_folders_transformers_loads(tmp_path_factory, data):
+    """An lmkit decoder of any decoder family, saved, loads in transformers' class without missing or unexpected
+    tensors and gives lmkit's logits."""
+    family, ours = data.draw(native_decoders())
+    note(f"{family} {ours.config}")
+    folder = tmp_path_factory.mktemp("native")
+    ours.save_pretrained(folder)
+    cls = getattr(transformers, CLASS[family] + lm_suffix(family))
+    hf, info = cls.from_pretrained(folder, output_loading_info=True, **EAGER.get(family, {}))
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    inputs = data.draw(decoder_inputs(hf.config))
+    with torch.no_grad():
+        compare(hf.eval()(**inputs), ours(**inputs))
