@@ -164,10 +164,10 @@ def compare(ref, got, head, atol=1e-4, both_hf=False):
 
 
 # config.json entries lmkit's save may change without changing the model: bookkeeping, transformers' defaults
-# written out, (DistilBERT) the flag that froze a sinusoidal table that is loaded from the weights anyway, and T5's
+# written out (GPT-2's legacy n_ctx), (DistilBERT) the flag that froze a sinusoidal table that is loaded from the weights anyway, and T5's
 # feed_forward_proj spelling ("gated-gelu_new" is written "gated-gelu"; dense_act_fn and is_gated_act, compared, run)
 LOSSY = {"transformers_version", "architectures", "dtype", "_name_or_path", "position_embedding_type", "use_cache",
-         "label2id", "sinusoidal_pos_embds", "n_positions", "feed_forward_proj"}
+         "label2id", "sinusoidal_pos_embds", "n_positions", "feed_forward_proj", "n_ctx"}
 
 
 def same_config(folder_a, folder_b, cls):
@@ -181,6 +181,12 @@ def same_config(folder_a, folder_b, cls):
         b["decoder_start_token_id"] = None if b["decoder_start_token_id"] == b.get("bos_token_id") else -1  # generate
     if a.get("d_model") == 1:  # scaling by sqrt(1) is no scaling
         a.pop("scale_embedding", None), b.pop("scale_embedding", None)
+    if a.get("head_dim", 0) is None or ("head_dim" in b and "head_dim" not in a):  # null: hidden / heads
+        a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
+    if a.get("model_type") == "gpt2":  # GPT-2: n_inner null is 4 n_embd; scores of one-wide heads divide by sqrt(1)
+        a["n_inner"] = a.get("n_inner") or 4 * a["n_embd"]
+        if a["n_embd"] == a["n_head"]:
+            a.pop("scale_attn_weights"), b.pop("scale_attn_weights")
     diff = {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if k not in LOSSY and a.get(k) != b.get(k)}
     assert not diff, diff
 

@@ -94,6 +94,11 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
     dtype = _resolve_dtype(dtype, raw)
     family = None if "lmkit" in raw and "model_type" not in raw else family_of(raw.get("model_type"))
     hf = read_weights(folder)
+    head = next((k for k in getattr(family, "HEAD_TENSORS", ()) if k in hf), None)
+    if head is not None:  # loading the rest as a language model would silently drop this head
+        raise ConfigError(f"{folder} holds {head}, the tensor of a task head (classification, question answering, "
+                          f"multiple choice) that lmkit's {raw.get('model_type')} language model lacks; load a folder "
+                          "of the language-model class")
     quantized = config.extra.get("quantization")
     if quantized:  # int8 layers: loaded dequantized into a float model, then given their exact int8 values
         from lmkit.compress.quantize import split_int8

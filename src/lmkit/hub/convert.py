@@ -98,10 +98,16 @@ TASK_HEAD_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "Fo
                       "EncoderModel")
 
 
-def refuse_unloadable(hf: dict, family: str, supported: str) -> None:
-    """A ConfigError for an encoder-decoder config.json whose `architectures` names a class with a head lmkit's
-    Seq2SeqLM lacks (loading it as a language model would silently drop that head, or miss the decoder)."""
-    other = [a for a in hf.get("architectures") or () if isinstance(a, str) and a.endswith(TASK_HEAD_SUFFIXES)]
+# transformers classes of decoder-only formats with a head CausalLM lacks, and the tensors those heads store
+DECODER_HEAD_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
+                         "DoubleHeadsModel")
+DECODER_HEAD_TENSORS = ("score.weight", "classifier.weight", "qa_outputs.weight", "multiple_choice_head.summary.weight")
+
+
+def refuse_unloadable(hf: dict, family: str, supported: str, suffixes: tuple[str, ...] = TASK_HEAD_SUFFIXES) -> None:
+    """A ConfigError for a config.json whose `architectures` names a class with a head lmkit's model lacks (loading
+    it as a language model would silently drop that head, or miss the decoder)."""
+    other = [a for a in hf.get("architectures") or () if isinstance(a, str) and a.endswith(suffixes)]
     if other:
         raise ConfigError(f"{other[0]} is a {family} class lmkit does not load (its head or stacks differ from a "
                           f"language model's); lmkit loads {family} folders of {supported} and the bare model")

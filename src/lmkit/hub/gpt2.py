@@ -3,15 +3,18 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
+from lmkit.hub.convert import DECODER_HEAD_SUFFIXES, DECODER_HEAD_TENSORS, HF_ACTIVATIONS, Rule, hf_activation, \
+    hf_activation_name, layer_rules, refuse_unloadable, rename
 
 MODEL_TYPES = ("gpt2",)
 ALIASES = (("transformer.", ""),)
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 SCALE_BY_LAYER = True  # config.json's scale_attn_by_inverse_layer_idx is read and written
+HEAD_TENSORS = DECODER_HEAD_TENSORS  # a checkpoint holding one has a task head GPT2LMHeadModel lacks: refused
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
+    refuse_unloadable(hf, "gpt2", "GPT2LMHeadModel", DECODER_HEAD_SUFFIXES)
     act = hf_activation(hf, "activation_function", "gelu_new", HF_ACTIVATIONS, "GPT-2")
     d = hf.get("n_embd", 768)
     return ModelConfig(

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import HF_GATED_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
+from lmkit.hub.convert import DECODER_HEAD_SUFFIXES, DECODER_HEAD_TENSORS, HF_GATED_ACTIVATIONS, Rule, hf_activation, \
+    hf_activation_name, layer_rules, refuse_unloadable, rename
 
 MODEL_TYPES = ("llama",)
 ALIASES = (("model.", ""),)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+HEAD_TENSORS = DECODER_HEAD_TENSORS  # a checkpoint holding one has a task head ...ForCausalLM lacks: refused
 
 
 def rope_from_hf(hf: dict) -> tuple[float, dict | None]:
@@ -44,6 +46,7 @@ def rope_to_hf(cfg: ModelConfig) -> dict:
 def config_from_hf(hf: dict, family: str = "llama", **overrides) -> ModelConfig:
     """The LLaMA reading of config.json; relatives (Mistral, Qwen2, Mixtral) pass their defaults inside `hf`
     and their own fields (sliding window, biases, experts) as `overrides`."""
+    refuse_unloadable(hf, family, "...ForCausalLM", DECODER_HEAD_SUFFIXES)
     act = hf_activation(hf, "hidden_act", "silu", HF_GATED_ACTIVATIONS, family)
     if hf.get("pretraining_tp", 1) not in (1, None):
         raise ConfigError("pretraining_tp > 1 is not supported; set it to 1 (it does not change the weights)")
