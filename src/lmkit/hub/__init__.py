@@ -15,7 +15,7 @@ import torch
 from lmkit.config import ModelConfig
 from lmkit.errors import CheckpointError, ConfigError
 from lmkit.generation.logits import UNSUPPORTED_SETTINGS
-from lmkit.hub.convert import from_hf, to_hf
+from lmkit.hub.convert import DECODER_HEAD_TENSORS, from_hf, to_hf
 from lmkit.hub.files import atomic_write_json, read_json, read_weights, write_weights
 
 # model_type -> module holding MODEL_TYPES, config_from_hf, config_to_hf, rules, ALIASES, IGNORED_SUFFIXES
@@ -94,8 +94,9 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
     dtype = _resolve_dtype(dtype, raw)
     family = None if "lmkit" in raw and "model_type" not in raw else family_of(raw.get("model_type"))
     hf = read_weights(folder)
-    head = next((k for k in getattr(family, "HEAD_TENSORS", ()) if k in hf), None)
-    if head is not None:  # loading the rest as a language model would silently drop this head
+    # a decoder checkpoint with a task head's tensors: loading the rest as a language model would silently drop it
+    head = next((k for k in DECODER_HEAD_TENSORS if k in hf), None) if config.architecture == "decoder" else None
+    if head is not None and family is not None:
         raise ConfigError(f"{folder} holds {head}, the tensor of a task head (classification, question answering, "
                           f"multiple choice) that lmkit's {raw.get('model_type')} language model lacks; load a folder "
                           "of the language-model class")

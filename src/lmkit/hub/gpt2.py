@@ -3,14 +3,13 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import DECODER_HEAD_SUFFIXES, DECODER_HEAD_TENSORS, HF_ACTIVATIONS, Rule, hf_activation, \
+from lmkit.hub.convert import DECODER_HEAD_SUFFIXES, HF_ACTIVATIONS, Rule, hf_activation, \
     hf_activation_name, layer_rules, refuse_unloadable, rename
 
 MODEL_TYPES = ("gpt2",)
 ALIASES = (("transformer.", ""),)
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 SCALE_BY_LAYER = True  # config.json's scale_attn_by_inverse_layer_idx is read and written
-HEAD_TENSORS = DECODER_HEAD_TENSORS  # a checkpoint holding one has a task head GPT2LMHeadModel lacks: refused
 
 
 def config_from_hf(hf: dict) -> ModelConfig:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
-from lmkit.hub.convert import DECODER_HEAD_SUFFIXES, DECODER_HEAD_TENSORS, HF_GATED_ACTIVATIONS, Rule, hf_activation, \
+from lmkit.hub.convert import DECODER_HEAD_SUFFIXES, HF_GATED_ACTIVATIONS, Rule, hf_activation, \
     hf_activation_name, layer_rules, refuse_unloadable, rename
 
 MODEL_TYPES = ("llama",)
 ALIASES = (("model.", ""),)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-HEAD_TENSORS = DECODER_HEAD_TENSORS  # a checkpoint holding one has a task head ...ForCausalLM lacks: refused
 
 
 def rope_from_hf(hf: dict) -> tuple[float, dict | None]:

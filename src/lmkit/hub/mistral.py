@@ -13,7 +13,6 @@ MODEL_TYPES = ("mistral",)
 SLIDING_WINDOW = True  # config.json's sliding_window is read and written
 ALIASES = llama.ALIASES
 IGNORED_SUFFIXES = llama.IGNORED_SUFFIXES
-HEAD_TENSORS = llama.HEAD_TENSORS
 DEFAULTS = {"intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 131072,
             "bos_token_id": 1, "eos_token_id": 2}  # MistralConfig's, where LlamaConfig's differ
 

@@ -21,7 +21,6 @@ SLIDING_WINDOW = True  # config.json's sliding_window is read and written
 EXPERTS = True  # num_local_experts routed SwiGLU experts
 ALIASES = (("model.", ""),)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-HEAD_TENSORS = llama.HEAD_TENSORS
 
 
 def config_from_hf(hf: dict) -> ModelConfig:

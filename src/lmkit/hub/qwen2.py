@@ -19,7 +19,6 @@ SLIDING_WINDOW = True  # written as use_sliding_window, sliding_window, max_wind
 SLIDING_LAYERS = True  # windows on some layers only
 ALIASES = llama.ALIASES
 IGNORED_SUFFIXES = llama.IGNORED_SUFFIXES
-HEAD_TENSORS = llama.HEAD_TENSORS
 DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
             "max_position_embeddings": 32768}  # Qwen2Config's, where LlamaConfig's differ
 LAYER_TYPES = ("full_attention", "sliding_attention")
