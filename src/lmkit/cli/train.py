@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.train import distributed
 
     ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
-    finished = False
+    finished = agreed = False  # agreed: every rank knows of the set-up failure, so none is inside a collective
     try:
         with distributed.agree_on_setup(ctx):  # every rank learns whether set-up succeeded on all of them
             cfg, explicit = config_from_args(args)
@@ -78,11 +78,15 @@ def run(args: argparse.Namespace) -> int:
             print(summary(result, c.out))
         finished = True
     except distributed.SetupFailed:
+        agreed = True
         if ctx.is_main:
             raise  # one line, printed once; every rank exits 2
         return 2
+    except Exception as exc:
+        agreed = getattr(exc, "_lmkit_agreed", False)  # a rank's own bug the others raised SetupFailed for
+        raise
     finally:
-        distributed.teardown(ctx, finished)
+        distributed.teardown(ctx, finished or agreed)
     return 0
 
 

@@ -57,9 +57,10 @@ def setup(device: str | None = None) -> DistContext:
 
 
 def teardown(ctx: DistContext, finished: bool = True) -> None:
-    """After a finished run every rank waits for the others (rank 0 may still be writing the model), then the
-    group goes: a rank that tore its group down while a peer still used it could abort in gloo's threads. After
-    an error the group is left to the process's exit (a peer may be stuck in a collective: destroying would hang)."""
+    """After a finished run, or a set-up failure every rank agreed on, every rank waits for the others (rank 0 may
+    still be writing), then the group goes: a rank that left while a peer still used the group could abort in
+    gloo's threads (SIGABRT instead of exit 2). After another error the group is left to the process's exit (a peer
+    may be stuck in a collective: destroying would hang)."""
     if ctx.world_size > 1 and dist.is_initialized() and finished:
         dist.barrier()
         dist.destroy_process_group()
