@@ -14,7 +14,7 @@ import sys
 from lmkit.errors import LmkitError, user_message
 
 SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "distill", "prune", "quantize",
-               "finetune", "search")
+               "finetune", "search", "chat", "serve", "harness", "rag", "embed", "lens", "plot", "scaling")
 
 
 def build_parser() -> argparse.ArgumentParser:
