@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP := $(PY) -m pip install --disable-pip-version-check -q $(FIND_LINKS) -c constraints.txt
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench docs clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or PYTHON=...)"; exit 2; }
@@ -23,8 +23,12 @@ demo: venv
 test: venv
 	$(PY) -m pytest -n 2 --dist loadgroup tests
 
+# the documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link or reference
+docs: venv
+	$(PY) -m mkdocs build --strict
+
 bench: venv
 	for b in decoder tokenizers sentence; do $(PY) bench/bench_$$b.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) build dist site src/*.egg-info

@@ -73,7 +73,7 @@ def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_to
                     show_progress: bool = False, num_workers: int | None = None) -> Tokenizer:
     """Train a tokenizer of `kind` ("bpe" byte-level, "wordpiece", "unigram", "char", "word") on `texts`.
 
-    special_tokens: list of strings (default per kind, e.g. [PAD] [UNK] [CLS] [SEP] [MASK] for WordPiece);
+    special_tokens: list of strings (default per kind, e.g. `[PAD] [UNK] [CLS] [SEP] [MASK]` for WordPiece);
     they take the first ids and are never split. pattern: "gpt2" or "gpt4" pre-tokenization for BPE.
     """
     if kind not in KINDS:
