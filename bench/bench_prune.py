@@ -1,7 +1,7 @@
 """Head pruning curve (Michel et al. 2019): heads ranked once by |dL/dxi_h| on training batches of
 pydocs, the least important removed structurally, no retraining; validation score after each cut.
 
-Prints a markdown table and writes bench/prune_curve.png.   python bench/bench_prune.py
+Prints a markdown table and writes docs/img/prune_curve.png.   python bench/bench_prune.py
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def main() -> None:
     ax.set_ylabel("next-token accuracy (pydocs validation)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(Path(__file__).resolve().parent / "prune_curve.png")
+    fig.savefig(Path(__file__).resolve().parent.parent / "docs" / "img" / "prune_curve.png")
 
 
 if __name__ == "__main__":
