@@ -20,7 +20,7 @@ from lmkit.hub.files import atomic_write_json, read_json, read_weights, write_we
 
 # model_type -> module holding MODEL_TYPES, config_from_hf, config_to_hf, rules, ALIASES, IGNORED_SUFFIXES
 FAMILY_MODULES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "roberta", "distilbert", "t5", "bart",
-                  "mbart")
+                  "mbart", "xlnet")
 
 
 def _families() -> dict[str, ModuleType]:
