@@ -183,6 +183,9 @@ class ModelConfig:
                     or not all(0 <= i < layers for i in self.sliding_layers):
                 raise ConfigError(f"sliding_layers must list distinct layer indices in 0..{layers - 1} in increasing "
                                   f"order, got {self.sliding_layers!r}")
+        if self.position == "xl" and self.d_model % 2:
+            raise ConfigError(f"Transformer-XL positions (position 'xl') pair a sine and a cosine per frequency and need "
+                              f"an even d_model, got {self.d_model}")
         if self.mem_len is not None and self.mem_len < 0 or self.reuse_len is not None and self.reuse_len < 0:
             raise ConfigError(f"mem_len and reuse_len must be 0 or more, or null; got {self.mem_len}, {self.reuse_len}")
         if self.n_experts and not 1 <= self.n_experts_per_token <= self.n_experts:

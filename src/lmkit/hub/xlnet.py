@@ -84,6 +84,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     head = cfg.extra.get("head", "lm")
     arch = next(a for a, h in ARCHITECTURES.items() if h == head)
     summary = {**SUMMARY_DEFAULTS, **cfg.extra.get("summary", {})}
+    summary["summary_activation"] = summary["summary_activation"] or "linear"  # transformers 5 takes no null
     raw = {"architectures": [arch], "model_type": "xlnet", "vocab_size": cfg.vocab_size, "d_model": cfg.d_model,
            "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "d_head": cfg.dim_head, "d_inner": cfg.ffn_dim,
            "ff_activation": act, "attn_type": "bi" if cfg.architecture == "encoder" else "uni",

@@ -2,7 +2,7 @@
 
 summary(H) = dropout_last(act(W pick(dropout_first(H)) + b)), pick: the last position ("last", XLNet's <cls> at the
 end), the first ("first"), the mean ("mean") or the position cls_index names ("cls_index", default the last);
-W maps d -> d, or d -> num_labels with summary_proj_to_labels, or is left out without summary_use_proj; act is tanh
+W maps d -> d, or is left out without summary_use_proj; act is tanh
 or none. The settings live in config.extra["summary"] under transformers' names.
 """
 from __future__ import annotations
@@ -28,6 +28,9 @@ def summary_settings(config: ModelConfig) -> dict:
     if settings["summary_activation"] not in SUMMARY_ACTIVATIONS:
         raise ConfigError(f"summary_activation {settings['summary_activation']!r} is not supported; use 'tanh' or "
                           "none")
+    if settings["summary_proj_to_labels"]:  # XLNet's logits_proj then meets num_labels features instead of d_model
+        raise ConfigError("summary_proj_to_labels=true does not fit XLNet's logits_proj (transformers' model fails on "
+                          "it too); set it to false")
     return settings
 
 
@@ -38,9 +41,7 @@ class SequenceSummary(nn.Module):
         super().__init__()
         s = summary_settings(config)
         self.kind = s["summary_type"]
-        out = config.extra.get("num_labels", 2) if s["summary_proj_to_labels"] and config.extra.get("num_labels", 2) > 0 \
-            else config.d_model
-        self.summary = nn.Linear(config.d_model, out) if s["summary_use_proj"] else None
+        self.summary = nn.Linear(config.d_model, config.d_model) if s["summary_use_proj"] else None
         self.act = SUMMARY_ACTIVATIONS[s["summary_activation"]]
         self.first_dropout = Dropout(s["summary_first_dropout"] or 0.0)
         self.last_dropout = Dropout(s["summary_last_dropout"] or 0.0)
