@@ -264,6 +264,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 # BERT at the size of Turc et al.'s BERT-Tiny (google/bert_uncased_L-2_H-128_A-2) with the vocabulary of the
 # default preset (the run trains its own tokenizer): masked-LM pre-training in minutes on a CPU
 PRESETS["bert-tiny"] = dict(PRESETS["bert"], vocab_size=4096, d_model=128, n_layers=2, n_heads=2, d_ff=512)
+# XLNet at bert-tiny's size (post-norm, Transformer-XL relative attention with memory, two streams): permutation-LM
+# pre-training (--objective plm) side by side with bert-tiny's masked LM
+PRESETS["xlnet-tiny"] = dict(architecture="encoder", position="xl", norm_placement="post", final_norm=False,
+                             activation="gelu", norm_eps=1e-12, attention_bias=False, vocab_size=4096, d_model=128,
+                             n_layers=2, n_heads=2, d_ff=512, max_seq_len=128, mem_len=128, dropout=0.1,
+                             attention_dropout=0.1, activation_dropout=0.1, family="xlnet", extra={"head": "lm"})
 
 
 def get_preset(name: str, **overrides: Any) -> ModelConfig:
