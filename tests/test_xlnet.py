@@ -265,3 +265,22 @@ def test_uni_generates_a_batch_as_each_row_alone(tmp_path):
             with torch.no_grad():
                 assert torch.equal(alone, ref.generate(ids[row:row + 1], max_new_tokens=6, use_mems=use_mems,
                                                        eos_token_id=None, pad_token_id=0))
+
+
+def test_classifier_from_a_pretrained_xlnet_keeps_its_body_and_saves_for_transformers(tmp_path):
+    from lmkit.finetune.classify import classifier_from_pretrained, reads_last_position
+
+    ref = _hf("bi-clamp")
+    ref.save_pretrained(tmp_path / "lm")
+    model = classifier_from_pretrained(tmp_path / "lm", 3, id2label={"0": "a", "1": "b", "2": "c"}).eval()
+    assert model.head == "sequence" and reads_last_position(model)
+    ids = _inputs(ref.config.vocab_size)[0]
+    with torch.no_grad():
+        _close(model(ids).last_hidden_state, ref.transformer(ids).last_hidden_state)
+    model.save_pretrained(tmp_path / "cls")
+    back = transformers.XLNetForSequenceClassification.from_pretrained(tmp_path / "cls").eval()
+    assert back.config.id2label == {0: "a", 1: "b", 2: "c"}
+    with torch.no_grad():
+        _close(back(ids).logits, model(ids).logits)
+    mean = classifier_from_pretrained(tmp_path / "lm", 2, pooling="mean")
+    assert not reads_last_position(mean) and mean.sequence_summary.kind == "mean"
