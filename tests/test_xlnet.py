@@ -284,3 +284,16 @@ def test_classifier_from_a_pretrained_xlnet_keeps_its_body_and_saves_for_transfo
         _close(back(ids).logits, model(ids).logits)
     mean = classifier_from_pretrained(tmp_path / "lm", 2, pooling="mean")
     assert not reads_last_position(mean) and mean.sequence_summary.kind == "mean"
+
+
+@pytest.mark.parametrize("cls", [transformers.XLNetForTokenClassification, transformers.XLNetForQuestionAnsweringSimple])
+@torch.no_grad()
+def test_uni_xlnet_heads_load(tmp_path, cls):
+    """A causal ("uni") XLNet's heads load too (their tensor names are those of decoder task heads lmkit refuses)."""
+    ref = _hf("uni-same", cls, num_labels=4 if cls is transformers.XLNetForTokenClassification else 2)
+    ref.save_pretrained(tmp_path)
+    ours = lmkit.load_model(tmp_path)
+    ids = _inputs(ref.config.vocab_size)[0]
+    r, o = ref(ids), ours(ids)
+    _close(o.start_logits if o.start_logits is not None else o.logits,
+           r.start_logits if hasattr(r, "start_logits") else r.logits)
