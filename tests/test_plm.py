@@ -128,7 +128,7 @@ def test_memory_carries_the_previous_segment_and_only_it():
         torch.testing.assert_close(model(changed, mems=model(first, use_mems=True).mems).logits[0], after[0])
 
 
-def test_plm_training_learns_and_saves_a_folder_transformers_reads(corpus_file, tmp_path):
+def test_plm_training_learns_and_saves_a_folder_transformers_reads(corpus_file, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     cfg = TrainConfig(preset="xlnet-tiny", objective="plm", corpus=[corpus_file], out=str(tmp_path / "x"),
                       max_steps=8, batch_size=8, seq_len=32, lr=3e-3, warmup_steps=1, vocab_size=400,
@@ -144,6 +144,11 @@ def test_plm_training_learns_and_saves_a_folder_transformers_reads(corpus_file, 
     ids = torch.randint(0, 400, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, ref(ids).logits, atol=1e-4, rtol=0)
+    from lmkit.cli import main
+
+    capsys.readouterr()
+    assert main(["generate", "--model", str(tmp_path / "x"), "--prompt", "The", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.startswith("The")  # the run's folder generates through the CLI
 
 
 def test_plm_refuses_a_model_without_two_streams(corpus_file, tmp_path):
