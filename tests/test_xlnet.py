@@ -87,6 +87,13 @@ def test_every_input_over_three_segments_equals_transformers(pair):
         _close(o.logits, r.logits)
         _same_mems(o.mems, r.mems)
         mems_ref, mems_ours = r.mems, o.mems
+    labels = torch.randint(0, ref.config.vocab_size, targets.shape[:2])
+    labels[0, 1] = -100
+    r = ref(ids, token_type_ids=types, target_mapping=targets, labels=labels, **masks)
+    o = ours(ids, token_type_ids=types, target_mapping=targets, labels=labels, **masks)
+    assert abs(o.loss.item() - r.loss.item()) < ATOL
+    embeds = ref.transformer.word_embedding(ids).detach()
+    _close(ours(inputs_embeds=embeds, token_type_ids=types).logits, ref(inputs_embeds=embeds, token_type_ids=types).logits)
     kept = 3 * (ref.config.reuse_len or ids.shape[1])  # each call adds its first reuse_len positions
     assert mems_ours[0].shape[0] == min(kept, ref.config.mem_len or kept)
 
