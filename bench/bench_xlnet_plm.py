@@ -8,7 +8,8 @@ the classifier trains on sentences of pre-training's documents and is tested on 
 which neither model saw.
 Prints one row per model: pre-training steps, validation bits per byte of its own objective (PLM scores 1/6 of
 the tokens, MLM 15%: not comparable with each other nor with a causal model's), and the classifier's accuracy
-and macro-F1. Both runs see the same batches (16 x 128 tokens) and the same fine-tuning settings.
+and macro-F1. Both runs see the same batches (16 x 128 tokens) and the same fine-tuning settings; a control row per
+model fine-tunes a random initialisation of it the same way, to show what pre-training adds.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import json
 import platform
 import random
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -71,6 +73,8 @@ def main() -> None:
     import torch
 
     from lmkit.finetune.classify import FinetuneConfig, finetune
+    from lmkit.hub import load_model
+    from lmkit.models import build_model
     from lmkit.train.config import TrainConfig
     from lmkit.train.trainer import Trainer
 
@@ -88,8 +92,19 @@ def main() -> None:
         last_eval = [m for m in metrics if "val_bpb" in m][-1]
         best = finetune(FinetuneConfig(model=str(run), train=str(train), eval=str(test), out=str(out / f"{preset}-cls"),
                                        epochs=args.epochs, lr=3e-4, batch_size=32, seed=0, progress=False))
-        rows.append((preset, objective, result.get("step", last_eval["step"]), last_eval["val_bpb"],
+        rows.append((preset, objective, result.get("step", last_eval["step"]), f"{last_eval['val_bpb']:.3f}",
                      best["accuracy"], best["macro_f1"]))
+        # the control: the same fine-tuning from a random initialisation of the same model and tokenizer
+        torch.manual_seed(0)
+        fresh = build_model(load_model(run).config)
+        fresh.save_pretrained(out / f"{preset}-init")
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (run / name).exists():
+                shutil.copy(run / name, out / f"{preset}-init" / name)
+        best = finetune(FinetuneConfig(model=str(out / f"{preset}-init"), train=str(train), eval=str(test),
+                                       out=str(out / f"{preset}-init-cls"), epochs=args.epochs, lr=3e-4, batch_size=32,
+                                       seed=0, progress=False))
+        rows.append((f"{preset}, not pre-trained", "none", 0, "-", best["accuracy"], best["macro_f1"]))
     print(f"CPU: {cpu_name()} (torch {torch.__version__}, {torch.get_num_threads()} threads), shared with other jobs")
     print(f"pre-training: {args.minutes:g} min each on pydocs, batch 16 x 128, AdamW lr 1e-3, fp32; fine-tuning: "
           f"{args.epochs} epochs, lr 3e-4, batch 32 on {sum(1 for _ in open(train))} train / "
@@ -97,7 +112,7 @@ def main() -> None:
     print("| model | objective | steps | val bits/byte (own objective) | accuracy | macro-F1 |")
     print("| --- | --- | --- | --- | --- | --- |")
     for preset, objective, steps, bpb, acc, f1 in rows:
-        print(f"| {preset} | {objective} | {steps} | {bpb:.3f} | {acc:.3f} | {f1:.3f} |")
+        print(f"| {preset} | {objective} | {steps} | {bpb} | {acc:.3f} | {f1:.3f} |")
 
 
 if __name__ == "__main__":
