@@ -14,7 +14,7 @@ from typing import Any
 from lmkit.errors import ConfigError
 
 ARCHITECTURES = ("decoder", "encoder", "encoder-decoder")
-POSITIONS = ("learned", "sinusoidal", "rope", "relative", "none")
+POSITIONS = ("learned", "sinusoidal", "rope", "relative", "xl", "none")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "peri")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh", "reglu")
@@ -37,7 +37,7 @@ class ModelConfig:
     d_ff: int | None = None                # None: 4 d, or 2/3 * 4 d rounded up to 8 for gated FFNs
     max_seq_len: int = 256
     # positions
-    position: str = "learned"              # learned | sinusoidal | rope | relative | none
+    position: str = "learned"              # learned | sinusoidal | rope | relative (T5) | xl (Transformer-XL) | none
     position_offset: int = 0               # BART: 2; RoBERTa: padding_idx + 1
     position_skip_padding: bool = False    # RoBERTa: positions count non-pad tokens only; pads get -1 (+ offset)
     sinusoidal_base: float = 10000.0
@@ -46,6 +46,13 @@ class ModelConfig:
     rope_interleaved: bool = False         # False: rotate halves (HF LLaMA); True: adjacent pairs
     relative_buckets: int = 32             # T5 relative attention bias
     relative_max_distance: int = 128
+    # Transformer-XL relative attention and memory (position "xl": XLNet)
+    clamp_len: int = -1                    # relative distances clamped to [-clamp_len, clamp_len]; <= 0: not clamped
+    same_length: bool = False              # causal ("decoder") XL attention: every query sees mem_len + 1 keys
+    mem_len: int | None = None             # memory of past layer inputs kept across calls; None or 0: all of it
+    reuse_len: int | None = None           # only the first reuse_len positions of a call enter the memory
+    use_mems_eval: bool = True             # return the memory by default in eval mode (transformers' default)
+    use_mems_train: bool = False           # ... and in training mode
     # normalization
     norm: str = "layernorm"                # layernorm | rmsnorm
     norm_placement: str = "pre"            # pre: x + F(LN(x)); post: LN(x + F(x)); sandwich: x + LN(F(x));
@@ -176,6 +183,11 @@ class ModelConfig:
                     or not all(0 <= i < layers for i in self.sliding_layers):
                 raise ConfigError(f"sliding_layers must list distinct layer indices in 0..{layers - 1} in increasing "
                                   f"order, got {self.sliding_layers!r}")
+        if self.position == "xl" and self.d_model % 2:
+            raise ConfigError(f"Transformer-XL positions (position 'xl') pair a sine and a cosine per frequency and need "
+                              f"an even d_model, got {self.d_model}")
+        if self.mem_len is not None and self.mem_len < 0 or self.reuse_len is not None and self.reuse_len < 0:
+            raise ConfigError(f"mem_len and reuse_len must be 0 or more, or null; got {self.mem_len}, {self.reuse_len}")
         if self.n_experts and not 1 <= self.n_experts_per_token <= self.n_experts:
             raise ConfigError(f"n_experts_per_token={self.n_experts_per_token} must lie in 1..n_experts={self.n_experts}")
 
@@ -252,6 +264,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 # BERT at the size of Turc et al.'s BERT-Tiny (google/bert_uncased_L-2_H-128_A-2) with the vocabulary of the
 # default preset (the run trains its own tokenizer): masked-LM pre-training in minutes on a CPU
 PRESETS["bert-tiny"] = dict(PRESETS["bert"], vocab_size=4096, d_model=128, n_layers=2, n_heads=2, d_ff=512)
+# XLNet at bert-tiny's size (post-norm, Transformer-XL relative attention with memory, two streams): permutation-LM
+# pre-training (--objective plm) side by side with bert-tiny's masked LM
+PRESETS["xlnet-tiny"] = dict(architecture="encoder", position="xl", norm_placement="post", final_norm=False,
+                             activation="gelu", norm_eps=1e-12, attention_bias=False, vocab_size=4096, d_model=128,
+                             n_layers=2, n_heads=2, d_ff=512, max_seq_len=128, mem_len=128, dropout=0.1,
+                             attention_dropout=0.1, activation_dropout=0.1, family="xlnet", extra={"head": "lm"})
 
 
 def get_preset(name: str, **overrides: Any) -> ModelConfig:

@@ -141,6 +141,77 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
     return next_token_loss(logits, labels, ignore_index)
 
 
+# permutation language modeling (XLNet) ------------------------------------------------------------------
+
+def span_targets(length: int, goal: int, allowed: list[bool], rng, max_span: int = 5, alpha: int = 6) -> list[bool]:
+    """XLNet's target choice: spans of n ~ 1/n over 1..max_span tokens, each inside a context of alpha * n tokens
+    (so about 1/alpha of the row), then single allowed tokens at random until `goal` are chosen."""
+    chosen, count, cursor = [False] * length, 0, 0
+    weights = [1.0 / n for n in range(1, max_span + 1)]
+    while cursor < length and count < goal:
+        n = min(rng.choices(range(1, max_span + 1), weights)[0], goal - count)
+        context = alpha * n
+        left = rng.randint(0, context)
+        begin = cursor + left
+        end = begin + n
+        if end > length:
+            break
+        span = [t for t in range(begin, end) if allowed[t]]
+        for t in span:
+            chosen[t] = True
+        count += len(span)
+        cursor = end + context - left
+    rest = [t for t in range(length) if allowed[t] and not chosen[t]]
+    rng.shuffle(rest)
+    for t in rest[:max(goal - count, 0)]:
+        chosen[t] = True
+    return chosen
+
+
+def permutation_lm_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, special_ids=(),
+                          predict_fraction: float = 1 / 6, max_span: int = 5, perm_size: int | None = None,
+                          generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """perm_mask (B, T, T), target_mapping (B, M, T) and labels (B, M) of permutation language modeling.
+
+    Per row a factorization order: the blocks of perm_size positions in turn, each in a fresh random order. The
+    targets, M = round(T * predict_fraction) chosen by `span_targets` among real non-special tokens, are predicted
+    in that order and hidden from every position not later in it: perm_mask[i, j] = 1 when j is a target (or a
+    special token) and rank(j) >= rank(i) for a target i, always for a non-target i. Non-targets are visible to all;
+    a target's query stream sees neither itself nor what comes after it. Rows with fewer real tokens get fewer
+    targets (labels IGNORE_INDEX, an empty mapping row)."""
+    import random
+
+    B, T = input_ids.shape
+    block = perm_size or T
+    goal = max(1, round(T * predict_fraction))
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    func = torch.isin(input_ids, torch.tensor(list(special_ids), dtype=input_ids.dtype, device=input_ids.device)) \
+        & real if len(special_ids) else torch.zeros_like(real)
+    perm_mask = torch.zeros(B, T, T)
+    target_mapping = torch.zeros(B, goal, T)
+    labels = torch.full((B, goal), IGNORE_INDEX, dtype=torch.long)
+    seed = torch.randint(0, 2**62, (B,), generator=generator)
+    for b in range(B):
+        rng = random.Random(int(seed[b]))
+        allowed = (real[b] & ~func[b]).tolist()
+        target = torch.tensor(span_targets(T, min(goal, sum(allowed)), allowed, rng, max_span))
+        rank = torch.empty(T, dtype=torch.long)
+        for start in range(0, T, block):
+            order = list(range(start, min(start + block, T)))
+            rng.shuffle(order)
+            rank[torch.tensor(order)] = torch.arange(start, start + len(order))
+        hidden = target | func[b]  # tokens whose content is revealed only in order
+        rank_key = torch.where(hidden, rank, torch.full_like(rank, -1))
+        rank_query = torch.where(target, rank, torch.full_like(rank, -1)) + (~target).long()  # non-targets: 0
+        perm_mask[b] = ((rank_query[:, None] <= rank_key[None, :]) & hidden[None, :]).float()
+        positions = torch.nonzero(target).flatten()
+        positions = positions[torch.argsort(rank[positions])]  # predictions listed in factorization order
+        target_mapping[b, torch.arange(len(positions)), positions] = 1.0
+        labels[b, :len(positions)] = input_ids[b, positions]
+    device = input_ids.device
+    return {"perm_mask": perm_mask.to(device), "target_mapping": target_mapping.to(device), "labels": labels.to(device)}
+
+
 # next-sentence prediction (BERT) --------------------------------------------------------------------
 
 def next_sentence_pairs(documents: list[list[list[int]]], cls_id: int, sep_id: int, max_len: int,

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         for i, row in enumerate(out.tolist()):
             print(_heading(i, n) + tok.decode(row, skip_special_tokens=True))
         return 0
-    if cfg.architecture != "decoder":
+    if cfg.architecture != "decoder" and getattr(model, "head", None) != "lm":  # XLNet generates either way
         raise GenerationError(f"{args.model} is an encoder model, which does not generate text; use a decoder or "
                               f"encoder-decoder model")
     if run_settings(args.model) is None and args.bos is None:

@@ -15,7 +15,7 @@ FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "ba
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a language model", description=__doc__)
     p.add_argument("--preset", metavar="NAME", help=f"model preset ({', '.join(PRESETS)}); default: default")
-    p.add_argument("--objective", choices=["clm", "mlm", "span", "denoise"], help="training objective; default: clm")
+    p.add_argument("--objective", choices=["clm", "mlm", "span", "denoise", "plm"], help="training objective; default: clm")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
                    help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
     p.add_argument("--out", metavar="DIR", help="run folder; default: runs/PRESET")
@@ -52,6 +52,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
         raise ConfigError("--data and --corpus both name the training text; give one (--data DIR for prepared shards)")
     if "preset" not in given and given.get("objective") in ("span", "denoise"):
         given["preset"] = "t5-tiny"  # encoder-decoder objectives need an encoder-decoder model
+    if "preset" not in given and given.get("objective") == "plm":
+        given["preset"] = "xlnet-tiny"  # permutation LM needs XLNet's two streams
     given.setdefault("out", f"runs/{given.get('preset', 'default')}")
     return TrainConfig(resume=args.resume, **given), set(given) - {"out"}
 

@@ -71,6 +71,8 @@ def classifier_from_pretrained(path: str | Path, num_labels: int, pooling: str =
     from lmkit.models.encoder import Encoder
 
     base = load_model(path)
+    if base.config.position == "xl":  # XLNet: its sequence summary (the last position by default) and logits_proj
+        return _xlnet_classifier(base, num_labels, pooling, id2label)
     if base.config.architecture != "encoder":
         arch = base.config.architecture
         raise ConfigError(f"{path} holds {'an' if arch[0] in 'aeiou' else 'a'} {arch} model; fine-tuning for "
@@ -86,6 +88,29 @@ def classifier_from_pretrained(path: str | Path, num_labels: int, pooling: str =
     missing = model.load_state_dict(state, strict=False).missing_keys
     assert all(not k.startswith("encoder.") for k in missing), missing
     return model
+
+
+def _xlnet_classifier(base, num_labels: int, pooling: str, id2label: dict | None):
+    """XLNetForSequenceClassification from a pretrained XLNet: pooling "cls" keeps the folder's summary (XLNet's
+    <cls> is the last token), "mean" averages the positions; summary and logits_proj are fresh."""
+    from lmkit.models.xlnet import XLNet
+
+    extra = {k: v for k, v in base.config.extra.items() if k not in ("head", "num_labels", "id2label")}
+    if pooling == "mean":
+        extra["summary"] = {**extra.get("summary", {}), "summary_type": "mean"}
+    if id2label:
+        extra["id2label"] = id2label
+    model = XLNet(base.config.replace(extra=extra), head="sequence", num_labels=num_labels)
+    state = {k: v for k, v in base.state_dict().items() if k.startswith("transformer.")}
+    missing = model.load_state_dict(state, strict=False).missing_keys
+    assert all(not k.startswith("transformer.") for k in missing), missing
+    return model
+
+
+def reads_last_position(model) -> bool:
+    """True for a model that classifies from its last position (XLNet's summary "last"): batches pad on the left."""
+    summary = model.config.extra.get("summary", {}) if model.config.position == "xl" else {}
+    return model.config.position == "xl" and summary.get("summary_type", "last") == "last"
 
 
 def _batches(tok, examples: list[Example], labels: dict[str, int], batch_size: int, max_length: int,
@@ -143,6 +168,8 @@ def finetune(cfg: FinetuneConfig) -> dict:
     labels = {n: i for i, n in enumerate(names)}
     tok = load_tokenizer(cfg.model)
     model = classifier_from_pretrained(cfg.model, len(names), cfg.pooling, {str(i): n for i, n in enumerate(names)})
+    if reads_last_position(model):
+        tok.padding_side = "left"
     from lmkit.peft.finetune import fitting_length, peft_for_task
 
     cfg = replace(cfg, max_length=fitting_length(model.config.max_seq_len, cfg.peft, cfg.peft_settings or {},

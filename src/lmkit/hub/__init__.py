@@ -20,7 +20,7 @@ from lmkit.hub.files import atomic_write_json, read_json, read_weights, write_we
 
 # model_type -> module holding MODEL_TYPES, config_from_hf, config_to_hf, rules, ALIASES, IGNORED_SUFFIXES
 FAMILY_MODULES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "roberta", "distilbert", "t5", "bart",
-                  "mbart")
+                  "mbart", "xlnet")
 
 
 def _families() -> dict[str, ModuleType]:
@@ -95,7 +95,8 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
     family = None if "lmkit" in raw and "model_type" not in raw else family_of(raw.get("model_type"))
     hf = read_weights(folder)
     # a decoder checkpoint with a task head's tensors: loading the rest as a language model would silently drop it
-    head = next((k for k in DECODER_HEAD_TENSORS if k in hf), None) if config.architecture == "decoder" else None
+    head = next((k for k in DECODER_HEAD_TENSORS if k in hf), None) \
+        if config.architecture == "decoder" and config.position != "xl" else None  # causal XLNet has its heads
     if head is not None and family is not None:
         raise ConfigError(f"{folder} holds {head}, the tensor of a task head (classification, question answering, "
                           f"multiple choice) that lmkit's {raw.get('model_type')} language model lacks; load a folder "

@@ -1,7 +1,8 @@
 """Weight-name tables between lmkit and Hugging Face, and the code that applies them.
 
 A `Rule` maps one or more lmkit tensors to one Hugging Face tensor: a rename, a transpose
-(GPT-2's Conv1D stores weights as (in, out)), or a concatenation along dim 0 (GPT-2's fused c_attn).
+(GPT-2's Conv1D stores weights as (in, out)), a concatenation along dim 0 (GPT-2's fused c_attn), or a split of
+the last dimension into heads (XLNet stores each projection as (d_model, n_heads, d_head)).
 """
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ class Rule:
     ours: tuple[str, ...]
     hf: str
     transpose: bool = False
+    split_heads: int = 0  # > 0: the HF tensor is (rows, split_heads, -1), ours (rows, split_heads * that) (transposed)
 
 
-def rename(ours: str, hf: str, transpose: bool = False) -> Rule:
-    return Rule((ours,), hf, transpose)
+def rename(ours: str, hf: str, transpose: bool = False, split_heads: int = 0) -> Rule:
+    return Rule((ours,), hf, transpose, split_heads)
 
 
 def to_hf(state: dict[str, torch.Tensor], rules: list[Rule]) -> dict[str, torch.Tensor]:
@@ -28,7 +30,8 @@ def to_hf(state: dict[str, torch.Tensor], rules: list[Rule]) -> dict[str, torch.
     out = {}
     for rule in rules:
         t = torch.cat([state[name] for name in rule.ours], dim=0) if len(rule.ours) > 1 else state[rule.ours[0]]
-        out[rule.hf] = (t.t() if rule.transpose else t).contiguous()
+        t = t.t() if rule.transpose else t
+        out[rule.hf] = (t.reshape(t.shape[0], rule.split_heads, -1) if rule.split_heads else t).contiguous()
     return out
 
 
@@ -51,6 +54,8 @@ def from_hf(hf: dict[str, torch.Tensor], rules: list[Rule], expected: dict[str, 
                                   "layers than saved, or another family than config.json names); fix config.json "
                                   "or re-save the model")
         t = hf[name]
+        if rule.split_heads and t.ndim == 3:
+            t = t.reshape(t.shape[0], -1)
         if rule.transpose:
             t = t.t()
         sizes = [expected[o].shape[0] for o in rule.ours]

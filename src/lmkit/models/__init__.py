@@ -7,7 +7,11 @@ from lmkit.models.stack import Stack
 
 
 def build_model(config: ModelConfig) -> PreTrainedModel:
-    """A fresh model of the class that config.architecture names."""
+    """A fresh model of the class that config.architecture names (XLNet for Transformer-XL positions)."""
+    if config.position == "xl":
+        from lmkit.models.xlnet import XLNet
+
+        return XLNet(config)
     if config.architecture == "decoder":
         return CausalLM(config)
     if config.architecture == "encoder":

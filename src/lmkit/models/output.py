@@ -20,6 +20,7 @@ class ModelOutput:
     start_logits: torch.Tensor | None = None      # extractive question answering (B, T)
     end_logits: torch.Tensor | None = None
     nsp_logits: torch.Tensor | None = None        # next-sentence prediction (B, 2) beside MLM logits
+    mems: tuple[torch.Tensor, ...] | None = None  # XLNet's memory per layer, time-major (T, B, d)
     loss: torch.Tensor | None = None
 
     @property

@@ -73,6 +73,16 @@ CLASSES = {"LlamaTokenizer": (_llama, "BPE"), "Qwen2Tokenizer": (_qwen2, "BPE"),
            "MBartTokenizer": (_mbart, "Unigram")}
 
 
+# classes whose padding_side is not transformers' "right" default (XLNet puts <cls> last and pads on the left)
+CLASS_PADDING_SIDES = {"XLNetTokenizer": "left"}
+
+
+def padding_side_of(config: dict) -> str | None:
+    """The side transformers 5 pads a folder's batches on: tokenizer_config.json's padding_side, else its class's."""
+    name = str(config.get("tokenizer_class") or "").removesuffix("Fast")
+    return config.get("padding_side") or CLASS_PADDING_SIDES.get(name)
+
+
 def apply_class_pipeline(d: dict, config: dict) -> dict:
     """tokenizer.json `d` as the class named in tokenizer_config.json (`config`) rebuilds it in transformers 5."""
     name = str(config.get("tokenizer_class") or "").removesuffix("Fast")

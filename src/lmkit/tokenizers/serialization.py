@@ -7,7 +7,7 @@ from pathlib import Path
 from lmkit.atomic import atomic_write_json
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.decoders import decoder_from_json
-from lmkit.tokenizers.hf_classes import apply_class_pipeline
+from lmkit.tokenizers.hf_classes import apply_class_pipeline, padding_side_of
 from lmkit.tokenizers.models import model_from_json
 from lmkit.tokenizers.normalizers import normalizer_from_json
 from lmkit.tokenizers.pre_tokenizers import pre_tokenizer_from_json
@@ -79,10 +79,13 @@ def load_tokenizer(path) -> Tokenizer:
         raise TokenizerError(f"{p} is not valid JSON ({exc}); re-save it with tokenizer.save()") from exc
     if not isinstance(d, dict):
         raise TokenizerError(f"{p} must hold a JSON object (a tokenizer.json), found {type(d).__name__}")
-    if Path(path).is_dir():
-        d = apply_class_pipeline(d, _read_config(folder))  # a folder reads as transformers 5's AutoTokenizer
+    config = _read_config(folder) if Path(path).is_dir() else {}
+    if config:
+        d = apply_class_pipeline(d, config)  # a folder reads as transformers 5's AutoTokenizer
     try:
-        return tokenizer_from_json(d, _special_tokens_map(folder))
+        tok = tokenizer_from_json(d, _special_tokens_map(folder))
+        tok.padding_side = padding_side_of(config)
+        return tok
     except TokenizerError as exc:
         raise TokenizerError(f"{p}: {exc}") from None
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
@@ -105,6 +108,8 @@ def save_pretrained(tok: Tokenizer, folder) -> list[str]:
     max_len = (tok.truncation or {}).get("max_length")
     if max_len:
         config["model_max_length"] = max_len
+    if tok.padding_side:
+        config["padding_side"] = tok.padding_side
     paths = [save_tokenizer(tok, folder / "tokenizer.json")]
     for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", roles)):
         atomic_write_json(folder / name, obj)

@@ -40,6 +40,7 @@ class Tokenizer:
         self.post_processor, self.decoder = post_processor, decoder
         # tokenizer.json's settings: applied only when asked, then they give what the call leaves open
         self.truncation, self.padding = truncation, padding
+        self.padding_side: str | None = None  # a transformers folder's side (tokenizer_config.json's or its class's)
         self.added = AddedVocabulary(list(added_tokens), normalizer)
         self._cache: dict[str, list[int]] = {}
         self._roles: dict[str, int | None] = {}
@@ -232,8 +233,8 @@ class Tokenizer:
                 if not length:
                     raise TokenizerError("padding='max_length' needs max_length=N")
             multiple = pad_to_multiple_of if pad_to_multiple_of is not None else json.get("pad_to_multiple_of")
-            pad(encs, self.pad_token_id, length, multiple, side_of(padding_side or json.get("direction")),
-                json.get("pad_type_id", 0))
+            side = side_of(padding_side or self.padding_side or json.get("direction"))
+            pad(encs, self.pad_token_id, length, multiple, side, json.get("pad_type_id", 0))
         return encs
 
     def encode_batch(self, texts, pairs=None, add_special_tokens: bool = True, padding=False,
@@ -330,7 +331,7 @@ class Tokenizer:
         return save_pretrained(self, folder)
 
     def __getstate__(self):
-        return {"json": self.to_str(), "roles": self._roles}
+        return {"json": self.to_str(), "roles": self._roles, "padding_side": self.padding_side}
 
     def __setstate__(self, state):
         from lmkit.tokenizers.serialization import tokenizer_from_json
@@ -338,6 +339,7 @@ class Tokenizer:
         other = tokenizer_from_json(json.loads(state["json"]))
         self.__dict__.update(other.__dict__)
         self._roles = state["roles"]
+        self.padding_side = state.get("padding_side")
 
     def __repr__(self) -> str:
         return f"Tokenizer({type(self.model).__name__}, vocab_size={self.vocab_size})"

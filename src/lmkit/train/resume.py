@@ -98,12 +98,14 @@ def preset_drift(recorded: ModelConfig, preset: ModelConfig, name: str) -> str |
 def check_architecture(objective, model: ModelConfig, cfg: TrainConfig, recorded: Path | None) -> None:
     """Refuse a model the objective cannot train, naming where its architecture came from: the preset, or the
     model_config that the checkpoint `recorded` holds (a resumed run rebuilds that model, whatever the preset)."""
-    if model.architecture == objective.architecture:
+    position = getattr(objective, "position", None)  # plm trains XLNet's two-stream attention only
+    if model.architecture == objective.architecture and position in (None, model.position):
         return
     if recorded is None:
         where, todo = f"preset {cfg.preset!r}", "pick a matching preset"
     else:  # the run's own objective and model disagree: its state.json was edited or written by another version
         where = f"the model recorded in {recorded / 'state.json'} (model_config)"
         todo = "the run's recorded settings do not fit its recorded model; start a new run with another --out"
-    raise TrainingError(f"--objective {cfg.objective} trains {objective.architecture} models, but {where} is "
-                        f"{model.architecture}; {todo}")
+    wants = f"{objective.architecture} models" + (f" with position {position!r}" if position else "")
+    has = model.architecture + (f" with position {model.position!r}" if position else "")
+    raise TrainingError(f"--objective {cfg.objective} trains {wants}, but {where} is {has}; {todo}")

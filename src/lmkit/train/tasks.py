@@ -114,7 +114,7 @@ class FixedCorruptionEvaluation:
 
 def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objective: str, seq_len: int | None = None,
                     batch_size: int = 16) -> dict[str, float]:
-    """The validation numbers an `objective` run (mlm, span, denoise) reports on `corpus`: the loss of the
+    """The validation numbers an `objective` run (mlm, span, denoise, plm) reports on `corpus`: the loss of the
     tokens its fixed corruption of the rows hides or asks for."""
     from lmkit.data.stream import eval_rows, tokenize_corpus
     from lmkit.data.tokenize import special_ids, vocab_size_of
@@ -132,3 +132,4 @@ def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objecti
 
 from lmkit.train import masked as _masked  # noqa: E402,F401  (registers "mlm")
 from lmkit.train import denoise as _denoise  # noqa: E402,F401  (registers "span" and "denoise")
+from lmkit.train import plm as _plm  # noqa: E402,F401  (registers "plm")
