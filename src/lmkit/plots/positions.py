@@ -33,10 +33,11 @@ def rope_scores(q: torch.Tensor, k: torch.Tensor, positions_q: torch.Tensor, pos
 def plot_positions(out: str | Path, n_positions: int = 128, dim: int = 128, base: float = 10000.0,
                    rope_dim: int = 64, max_offset: int = 256, seed: int = 0) -> Path:
     """positions.png: the sinusoidal heatmap (position x dimension) and RoPE's q.k against m - n for a fixed
-    random pair (q, k), drawn at two key positions n to show that only the offset matters."""
+    random q with k = q, drawn at two key positions n to show that only the offset matters."""
     table = sinusoidal_table(n_positions, dim, base)
     g = torch.Generator().manual_seed(seed)
-    q, k = torch.randn(rope_dim, generator=g), torch.randn(rope_dim, generator=g)
+    q = torch.randn(rope_dim, generator=g)
+    k = q  # a key equal to the query: the score peaks at |q|^2 at offset 0 and falls off with the offset
     offsets = torch.arange(-max_offset, max_offset + 1)
     curves = {n: rope_scores(q, k, offsets + n, n) for n in (0, 1000)}
     fig = new_figure(12, 4.5)
@@ -54,6 +55,6 @@ def plot_positions(out: str | Path, n_positions: int = 128, dim: int = 128, base
     ax.set_title(f"RoPE score against the offset (d = {rope_dim})")
     ax.legend()
     ax.grid(alpha=0.3)
-    data = {"sinusoidal": table.tolist(), "base": base, "offsets": offsets.tolist(),
+    data = {"sinusoidal": table.tolist(), "base": base, "offsets": offsets.tolist(), "q": q.tolist(),
             "rope": {str(n): s.tolist() for n, s in curves.items()}}
     return save(fig, out, data)
