@@ -130,6 +130,12 @@ def test_attention_cli_draws_the_grid_and_an_offline_viewer(tmp_path, family):
         heads = np.array(heads)
         np.testing.assert_allclose(heads.sum(-1), 1.0, atol=1e-4)
         assert heads.shape[1:] == (len(data["queries"][label]), len(data["keys"][label]))
+    assert main(["plot", "attention", "--model", str(folder), "--text", "ab", "--out", str(tmp_path / "one.png"),
+                 "--layers", "2", "--heads", "2"]) == 0
+    one = json.loads((tmp_path / "one.json").read_text(encoding="utf-8"))
+    assert one["layers"] == [data["layers"][1]] and len(one["maps"][one["layers"][0]]) == 1
+    assert main(["plot", "attention", "--model", str(folder), "--text", "ab", "--out", str(tmp_path / "x.png"),
+                 "--heads", "9"]) == 2
     page = out.with_suffix(".html").read_text(encoding="utf-8")
     assert "http://" not in page and "https://" not in page and "<script src" not in page
     assert page.count("</script>") == 2  # the text's "</script>" is escaped inside the data block

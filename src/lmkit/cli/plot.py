@@ -25,6 +25,8 @@ def register(subparsers) -> None:
     att.add_argument("--text", required=True, metavar="TEXT")
     att.add_argument("--out", default="attention.png", metavar="PNG")
     att.add_argument("--html", default=None, metavar="FILE", help="the offline viewer (default: the PNG's name, .html)")
+    att.add_argument("--layers", type=int, nargs="+", metavar="N", help="only these attention layers (1 = the first; all by default)")
+    att.add_argument("--heads", type=int, nargs="+", metavar="H", help="only these heads (1 = the first; all by default)")
     att.set_defaults(func=run_attention)
     emb = sub.add_parser("embeddings", help="2-D PCA of token embeddings or word vectors")
     src = emb.add_mutually_exclusive_group(required=True)
@@ -81,12 +83,29 @@ def run_attention(args: argparse.Namespace) -> int:
         return decoder_tokens, tokens if label.endswith(" cross") else decoder_tokens
 
     arrays = {l: m[0].float().numpy() for l, m in maps.items()}
+    arrays = {l: arrays[l] for l in select(list(arrays), args.layers, "--layers")}
+    if args.heads:
+        n_heads = min(a.shape[0] for a in arrays.values())
+        heads = [h - 1 for h in select(list(range(1, n_heads + 1)), args.heads, "--heads")]
+        arrays = {l: a[heads] for l, a in arrays.items()}
     labels = {l: axes(l) for l in arrays}
     name = Path(args.model).resolve().name
     png = plot_attention_grid(arrays, labels, args.out, title=f"attention of {name}")
     page = attention_html(arrays, labels, args.html or Path(args.out).with_suffix(".html"), title=f"attention of {name}")
     print(f"wrote {png} and {page}")
     return 0
+
+
+def select(items: list, numbers: list[int] | None, flag: str) -> list:
+    """items[n - 1] for each 1-based n (all items when numbers is None)."""
+    from lmkit.errors import ConfigError
+
+    if not numbers:
+        return items
+    bad = [n for n in numbers if not 1 <= n <= len(items)]
+    if bad:
+        raise ConfigError(f"{flag} {' '.join(map(str, bad))}: choose numbers from 1 to {len(items)}")
+    return [items[n - 1] for n in numbers]
 
 
 def run_embeddings(args: argparse.Namespace) -> int:

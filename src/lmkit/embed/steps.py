@@ -89,7 +89,15 @@ class Steps:
             self.enabled = False
 
     def __call__(self, name: str, *args) -> None:
+        eager = skipgram_step if name == "skipgram" else cbow_step
         fn = self.compiled.get(name)
         if fn is None or args[1].shape[0] != self.batch[name]:
-            fn = skipgram_step if name == "skipgram" else cbow_step
-        fn(*args)
+            return eager(*args)
+        try:
+            fn(*args)
+        except RuntimeError as err:  # dynamo refused the call in this thread before running it: nothing was updated
+            if "no compiled frames" not in str(err):
+                raise
+            _log.info("compiled word2vec step refused here (%s); running eagerly", err)
+            self.compiled.pop(name, None)
+            eager(*args)
