@@ -59,7 +59,7 @@ class Word2VecConfig:
 
 @dataclass
 class TrainReport:
-    words: int = 0  # corpus words seen over all epochs, before subsampling (gensim's "effective words" + dropped)
+    words: int = 0  # in-vocabulary corpus words over all epochs, counted before subsampling
     seconds: float = 0.0
 
     @property
@@ -114,7 +114,10 @@ def _windows(n_total: int, start: int, end: int, sentence_of: np.ndarray, window
 
 
 class Word2Vec:
-    """Trains word vectors on tokenized sentences; `.vectors` holds the input vectors as WordVectors."""
+    """Trains word vectors on tokenized sentences: `train` returns the input vectors as WordVectors.
+
+    The corpus is read in chunks of CHUNK_WORDS words, subsampled, then cut into windows; a window does not
+    reach across a sentence's end, nor across the end of a chunk."""
 
     def __init__(self, config: Word2VecConfig | None = None):
         self.config = config or Word2VecConfig()
