@@ -19,6 +19,12 @@ MAX_EXP = 6.0
 _log = logging.getLogger(__name__)
 
 
+def rows_of(matrix: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """matrix[index] for a (B, n) index as (B, n, d); a flat index_select is several times faster on CPU
+    than advanced indexing with a 2-D index."""
+    return matrix.index_select(0, index.reshape(-1)).view(*index.shape, matrix.shape[1])
+
+
 def output_gradient(h: torch.Tensor, lr: torch.Tensor, neg: torch.Tensor | None, rows: torch.Tensor | None,
                     hs: torch.Tensor | None, points: torch.Tensor | None, codes: torch.Tensor | None,
                     path_mask: torch.Tensor | None, target: torch.Tensor) -> torch.Tensor:
@@ -27,29 +33,29 @@ def output_gradient(h: torch.Tensor, lr: torch.Tensor, neg: torch.Tensor | None,
     B, d = h.shape
     step = torch.zeros_like(h)
     if neg is not None:
-        u = neg[rows]  # (B, 1 + k, d)
+        u = rows_of(neg, rows)  # (B, 1 + k, d)
         f = torch.sigmoid((u * h[:, None, :]).sum(-1))
         label = torch.zeros_like(f)
         label[:, 0] = 1.0
         g = (label - f) * lr
         own = torch.cat((torch.zeros_like(rows[:, :1], dtype=torch.bool), rows[:, 1:] == rows[:, :1]), dim=1)
         g = g.masked_fill(own, 0.0)
-        step = step + (g[:, :, None] * u).sum(1)
+        step = step + torch.bmm(g[:, None, :], u)[:, 0]
         neg.index_add_(0, rows.reshape(-1), (g[:, :, None] * h[:, None, :]).reshape(-1, d))
     if hs is not None:
         nodes, code, mask = points[target], codes[target], path_mask[target]
-        u = hs[nodes]
+        u = rows_of(hs, nodes)
         score = (u * h[:, None, :]).sum(-1)
         keep = mask & (score.abs() < MAX_EXP)
         g = ((1.0 - code - torch.sigmoid(score)) * lr).masked_fill(~keep, 0.0)
-        step = step + (g[:, :, None] * u).sum(1)
+        step = step + torch.bmm(g[:, None, :], u)[:, 0]
         hs.index_add_(0, nodes.reshape(-1), (g[:, :, None] * h[:, None, :]).reshape(-1, d))
     return step
 
 
 def skipgram_step(W, inputs, target, lr, neg, rows, hs, points, codes, path_mask) -> None:
     """Skip-gram: h = W[inputs] (the context words), predicting `target` (the center words)."""
-    h = W[inputs]
+    h = W.index_select(0, inputs)
     W.index_add_(0, inputs, output_gradient(h, lr, neg, rows, hs, points, codes, path_mask, target))
 
 
@@ -57,7 +63,7 @@ def cbow_step(W, context, context_mask, target, lr, neg, rows, hs, points, codes
     """CBOW: h = mean of W over each window's context words (B, 2 window; mask marks the real ones); every
     context word gets the whole step for h (gensim's cbow_mean=1)."""
     m = context_mask.to(W.dtype)
-    h = (W[context] * m[:, :, None]).sum(1) / m.sum(1).clamp(min=1.0)[:, None]
+    h = torch.bmm(m[:, None, :], rows_of(W, context))[:, 0] / m.sum(1).clamp(min=1.0)[:, None]
     step = output_gradient(h, lr, neg, rows, hs, points, codes, path_mask, target)
     W.index_add_(0, context.reshape(-1), (step[:, None, :] * m[:, :, None]).reshape(-1, W.shape[1]))
 
