@@ -93,6 +93,15 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if is_causal and bias is None and not dropout and q.shape[2] == k.shape[2]:
         return BlockCausalAttention.apply(q, k, v, scale, _QUERY_BLOCK)
+    probs = attention_probabilities(q, k, bias, is_causal, scale)
+    if dropout:
+        probs = F.dropout(probs, p=dropout)
+    return torch.matmul(probs, v)
+
+
+def attention_probabilities(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, is_causal: bool,
+                            scale: float) -> torch.Tensor:
+    """softmax(Q K^T * scale + mask) (B, H, T_q, T_k); k has as many heads as q."""
     scores = torch.matmul(q * scale, k.transpose(-1, -2))
     low = torch.finfo(scores.dtype).min
     if bias is not None and bias.dtype == torch.bool:
@@ -102,10 +111,7 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
     elif is_causal:
         t_q, t_k = scores.shape[-2:]
         scores.add_(torch.full((t_q, t_k), low, dtype=scores.dtype, device=q.device).triu_(t_k - t_q + 1))
-    probs = torch.softmax(scores, dim=-1)
-    if dropout:
-        probs = F.dropout(probs, p=dropout)
-    return torch.matmul(probs, v)
+    return torch.softmax(scores, dim=-1)
 
 
 class KVCache:
@@ -169,6 +175,8 @@ class Attention(nn.Module):
         self.scale = config.attention_scale
         self.dropout = config.attention_dropout
         self._fused: tuple | None = None  # (key, weight, bias) of the fused q/k/v projection, for inference
+        self.keep_probabilities = False  # opt-in: attend in matrix products and keep softmax(QK^T) in .probabilities
+        self.probabilities: torch.Tensor | None = None
 
     def _fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """[W_q; W_k; W_v]^T (d, q + 2 kv) and the joined biases, rebuilt whenever a weight changes; None
@@ -242,7 +250,13 @@ class Attention(nn.Module):
         if bias is not None and bias.dtype != torch.bool and bias.dtype != q.dtype:
             bias = bias.to(q.dtype)
         dropout = self.dropout if self.training else 0.0
-        if q.device.type == "cpu" and q.dtype in _LOW_PRECISION and torch.is_grad_enabled() and T > 1 \
+        if self.keep_probabilities:
+            kq, vq = (k.repeat_interleave(self.n_heads // k.shape[1], 1), v.repeat_interleave(self.n_heads // v.shape[1], 1)) \
+                if gqa else (k, v)
+            scale = q.shape[-1] ** -0.5 if self.scale is None else self.scale
+            self.probabilities = attention_probabilities(q, kq, bias, is_causal and bias is None, scale)
+            out = torch.matmul(F.dropout(self.probabilities, p=dropout) if dropout else self.probabilities, vq)
+        elif q.device.type == "cpu" and q.dtype in _LOW_PRECISION and torch.is_grad_enabled() and T > 1 \
                 and B * self.n_heads * T * k.shape[2] <= _EAGER_MAX_SCORES:
             out = eager_attention(q, k, v, bias, is_causal and bias is None, self.scale, dropout)
         else:

@@ -1,0 +1,77 @@
+"""`lmkit embed`: word vectors. `train` runs word2vec (skip-gram or CBOW, negative sampling and/or
+hierarchical softmax) on a corpus; `similar` prints a word's nearest neighbours or an analogy's answers.
+
+train writes DIR/vectors.safetensors, DIR/vocab.json (words most frequent first, their counts) and
+DIR/vectors.txt in the word2vec text format (gensim's KeyedVectors.load_word2vec_format reads it).
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("embed", help="train word vectors (word2vec) and query them", description=__doc__)
+    sub = p.add_subparsers(dest="embed_command", metavar="ACTION")
+    t = sub.add_parser("train", help="train word2vec vectors on a corpus")
+    t.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
+                   help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
+    t.add_argument("--out", required=True, metavar="DIR", help="folder for vectors.safetensors, vocab.json, vectors.txt")
+    t.add_argument("--dim", type=int, default=100, help="vector size (default 100)")
+    t.add_argument("--window", type=int, default=5, help="largest window; each position draws one in 1..N (default 5)")
+    t.add_argument("--negative", type=int, default=5, help="noise words per pair (0: none; default 5)")
+    t.add_argument("--min-count", type=int, default=5, help="drop words seen fewer times (default 5)")
+    t.add_argument("--sample", type=float, default=1e-3, help="subsampling threshold t (0: keep all; default 1e-3)")
+    t.add_argument("--epochs", type=int, default=5, help="passes over the corpus (default 5)")
+    t.add_argument("--alpha", type=float, default=0.025, help="initial learning rate, decaying linearly (default 0.025)")
+    kind = t.add_mutually_exclusive_group()
+    kind.add_argument("--sg", dest="sg", action="store_true", default=True, help="skip-gram (the default)")
+    kind.add_argument("--cbow", dest="sg", action="store_false", help="CBOW: predict a word from its window's mean")
+    t.add_argument("--hs", action="store_true", help="hierarchical softmax (with --negative 0 alone, else with it)")
+    t.add_argument("--seed", type=int, default=1)
+    t.add_argument("--threads", type=int, default=2, help="worker threads (default 2)")
+    t.set_defaults(func=run_train)
+    s = sub.add_parser("similar", help="nearest words, or a : b :: c : ? with --analogy")
+    s.add_argument("--vectors", required=True, metavar="DIR", help="a folder from `lmkit embed train`, or a word2vec text file")
+    s.add_argument("words", nargs="+", metavar="WORD", help="words whose mean to search near (three with --analogy)")
+    s.add_argument("--analogy", action="store_true", help="a b c: the words w with b - a + c nearest (3CosAdd)")
+    s.add_argument("--topn", type=int, default=10)
+    s.set_defaults(func=run_similar)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from lmkit.data import load_corpus
+    from lmkit.data.corpus import refuse_output_folder
+    from lmkit.embed import Word2Vec, Word2VecConfig, sentences_of
+    from lmkit.embed.vectors import TEXT_FILE, VECTORS_FILE, VOCAB_FILE
+
+    refuse_output_folder(args.corpus, "--out", args.out, [VECTORS_FILE, VOCAB_FILE, TEXT_FILE])
+    cfg = Word2VecConfig(dim=args.dim, window=args.window, negative=args.negative, hs=args.hs, sg=args.sg,
+                         min_count=args.min_count, sample=args.sample, epochs=args.epochs, alpha=args.alpha,
+                         seed=args.seed, threads=args.threads)
+    cfg.check()
+    sentences = list(sentences_of(load_corpus(args.corpus).texts()))
+    vectors, report = Word2Vec(cfg).train(sentences)
+    vectors.save(args.out)
+    print(f"{len(vectors)} words x {vectors.dim} dims, {report.words:,} words trained in {report.seconds:.1f} s "
+          f"({report.words_per_second:,.0f} words/s); wrote {args.out}")
+    return 0
+
+
+def run_similar(args: argparse.Namespace) -> int:
+    from lmkit.embed import WordVectors
+    from lmkit.errors import ConfigError
+
+    vectors = WordVectors.load(args.vectors)
+    missing = [w for w in args.words if w not in vectors]
+    if missing:
+        raise ConfigError(f"not in the vocabulary: {' '.join(missing)}; pick words the vectors know")
+    if args.analogy:
+        if len(args.words) != 3:
+            raise ConfigError("--analogy takes three words a b c (a : b :: c : ?)")
+        found = vectors.analogy(*args.words, topn=args.topn)
+    else:
+        found = vectors.most_similar(positive=args.words, topn=args.topn)
+    for word, score in found:
+        print(f"{score:.4f}  {word}")
+    return 0

@@ -1,0 +1,31 @@
+"""The logit-lens grid: layers (rows) by positions (columns), each cell the lens's top next token, colored by
+its probability."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from lmkit.plots import new_figure, save
+
+
+def plot_lens(names: Sequence[str], inputs: Sequence[str], top_tokens: Sequence[Sequence[str]],
+              top_probs: Sequence[Sequence[float]], out: str | Path, title: str = "") -> Path:
+    """top_tokens[l][t], top_probs[l][t]: the most likely next token after position t read at layer l."""
+    import numpy as np
+
+    probs = np.asarray(top_probs, dtype=np.float64)
+    L, T = probs.shape
+    fig = new_figure(max(6, 1.1 * T + 2), max(3, 0.45 * L + 1.5))
+    ax = fig.add_subplot(1, 1, 1)
+    im = ax.imshow(probs, aspect="auto", cmap="Blues", vmin=0, vmax=1, origin="lower", interpolation="nearest")
+    for l in range(L):
+        for t in range(T):
+            ax.text(t, l, repr(top_tokens[l][t])[1:-1], ha="center", va="center", fontsize=7,
+                    color="white" if probs[l, t] > 0.6 else "black")
+    ax.set_xticks(range(T), [repr(s)[1:-1] for s in inputs], rotation=45, ha="right", fontsize=7)
+    ax.set_yticks(range(L), names, fontsize=7)
+    ax.set_xlabel("input token (the cell predicts the next one)")
+    ax.set_title(title or "logit lens: top next token per layer")
+    fig.colorbar(im, ax=ax, label="probability")
+    return save(fig, out, {"layers": list(names), "inputs": list(inputs), "tokens": [list(r) for r in top_tokens],
+                           "probabilities": probs.tolist()})
