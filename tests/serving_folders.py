@@ -1,0 +1,42 @@
+"""Tiny decoder folders with a byte-level BPE tokenizer (and a chat template) for the serving tests."""
+import json
+
+import torch
+
+import lmkit
+
+TEXTS = ["hello world, this is a small test of the serving engine", "def f(x):\n    return x + 1",
+         "The quick brown fox jumps over the lazy dog.", "naïve café — 東京 🙂", "stop here STOP there"] * 8
+
+# a ChatML template (as Qwen2 folders ship it), read by the tokenizer's apply_chat_template
+CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
+                 "+ '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+                 "{% endif %}")
+
+
+def make_folder(path, family: str = "gpt2", seed: int = 0, chat: bool = True, n_positions: int = 256):
+    """A random tiny `family` ("gpt2" or "llama") folder whose vocabulary is the tokenizer's."""
+    import transformers
+
+    tok = lmkit.train_tokenizer(TEXTS, kind="bpe", vocab_size=300,
+                                special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    vocab = tok.vocab_size
+    eos = tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(seed)
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=n_positions,
+                                      bos_token_id=eos, eos_token_id=eos)
+        model = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       max_position_embeddings=n_positions, bos_token_id=eos, eos_token_id=eos)
+        model = transformers.LlamaForCausalLM(cfg)
+    model.save_pretrained(path)
+    tok.save(str(path / "tokenizer.json"))
+    config = {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast",
+              "model_max_length": n_positions}
+    if chat:
+        config["chat_template"] = CHAT_TEMPLATE
+    (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return path
