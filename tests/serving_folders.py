@@ -40,3 +40,50 @@ def make_folder(path, family: str = "gpt2", seed: int = 0, chat: bool = True, n_
         config["chat_template"] = CHAT_TEMPLATE
     (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     return path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningServer:
+    """`lmkit serve`'s app under uvicorn in a thread of the test, on a free loopback port, ready when entered."""
+
+    def __init__(self, folder, **options):
+        from lmkit.serve import build_app
+
+        self.app = build_app(folder, **options)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def state(self):
+        return self.app.state.server
+
+    def __enter__(self):
+        import threading
+        import time
+
+        import httpx
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("the server did not become healthy")
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

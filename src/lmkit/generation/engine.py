@@ -20,6 +20,7 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
+from lmkit.generation.logits import count_penalties
 from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, stop_reached
 
 
@@ -101,6 +102,8 @@ class Request:
     logprobs: int | None = None  # this many alternatives per new token (0: the chosen token's log-probability only)
     prompt_logprobs: int | None = None  # the same for each prompt token after the first
     score_only: bool = False  # prefill and score the prompt, generate nothing
+    presence_penalty: float = 0.0  # OpenAI's penalties over the output's tokens (logits.count_penalties)
+    frequency_penalty: float = 0.0
     on_event: Callable[["Request"], None] | None = None
     # ---- written by the engine
     output: list[int] = field(default_factory=list)
@@ -292,11 +295,13 @@ class Engine:
         decoding, prompt = request.decoding, request.prompt
         step = len(request.output)
         sequence = torch.tensor([prompt + request.output], device=self.device)
+        raw = logits
+        logits = count_penalties(logits, request.output, request.presence_penalty, request.frequency_penalty)
         scores = next_scores(sequence, logits, step, len(prompt), decoding)
         token = int(pick(scores, decoding.config.do_sample, request.generator)[0])
         request.output.append(token)
         if request.logprobs is not None:
-            log_probs = torch.log_softmax(logits[0], dim=-1)
+            log_probs = torch.log_softmax(raw[0], dim=-1)  # the model's own distribution
             request.token_logprobs.append(float(log_probs[token]))
             request.top_logprobs.append(_top(log_probs, request.logprobs, token))
         if token in decoding.eos or (decoding.stops and stop_reached(request.tokenizer, request.output,
