@@ -14,7 +14,7 @@ CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role
                  "{% endif %}")
 
 
-def make_folder(path, family: str = "gpt2", seed: int = 0, chat: bool = True, n_positions: int = 256):
+def make_folder(path, family: str = "gpt2", seed: int = 0, chat: bool = True, n_positions: int = 256, width: int = 32):
     """A random tiny `family` ("gpt2" or "llama") folder whose vocabulary is the tokenizer's."""
     import transformers
 
@@ -24,11 +24,11 @@ def make_folder(path, family: str = "gpt2", seed: int = 0, chat: bool = True, n_
     eos = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(seed)
     if family == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=n_positions,
+        cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=width, n_layer=2, n_head=4, n_positions=n_positions,
                                       bos_token_id=eos, eos_token_id=eos)
         model = transformers.GPT2LMHeadModel(cfg)
     else:
-        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2,
                                        max_position_embeddings=n_positions, bos_token_id=eos, eos_token_id=eos)
         model = transformers.LlamaForCausalLM(cfg)
@@ -87,3 +87,34 @@ class RunningServer:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+def make_scripted_folder(path, messages: list[dict], reply: str):
+    """A GPT-2 folder whose greedy reply to `messages` (through the chat template) is `reply` then EOS: blocks that
+    add nothing, and an untied head that reads the answer off one-hot position embeddings."""
+    import transformers
+
+    make_folder(path, "gpt2", n_positions=128, width=64)
+    tok = lmkit.load_tokenizer(path)
+    prompt = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                        add_special_tokens=False)
+    target = tok.encode(reply, add_special_tokens=False) + [tok.token_to_id("<|endoftext|>")]
+    cfg = transformers.GPT2Config.from_pretrained(path)
+    cfg.tie_word_embeddings = False
+    model = transformers.GPT2LMHeadModel(cfg)
+    width = cfg.n_embd
+    assert len(target) <= width, "the reply must fit in n_embd distinct positions"
+    with torch.no_grad():
+        for block in model.transformer.h:
+            for proj in (block.attn.c_proj, block.mlp.c_proj):
+                proj.weight.zero_()
+                proj.bias.zero_()
+        model.transformer.wte.weight.mul_(0.01)
+        model.transformer.wpe.weight.zero_()
+        for p in range(cfg.n_positions):
+            model.transformer.wpe.weight[p, p % width] = 5.0
+        model.lm_head.weight.zero_()
+        for i, token in enumerate(target):
+            model.lm_head.weight[token, (len(prompt) - 1 + i) % width] += 10.0
+    model.save_pretrained(path)
+    return path
