@@ -26,6 +26,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    import sys
     from pathlib import Path
 
     import uvicorn
@@ -37,6 +38,9 @@ def run(args) -> int:
         raise ConfigError(f"--model {args.model} is not a folder; give a model folder (config.json, weights, tokenizer)")
     if args.max_concurrency < 1 or args.max_queue < 0 or args.prefill_chunk < 1:
         raise ConfigError("--max-concurrency and --prefill-chunk must be >= 1 and --max-queue >= 0")
+    # the engine's thread re-takes the GIL after every torch call; with the default 5 ms switch interval a busy event
+    # loop (many streams) would keep it waiting up to that long each time
+    sys.setswitchinterval(0.0002)
     app = build_app(args.model, api_key=args.api_key, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     cors_origins=args.cors_origins, max_body=args.max_body, prefill_chunk=args.prefill_chunk,
                     model_name=args.model_name)

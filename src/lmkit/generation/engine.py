@@ -20,6 +20,7 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
+from lmkit.generation.decode_plan import DecodePlan
 from lmkit.generation.logits import count_penalties
 from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, stop_reached
 
@@ -282,11 +283,15 @@ class Engine:
         slots = [r.slot for r in requests]
         view = _DecodeView(self.cache, slots, self.device)
         tokens = torch.tensor([[r.output[-1]] for r in requests], device=self.device)
-        out = self.model(tokens, attention_mask=view.allowed, position_ids=view.lengths[:, None],
-                         past_key_values=view, use_cache=True, logits_to_keep=1)
+        plan = DecodePlan.build(self.model, len(requests))  # the lean step generate takes too, where it applies
+        if plan is not None:
+            logits = plan.step(tokens, view, view.lengths[:, None], view.allowed)
+        else:
+            logits = self.model(tokens, attention_mask=view.allowed, position_ids=view.lengths[:, None],
+                                past_key_values=view, use_cache=True, logits_to_keep=1).logits[:, -1]
         for slot in slots:
             self.cache.lengths[slot] += 1
-        logits = out.logits[:, -1].float()
+        logits = logits.float()
         for row, request in enumerate(requests):
             self._choose(request, logits[row:row + 1])
 

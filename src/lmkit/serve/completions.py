@@ -201,10 +201,13 @@ class Generation:
                                         "logprobs": None, "finish_reason": None}])
             open_choices = list(self.choices)
             while open_choices:
-                waits = {asyncio.ensure_future(self.wait(c)): c for c in open_choices}
-                done, rest = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                for w in rest:
-                    w.cancel()
+                if len(open_choices) == 1:
+                    await self.wait(open_choices[0])
+                else:
+                    waits = [asyncio.ensure_future(self.wait(c)) for c in open_choices]
+                    _, rest = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    for w in rest:
+                        w.cancel()
                 for choice in list(open_choices):
                     if choice.request.finished or choice.shown < len(choice.request.output):
                         first = choice.shown
