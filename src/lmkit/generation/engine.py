@@ -299,7 +299,7 @@ class Engine:
         """Pick the next token of `request` from its raw logits (1, V), record it and check its stop criteria."""
         decoding, prompt = request.decoding, request.prompt
         step = len(request.output)
-        sequence = torch.tensor([prompt + request.output], device=self.device)
+        sequence = torch.tensor([prompt + request.output], device=self.device) if decoding.processing else None
         raw = logits
         logits = count_penalties(logits, request.output, request.presence_penalty, request.frequency_penalty)
         scores = next_scores(sequence, logits, step, len(prompt), decoding)

@@ -90,8 +90,10 @@ def decoding_for(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
                     options, forced, cfg.stops)
 
 
-def next_scores(sequences: torch.Tensor, scores: torch.Tensor, step: int, start: int, decoding: Decoding) -> torch.Tensor:
-    """The processed float32 scores of step `step` (0 = the first new token) after `sequences` (B, start + step)."""
+def next_scores(sequences: torch.Tensor | None, scores: torch.Tensor, step: int, start: int,
+                decoding: Decoding) -> torch.Tensor:
+    """The processed float32 scores of step `step` (0 = the first new token) after `sequences` (B, start + step;
+    only read when `decoding.processing`)."""
     if scores.dtype != torch.float32:
         scores = scores.float()
     if step < decoding.min_new_tokens:
