@@ -47,9 +47,9 @@ def make_folder(path: Path) -> Path:
     texts = [d.text for d in load_corpus("pydocs")][:300]
     tok = lmkit.train_tokenizer(texts, kind="bpe", vocab_size=4000, special_tokens=["<|endoftext|>"])
     torch.manual_seed(0)
-    eos = tok.token_to_id("<|endoftext|>")
+    # no EOS id: every side generates exactly --max-tokens tokens per request
     cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_embd=256, n_layer=4, n_head=8, n_positions=512,
-                                  bos_token_id=eos, eos_token_id=eos)
+                                  bos_token_id=None, eos_token_id=None)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(path)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
@@ -82,7 +82,7 @@ def baseline_app(folder: str):
         def work():
             with lock, torch.inference_mode():
                 model.generate(ids, max_new_tokens=body["max_tokens"], do_sample=False, streamer=streamer,
-                               pad_token_id=tok.eos_token_id)
+                               pad_token_id=0)
 
         threading.Thread(target=work, daemon=True).start()
 
@@ -109,13 +109,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(kind: str, folder: Path, threads: int, max_concurrency: int) -> tuple[subprocess.Popen, str]:
+def start(kind: str, folder: Path, threads: int, max_concurrency: int, prefill_chunk: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src"),
            "TOKENIZERS_PARALLELISM": "false"}
     if kind == "lmkit":
         cmd = [sys.executable, "-m", "lmkit", "serve", "--model", str(folder), "--port", str(port),
-               "--max-concurrency", str(max_concurrency), "--max-queue", "1024"]
+               "--max-concurrency", str(max_concurrency), "--max-queue", "1024", "--prefill-chunk", str(prefill_chunk)]
     else:
         cmd = [sys.executable, __file__, "--baseline-server", str(folder), "--port", str(port)]
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -194,7 +194,7 @@ def static_batched(folder: Path, prompts: list[str], max_tokens: int, threads: i
     model, tok = lmkit.load_model(folder), lmkit.load_tokenizer(folder)
     rows = [tok.encode(p) for p in prompts]
     width = max(map(len, rows))
-    pad = model.config.eos_token_id
+    pad = 0
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=2)  # warm-up
@@ -208,6 +208,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="*", default=[1, 4, 16, 64])
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--prefill-chunk", type=int, default=1024, help="lmkit serve's --prefill-chunk")
     parser.add_argument("--baseline-server", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -229,7 +230,7 @@ def main() -> None:
             prompts = [docs[i % len(docs)][:200 + 7 * i] for i in range(n)]  # mixed lengths, ~50-150 tokens
             rows = {}
             for kind in ("lmkit", "baseline"):
-                process, url = start(kind, folder, args.threads, max(16, n))
+                process, url = start(kind, folder, args.threads, max(16, n), args.prefill_chunk)
                 try:
                     asyncio.run(drive(url, prompts[:1], 4))  # warm-up
                     rows[kind] = asyncio.run(drive(url, prompts, args.max_tokens))
