@@ -46,14 +46,12 @@ class Server:
         from lmkit.generation.engine import Engine
 
         try:
-            config = json.loads((self.folder / "config.json").read_text(encoding="utf-8")) \
-                if (self.folder / "config.json").is_file() else {}
-            generative = any(a.endswith(("CausalLM", "LMHeadModel")) for a in config.get("architectures") or [])
-            if (self.folder / "modules.json").is_file() or not generative:
+            model = None if (self.folder / "modules.json").is_file() else lmkit.load_model(self.folder)
+            if model is None or model.config.architecture != "decoder":
                 self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder)
-                self.tokenizer = self.encoder.tokenizer if hasattr(self.encoder, "tokenizer") else None
+                self.tokenizer = self.encoder.tokenizer
             else:
-                self.model = lmkit.load_model(self.folder)
+                self.model = model
                 self.tokenizer = lmkit.load_tokenizer(self.folder)
                 self.special_ids = set(getattr(self.tokenizer, "all_special_ids", []) or [])
                 self.engine = Engine(self.model, max_batch=self.max_concurrency, prefill_chunk=self.prefill_chunk)
