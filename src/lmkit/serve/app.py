@@ -300,6 +300,8 @@ async def _generate(server: Server, http: Request, body, chat: bool):
     lengths = []
     for prompt in prompts:
         wanted = sampling.max_tokens if sampling.max_tokens is not None else server.context - len(prompt)
+        if chat and sampling.max_tokens == 0:
+            raise APIError(400, "max_tokens: must be at least 1", param="max_tokens", code="invalid_value")
         if chat and wanted <= 0:
             raise APIError(400, f"the prompt ({len(prompt)} tokens) fills the model's context of {server.context}",
                            param="messages", code="context_length_exceeded")
