@@ -6,6 +6,7 @@ from pathlib import Path
 
 from lmkit.atomic import atomic_write_json
 from lmkit.errors import TokenizerError
+from lmkit.tokenizers.chat_template import read_chat_templates, write_chat_templates
 from lmkit.tokenizers.decoders import decoder_from_json
 from lmkit.tokenizers.hf_classes import apply_class_pipeline, padding_side_of
 from lmkit.tokenizers.models import model_from_json
@@ -84,7 +85,12 @@ def load_tokenizer(path) -> Tokenizer:
         d = apply_class_pipeline(d, config)  # a folder reads as transformers 5's AutoTokenizer
     try:
         tok = tokenizer_from_json(d, _special_tokens_map(folder))
+<<<<<<< HEAD
         tok.padding_side = padding_side_of(config)
+=======
+        if Path(path).is_dir():
+            tok.chat_template = read_chat_templates(folder)
+>>>>>>> serve
         return tok
     except TokenizerError as exc:
         raise TokenizerError(f"{p}: {exc}") from None
@@ -114,7 +120,7 @@ def save_pretrained(tok: Tokenizer, folder) -> list[str]:
     for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", roles)):
         atomic_write_json(folder / name, obj)
         paths.append(str(folder / name))
-    return paths
+    return paths + write_chat_templates(getattr(tok, "chat_template", None), folder)
 
 
 def save_tokenizer(tok: Tokenizer, path) -> str:

@@ -1,0 +1,251 @@
+"""Serving throughput and latency: `lmkit serve` (continuous batching) against (a) the same streaming HTTP handler
+calling transformers' generate one request at a time, and (b) lmkit's static batched generate at that batch size.
+
+For 1, 4, 16 and 64 concurrent streaming clients on loopback (one request each, greedy, the same prompts for every
+side): output tokens/s, p50/p99 time to first token and inter-token latency, the ratios against (a) and (b), the
+CPU, and the server's peak RSS over the run. Servers run in their own processes with --threads torch threads.
+
+    python bench/bench_serve.py [--clients 1 4 16 64] [--max-tokens 32] [--threads 1]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def cpu_name() -> str:
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def make_folder(path: Path) -> Path:
+    """A random GPT-2-shaped model (d 256, 4 layers, 8 heads) with a byte-level BPE tokenizer of the stdlib docs."""
+    import torch
+    import transformers
+
+    import lmkit
+    from lmkit.data import load_corpus
+
+    texts = [d.text for d in load_corpus("pydocs")][:300]
+    tok = lmkit.train_tokenizer(texts, kind="bpe", vocab_size=4000, special_tokens=["<|endoftext|>"])
+    torch.manual_seed(0)
+    # no EOS id: every side generates exactly --max-tokens tokens per request
+    cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_embd=256, n_layer=4, n_head=8, n_positions=512,
+                                  bos_token_id=None, eos_token_id=None)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(path)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
+                                                            "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return path
+
+
+# ---- (a): the quick FastAPI wrapper: one transformers generate at a time, streamed through a TextIteratorStreamer
+def baseline_app(folder: str):
+    import torch
+    import transformers
+    from fastapi import FastAPI, Request
+    from fastapi.responses import StreamingResponse
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    lock = threading.Lock()
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        streamer = transformers.TextIteratorStreamer(tok, skip_prompt=True)
+        ids = torch.tensor([tok.encode(body["prompt"])])
+
+        def work():
+            with lock, torch.inference_mode():
+                model.generate(ids, max_new_tokens=body["max_tokens"], do_sample=False, streamer=streamer,
+                               pad_token_id=0)
+
+        threading.Thread(target=work, daemon=True).start()
+
+        async def events():
+            count = 0
+            iterator = iter(streamer)
+            while True:
+                text = await asyncio.to_thread(next, iterator, None)
+                if text is None:
+                    break
+                count += 1
+                yield f"data: {json.dumps({'choices': [{'index': 0, 'text': text, 'finish_reason': None}]})}\n\n"
+            yield f"data: {json.dumps({'choices': [], 'usage': {'completion_tokens': body['max_tokens']}})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(kind: str, folder: Path, threads: int, max_concurrency: int, prefill_chunk: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src"),
+           "TOKENIZERS_PARALLELISM": "false"}
+    if kind == "lmkit":
+        cmd = [sys.executable, "-m", "lmkit", "serve", "--model", str(folder), "--port", str(port),
+               "--max-concurrency", str(max_concurrency), "--max-queue", "1024", "--prefill-chunk", str(prefill_chunk)]
+    else:
+        cmd = [sys.executable, __file__, "--baseline-server", str(folder), "--port", str(port)]
+    process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(process.stderr.read().decode()[-2000:])
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{kind} server did not start")
+
+
+def peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    stamps, tokens = [], 0
+    async with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk["choices"] and chunk["choices"][0]["text"]:
+                stamps.append(time.perf_counter())
+    return {"ttft": stamps[0] - start if stamps else float("nan"),
+            "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens}
+
+
+async def drive(url: str, prompts: list[str], max_tokens: int) -> dict:
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(prompts) + 4)
+    async with httpx.AsyncClient(limits=limits) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one_client(client, url, p, max_tokens) for p in prompts))
+        wall = time.perf_counter() - start
+    gaps = sorted(g for r in results for g in r["gaps"])
+    ttfts = sorted(r["ttft"] for r in results)
+    tokens = sum(r["tokens"] for r in results)
+
+    def pct(values, q):
+        return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+    return {"tok_s": tokens / wall, "ttft_p50": statistics.median(ttfts), "ttft_p99": pct(ttfts, 0.99),
+            "itl_p50": pct(gaps, 0.5), "itl_p99": pct(gaps, 0.99), "tokens": tokens}
+
+
+def static_batched(folder: Path, prompts: list[str], max_tokens: int, threads: int) -> float:
+    """(b): lmkit's generate on all prompts as one left-padded batch: output tokens/s."""
+    import torch
+
+    import lmkit
+
+    torch.set_num_threads(threads)
+    model, tok = lmkit.load_model(folder), lmkit.load_tokenizer(folder)
+    rows = [tok.encode(p) for p in prompts]
+    width = max(map(len, rows))
+    pad = 0
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=2)  # warm-up
+    start = time.perf_counter()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens)
+    return (out.shape[0] * (out.shape[1] - width)) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, nargs="*", default=[1, 4, 16, 64])
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--prefill-chunk", type=int, default=1024, help="lmkit serve's --prefill-chunk")
+    parser.add_argument("--baseline-server", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.baseline_server:
+        import torch
+        import uvicorn
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        uvicorn.run(baseline_app(args.baseline_server), host="127.0.0.1", port=args.port, log_level="warning")
+        return
+    from lmkit.data import load_corpus
+
+    docs = [d.text for d in load_corpus("pydocs") if len(d.text) > 400]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = make_folder(Path(tmp) / "model")
+        print(f"CPU: {cpu_name()}; {args.threads} torch thread(s) per server; a machine shared with other jobs")
+        print(f"{'clients':>7} {'side':>10} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}")
+        for n in args.clients:
+            prompts = [docs[i % len(docs)][:200 + 7 * i] for i in range(n)]  # mixed lengths, ~50-150 tokens
+            rows = {}
+            for kind in ("lmkit", "baseline"):
+                process, url = start(kind, folder, args.threads, max(16, n), args.prefill_chunk)
+                try:
+                    asyncio.run(drive(url, prompts[:1], 4))  # warm-up
+                    rows[kind] = asyncio.run(drive(url, prompts, args.max_tokens))
+                    rows[kind]["rss"] = peak_rss_mb(process.pid)
+                finally:
+                    process.terminate()
+                    process.wait(timeout=30)
+            batched = static_batched(folder, prompts, args.max_tokens, args.threads)
+            for kind, r in rows.items():
+                print(f"{n:>7} {kind:>10} {r['tok_s']:>8.1f} {r['ttft_p50'] * 1e3:>7.1f}ms {r['ttft_p99'] * 1e3:>7.1f}ms "
+                      f"{r['itl_p50'] * 1e3:>6.1f}ms {r['itl_p99'] * 1e3:>6.1f}ms   peak RSS {r['rss']:.0f} MB")
+            print(f"{n:>7} {'static':>10} {batched:>8.1f}")
+            print(f"{n:>7} ratios: lmkit / (a) transformers one at a time = {rows['lmkit']['tok_s'] / rows['baseline']['tok_s']:.2f}x, "
+                  f"lmkit / (b) static batched generate = {rows['lmkit']['tok_s'] / batched:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
