@@ -42,6 +42,50 @@ def _pad_id(tok) -> int:
     return 0
 
 
+def _eos_ids(model) -> list[int]:
+    """The ids generation stops a row at: the folder's generation config's, else the model config's."""
+    value = getattr(model, "generation_defaults", {}).get("eos_token_id", model.config.eos_token_id)
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+@torch.inference_mode()
+def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until: list[str], pad: int) -> torch.Tensor:
+    """Greedy decoding with HFLM's stopping rule, so that the same tokens come out: a row finishes at EOS (then
+    pads), a row is marked done once a stop string shows in the decoded text of its last len(stop ids) + 2 new
+    columns, and the batch ends when every row is done, every row has finished, or after `max_new` tokens.
+    Returns prompt + continuation for a decoder and decoder start + continuation for an encoder-decoder, as
+    generate does."""
+    model, tok = lm.model, lm.tokenizer
+    sequences, state = model._generation_start(ids, mask)
+    stops = [(s, len(tok.encode(s, add_special_tokens=False)) + 2) for s in until]
+    eos = torch.tensor(_eos_ids(model), dtype=torch.long, device=ids.device)
+    rows = ids.shape[0]
+    finished = torch.zeros(rows, dtype=torch.bool, device=ids.device)
+    done = [False] * rows
+    columns = [sequences]
+    tokens = sequences
+    prompt_width = ids.shape[1]  # HFLM looks back from this column of the output (for T5, the decoder's)
+    for _ in range(max_new):
+        nxt = model._generation_logits(state, tokens).argmax(-1)
+        nxt = torch.where(finished, torch.full_like(nxt, pad), nxt)
+        columns.append(nxt[:, None])
+        if len(eos):
+            finished |= torch.isin(nxt, eos)
+        if bool(finished.all()):
+            break
+        if stops:
+            out = torch.cat(columns, dim=1)[:, prompt_width:].tolist()
+            for r in range(rows):
+                if not done[r]:
+                    done[r] = any(s in tok.decode(out[r][-n:]) for s, n in stops)
+            if all(done):
+                break
+        tokens = nxt[:, None]
+    return torch.cat(columns, dim=1)
+
+
 def generate_batches(lm, requests) -> list[str]:
     """One string per request, in request order."""
     args = [req.args for req in requests]
@@ -74,8 +118,11 @@ def generate_batches(lm, requests) -> list[str]:
             # HFLM asks for max_length = prompt columns + max_gen_toks; an encoder-decoder counts that on the
             # decoder's side, start token included
             new = max_gen if lm.backend == "causal" else ids.shape[1] + max_gen - 1
-            out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=do_sample,
-                                    pad_token_id=pad, stop_strings=until, tokenizer=lm.tokenizer, **sampling)
+            if do_sample:
+                out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=True, pad_token_id=pad,
+                                        stop_strings=until, tokenizer=lm.tokenizer, **sampling)
+            else:
+                out = greedy_until(lm, ids, mask, new, until, pad)
             for i, row in zip(batch, out.tolist()):
                 row = row[ids.shape[1]:] if lm.backend == "causal" else row
                 text = lm.tok_decode(row, skip_special_tokens=True)
