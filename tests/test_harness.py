@@ -135,3 +135,36 @@ def test_every_request_and_metric_equals_hflm(folders, which):
         theirs = HFLM(pretrained=folders[which], batch_size=4, device="cpu").loglikelihood(reqs)
         assert all(abs(a[0] - b[0]) < 1e-4 and a[1] == b[1] for a, b in zip(mine, theirs))
         assert 0 < sum(a[1] for a in mine) < len(mine)
+
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_folder(tmp_path_factory):
+    model, tok = gpt2_folder(None)
+    tok.chat_template = CHATML
+    return _save(model, tok, tmp_path_factory.mktemp("chat"))
+
+
+def test_chat_template_prompts_equal_hflm(chat_folder):
+    """Few-shot exemplars as alternating user/assistant turns through the folder's template, a system turn too."""
+    from lm_eval.models.huggingface import HFLM
+
+    tasks = ["pydoc_mc", "numbers_1shot", "addition_cot_d1"]
+    kw = dict(apply_chat_template=True, fewshot_as_multiturn=True)
+    ref = evaluate(HFLM(pretrained=chat_folder, batch_size=4, device="cpu"), tasks, **kw)
+    ours = evaluate(LmkitLM(pretrained=chat_folder, batch_size=4), tasks, **kw)
+    prompt = ours["samples"]["addition_cot_d1"][0]["arguments"][0][0]
+    assert prompt.count("<|im_start|>user") == 4 and prompt.endswith("<|im_start|>assistant\n")
+    assert [s["arguments"] for s in ours["samples"]["numbers_1shot"]] == \
+        [s["arguments"] for s in ref["samples"]["numbers_1shot"]]
+    assert_same_results(ours, ref)
+
+
+def test_a_folder_without_a_chat_template_is_refused_in_one_line(folders):
+    from lmkit.errors import LmkitError
+
+    with pytest.raises(LmkitError, match="no chat template"):
+        evaluate(LmkitLM(pretrained=folders["gpt2"]), ["numbers"], apply_chat_template=True)

@@ -118,7 +118,9 @@ def addition_rows(pairs, digits: int) -> list[dict]:
 def addition(digits: int = 2, seed: int = 0, **_) -> object:
     """`digits`-digit + `digits`-digit problems; exemplars never repeat a test problem."""
     rng = random.Random(f"addition-{digits}-{seed}")
-    test = addition_problems(digits, ADDITION_TEST, rng)
+    low = 1 if digits == 1 else 10 ** (digits - 1)
+    space = (10 ** digits - low) ** 2  # one digit has 81 problems: some are kept back as exemplars
+    test = addition_problems(digits, min(ADDITION_TEST, space - ADDITION_TRAIN), rng)
     train = addition_problems(digits, ADDITION_TRAIN, rng, avoid=set(test))
     return _dataset({"test": addition_rows(test, digits), "train": addition_rows(train, digits)})
 
