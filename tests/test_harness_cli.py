@@ -23,13 +23,13 @@ def folder(tmp_path_factory):
 
 def test_table_and_results_json(folder, capfd, tmp_path):
     out = tmp_path / "results.json"
-    rc, stdout, _ = cli(capfd, "harness", "--model", folder, "--tasks", "pydoc_mc,addition_direct_d2",
+    rc, stdout, _ = cli(capfd, "harness", "--model", folder, "--tasks", "pydoc_mc,addition_direct_d2,numbers",
                         "--limit", "2", "--num-fewshot", "1", "--gen-kwargs", "max_gen_toks=8", "--output", str(out))
     assert rc == 0
     assert "|pydoc_mc" in stdout and "acc_norm" in stdout and "strict-match" in stdout
     results = json.loads(out.read_text())
-    assert set(results["results"]) == {"pydoc_mc", "addition_direct_d2"}
-    assert results["n-shot"] == {"pydoc_mc": 1, "addition_direct_d2": 1}
+    assert set(results["results"]) == {"pydoc_mc", "addition_direct_d2", "numbers"}
+    assert results["n-shot"] == {"pydoc_mc": 1, "addition_direct_d2": 1, "numbers": 1}  # --num-fewshot wins
     assert 0 <= results["results"]["pydoc_mc"]["acc,none"] <= 1
 
 
