@@ -1,5 +1,6 @@
 """`lmkit finetune`: fine-tune a pretrained encoder for text classification (CSV or JSONL: text, text_pair, label),
-or, with --task clm, a causal LM on text (--train: a corpus name or text files); --peft picks a PEFT method."""
+or, with --task clm, a causal LM on text (--train: a corpus name or text files), or, with --task sft, a causal LM
+on instruction data (JSONL rows: messages, prompt/completion or text); --peft picks a PEFT method."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,8 @@ import json
 
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
 CLM_ONLY = (("--max-steps", "max_steps"),)
+SFT_ONLY = (("--packing", "packing"), ("--chat-template", "chat_template"), ("--train-on-all", "train_on_all"),
+            ("--micro-batch-size", "micro_batch_size"))
 FIELDS = ("model", "train", "out", "eval", "epochs", "lr", "batch_size", "max_length", "pooling", "val_fraction",
           "seed", "warmup_ratio", "weight_decay")
 
@@ -32,8 +35,17 @@ def register(subparsers) -> None:
                    "0.1, at most 20 steps)")
     p.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default 0.01; --task clm: 0)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
-    p.add_argument("--task", choices=["classify", "clm"], default="classify",
-                   help="classify (default), or clm: next-token fine-tuning of a causal LM on the text of --train")
+    p.add_argument("--task", choices=["classify", "clm", "sft"], default="classify",
+                   help="classify (default); clm: next-token fine-tuning of a causal LM on the text of --train; sft: "
+                   "supervised fine-tuning on instruction rows, loss on completions / assistant turns as TRL's SFTTrainer")
+    sft = p.add_argument_group("--task sft")
+    sft.add_argument("--packing", action="store_true", help="pack examples into --max-length rows (best-fit "
+                     "decreasing; no attention across examples)")
+    sft.add_argument("--chat-template", metavar="chatml|FILE", help="chatml (adds <|im_start|>/<|im_end|>) or a "
+                     ".jinja file, for a model without a chat template")
+    sft.add_argument("--train-on-all", action="store_true", help="loss on every token, prompts and user turns too")
+    sft.add_argument("--micro-batch-size", type=int, metavar="N", help="examples per forward pass (default: "
+                     "--batch-size); the loss stays a mean over all trained tokens of the step")
     p.add_argument("--max-steps", type=int, metavar="N", help="--task clm: optimizer steps (default 200)")
     from lmkit.peft.finetune import add_peft_arguments
 
@@ -47,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.peft.finetune import default_lr, peft_settings
 
     method, settings = peft_settings(args)
+    if args.task == "sft":
+        return run_sft(args, method, settings)
+    given = [f for f, name in SFT_ONLY if getattr(args, name) not in (None, False)]
+    if given:
+        raise ConfigError(f"{', '.join(given)} applies to --task sft only; drop it")
     unused = CLASSIFY_ONLY if args.task == "clm" else CLM_ONLY
     given = [flag for flag, name in unused if getattr(args, name) is not None]
     if given:
@@ -76,4 +93,28 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
     print(f"lmkit finetune --task clm --peft {method}: {r['trainable']:,} of {r['total']:,} parameters trained "
           f"({r['percent']:.2f}%) in {r['seconds']:.0f} s; validation loss {b['loss']:.4f} -> {a['loss']:.4f}, "
           f"next-token accuracy {b['accuracy']:.4f} -> {a['accuracy']:.4f}; saved to {args.out}")
+    return 0
+
+
+def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
+    from lmkit.errors import ConfigError
+    from lmkit.finetune.sft import SFTConfig, sft
+
+    for flag, name in (("--pooling", "pooling"), ("--val-fraction", "val_fraction")):
+        if getattr(args, name) is not None:
+            raise ConfigError(f"{flag} does not apply to --task sft; give held-out rows with --eval FILE")
+    fields = dict(model=args.model, train=args.train, out=args.out, eval=args.eval, max_length=args.max_length,
+                  packing=args.packing, train_on_all=args.train_on_all, chat_template=args.chat_template,
+                  epochs=args.epochs or 1, max_steps=args.max_steps, batch_size=args.batch_size,
+                  micro_batch_size=args.micro_batch_size, lr=args.lr, seed=args.seed, peft=method,
+                  peft_settings=settings if method != "full" else {})
+    for key, name in (("warmup_ratio", "warmup_ratio"), ("weight_decay", "weight_decay")):
+        if getattr(args, name) is not None:
+            fields[key] = getattr(args, name)
+    r = sft(SFTConfig(**fields), log=lambda line: print(f"lmkit finetune --task sft: {line}", flush=True))
+    held = (f"; held-out loss {r['eval_loss_before']:.4f} -> {r['eval_loss_after']:.4f}"
+            if r["eval_loss_after"] is not None else "")
+    print(f"lmkit finetune --task sft: {r['examples']} examples from {r['rows']} rows ({r['dropped']} dropped: no "
+          f"trained token within --max-length {r['max_length']}){', packed into ' + str(r['packed_rows']) + ' rows' if 'packed_rows' in r else ''}; "
+          f"{r['steps']} steps, loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}{held}; saved to {args.out}")
     return 0

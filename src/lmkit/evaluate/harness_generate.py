@@ -1,0 +1,148 @@
+"""generate_until and chat rendering for the lm-eval model class (`lmkit.evaluate.harness`), as HFLM does them:
+requests grouped by their generation settings, longest prompt first, prompts left-padded and left-truncated to
+leave room for max_gen_toks, each continuation decoded without special tokens and cut before the first stop."""
+from __future__ import annotations
+
+import json
+
+import torch
+from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+
+from lmkit.errors import GenerationError, TokenizerError
+
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def _encode_prompts(lm, contexts: list[str], left_truncate_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and mask; special tokens as HFLM's tok_batch_encode adds them (none when the first
+    prompt already begins with the BOS text, for a decoder)."""
+    tok = lm.tokenizer
+    special = True
+    if lm.backend == "causal":
+        bos = tok.decode([tok.bos_token_id]) if tok.bos_token_id is not None else None
+        if bos and contexts[0].startswith(bos):
+            special = False
+        elif lm.add_bos_token is not None:
+            special = bool(lm.add_bos_token)
+    rows = [tok.encode(c, add_special_tokens=special)[-left_truncate_len:] for c in contexts]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids.to(lm.device), mask.to(lm.device)
+
+
+def _pad_id(tok) -> int:
+    """HFLM's configure_pad_token: the pad token, else unk, else eos."""
+    for tid in (tok.pad_token_id, tok.unk_token_id, tok.eos_token_id):
+        if tid is not None:
+            return tid
+    return 0
+
+
+def _eos_ids(model) -> list[int]:
+    """The ids generation stops a row at: the folder's generation config's, else the model config's."""
+    value = getattr(model, "generation_defaults", {}).get("eos_token_id", model.config.eos_token_id)
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+@torch.inference_mode()
+def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until: list[str], pad: int) -> torch.Tensor:
+    """Greedy decoding with HFLM's stopping rule, so that the same tokens come out: a row finishes at EOS (then
+    pads), a row is marked done once a stop string shows in the decoded text of its last len(stop ids) + 2 new
+    columns, and the batch ends when every row is done, every row has finished, or after `max_new` tokens.
+    Returns prompt + continuation for a decoder and decoder start + continuation for an encoder-decoder, as
+    generate does."""
+    model, tok = lm.model, lm.tokenizer
+    sequences, state = model._generation_start(ids, mask)
+    stops = [(s, len(tok.encode(s, add_special_tokens=False)) + 2) for s in until]
+    eos = torch.tensor(_eos_ids(model), dtype=torch.long, device=ids.device)
+    rows = ids.shape[0]
+    finished = torch.zeros(rows, dtype=torch.bool, device=ids.device)
+    done = [False] * rows
+    columns = [sequences]
+    tokens = sequences
+    prompt_width = ids.shape[1]  # HFLM looks back from this column of the output (for T5, the decoder's)
+    for _ in range(max_new):
+        nxt = model._generation_logits(state, tokens).argmax(-1)
+        nxt = torch.where(finished, torch.full_like(nxt, pad), nxt)
+        columns.append(nxt[:, None])
+        if len(eos):
+            finished |= torch.isin(nxt, eos)
+        if bool(finished.all()):
+            break
+        if stops:
+            out = torch.cat(columns, dim=1)[:, prompt_width:].tolist()
+            for r in range(rows):
+                if not done[r]:
+                    done[r] = any(s in tok.decode(out[r][-n:]) for s, n in stops)
+            if all(done):
+                break
+        tokens = nxt[:, None]
+    return torch.cat(columns, dim=1)
+
+
+def generate_batches(lm, requests) -> list[str]:
+    """One string per request, in request order."""
+    args = [req.args for req in requests]
+    groups: dict[str, list[int]] = {}
+    for i, (_, gen_kwargs) in enumerate(args):
+        if not isinstance(gen_kwargs, dict):
+            raise GenerationError(f"generation settings must be a dict, got {type(gen_kwargs).__name__}")
+        groups.setdefault(json.dumps(gen_kwargs, sort_keys=True, default=str), []).append(i)
+    eos_text = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
+    pad = _pad_id(lm.tokenizer)
+    results: list[str | None] = [None] * len(args)
+    for members in groups.values():
+        lengths = {i: len(lm.tok_encode(args[i][0])) for i in members}
+        members = sorted(members, key=lambda i: (-lengths[i], args[i][0]))
+        kwargs = normalize_gen_kwargs(args[members[0]][1], lm.max_gen_toks)
+        until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
+        max_gen = int(kwargs.pop("max_gen_toks"))
+        do_sample = bool(kwargs.get("do_sample"))
+        sampling = {k: kwargs[k] for k in SAMPLING_KEYS if do_sample and kwargs.get(k) is not None}
+        if lm.backend == "causal":
+            max_ctx = lm.max_length - max_gen
+            if max_ctx <= 0:
+                raise GenerationError(f"max_gen_toks ({max_gen}) must be below the model's context ({lm.max_length})")
+        else:
+            max_ctx = lm.max_length
+        for start in range(0, len(members), lm.batch_size):
+            batch = members[start:start + lm.batch_size]
+            contexts = [args[i][0] for i in batch]
+            ids, mask = _encode_prompts(lm, contexts, max_ctx)
+            # HFLM asks for max_length = prompt columns + max_gen_toks; an encoder-decoder counts that on the
+            # decoder's side, start token included
+            new = max_gen if lm.backend == "causal" else ids.shape[1] + max_gen - 1
+            if do_sample:
+                out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=True, pad_token_id=pad,
+                                        stop_strings=until, tokenizer=lm.tokenizer, **sampling)
+            else:
+                out = greedy_until(lm, ids, mask, new, until, pad)
+            for i, row in zip(batch, out.tolist()):
+                row = row[ids.shape[1]:] if lm.backend == "causal" else row
+                text = lm.tok_decode(row, skip_special_tokens=True)
+                results[i] = postprocess_generated_text(text, until, None)
+                lm.cache_hook.add_partial("generate_until", args[i], results[i])
+    return results
+
+
+def render_chat(lm, chat_history: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    """The folder's chat template as text; a template that refuses the system role is retried without it, as
+    HFLM retries."""
+    import jinja2
+
+    apply = getattr(lm.tokenizer, "apply_chat_template", None)
+    if apply is None or getattr(lm.tokenizer, "chat_template", None) is None:
+        raise TokenizerError(f"{lm.folder} has no chat template; run without --apply-chat-template, or use a folder "
+                             "whose tokenizer_config.json (or chat_template.jinja) holds one")
+    options = dict(tokenize=False, add_generation_prompt=add_generation_prompt,
+                   continue_final_message=not add_generation_prompt, **lm.chat_template_args)
+    try:
+        return apply(chat_history, **options)
+    except jinja2.exceptions.TemplateError:
+        return apply([m for m in chat_history if m["role"] != "system"], **options)

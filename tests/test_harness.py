@@ -1,0 +1,170 @@
+"""lm-evaluation-harness parity: lmkit's `lmkit` model against lm-eval's own HFLM on the same folders (random GPT-2,
+random LLaMA with grouped-query attention, a briefly trained GPT-2, a random T5), through lmkit's offline tasks:
+every request's log-likelihood within 1e-4 and is-greedy equal, every generation and every metric equal."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+lm_eval = pytest.importorskip("lm_eval")
+transformers = pytest.importorskip("transformers")
+
+from test_pretrained_folders import byte_level_bpe, spm_bpe, unigram  # noqa: E402
+
+from lmkit.evaluate import harness_run  # noqa: E402
+from lmkit.evaluate.harness import LmkitLM  # noqa: E402
+from lmkit.evaluate.harness_tasks import lmkit_tasks  # noqa: E402
+
+TASKS = ["pydoc_mc", "numbers_5shot", "addition_cot_d2", "addition_direct_d3", "pydocs_perplexity"]
+LIMIT = 3
+GEN = {"max_gen_toks": 20}
+
+
+def _save(model, tok, out) -> str:
+    model.eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def gpt2_folder(out, n_positions=256):
+    T = transformers
+    torch.manual_seed(0)
+    tok = T.GPT2TokenizerFast(tokenizer_object=byte_level_bpe(["<|endoftext|>"]), bos_token="<|endoftext|>",
+                              eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(tok), n_positions=n_positions, n_embd=32, n_layer=2,
+                                           n_head=2, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    return model, tok
+
+
+def trained_texts() -> list[str]:
+    rows = lmkit_tasks.addition(digits=2)["train"]
+    texts = [f"Question: {r['question']}\nAnswer: {r['trace']}\n\n" for r in rows]
+    texts += [f"Number: {r['number']}\nIn words: {r['words']}\n\n" for r in lmkit_tasks.numbers(n_train=60)["train"]]
+    return texts
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    T = transformers
+    out = {}
+    model, tok = gpt2_folder(None)
+    out["gpt2"] = _save(model, tok, tmp_path_factory.mktemp("gpt2"))
+    torch.manual_seed(0)
+    ltok = T.LlamaTokenizerFast(tokenizer_object=spm_bpe(), bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                add_bos_token=True)
+    llama = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=len(ltok), bos_token_id=1, eos_token_id=2, hidden_size=32,
+                                             intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                             num_key_value_heads=2, max_position_embeddings=256))
+    out["llama"] = _save(llama, ltok, tmp_path_factory.mktemp("llama"))
+    # a GPT-2 trained for a few steps on the tasks' own exemplars: greedy continuations that match, generations
+    # that stop at a newline and answers that the regexes find
+    model, tok = gpt2_folder(None)
+    ids = [tok.encode(t) for t in trained_texts()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(80):
+        rows = [ids[i] for i in torch.randint(len(ids), (8,), generator=gen).tolist()]
+        width = max(map(len, rows))
+        batch = torch.full((len(rows), width), -100)
+        for i, r in enumerate(rows):
+            batch[i, :len(r)] = torch.tensor(r)
+        loss = model(batch.clamp(min=0), labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out["trained"] = _save(model, tok, tmp_path_factory.mktemp("trained"))
+    torch.manual_seed(0)
+    ttok = T.T5TokenizerFast(tokenizer_object=unigram(["<pad>", "</s>", "<unk>"]), eos_token="</s>",
+                             unk_token="<unk>", pad_token="<pad>", extra_ids=10)
+    t5 = T.T5ForConditionalGeneration(T.T5Config(
+        vocab_size=len(ttok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0))
+    out["t5"] = _save(t5, ttok, tmp_path_factory.mktemp("t5"))
+    return out
+
+
+def evaluate(lm, tasks=TASKS, **kw):
+    return harness_run.run("", tasks, limit=LIMIT, gen_kwargs=GEN, log_samples=True, lm=lm, **kw)
+
+
+def assert_same_results(ours, ref):
+    assert ours["results"].keys() == ref["results"].keys()
+    for task, samples in ref["samples"].items():
+        mine = {(s["doc_id"], s["filter"]): s for s in ours["samples"][task]}
+        assert len(mine) == len(samples) > 0
+        for s in samples:
+            m = mine[s["doc_id"], s["filter"]]
+            for a, b in zip(m["resps"], s["resps"], strict=True):
+                a, b = a[0], b[0]
+                if isinstance(b, str):  # a generation
+                    assert a == b, (task, s["doc_id"])
+                elif isinstance(b, (tuple, list)):  # (log-likelihood, is-greedy)
+                    assert abs(a[0] - b[0]) < 1e-4 and bool(a[1]) == bool(b[1]), (task, s["doc_id"], a, b)
+                else:  # a document's rolling log-likelihood: a sum over windows of float32 sums (1e-4 per window)
+                    assert abs(a - b) < 1e-4 * max(1.0, abs(b) / 100), (task, s["doc_id"], a, b)
+            assert m["filtered_resps"] == s["filtered_resps"] or task.startswith(("pydoc_mc", "pydocs_"))
+    for task, metrics in ref["results"].items():
+        for key, value in metrics.items():
+            if "stderr" in key or key == "alias":
+                continue
+            if key.startswith(("word_perplexity", "byte_perplexity", "bits_per_byte")):
+                # sums of float32 log-likelihoods: equal as far as the requests' own float32 sums are
+                assert ours["results"][task][key] == pytest.approx(value, rel=1e-6), (task, key)
+            else:
+                assert ours["results"][task][key] == value, (task, key)
+
+
+@pytest.mark.parametrize("which", ["gpt2", "llama", "trained", "t5"])
+def test_every_request_and_metric_equals_hflm(folders, which):
+    from lm_eval.models.huggingface import HFLM
+
+    tasks = TASKS if which != "t5" else [t for t in TASKS if t != "pydocs_perplexity"]
+    ref = evaluate(HFLM(pretrained=folders[which], batch_size=4, device="cpu"), tasks)
+    ours = evaluate(LmkitLM(pretrained=folders[which], batch_size=4), tasks)
+    assert_same_results(ours, ref)
+    if which == "trained":  # its greedy continuations are real: requests read from its training text
+        from lm_eval.api.instance import Instance
+
+        # one cut per text: HFLM's one-token-continuation cache (logits_cache) mixes up requests that share
+        # context + continuation but are cut at different points, and lmkit's does not
+        texts = trained_texts()[:36]
+        reqs = [Instance("loglikelihood", {}, (t[:cut], t[cut:]), i) for i, t in enumerate(texts)
+                for cut in [(len(t) // 3, len(t) // 2, len(t) - 4, len(t) - 2)[i % 4]]]
+        mine = LmkitLM(pretrained=folders[which], batch_size=4).loglikelihood(reqs)
+        theirs = HFLM(pretrained=folders[which], batch_size=4, device="cpu").loglikelihood(reqs)
+        assert all(abs(a[0] - b[0]) < 1e-4 and a[1] == b[1] for a, b in zip(mine, theirs))
+        assert 0 < sum(a[1] for a in mine) < len(mine)
+
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_folder(tmp_path_factory):
+    model, tok = gpt2_folder(None)
+    tok.chat_template = CHATML
+    return _save(model, tok, tmp_path_factory.mktemp("chat"))
+
+
+def test_chat_template_prompts_equal_hflm(chat_folder):
+    """Few-shot exemplars as alternating user/assistant turns through the folder's template, a system turn too."""
+    from lm_eval.models.huggingface import HFLM
+
+    tasks = ["pydoc_mc", "numbers_1shot", "addition_cot_d1"]
+    kw = dict(apply_chat_template=True, fewshot_as_multiturn=True)
+    ref = evaluate(HFLM(pretrained=chat_folder, batch_size=4, device="cpu"), tasks, **kw)
+    ours = evaluate(LmkitLM(pretrained=chat_folder, batch_size=4), tasks, **kw)
+    prompt = ours["samples"]["addition_cot_d1"][0]["arguments"][0][0]
+    assert prompt.count("<|im_start|>user") == 4 and prompt.endswith("<|im_start|>assistant\n")
+    assert [s["arguments"] for s in ours["samples"]["numbers_1shot"]] == \
+        [s["arguments"] for s in ref["samples"]["numbers_1shot"]]
+    assert_same_results(ours, ref)
+
+
+def test_a_folder_without_a_chat_template_is_refused_in_one_line(folders):
+    from lmkit.errors import LmkitError
+
+    with pytest.raises(LmkitError, match="no chat template"):
+        evaluate(LmkitLM(pretrained=folders["gpt2"]), ["numbers"], apply_chat_template=True)

@@ -1,0 +1,92 @@
+"""`lmkit harness` end to end: the table and lm-eval's results JSON, a user's own task folder, one-line refusals
+of bad input, and the rolling-perplexity task's bits per byte against `lmkit eval`'s on the same documents."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("transformers")
+
+from test_harness import _save, gpt2_folder  # noqa: E402
+from test_pretrained_folders import build, cli  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    model, tok = gpt2_folder(None, n_positions=1024)
+    return _save(model, tok, tmp_path_factory.mktemp("gpt2"))
+
+
+def test_table_and_results_json(folder, capfd, tmp_path):
+    out = tmp_path / "results.json"
+    rc, stdout, _ = cli(capfd, "harness", "--model", folder, "--tasks", "pydoc_mc,addition_direct_d2,numbers",
+                        "--limit", "2", "--num-fewshot", "1", "--gen-kwargs", "max_gen_toks=8", "--output", str(out))
+    assert rc == 0
+    assert "|pydoc_mc" in stdout and "acc_norm" in stdout and "strict-match" in stdout
+    results = json.loads(out.read_text())
+    assert set(results["results"]) == {"pydoc_mc", "addition_direct_d2", "numbers"}
+    assert results["n-shot"] == {"pydoc_mc": 1, "addition_direct_d2": 1, "numbers": 1}  # --num-fewshot wins
+    assert 0 <= results["results"]["pydoc_mc"]["acc,none"] <= 1
+
+
+def test_a_users_own_task_folder_reads_local_jsonl(folder, capfd, tmp_path):
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"q": f"{i} plus one is", "a": f" {i + 1}"}) + "\n" for i in range(4)))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "plus_one.yaml").write_text(
+        "task: plus_one\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(data) + "\n"
+        "output_type: loglikelihood\ntest_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n"
+        "metric_list:\n  - metric: acc\n")
+    rc, stdout, _ = cli(capfd, "harness", "--model", folder, "--tasks", "plus_one", "--include-path", str(tasks))
+    assert rc == 0 and "|plus_one" in stdout
+
+
+def test_an_unknown_task_is_one_line(folder, capfd):
+    rc, _, err = cli(capfd, "harness", "--model", folder, "--tasks", "pydoc_mcq")
+    assert rc == 2 and "unknown task 'pydoc_mcq'" in err and "pydoc_mc" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_task_file_that_does_not_parse_is_one_line(folder, capfd, tmp_path):
+    (tmp_path / "broken.yaml").write_text("task: broken\ndoc_to_text: [unclosed\n")
+    rc, _, err = cli(capfd, "harness", "--model", folder, "--tasks", "broken", "--include-path", str(tmp_path))
+    assert rc == 2 and "broken.yaml does not parse" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_encoder_only_folder_is_one_line(capfd, tmp_path):
+    encoder = build("distilbert", tmp_path / "bert")
+    rc, _, err = cli(capfd, "harness", "--model", encoder, "--tasks", "pydoc_mc")
+    assert rc == 2 and "encoder-only" in err and len(err.strip().splitlines()) == 1
+
+
+def test_without_lm_eval_the_command_says_what_to_install(folder, capfd, monkeypatch):
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval now raises ImportError
+    rc, _, err = cli(capfd, "harness", "--model", folder, "--tasks", "pydoc_mc")
+    assert rc == 2 and "pip install 'lmkit[eval]'" in err
+
+
+def test_import_lmkit_does_not_import_lm_eval():
+    code = "import sys, lmkit, lmkit.evaluate, lmkit.cli; lmkit.cli.build_parser(); print('lm_eval' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_rolling_bits_per_byte_equal_lmkit_eval_when_documents_fit_the_context(folder):
+    """Documents shorter than the context are one window each, read after the same BOS: the same nats, the same
+    UTF-8 bytes, so the same bits per byte."""
+    import lmkit
+    from lmkit.data import Corpus, load_corpus
+    from lmkit.evaluate import evaluate_text
+    from lmkit.evaluate import harness_run
+    from lmkit.evaluate.harness import LmkitLM
+
+    docs = load_corpus("pydocs").split()[1].documents[:2]
+    lm = LmkitLM(pretrained=folder, batch_size=4)
+    assert all(len(lm.tok_encode(d.text)) < lm.max_length for d in docs)
+    ours = harness_run.run("", ["pydocs_perplexity"], limit=2, lm=lm)["results"]["pydocs_perplexity"]
+    ref = evaluate_text(lmkit.load_model(folder), lmkit.load_tokenizer(folder), Corpus("v", docs))
+    assert ours["bits_per_byte,none"] == pytest.approx(ref["bpb"], rel=1e-5)
