@@ -85,12 +85,9 @@ def load_tokenizer(path) -> Tokenizer:
         d = apply_class_pipeline(d, config)  # a folder reads as transformers 5's AutoTokenizer
     try:
         tok = tokenizer_from_json(d, _special_tokens_map(folder))
-<<<<<<< HEAD
         tok.padding_side = padding_side_of(config)
-=======
         if Path(path).is_dir():
             tok.chat_template = read_chat_templates(folder)
->>>>>>> serve
         return tok
     except TokenizerError as exc:
         raise TokenizerError(f"{p}: {exc}") from None
