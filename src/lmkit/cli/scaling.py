@@ -1,0 +1,169 @@
+"""`lmkit scaling sweep | fit | plan`: IsoFLOP sweeps on this machine, Chinchilla-style fits, compute-optimal plans.
+
+C = k N D with k = 6 FLOPs per parameter per token (--flops-per-token) and N the non-embedding parameters
+(--params total counts the embedding tables too).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DEFAULT_BUDGETS = (1e13, 3e13, 1e14)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("scaling", help="scaling laws: sweep, fit, plan", description=__doc__)
+    sub = p.add_subparsers(dest="scaling_command", metavar="sweep|fit|plan", required=True)
+
+    s = sub.add_parser("sweep", help="train an IsoFLOP grid of run folders; results.jsonl collects the points")
+    s.add_argument("--out", required=True, metavar="DIR", help="sweep folder (run folders and results.jsonl)")
+    s.add_argument("--budgets", nargs="+", type=float, metavar="C", default=list(DEFAULT_BUDGETS),
+                   help="compute budgets in FLOPs (default: 1e13 3e13 1e14, about an hour on 2 cores)")
+    s.add_argument("--shapes", nargs="+", metavar="LxD",
+                   help="model shapes as LAYERSxWIDTH of the default preset (default: 2x64 ... 8x384)")
+    s.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH")
+    s.add_argument("--batch-size", type=int, default=16, metavar="N")
+    s.add_argument("--seq-len", type=int, default=128, metavar="N")
+    s.add_argument("--vocab-size", type=int, default=4096, metavar="N")
+    s.add_argument("--optimizer", choices=["adamw", "muon"], help="default: the default preset's")
+    s.add_argument("--lr", type=float, metavar="X")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--min-steps", type=int, default=20, metavar="N", help="skip points shorter than this")
+    _convention(s)
+    s.set_defaults(func=run_sweep)
+
+    f = sub.add_parser("fit", help="fit Approach 3 (Huber, L-BFGS, bootstrap) and Approach 2 to a sweep")
+    f.add_argument("--results", required=True, metavar="PATH", help="a sweep folder or its results.jsonl")
+    f.add_argument("--out", metavar="DIR", help="where fit.json and the plots go (default: beside the results)")
+    f.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples (default 200)")
+    f.add_argument("--seed", type=int, default=0)
+    f.set_defaults(func=run_fit)
+
+    q = sub.add_parser("plan", help="the compute-optimal N, D and a shape for a budget")
+    budget = q.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--compute", type=float, metavar="C", help="budget in FLOPs")
+    budget.add_argument("--time-budget", type=float, metavar="SECONDS",
+                        help="budget in seconds on this machine, at the throughput measured by a sweep (--results)")
+    q.add_argument("--law", default="besiroglu", metavar="NAME|FIT.json",
+                   help="chinchilla, besiroglu (default) or a fit.json written by `lmkit scaling fit`")
+    q.add_argument("--results", metavar="PATH", help="a sweep folder: its measured FLOP/s (for --time-budget)")
+    q.add_argument("--batch-size", type=int, default=16, metavar="N")
+    q.add_argument("--seq-len", type=int, default=128, metavar="N")
+    q.add_argument("--vocab-size", type=int, default=4096, metavar="N")
+    _convention(q)
+    q.set_defaults(func=run_plan)
+
+
+def _convention(p) -> None:
+    p.add_argument("--flops-per-token", type=float, default=6.0, metavar="K", help="C = K N D (default 6)")
+    p.add_argument("--params", choices=["non-embedding", "total"], default="non-embedding",
+                   help="what N counts (default: non-embedding, as Kaplan et al.)")
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from lmkit.scaling.sweep import DEFAULT_SHAPES, Shape, plan_sweep, run_sweep as sweep
+
+    shapes = [Shape.parse(s) for s in args.shapes] if args.shapes else list(DEFAULT_SHAPES)
+    plans = plan_sweep(args.budgets, shapes, args.batch_size, args.seq_len, args.vocab_size, args.flops_per_token,
+                       args.params, min_steps=args.min_steps)
+    print(f"lmkit scaling sweep: {len(plans)} points over {len(set(p.compute for p in plans))} budgets into {args.out}")
+    rows = sweep(args.out, plans, args.corpus, args.batch_size, args.seq_len, args.vocab_size, args.flops_per_token,
+                 args.params, optimizer=args.optimizer, lr=args.lr, seed=args.seed)
+    print(f"{len(rows)} points in {Path(args.out) / 'results.jsonl'}; next: lmkit scaling fit --results {args.out}")
+    return 0
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    from lmkit.atomic import atomic_write_json
+    from lmkit.errors import ConfigError
+    from lmkit.scaling.fit import bootstrap_fit, isoflop_fit
+    from lmkit.scaling.laws import PUBLISHED_EXPONENTS
+    from lmkit.scaling.plots import plot_isoflops, plot_loss_vs
+    from lmkit.scaling.sweep import read_results
+
+    rows = read_results(args.results)
+    results = Path(args.results)
+    out = Path(args.out) if args.out else (results if results.is_dir() else results.parent)
+    out.mkdir(parents=True, exist_ok=True)
+    n, d, l, c = ([r[k] for r in rows] for k in ("n_params", "n_tokens", "val_loss", "compute"))
+    law_fit = bootstrap_fit(n, d, l, samples=args.bootstrap, seed=args.seed)
+    try:
+        iso = isoflop_fit(c, n, l, rows[0]["flops_per_token"], samples=args.bootstrap, seed=args.seed)
+    except ConfigError as exc:
+        iso = None
+        print(f"Approach 2 skipped: {exc}")
+    law, ci = law_fit.law, law_fit.intervals
+    print(f"Approach 3 on {len(rows)} points (Huber delta 1e-3 on log L, {args.bootstrap} bootstrap resamples, "
+          f"{law_fit.level:.0%} intervals):")
+    for name in ("E", "A", "B", "alpha", "beta"):
+        lo, hi = ci.get(name, (float("nan"),) * 2)
+        print(f"  {name:>5} = {getattr(law, name):10.4g}   [{lo:.4g}, {hi:.4g}]")
+    a, b = law.exponents
+    print("allocation exponents N_opt ~ C^a, D_opt ~ C^b:")
+    print(f"  {'this fit (Approach 3)':<26} a = {a:.3f} [{ci['a'][0]:.3f}, {ci['a'][1]:.3f}]  b = {b:.3f}"
+          if "a" in ci else f"  this fit (Approach 3)      a = {a:.3f}  b = {b:.3f}")
+    if iso is not None:
+        ia = iso.intervals.get("a", (float("nan"),) * 2)
+        print(f"  {'this fit (Approach 2)':<26} a = {iso.a:.3f} [{ia[0]:.3f}, {ia[1]:.3f}]  b = {iso.b:.3f}")
+    for name, e in PUBLISHED_EXPONENTS.items():
+        print(f"  {name:<26} a = {e['a']:.3f}  b = {e['b']:.3f}")
+    for budget in sorted(set(c)):
+        print(f"  C = {budget:.3g}: tokens per parameter {law.tokens_per_parameter(budget, rows[0]['flops_per_token']):.1f}")
+    fit = {"approach_3": law_fit.to_dict(), "approach_2": iso.to_dict() if iso else None,
+           "flops_per_token": rows[0]["flops_per_token"], "param_convention": rows[0].get("param_convention"),
+           "flops_per_second": _throughput(rows)}
+    atomic_write_json(out / "fit.json", fit)
+    plot_isoflops(rows, out / "isoflops.png", iso, law)
+    plot_loss_vs(rows, out / "loss_vs_n_d.png", law)
+    print(f"wrote {out / 'fit.json'}, {out / 'isoflops.png'}, {out / 'loss_vs_n_d.png'}")
+    return 0
+
+
+def _throughput(rows):
+    from lmkit.errors import ConfigError
+    from lmkit.scaling.sweep import measured_flops_per_second
+
+    try:
+        return measured_flops_per_second(rows)
+    except ConfigError:
+        return None
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from lmkit.errors import ConfigError
+    from lmkit.scaling.plan import plan_compute
+    from lmkit.scaling.sweep import measured_flops_per_second, read_results
+
+    law = _law(args.law)
+    compute = args.compute
+    if args.time_budget is not None:
+        if not args.results:
+            raise ConfigError("--time-budget needs --results DIR: a sweep run on this machine gives its FLOP/s")
+        rate = measured_flops_per_second(read_results(args.results))
+        compute = rate * args.time_budget
+        print(f"{args.time_budget:g} s at {rate:.3g} FLOP/s (median of the sweep's runs) = {compute:.3g} FLOPs")
+    if not compute or compute <= 0:
+        raise ConfigError("the budget must be positive")
+    plan = plan_compute(law, compute, args.vocab_size, args.seq_len, args.batch_size, args.flops_per_token, args.params)
+    print(f"compute {plan.compute:.3g} FLOPs: N_opt {plan.n_params:,.0f}, D_opt {plan.n_tokens:,.0f} tokens "
+          f"({plan.tokens_per_parameter:.1f} tokens per parameter), predicted loss {plan.loss:.3f}")
+    print(f"shape {plan.shape.name} (N = {plan.shape_params:,}): lmkit train --max-steps {plan.steps} --batch-size "
+          f"{args.batch_size} --seq-len {args.seq_len}  (model_overrides {json.dumps(plan.shape.overrides())})")
+    return 0
+
+
+def _law(spec: str):
+    from lmkit.errors import ConfigError
+    from lmkit.scaling.laws import PUBLISHED_LAWS, law_from
+
+    if spec in PUBLISHED_LAWS:
+        return law_from(spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(f"--law {spec!r} is neither {', '.join(PUBLISHED_LAWS)} nor a fit.json file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError(f"{path} is not JSON; give a fit.json written by `lmkit scaling fit`") from None
+    return law_from(data.get("approach_3", data))

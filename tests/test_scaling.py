@@ -1,0 +1,201 @@
+"""Scaling laws: the compute-optimal split, Approach 3 (Epoch AI's Huber fit) and Approach 2 fits, sweeps."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize_scalar
+
+from lmkit.scaling import BESIROGLU, CHINCHILLA, ScalingLaw, bootstrap_fit, fit_law, isoflop_fit
+from lmkit.scaling.fit import huber_objective
+from lmkit.scaling.sweep import Shape, count_parameters, plan_sweep, shape_parameters
+
+
+def numeric_optimum(law: ScalingLaw, compute: float, k: float = 6.0) -> float:
+    """argmin over N of L(N, C / (k N)), found by a bounded search in log N."""
+    result = minimize_scalar(lambda x: law.loss(math.exp(x), compute / (k * math.exp(x))), bounds=(0, 80),
+                             method="bounded", options={"xatol": 1e-10})
+    return math.exp(result.x)
+
+
+@pytest.mark.parametrize("law", [CHINCHILLA, BESIROGLU, ScalingLaw(E=0.5, A=30.0, B=900.0, alpha=0.7, beta=0.2)])
+@pytest.mark.parametrize("compute", [1e12, 3.3e17, 5.76e23])
+def test_the_closed_form_optimum_is_the_numeric_minimum_under_the_budget(law, compute):
+    n_opt, d_opt = law.compute_optimal(compute)
+    assert 6 * n_opt * d_opt == pytest.approx(compute, rel=1e-9)
+    assert n_opt == pytest.approx(numeric_optimum(law, compute), rel=1e-5)
+    a, b = law.exponents
+    assert a + b == pytest.approx(1.0)
+    # N_opt grows as C^a
+    assert law.compute_optimal(10 * compute)[0] / n_opt == pytest.approx(10 ** a, rel=1e-9)
+
+
+def test_published_fits_give_their_own_tokens_per_parameter():
+    # Epoch AI's refit is consistent with Chinchilla's ~20 tokens per parameter at Chinchilla's budget;
+    # Hoffmann et al.'s own Approach-3 constants imply far more data per parameter there
+    budget = 5.76e23
+    besiroglu = BESIROGLU.tokens_per_parameter(budget)
+    assert 17 < besiroglu < 23
+    n = numeric_optimum(BESIROGLU, budget)
+    assert besiroglu == pytest.approx(budget / (6 * n) / n, rel=1e-4)
+    assert CHINCHILLA.tokens_per_parameter(budget) > 2 * besiroglu
+
+
+def test_the_huber_objective_gradient_matches_finite_differences():
+    rng = np.random.default_rng(1)
+    log_n, log_d = rng.uniform(15, 22, 12), rng.uniform(17, 25, 12)
+    log_l = np.log([CHINCHILLA.loss(math.exp(x), math.exp(y)) for x, y in zip(log_n, log_d)]) + rng.normal(0, 0.01, 12)
+    theta = np.array([5.5, 6.2, 0.4, 0.3, 0.25])
+    _, grad = huber_objective(theta, log_n, log_d, log_l)
+    for i in range(5):
+        step = np.zeros(5)
+        step[i] = 1e-6
+        up, _ = huber_objective(theta + step, log_n, log_d, log_l)
+        down, _ = huber_objective(theta - step, log_n, log_d, log_l)
+        assert grad[0, i] == pytest.approx((up[0] - down[0]) / 2e-6, rel=1e-4, abs=1e-8)
+
+
+def chinchilla_points(seed: int, m: int, noise: float):
+    rng = np.random.default_rng(seed)
+    n = np.exp(rng.uniform(math.log(1e7), math.log(1e11), m))
+    d = np.exp(rng.uniform(math.log(1e8), math.log(1e12), m))
+    loss = np.array([CHINCHILLA.loss(a, b) for a, b in zip(n, d)]) * np.exp(rng.normal(0, noise, m))
+    return n, d, loss
+
+
+def test_points_from_chinchillas_constants_are_fitted_back_within_their_bootstrap_intervals():
+    # percentile intervals cover the truth about 95% of the time, so the draw is fixed
+    n, d, loss = chinchilla_points(seed=1, m=60, noise=0.003)
+    fit = bootstrap_fit(n, d, loss, samples=30, seed=1)
+    for name in ("E", "A", "B", "alpha", "beta"):
+        lo, hi = fit.intervals[name]
+        assert lo <= getattr(CHINCHILLA, name) <= hi, (name, lo, hi)
+        assert lo <= getattr(fit.law, name) <= hi
+    lo, hi = fit.intervals["a"]
+    assert lo <= CHINCHILLA.exponents[0] <= hi
+
+
+def test_exact_points_are_fitted_exactly():
+    n, d, loss = chinchilla_points(seed=3, m=40, noise=0.0)
+    law = fit_law(n, d, loss)
+    for name in ("E", "alpha", "beta"):
+        assert getattr(law, name) == pytest.approx(getattr(CHINCHILLA, name), rel=2e-3)
+
+
+def isoflop_points(law: ScalingLaw, budgets, per_budget=7, spread=3.0, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    c, n, loss = [], [], []
+    for budget in budgets:
+        centre = law.compute_optimal(budget)[0]
+        for x in np.geomspace(centre / spread, centre * spread, per_budget):
+            c.append(budget)
+            n.append(x)
+            loss.append(law.loss(x, budget / (6 * x)) * math.exp(rng.normal(0, noise)))
+    return c, n, loss
+
+
+def test_approach_2_finds_each_budgets_optimum_and_the_allocation_exponent():
+    budgets = [1e18, 1e19, 1e20, 1e21]
+    iso = isoflop_fit(*isoflop_points(BESIROGLU, budgets), samples=20)
+    for budget, vertex in zip(iso.budgets, iso.n_opt):
+        assert vertex == pytest.approx(BESIROGLU.compute_optimal(budget)[0], rel=0.1)  # a parabola in log N
+    assert iso.a == pytest.approx(BESIROGLU.exponents[0], abs=0.02)
+    assert iso.a + iso.b == pytest.approx(1.0, abs=1e-9)
+    assert iso.d_opt_at(1e20) * iso.n_opt_at(1e20) * 6 == pytest.approx(1e20, rel=1e-6)
+
+
+def test_approach_2_with_noise_has_an_interval_around_the_true_exponent():
+    iso = isoflop_fit(*isoflop_points(CHINCHILLA, [1e18, 1e19, 1e20, 1e21], noise=0.002, seed=4), samples=100)
+    lo, hi = iso.intervals["a"]
+    assert lo < hi
+    assert lo - 0.02 <= CHINCHILLA.exponents[0] <= hi + 0.02
+
+
+def test_too_few_points_or_bad_losses_are_refused():
+    from lmkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least 5 points"):
+        fit_law([1e6, 2e6], [1e8, 1e8], [3.0, 2.9])
+    with pytest.raises(ConfigError, match="positive"):
+        fit_law([1e6] * 6, [1e8] * 6, [3.0, 2.9, -1, 2, 2, 2])
+    with pytest.raises(ConfigError, match="two budgets"):
+        isoflop_fit([1e12] * 3, [1e5, 2e5, 4e5], [3.0, 2.9, 3.1])
+
+
+def test_parameter_counts_leave_out_the_embedding_tables():
+    import torch
+
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    for preset in ("default", "tiny"):
+        config = get_preset(preset)
+        model = build_model(config)
+        tables = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+        assert count_parameters(model, "total") == model.num_parameters()
+        assert count_parameters(model, "non-embedding") == model.num_parameters() - tables
+    shape = Shape.parse("3x96")
+    n = shape_parameters(shape, vocab_size=1000, seq_len=64)  # counted on the meta device
+    assert n == count_parameters(build_model(get_preset("default", vocab_size=1000, max_seq_len=64,
+                                                        **shape.overrides())))
+
+
+def test_a_sweep_plans_points_that_spend_each_budget():
+    plans = plan_sweep([2e12, 6e12], [Shape.parse(s) for s in ("2x64", "2x128", "4x128")], batch_size=8, seq_len=64,
+                       vocab_size=512, min_steps=5)
+    assert {p.compute for p in plans} == {2e12, 6e12}
+    for p in plans:
+        assert 6 * p.n_params * p.steps * 8 * 64 == pytest.approx(p.compute, rel=0.05)
+    with pytest.raises(Exception, match="LAYERSxWIDTH"):
+        Shape.parse("four")
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "lmkit", "scaling", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=900)
+
+
+def test_fit_and_plan_from_results_on_disk(tmp_path):
+    c, n, loss = isoflop_points(BESIROGLU, [1e15, 1e16, 1e17], per_budget=5, noise=0.001, seed=2)
+    rows = [{"run": f"p{i}", "compute": ci, "n_params": ni, "n_tokens": ci / (6 * ni), "val_loss": li,
+             "flops_per_token": 6.0, "param_convention": "non-embedding", "seconds": ci / 1e11}
+            for i, (ci, ni, li) in enumerate(zip(c, n, loss))]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = run_cli("fit", "--results", str(tmp_path), "--bootstrap", "10")
+    assert done.returncode == 0, done.stderr
+    fit = json.loads((tmp_path / "fit.json").read_text())
+    assert fit["approach_3"]["alpha"] + fit["approach_3"]["beta"] > 0
+    assert fit["flops_per_second"] == pytest.approx(1e11, rel=1e-6)
+    for picture in ("isoflops.png", "loss_vs_n_d.png"):
+        from matplotlib.image import imread
+
+        pixels = imread(tmp_path / picture)
+        assert pixels.std() > 0.01  # something is drawn
+    planned = run_cli("plan", "--time-budget", "100", "--results", str(tmp_path), "--law", str(tmp_path / "fit.json"))
+    assert planned.returncode == 0, planned.stderr
+    assert "1e+13 FLOPs" in planned.stdout
+    refused = run_cli("plan", "--time-budget", "100")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--results" in refused.stderr
+    bad = run_cli("plan", "--compute", "1e15", "--law", "nonsense")
+    assert bad.returncode == 2 and "chinchilla" in bad.stderr
+
+
+@pytest.mark.slow
+def test_a_sweep_trains_its_points_and_a_second_run_continues_without_retraining(tmp_path, small_pydocs):
+    corpus = tmp_path / "corpus.jsonl"
+    small_pydocs(corpus, n=20)
+    args = ("sweep", "--out", str(tmp_path / "sweep"), "--budgets", "3e10", "6e10", "--shapes", "2x64", "2x96",
+            "--batch-size", "4", "--seq-len", "32", "--vocab-size", "300", "--min-steps", "3", "--corpus", str(corpus))
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    rows = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").read_text().splitlines()]
+    assert len(rows) >= 3 and all(math.isfinite(r["val_loss"]) for r in rows)
+    for r in rows:
+        metrics = (tmp_path / "sweep" / r["run"] / "metrics.jsonl").read_text().splitlines()
+        assert json.loads(metrics[-1])["step"] == r["steps"]
+    again = run_cli(*args)
+    assert again.returncode == 0
+    assert "C=" not in again.stdout  # every point was already in results.jsonl
+    assert [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").read_text().splitlines()] == rows
