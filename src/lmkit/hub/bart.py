@@ -12,8 +12,8 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, refuse_unloadable, \
     rename
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("bart",)
 # checkpoints that store the table under the stacks' names only; BartModel has no "model." prefix and no head (an
 # untied config's head then falls back to the shared table, as T5's does)
 ALIASES = (("model.shared.", "model.encoder.embed_tokens."), ("model.encoder.embed_tokens.", "model.shared."),
@@ -135,3 +135,8 @@ def rules(cfg: ModelConfig) -> list[Rule]:
         out.append(rename("lm_head.weight", "lm_head.weight"))
     out.append(rename("final_logits_bias", "final_logits_bias"))
     return out
+
+
+FAMILY = Family(model_types=("bart",), hf_classes=("BartForConditionalGeneration", "BartModel"),
+                config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules, aliases=ALIASES,
+                prepare_weights=prepare_weights)

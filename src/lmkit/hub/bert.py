@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
-
-MODEL_TYPES = ("bert",)
+from lmkit.hub.family import Family
 
 
 def linear(ours: str, hf: str) -> list[tuple[str, str]]:
@@ -216,3 +215,7 @@ def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict, names=()):
 
 def build(config: ModelConfig, raw: dict, names=()):
     return build_encoder(FORMAT, config, raw, names)
+
+
+FAMILY = Family(model_types=("bert",), hf_classes=tuple(FORMAT.archs), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES, build=build)

@@ -12,8 +12,8 @@ from lmkit.errors import ConfigError
 from lmkit.hub.bert import EncoderFormat, build_encoder, check_encoder, format_rules, labels_to_hf, linear, \
     num_labels_of, problem_type_of, with_architecture
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("distilbert",)
 _EMBEDDINGS = [("tokens.weight", "embeddings.word_embeddings.weight"),
                ("positions.weight", "embeddings.position_embeddings.weight")] + linear("norm", "embeddings.LayerNorm")
 _LAYER = (linear("self_attn.sublayer.q_proj", "attention.q_lin") + linear("self_attn.sublayer.k_proj", "attention.k_lin")
@@ -78,3 +78,7 @@ def rules(cfg: ModelConfig) -> list[Rule]:
 
 def build(config: ModelConfig, raw: dict, names=()):
     return build_encoder(FORMAT, config, raw, names)
+
+
+FAMILY = Family(model_types=("distilbert",), hf_classes=tuple(FORMAT.archs), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES, build=build)

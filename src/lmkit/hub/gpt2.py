@@ -5,11 +5,9 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import DECODER_HEAD_SUFFIXES, HF_ACTIVATIONS, Rule, hf_activation, \
     hf_activation_name, layer_rules, refuse_unloadable, rename
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("gpt2",)
 ALIASES = (("transformer.", ""),)
-IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
-SCALE_BY_LAYER = True  # config.json's scale_attn_by_inverse_layer_idx is read and written
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
@@ -77,3 +75,8 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     if not cfg.tie_embeddings:
         out.append(rename("lm_head.weight", "lm_head.weight"))
     return out
+
+
+FAMILY = Family(model_types=("gpt2",), hf_classes=("GPT2LMHeadModel", "GPT2Model"), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES,
+                scale_by_layer=True)  # config.json's scale_attn_by_inverse_layer_idx is read and written

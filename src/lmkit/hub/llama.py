@@ -8,10 +8,9 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import DECODER_HEAD_SUFFIXES, HF_GATED_ACTIVATIONS, Rule, hf_activation, \
     hf_activation_name, layer_rules, refuse_unloadable, rename
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("llama",)
 ALIASES = (("model.", ""),)
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def rope_from_hf(hf: dict) -> tuple[float, dict | None]:
@@ -128,3 +127,7 @@ def rules(cfg: ModelConfig, layer_table: list[tuple] | None = None) -> list[Rule
     if not cfg.tie_embeddings:
         out.append(rename("lm_head.weight", "lm_head.weight"))
     return out
+
+
+FAMILY = Family(model_types=("llama",), hf_classes=("LlamaForCausalLM", "LlamaModel"), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES)

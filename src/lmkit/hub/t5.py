@@ -12,8 +12,8 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import HF_ACTIVATIONS, HF_GATED_ACTIVATIONS, Rule, hf_activation_name, layer_rules, \
     refuse_unloadable, rename
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("t5", "mt5")
 # MT5Config's defaults where they differ from T5Config's (read when config.json leaves them out)
 _MT5_DEFAULTS = {"vocab_size": 250112, "d_ff": 1024, "num_layers": 8, "num_heads": 6, "feed_forward_proj": "gated-gelu",
                  "decoder_start_token_id": 0}
@@ -125,3 +125,8 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     if not cfg.tie_embeddings:
         out.append(rename("lm_head.weight", "lm_head.weight"))
     return out
+
+
+FAMILY = Family(model_types=("t5", "mt5"), hf_classes=("T5ForConditionalGeneration", "MT5ForConditionalGeneration",
+                                                      "T5Model", "MT5Model"),
+                config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules, aliases=ALIASES)

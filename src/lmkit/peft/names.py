@@ -25,7 +25,7 @@ def hf_groups(model: nn.Module) -> dict[str, list[str]]:
     module = _families().get(family)
     if module is None:
         return {}
-    rules = module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
+    rules = module.rules(config)
     groups: dict[str, list[str]] = {}
     for rule in rules:
         if rule.hf.endswith(".weight") and all(o.endswith(".weight") for o in rule.ours):
@@ -81,7 +81,7 @@ def hf_rules(model: nn.Module) -> list:
     module = _families().get(family) if family else None
     if module is None:
         return [rename(n, n) for n, _ in model.named_parameters()]
-    return module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
+    return module.rules(config)
 
 
 def parameter_owners(model: nn.Module) -> dict[int, list[str]]:
