@@ -13,6 +13,7 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
 from lmkit.hub.family import Family
+from lmkit.models.encoder import Encoder
 
 
 def linear(ours: str, hf: str) -> list[tuple[str, str]]:
@@ -199,8 +200,6 @@ def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict, names=()):
 
     names: the checkpoint's tensor names; a bare model whose weights hold no pooler is built without one
     (BertModel(config, add_pooling_layer=False) saves no trace of that flag but its missing tensors)."""
-    from lmkit.models.encoder import Encoder
-
     archs = raw.get("architectures") or [next(iter(fmt.archs))]
     arch = next((a for a in archs if a in fmt.archs), None)
     if arch is None:

@@ -22,20 +22,22 @@ from safetensors import SafetensorError
 from lmkit.config import ModelConfig, get_preset
 from lmkit.data import load_corpus
 from lmkit.data.corpus import refuse_output_folder
-from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.shards import open_prepared, prepared_fingerprint
+from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.tokenize import corpus_tokenizer, special_ids, tokenizer_sha, vocab_size_of
 from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import autocast
 from lmkit.hub import check_savable
 from lmkit.models import build_model
 from lmkit.objectives import with_aux_loss
+from lmkit.progress import progress_bar
 from lmkit.train import distributed as D
 from lmkit.train.budget import planned_steps, replanned_steps
-from lmkit.train.checkpoint import FILES as CHECKPOINT_FILES, MANIFEST
+from lmkit.train.checkpoint import FILES as CHECKPOINT_FILES, MANIFEST, rng_state
 from lmkit.train.checkpoint import (checkpoints, latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
                                     set_rng_state, write_error)
 from lmkit.train.config import TrainConfig
+from lmkit.train.denoise import seq2seq_run_settings
 from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
@@ -145,8 +147,6 @@ class Trainer:
         cfg = self.cfg
         ids = dict(bos_token_id=self.bos_id, eos_token_id=self.bos_id, pad_token_id=self.pad_id, max_seq_len=cfg.seq_len)
         if base.architecture == "encoder-decoder":
-            from lmkit.train.denoise import seq2seq_run_settings
-
             ids.update(seq2seq_run_settings(base, self.objective.name, self.bos_id, self.pad_id, cfg.seq_len))
         return base.replace(vocab_size=vocab_size_of(self.tokenizer), **ids)
 
@@ -216,8 +216,6 @@ class Trainer:
 
         Every rank takes part (RNG states; FSDP gathers the tensors); only rank 0 writes.
         """
-        from lmkit.train.checkpoint import rng_state
-
         self.cfg.fix_warmup(self.total_steps)  # recorded even when the budget ran out while timing the first steps
         rngs = D.gather_objects(rng_state(), self.ctx)
         model_sd, optim_sd = D.full_state_dicts(self.model, self.optimizer, self.ctx, self.cfg.fsdp)
@@ -269,8 +267,6 @@ class Trainer:
 
     # the loop ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        from lmkit.progress import progress_bar
-
         cfg = self.cfg
         created = not self.out.exists()
         try:
