@@ -64,7 +64,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     labels = labels_to_hf(cfg)
     classifier_dropout = labels.pop("classifier_dropout")
     raw = {"model_type": "distilbert", "vocab_size": cfg.vocab_size, "dim": cfg.d_model, "n_layers": cfg.n_layers,
-           "n_heads": cfg.n_heads, "hidden_dim": cfg.ffn_dim, "activation": act,
+           "n_heads": cfg.n_heads, "hidden_dim": cfg.resolved_d_ff, "activation": act,
            "max_position_embeddings": cfg.max_seq_len, "sinusoidal_pos_embds": False, "dropout": cfg.dropout,
            "attention_dropout": cfg.attention_dropout, "initializer_range": cfg.init_std,
            "seq_classif_dropout": 0.2 if classifier_dropout is None else classifier_dropout, "qa_dropout": cfg.extra.get("qa_dropout", cfg.dropout),

@@ -67,7 +67,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     proj = None if act is None else ("gated-gelu" if act.startswith("gelu") else f"gated-{act}") if gated else act
     scaled = abs(cfg.output_scale - cfg.d_model ** -0.5) < 1e-12
     if cfg.position != "relative" or cfg.norm != "rmsnorm" or cfg.norm_placement != "pre" or cfg.use_attention_bias \
-            or cfg.use_mlp_bias or cfg.attention_scale != 1.0 or cfg.kv_heads != cfg.n_heads or cfg.embedding_norm \
+            or cfg.use_mlp_bias or cfg.attention_scale != 1.0 or cfg.resolved_n_kv_heads != cfg.n_heads or cfg.embedding_norm \
             or not cfg.final_norm or cfg.architecture != "encoder-decoder" or proj is None \
             or cfg.output_bias or cfg.embedding_scale != 1.0 or cfg.n_experts:
         raise ConfigError("this model does not fit the T5 format (needs relative positions, pre-RMSNorm, no biases, "
@@ -82,7 +82,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     return {
         "architectures": ["MT5ForConditionalGeneration" if mt5 else "T5ForConditionalGeneration"],
         "model_type": "mt5" if mt5 else "t5", "vocab_size": cfg.vocab_size,
-        "d_model": cfg.d_model, "d_kv": cfg.dim_head, "d_ff": cfg.ffn_dim, "num_layers": cfg.n_layers,
+        "d_model": cfg.d_model, "d_kv": cfg.resolved_head_dim, "d_ff": cfg.resolved_d_ff, "num_layers": cfg.n_layers,
         "num_decoder_layers": cfg.decoder_layers, "num_heads": cfg.n_heads,
         "relative_attention_num_buckets": cfg.relative_buckets,
         "relative_attention_max_distance": cfg.relative_max_distance, "dropout_rate": cfg.dropout,

@@ -49,10 +49,10 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
         if self.config.attention_scale != 1.0:
             return
         c = self.config
-        inner = c.n_heads * c.dim_head
-        std = {"q_proj": (c.d_model * c.dim_head) ** -0.5, "k_proj": c.d_model ** -0.5, "v_proj": c.d_model ** -0.5,
+        inner = c.n_heads * c.resolved_head_dim
+        std = {"q_proj": (c.d_model * c.resolved_head_dim) ** -0.5, "k_proj": c.d_model ** -0.5, "v_proj": c.d_model ** -0.5,
                "o_proj": inner ** -0.5, "up_proj": c.d_model ** -0.5, "gate_proj": c.d_model ** -0.5,
-               "down_proj": c.ffn_dim ** -0.5}
+               "down_proj": c.resolved_d_ff ** -0.5}
         for name, module in self.named_modules():
             last = name.rsplit(".", 1)[-1]
             if isinstance(module, nn.Linear) and last in std:

@@ -159,7 +159,7 @@ class Attention(nn.Module):
         self.config = config
         self.causal = causal
         self.cross = cross
-        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.dim_head
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.resolved_n_kv_heads, config.resolved_head_dim
         bias = config.use_attention_bias
         d = config.d_model
         self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)

@@ -92,7 +92,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.dim = config.dim_head
+        self.dim = config.resolved_head_dim
         self.theta = config.rope_theta
         self.scaling = config.rope_scaling or {}
         if self.scaling.get("rope_type", self.scaling.get("type")) == "yarn":  # by default YaRN stretches max_seq_len
