@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from lmkit.config import get_preset
+from lmkit.config import ModelConfig, get_preset
 from lmkit.errors import TrainingError
 from lmkit.train.optim import OPTIMIZERS
 
@@ -62,10 +62,11 @@ class TrainConfig:
     fsdp: bool = False                    # under torchrun: shard parameters, gradients and optimizer state (FSDP)
     keep_checkpoints: int = 3             # the newest K checkpoints stay on disk
 
-    def resolved(self) -> "TrainConfig":
-        """A copy with every None that has a default filled in (recipes first)."""
+    def resolved(self, model: ModelConfig | None = None) -> "TrainConfig":
+        """A copy with every None that has a default filled in (recipes first); `model`: the preset with the
+        model overrides, when the caller has it already."""
         recipe = RECIPES.get(self.preset, {})
-        model = get_preset(self.preset, **self.model_overrides)
+        model = model or get_preset(self.preset, **self.model_overrides)
         # vocab_size (the tokenizer's target) is recorded so that a resumed run retrains the same tokenizer
         # warmup_steps left out stays None here: it depends on the planned steps (fix_warmup)
         generic = dict(batch_size=16, seq_len=min(model.max_seq_len, 1024), lr=1e-3, optimizer="adamw",
