@@ -33,7 +33,7 @@ def test_presets():
     assert (gpt2.position, gpt2.norm, gpt2.activation, gpt2.norm_placement, gpt2.tie_embeddings) == \
         ("learned", "layernorm", "gelu_tanh", "pre", True)
     assert (llama.position, llama.norm, llama.activation, llama.tie_embeddings) == ("rope", "rmsnorm", "swiglu", False)
-    assert llama.kv_heads < llama.n_heads
+    assert llama.resolved_n_kv_heads < llama.n_heads
     assert (t2017.norm_placement, t2017.position, t2017.activation) == ("post", "sinusoidal", "relu")
     assert {"tiny", "default"} <= set(PRESETS)
     tiny = build_model(get_preset("tiny"))

@@ -66,7 +66,7 @@ def test_config_reads_the_family(pair):
     hf, ours, _ = pair
     cfg = hf.config
     assert ours.config.family == cfg.model_type
-    assert (ours.config.dim_head, ours.config.kv_heads, ours.config.tie_embeddings) == \
+    assert (ours.config.resolved_head_dim, ours.config.resolved_n_kv_heads, ours.config.tie_embeddings) == \
         (hf.model.layers[0].self_attn.head_dim, cfg.num_key_value_heads, cfg.tie_word_embeddings)
     assert [ours.config.layer_window(i) for i in range(cfg.num_hidden_layers)] == \
         [getattr(layer.self_attn, "sliding_window", cfg.sliding_window) for layer in hf.model.layers]  # Qwen2's per layer

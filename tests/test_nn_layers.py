@@ -142,11 +142,11 @@ def test_gated_ffn_formula(activation, fn):
 
 
 def test_d_ff_defaults():
-    assert cfg(activation="gelu").ffn_dim == 48
-    assert cfg(d_model=96, activation="swiglu").ffn_dim == 256          # 2/3 * 4 * 96 = 256
-    assert cfg(d_model=100, n_heads=4, activation="swiglu").ffn_dim == 272         # 266.7 rounded up to a multiple of 8
-    assert cfg(d_model=100, n_heads=4, activation="swiglu").ffn_dim % 8 == 0
-    assert cfg(activation="swiglu", d_ff=30).ffn_dim == 30
+    assert cfg(activation="gelu").resolved_d_ff == 48
+    assert cfg(d_model=96, activation="swiglu").resolved_d_ff == 256          # 2/3 * 4 * 96 = 256
+    assert cfg(d_model=100, n_heads=4, activation="swiglu").resolved_d_ff == 272         # 266.7 rounded up to a multiple of 8
+    assert cfg(d_model=100, n_heads=4, activation="swiglu").resolved_d_ff % 8 == 0
+    assert cfg(activation="swiglu", d_ff=30).resolved_d_ff == 30
     assert FeedForward(cfg(d_model=96, activation="swiglu")).up_proj.out_features == 256
 
 

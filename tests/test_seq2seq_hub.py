@@ -189,7 +189,7 @@ def test_t5_small_and_flan_style_configs():
                 "n_positions": 512, "num_heads": 8, "num_layers": 6, "pad_token_id": 0,
                 "relative_attention_num_buckets": 32, "vocab_size": 32128}
     cfg, preset = config_from_hf(t5_small), get_preset("t5")
-    for field in ("d_model", "n_layers", "decoder_layers", "n_heads", "dim_head", "d_ff", "activation", "norm", "norm_eps",
+    for field in ("d_model", "n_layers", "decoder_layers", "n_heads", "resolved_head_dim", "d_ff", "activation", "norm", "norm_eps",
                   "attention_scale", "tie_embeddings", "output_scale", "relative_buckets", "relative_max_distance",
                   "decoder_start_token_id", "pad_token_id", "eos_token_id", "dropout", "activation_dropout"):
         assert getattr(cfg, field) == getattr(preset, field), field
@@ -198,7 +198,7 @@ def test_t5_small_and_flan_style_configs():
             "tie_word_embeddings": False}
     cfg = config_from_hf(flan)
     assert cfg.activation == "geglu_tanh" and not cfg.tie_embeddings and cfg.output_scale == 1.0
-    assert cfg.decoder_layers == 8 and cfg.n_heads * cfg.dim_head == 384
+    assert cfg.decoder_layers == 8 and cfg.n_heads * cfg.resolved_head_dim == 384
 
 
 def test_bart_untied_has_a_token_table_per_stack(tmp_path):

@@ -83,7 +83,7 @@ def test_t5_init_folds_the_score_scale_into_wq():
     c = model.config
     q = model.encoder.layers[0].self_attn.sublayer.q_proj.weight
     k = model.encoder.layers[0].self_attn.sublayer.k_proj.weight
-    assert abs(q.std().item() - (c.d_model * c.dim_head) ** -0.5) < 0.1 * (c.d_model * c.dim_head) ** -0.5
+    assert abs(q.std().item() - (c.d_model * c.resolved_head_dim) ** -0.5) < 0.1 * (c.d_model * c.resolved_head_dim) ** -0.5
     assert abs(k.std().item() - c.d_model ** -0.5) < 0.1 * c.d_model ** -0.5
     assert model.lm_head.weight is model.get_input_embeddings().weight
 

@@ -5,6 +5,8 @@ The public API (see DESIGN.md) is imported lazily so that `import lmkit` stays c
 """
 from __future__ import annotations
 
+import importlib
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -26,8 +28,6 @@ _SUBMODULES = ("atomic", "compress", "config", "data", "errors", "evaluate", "fi
 
 
 def __getattr__(name: str):
-    import importlib
-
     if name in _EXPORTS:
         module, attr = _EXPORTS[name]
         return getattr(importlib.import_module(module), attr)

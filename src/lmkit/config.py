@@ -103,11 +103,13 @@ class ModelConfig:
 
     # derived sizes ---------------------------------------------------------
     @property
-    def kv_heads(self) -> int:
+    def resolved_n_kv_heads(self) -> int:
+        """n_kv_heads with its default (None: one key/value head per query head) applied."""
         return self.n_kv_heads or self.n_heads
 
     @property
-    def dim_head(self) -> int:
+    def resolved_head_dim(self) -> int:
+        """head_dim with its default (None: d_model // n_heads) applied."""
         return self.head_dim or self.d_model // self.n_heads
 
     @property
@@ -115,7 +117,8 @@ class ModelConfig:
         return self.activation in ("swiglu", "geglu", "geglu_tanh", "reglu")
 
     @property
-    def ffn_dim(self) -> int:
+    def resolved_d_ff(self) -> int:
+        """d_ff with its default applied: 4 d, or for a gated FFN 2/3 of that rounded up to a multiple of 8."""
         if self.d_ff:
             return self.d_ff
         if self.gated:
@@ -170,10 +173,10 @@ class ModelConfig:
                 raise ConfigError(f"{name} must lie in [0, 1], got {getattr(self, name)!r}")
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set head_dim or change one of them")
-        if self.n_heads % self.kv_heads:
-            raise ConfigError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.kv_heads}")
-        if self.position == "rope" and self.dim_head % 2:
-            raise ConfigError(f"RoPE needs an even head dimension, got {self.dim_head}")
+        if self.n_heads % self.resolved_n_kv_heads:
+            raise ConfigError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.resolved_n_kv_heads}")
+        if self.position == "rope" and self.resolved_head_dim % 2:
+            raise ConfigError(f"RoPE needs an even head dimension, got {self.resolved_head_dim}")
         if self.sliding_layers is not None:
             layers = max(self.n_layers, self.decoder_layers)
             if self.sliding_window is None:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from lmkit.hub.files import atomic_save_safetensors, atomic_write_json, load_safetensors
+
 if TYPE_CHECKING:
     from lmkit.sentence import SentenceEncoder
 
@@ -56,8 +58,6 @@ class SemanticIndex:
         return [(score, self.ids[i], self.passages[i]) for i, score in top_k(self.encoder.encode(query), self.embeddings, k)]
 
     def save(self, path) -> None:
-        from lmkit.hub.files import atomic_save_safetensors, atomic_write_json
-
         folder = Path(path)
         atomic_save_safetensors({"embeddings": torch.from_numpy(np.ascontiguousarray(self.embeddings))},
                                 folder / "embeddings.safetensors")
@@ -65,8 +65,7 @@ class SemanticIndex:
 
     @classmethod
     def load(cls, encoder: SentenceEncoder, path) -> "SemanticIndex":
-        from lmkit.hub.files import load_safetensors
-        from lmkit.sentence import _read_json
+        from lmkit.sentence import _read_json  # lmkit.sentence imports this module to re-export it
 
         folder = Path(path)
         data = _read_json(folder / "passages.json")

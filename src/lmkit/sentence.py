@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from lmkit.errors import CheckpointError, ConfigError
-from lmkit.sentence_pooling import QUANTIZE, Dense, dense_activation, pool_tokens, quantize
 from lmkit.progress import progress_bar
+from lmkit.sentence_pooling import QUANTIZE, Dense, dense_activation, pool_tokens, quantize
 from lmkit.tokenizers.encoding import side_of
 from lmkit.tokenizers.normalizers import Lowercase, Sequence
 
@@ -111,9 +111,6 @@ class SentenceEncoder:
     @classmethod
     def from_pretrained(cls, path, dtype: torch.dtype | None = None) -> "SentenceEncoder":
         """Read a sentence-transformers folder; dtype (e.g. torch.bfloat16) is the model's compute type."""
-        from lmkit.hub import load_model
-        from lmkit.tokenizers import load_tokenizer
-
         folder = Path(path)
         if not folder.is_dir():
             raise CheckpointError(f"{folder} is not a folder; pass a sentence-transformers model folder")
@@ -181,8 +178,6 @@ class SentenceEncoder:
 
     @staticmethod
     def _dense(folder: Path) -> Dense:
-        from lmkit.hub.files import read_weights
-
         cfg = _read_json(folder / "config.json")
         if cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding" or \
                 cfg.get("module_output_name", "sentence_embedding") != "sentence_embedding":
@@ -198,8 +193,6 @@ class SentenceEncoder:
     @staticmethod
     def _layer_norm(folder: Path):
         """LayerNorm of the sentence embedding: (x - mean) / sqrt(var + 1e-5) * w + b (torch.nn.LayerNorm)."""
-        from lmkit.hub.files import read_weights
-
         weights = read_weights(folder)
         w, b = weights["norm.weight"].float(), weights["norm.bias"].float()
         return lambda x: torch.nn.functional.layer_norm(x, w.shape, w.to(x), b.to(x), 1e-5)
@@ -329,6 +322,9 @@ class SentenceEncoder:
 
 # pooling and Dense live in lmkit.sentence_pooling, semantic search in lmkit.search; their names stay importable here
 from lmkit.search import SemanticIndex, paragraphs, top_k  # noqa: E402
+from lmkit.hub import load_model
+from lmkit.tokenizers import load_tokenizer
+from lmkit.hub.files import read_weights
 
 __all__ = ["SentenceEncoder", "Dense", "pool_tokens", "dense_activation", "quantize", "SemanticIndex", "paragraphs",
            "top_k"]

@@ -17,6 +17,7 @@ from torch import nn
 
 from lmkit.config import sliding_fields
 from lmkit.errors import ConfigError
+from lmkit.peft.finetune import train_causal_lm
 
 _LAYER = re.compile(r"^(.*?(?:^|\.)layers\.)(\d+)(\..*)$")
 
@@ -113,8 +114,6 @@ def distill_causal_lm(teacher: nn.Module, student: nn.Module, stream, pad_id: in
                       lr: float = 1e-3, warmup_steps: int = 20, weights: DistillWeights | None = None, seed: int = 0,
                       weight_decay: float = 0.1, grad_clip: float = 1.0, log=None) -> list[dict]:
     """Train `student` on rows of a `PackedStream` against the frozen teacher; returns the logged rows."""
-    from lmkit.peft.finetune import train_causal_lm
-
     w = weights or DistillWeights()
     teacher.eval()
 

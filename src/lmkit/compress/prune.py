@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from lmkit.errors import ConfigError
+from lmkit.hub.hooks import FolderHook, register_folder_hook
 from lmkit.nn.attention import Attention
 
 
@@ -222,3 +223,6 @@ def apply_head_layout(model: nn.Module) -> nn.Module:
         attn.o_proj = _linear(n_heads * D, attn.o_proj.out_features, attn.o_proj.bias is not None, **at)
         attn.n_heads, attn.n_kv_heads = n_heads, n_kv
     return model
+
+
+register_folder_hook(FolderHook("attention_heads", build=apply_head_layout))

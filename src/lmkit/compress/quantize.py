@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lmkit.errors import ConfigError
+from lmkit.hub.hooks import FolderHook, register_folder_hook
 
 METHOD = "dynamic-int8"
 
@@ -113,3 +114,13 @@ def weight_bytes(model: nn.Module) -> int:
     tensors = list(model.parameters()) + [b for n, b in model.named_buffers() if n in saved]
     total = sum(t.numel() * t.element_size() for t in int8_tensors(model).values())
     return total + sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
+
+
+def _read_int8(tensors: dict[str, torch.Tensor], config, dtype: torch.dtype | None, folder) -> tuple[dict, dict]:
+    """A folder's int8 layers: loaded dequantized into a float model, then given their exact int8 values."""
+    if dtype not in (None, torch.float32):
+        raise ConfigError(f"{folder} holds an int8-quantized model, which runs in float32; load it without dtype")
+    return split_int8(tensors, config.extra["quantization"].get("modules", []))
+
+
+register_folder_hook(FolderHook("quantization", read=_read_int8, restore=restore_int8, tensors=int8_tensors))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+
 import torch
 
 from lmkit.compress.distill import DistillWeights, distill_causal_lm, student_from_teacher
-from lmkit.compress.prune import head_importance, least_important, prune_heads
+from lmkit.compress.prune import attention_modules, head_importance, least_important, prune_heads
 from lmkit.compress.quantize import quantize_dynamic_int8, weight_bytes
+from lmkit.errors import ConfigError
 from lmkit.peft.finetune import causal_lm_data, check_out, model_folder, save_model_folder
 
 
@@ -32,8 +34,6 @@ def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch
 def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 8, batch_size: int = 8,
                  seq_len: int | None = None, max_val_docs: int | None = None) -> dict:
     """Prune the `heads` least important heads (importance from `batches` training batches); save to `out`."""
-    from lmkit.errors import ConfigError
-
     if batches < 1:
         raise ConfigError(f"--batches must be at least 1 (importance needs data), got {batches}")
     check_out(out, model_dir)
@@ -55,8 +55,6 @@ def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 
 def forward_flops_per_token(model, context: int) -> float:
     """Multiply-adds x 2 of one token's forward pass at a given context length: 2 per weight of every
     linear layer, plus 4 * context * head_dim per attention head (scores q k^T and the sum over v)."""
-    from lmkit.compress.prune import attention_modules
-
     linear = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
     heads = sum(a.n_heads * a.head_dim for a in attention_modules(model).values())
     return 2.0 * linear + 4.0 * context * heads

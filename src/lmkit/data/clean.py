@@ -27,7 +27,9 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import regex
 
+from lmkit.atomic import atomic_open, atomic_write_json
 from lmkit.data.corpus import Corpus, Document, refuse_inputs
+from lmkit.data.prepare import stream_documents
 from lmkit.errors import CorpusError
 
 WORD = regex.compile(r"\w+")
@@ -306,9 +308,6 @@ def clean_corpus(corpus: Corpus, config: CleanConfig | None = None) -> tuple[Cor
 def clean_files(specs: list[str], out: str, report_path: str | None = None,
                 config: CleanConfig | None = None) -> dict[str, Any]:
     """Clean corpus specs into a JSONL file ({"id", "text"} per line, written atomically) plus a JSON report."""
-    from lmkit.atomic import atomic_open, atomic_write_json
-    from lmkit.data.prepare import stream_documents
-
     report_path = report_path or f"{out}.report.json"
     _check_outputs(specs, out, report_path)
     kept, cleaner = clean_stream(lambda: stream_documents(specs), config)

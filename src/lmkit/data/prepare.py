@@ -24,11 +24,13 @@ import numpy as np
 from safetensors.numpy import save as save_safetensors
 
 from lmkit.atomic import atomic_write_bytes, atomic_write_json, staged_folder
+from lmkit.data.builtin import BUILTIN, builtin_corpus
 from lmkit.data.corpus import (CHUNK_CHARS, Document, _expand, cut_point, group_paragraphs, jsonl_document,
                                paragraphs, refuse_output_folder, split_hash)
-from lmkit.data.shards import DTYPES, FORMAT, INDEX, TOKENIZER, VERSION, file_sha256, token_dtype
+from lmkit.data.shards import DTYPES, FORMAT, INDEX, ShardDataset, TOKENIZER, VERSION, file_sha256, token_dtype
 from lmkit.data.tokenize import BOS, vocab_size_of
 from lmkit.errors import CorpusError, TokenizerError
+from lmkit.tokenizers import load_tokenizer
 
 SHARD_BYTES = 16 << 20  # text per shard: about 5M tokens, 10 MB of uint16 ids
 ENCODE_CHARS = 1 << 20  # text encoded at a time inside a worker
@@ -113,8 +115,6 @@ def stream_jsonl(path: Path, label: str) -> Iterator[Document]:
 
 def stream_documents(specs: Iterable[str]) -> Iterator[Document]:
     """Documents of built-in corpora, files, folders and globs (as `load_corpus` reads them), streamed."""
-    from lmkit.data.builtin import BUILTIN, builtin_corpus
-
     specs = [os.fspath(s) for s in specs]
     if not specs:
         raise CorpusError("no corpus given; name a built-in corpus (pydocs, pycode) or pass text files")
@@ -132,8 +132,6 @@ _WORKER: dict[str, Any] = {}
 
 
 def load_any_tokenizer(path: str | Path):
-    from lmkit.tokenizers import load_tokenizer
-
     return load_tokenizer(path)
 
 
@@ -290,8 +288,6 @@ def _write_shards(corpus: Iterable[str], out: Path, tok: Any, tok_path: Path, bo
 
 def verify(folder: str | Path) -> dict[str, Any]:
     """Check every shard of a prepared folder against its index (sizes, counts, sha256); returns the index."""
-    from lmkit.data.shards import ShardDataset
-
     ds = ShardDataset(folder, verify=True)
     for name in ds.index["splits"]:
         ds.split(name)

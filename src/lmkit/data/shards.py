@@ -30,7 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from lmkit.data.stream import TokenizedCorpus
+from lmkit.data.tokenize import vocab_size_of
 from lmkit.errors import CorpusError
+from lmkit.tokenizers import load_tokenizer
 
 INDEX = "index.json"
 TOKENIZER = "tokenizer.json"
@@ -298,10 +301,6 @@ def open_prepared(folder: str | Path, seq_len: int, verify: bool = True, max_val
     Evaluation reads the first validation documents up to `max_val_tokens` ids (at least one document),
     so memory and evaluation time stay bounded however large the corpus is.
     """
-    from lmkit.data.stream import TokenizedCorpus
-    from lmkit.data.tokenize import vocab_size_of
-    from lmkit.tokenizers import load_tokenizer
-
     ds = ShardDataset(folder, verify=verify)
     tok_path = ds.tokenizer_path
     if not tok_path.is_file():

@@ -16,6 +16,7 @@ from lmkit.atomic import atomic_save_file
 from lmkit.data.cache import cache_dir
 from lmkit.data.corpus import Corpus
 from lmkit.errors import TokenizerError
+from lmkit.tokenizers import load_tokenizer, train_tokenizer
 
 BOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -79,8 +80,6 @@ def tokenizer_sha(tok: Any) -> str:
 
 def corpus_tokenizer(corpus: Corpus, vocab_size: int, kind: str = "bpe", use_cache: bool = True):
     """A `kind` tokenizer of `vocab_size` ids trained on `corpus`, with SPECIAL_TOKENS (cached)."""
-    from lmkit.tokenizers import load_tokenizer, train_tokenizer
-
     key = json.dumps([TOKENIZER_CACHE_VERSION, kind, vocab_size, SPECIAL_TOKENS, corpus.fingerprint()])
     path = cache_dir("tokenizers") / f"{kind}-{vocab_size}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if use_cache and path.exists():
@@ -98,6 +97,4 @@ def corpus_tokenizer(corpus: Corpus, vocab_size: int, kind: str = "bpe", use_cac
 
 def load_training_tokenizer(path: str | Path):
     """The tokenizer of a trained model folder (tokenizer.json)."""
-    from lmkit.tokenizers import load_tokenizer
-
     return load_tokenizer(path)

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import random
 
+from lmkit.tokenizers.added_tokens import AddedToken
+from lmkit.tokenizers.models.wordpiece import WordLevel
+from lmkit.tokenizers.pre_tokenizers import Sequence, Split, WhitespaceSplit
+from lmkit.tokenizers.processors import TemplateProcessing
+from lmkit.tokenizers.tokenizer import Tokenizer
+
 PREFIX = "translate numbers to words: "
 MAX_NUMBER = 999_999
 SPECIALS = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2: pad (= decoder start, as in T5), eos, unk
@@ -77,12 +83,6 @@ def vocabulary() -> list[str]:
 def task_tokenizer():
     """Word-level tokenizer of the task: whitespace-split words, one token per digit, <pad> </s> <unk>;
     like T5's, it ends each text with </s> (add_special_tokens=True), as sources are fed in training."""
-    from lmkit.tokenizers.added_tokens import AddedToken
-    from lmkit.tokenizers.models.wordpiece import WordLevel
-    from lmkit.tokenizers.pre_tokenizers import Sequence, Split, WhitespaceSplit
-    from lmkit.tokenizers.processors import TemplateProcessing
-    from lmkit.tokenizers.tokenizer import Tokenizer
-
     vocab = {w: i for i, w in enumerate(vocabulary())}
     added = [AddedToken(s, vocab[s], special=True) for s in SPECIALS]
     pre = Sequence([WhitespaceSplit(), Split({"Regex": "\\d"}, behavior="Isolated")])

@@ -12,6 +12,9 @@ from typing import Any
 
 import torch
 
+from lmkit.data.stream import eval_rows, tokenize_corpus
+from lmkit.data.tokenize import special_ids
+from lmkit.errors import CorpusError
 from lmkit.objectives import bits_per_byte, next_token_loss, next_token_targets, perplexity
 
 
@@ -46,8 +49,6 @@ def evaluate_rows(model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor
     finally:
         model.train(was_training)
     if count == 0 or num_bytes <= 0:
-        from lmkit.errors import CorpusError
-
         raise CorpusError(f"nothing to score ({count} tokens, {num_bytes} bytes); give held-out text that is not empty")
     loss = float(total) / count
     return {"loss": loss, "perplexity": perplexity(loss), "bpb": bits_per_byte(float(total), num_bytes),
@@ -59,9 +60,6 @@ def evaluate_text(model: torch.nn.Module, tokenizer: Any, corpus, seq_len: int |
                   stride: int | None = None) -> dict[str, float]:
     """evaluate_rows over the documents of `corpus` (an `lmkit.data.Corpus`), tokenized by `tokenizer`;
     `stride` scores with overlapping windows (`lmkit.data.stream.strided_rows`)."""
-    from lmkit.data.stream import eval_rows, tokenize_corpus
-    from lmkit.data.tokenize import special_ids
-
     bos, pad = special_ids(tokenizer, model.config)
     seq_len = seq_len or model.config.max_seq_len
     rows, mask, nbytes = eval_rows(tokenize_corpus(corpus, tokenizer), bos, pad, seq_len, max_docs, stride)

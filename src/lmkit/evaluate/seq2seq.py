@@ -2,12 +2,17 @@
 and exact match, of its greedy (or beam-search) outputs."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from lmkit.data.translation import make_pairs
+from lmkit.errors import ConfigError, CorpusError
 from lmkit.evaluate.bleu import corpus_bleu
 from lmkit.evaluate.rouge import corpus_rouge
+from lmkit.objectives import next_token_loss, perplexity, seq2seq_batch
 
 
 def encode_source(tokenizer, text: str, eos_id: int | None) -> list[int]:
@@ -97,8 +102,6 @@ def evaluate_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], num_beams
 def reference_loss(model, tokenizer, pairs: Sequence[tuple[str, str]], batch_size: int = 128) -> tuple[float, int]:
     """(nats per reference token, token count) of the references under teacher forcing, labeled as `encode_target`
     makes them (EOS, and mBART's language code, included): transformers' loss on its tokenizer's labels."""
-    from lmkit.objectives import next_token_loss, seq2seq_batch
-
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     total, count = 0.0, 0
     device = next(model.parameters()).device
@@ -113,11 +116,6 @@ def reference_loss(model, tokenizer, pairs: Sequence[tuple[str, str]], batch_siz
 
 def read_pairs(path) -> list[tuple[str, str]]:
     """(source, reference) pairs from a .tsv (source<TAB>reference per line) or .jsonl ({"source", "target"})."""
-    import json
-    from pathlib import Path
-
-    from lmkit.errors import CorpusError
-
     path = Path(path)
     try:
         lines = [l for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
@@ -146,8 +144,6 @@ def read_pairs(path) -> list[tuple[str, str]]:
 
 def report_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], num_beams: int = 1) -> list[str]:
     """The lines `lmkit eval` prints for a text-to-text model: loss, perplexity, BLEU, ROUGE, exact match."""
-    from lmkit.objectives import perplexity
-
     loss, tokens = reference_loss(model, tokenizer, pairs)
     s = evaluate_pairs(model, tokenizer, pairs, num_beams=num_beams)
     return [f"loss           {loss:.4f} nats/token ({tokens} reference tokens)",
@@ -159,22 +155,14 @@ def report_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], num_beams: 
 
 def builtin_pairs(task: str) -> list[tuple[str, str]]:
     """The held-out pairs of a built-in task ("numbers": lmkit.data.translation, default seed)."""
-    from lmkit.errors import CorpusError
-
     if task != "numbers":
         raise CorpusError(f"unknown task {task!r}; the built-in task is 'numbers'")
-    from lmkit.data.translation import make_pairs
 
     return make_pairs()[1]
 
 
 def resolve_pairs(model_dir, pairs_path=None, task: str | None = None) -> tuple[str, list[tuple[str, str]]]:
     """(name, pairs) that `lmkit eval` scores: --pairs, else --task, else the task the run folder names."""
-    import json
-    from pathlib import Path
-
-    from lmkit.errors import ConfigError
-
     if pairs_path:
         return str(pairs_path), read_pairs(pairs_path)
     if task is None and (Path(model_dir) / "task.json").is_file():

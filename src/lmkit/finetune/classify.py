@@ -20,10 +20,16 @@ from pathlib import Path
 
 import torch
 
+from lmkit.atomic import atomic_write_bytes
 from lmkit.errors import ConfigError, CorpusError
 from lmkit.finetune.data import Example, label_names, read_examples, split_examples
 from lmkit.finetune.metrics import accuracy, macro_f1
+from lmkit.hub import load_model
+from lmkit.models.encoder import Encoder
 from lmkit.objectives import with_aux_loss
+from lmkit.peft.finetune import check_out, fitting_length, peft_for_task
+from lmkit.progress import progress_bar
+from lmkit.tokenizers import load_tokenizer
 
 
 @dataclass
@@ -59,7 +65,6 @@ class FinetuneConfig:
             raise ConfigError(f"--val-fraction must be between 0 and 1 (a share of --train), got {self.val_fraction}")
         if self.pooling not in ("cls", "mean"):
             raise ConfigError(f"--pooling must be cls or mean, got {self.pooling!r}")
-        from lmkit.peft.finetune import check_out
 
         check_out(self.out, self.model)
 
@@ -67,9 +72,6 @@ class FinetuneConfig:
 def classifier_from_pretrained(path: str | Path, num_labels: int, pooling: str = "cls", id2label: dict | None = None):
     """A sequence-classification `Encoder` whose body (and pooler, when the checkpoint has one) comes
     from the pretrained encoder at `path`; the classifier layer is fresh."""
-    from lmkit.hub import load_model
-    from lmkit.models.encoder import Encoder
-
     base = load_model(path)
     if base.config.position == "xl":  # XLNet: its sequence summary (the last position by default) and logits_proj
         return _xlnet_classifier(base, num_labels, pooling, id2label)
@@ -143,10 +145,6 @@ def predict(model, tok, examples: list[Example], labels: dict[str, int], batch_s
 
 def finetune(cfg: FinetuneConfig) -> dict:
     """Train, evaluate after every epoch, keep the best; returns the best epoch's metrics."""
-    from lmkit.atomic import atomic_write_bytes
-    from lmkit.tokenizers import load_tokenizer
-    from lmkit.progress import progress_bar
-
     cfg.check()
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -170,7 +168,6 @@ def finetune(cfg: FinetuneConfig) -> dict:
     model = classifier_from_pretrained(cfg.model, len(names), cfg.pooling, {str(i): n for i, n in enumerate(names)})
     if reads_last_position(model):
         tok.padding_side = "left"
-    from lmkit.peft.finetune import fitting_length, peft_for_task
 
     cfg = replace(cfg, max_length=fitting_length(model.config.max_seq_len, cfg.peft, cfg.peft_settings or {},
                                                  cfg.max_length, 128))

@@ -140,14 +140,12 @@ class DecodePlan:
     def build(cls, model: nn.Module, batch: int) -> "DecodePlan | None":
         """The plan for `batch` rows, or None when the model has a part the plan does not reproduce exactly.
 
+        `model` is a decoder-only model whose forward is its `decoder` stack's then `lm_head` (the model checks
+        that of its own class and subclasses: `CausalLM._decode_plan`); this checks every module below them.
         A model keeps its latest plan until its weights change (in place or replaced) or the batch
         size, thread count, autocast setting or sliding windows do."""
-        from lmkit.models.causal_lm import CausalLM
-        from lmkit.models.stack import Stack
-
         config = model.config
-        if type(model).forward is not CausalLM.forward or model.training or config.architecture != "decoder" \
-                or config.n_experts or type(model.decoder) is not Stack:
+        if model.training or config.architecture != "decoder" or config.n_experts:
             return None
         stack = model.decoder
         emb = stack.embeddings

@@ -20,7 +20,6 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
-from lmkit.generation.decode_plan import DecodePlan
 from lmkit.generation.logits import count_penalties
 from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, stop_reached
 
@@ -283,7 +282,7 @@ class Engine:
         slots = [r.slot for r in requests]
         view = _DecodeView(self.cache, slots, self.device)
         tokens = torch.tensor([[r.output[-1]] for r in requests], device=self.device)
-        plan = DecodePlan.build(self.model, len(requests))  # the lean step generate takes too, where it applies
+        plan = self.model._decode_plan(len(requests))  # the lean step generate takes too, where the model has one
         if plan is not None:
             logits = plan.step(tokens, view, view.lengths[:, None], view.allowed)
         else:

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from lmkit.errors import GenerationError
-from lmkit.generation.decode_plan import DecodePlan
 from lmkit.generation.config import GenerationConfig
 from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, split_settings, stop_reached
 from lmkit.nn import build_attention_bias
@@ -56,6 +55,10 @@ class GenerationMixin:
             attention_mask = torch.ones_like(input_ids)
         return input_ids, DecodingState(cache=KVCache(), attention_mask=attention_mask)
 
+    def _decode_plan(self, batch: int):
+        """A lean one-token step for `batch` rows (a `DecodePlan`), or None to decode through forward."""
+        return None
+
     def _generation_logits(self, state: DecodingState, tokens: torch.Tensor) -> torch.Tensor:
         """Next-token logits (B, V) after feeding `tokens` (B, t), updating the cache and mask.
 
@@ -71,7 +74,7 @@ class GenerationMixin:
         if past and tokens.shape[1] == 1:
             plan = state.extra.get("plan", False)
             if plan is False:
-                plan = state.extra["plan"] = DecodePlan.build(self, tokens.shape[0])
+                plan = state.extra["plan"] = self._decode_plan(tokens.shape[0])
         if not padded:
             if plan is not None:
                 return plan.step(tokens, state.cache, tokens.new_full(tokens.shape, past), None)

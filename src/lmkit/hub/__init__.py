@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
@@ -16,14 +15,19 @@ from lmkit.config import ModelConfig
 from lmkit.errors import CheckpointError, ConfigError
 from lmkit.generation.config import GenerationConfig
 from lmkit.hub.convert import DECODER_HEAD_TENSORS, from_hf, to_hf
+from lmkit.hub.family import Family
 from lmkit.hub.files import atomic_write_json, read_json, read_weights, write_weights
+from lmkit.hub.hooks import folder_hooks
+from lmkit.models import build_model
+from lmkit.models.base import register_folder_writer
 
-# model_type -> module holding MODEL_TYPES, config_from_hf, config_to_hf, rules, ALIASES, IGNORED_SUFFIXES
+# the modules of lmkit.hub that each define FAMILY, a `Family` (hub/family.py)
 FAMILY_MODULES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "roberta", "distilbert", "t5", "bart",
                   "mbart", "xlnet")
 
 
-def _families() -> dict[str, ModuleType]:
+def _families() -> dict[str, Family]:
+    """model_type -> its family, for every family module present."""
     out = {}
     for name in FAMILY_MODULES:
         try:
@@ -32,12 +36,12 @@ def _families() -> dict[str, ModuleType]:
             if exc.name == f"lmkit.hub.{name}":
                 continue
             raise
-        for model_type in module.MODEL_TYPES:
-            out[model_type] = module
+        for model_type in module.FAMILY.model_types:
+            out[model_type] = module.FAMILY
     return out
 
 
-def family_of(model_type: str | None) -> ModuleType:
+def family_of(model_type: str | None) -> Family:
     families = _families()
     if not isinstance(model_type, str) or model_type not in families:
         raise ConfigError(f"config.json has model_type {model_type!r}, which lmkit does not load; supported: "
@@ -101,15 +105,13 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
         raise ConfigError(f"{folder} holds {head}, the tensor of a task head (classification, question answering, "
                           f"multiple choice) that lmkit's {raw.get('model_type')} language model lacks; load a folder "
                           "of the language-model class")
-    quantized = config.extra.get("quantization")
-    if quantized:  # int8 layers: loaded dequantized into a float model, then given their exact int8 values
-        from lmkit.compress.quantize import split_int8
-
-        if dtype not in (None, torch.float32):
-            raise ConfigError(f"{folder} holds an int8-quantized model, which runs in float32; load it without dtype")
-        hf, int8 = split_int8(hf, quantized.get("modules", []))
+    hooks = folder_hooks(config)
+    kept = {}  # what each hook's restore needs (the int8 values of quantized layers)
+    for hook in hooks:
+        if hook.read is not None:
+            hf, kept[hook.key] = hook.read(hf, config, dtype, folder)
     _check_weights_fit(config, family, raw, hf, folder)
-    if family is not None and hasattr(family, "prepare_weights"):  # e.g. fused expert tensors split into per-expert names
+    if family is not None and family.prepare_weights is not None:  # e.g. fused expert tensors split per expert
         hf = family.prepare_weights(hf)
     model, state = _model_and_state(config, family, raw, hf, folder)
     if _head_stored_apart(model.config, family, hf):  # the built model's config names its head (encoders)
@@ -124,10 +126,9 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
     if really_missing:
         raise CheckpointError(f"{folder} lacks tensors {', '.join(really_missing[:5])}")
     model = model.to(dtype) if dtype is not None else model.float()
-    if quantized:
-        from lmkit.compress.quantize import restore_int8
-
-        model = restore_int8(model, int8)
+    for hook in hooks:
+        if hook.restore is not None:
+            model = hook.restore(model, kept.get(hook.key))
     model.generation_defaults = generation_defaults(folder)
     return model.eval()
 
@@ -135,10 +136,9 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
 def _model_and_state(config: ModelConfig, family, raw: dict, hf: dict[str, torch.Tensor], folder: Path):
     """The model config.json describes (pruned heads laid out) and its state dict read from the checkpoint."""
     model = _build(config, family, raw, hf)
-    if config.extra.get("attention_heads"):  # a model whose heads were pruned: per-layer head counts
-        from lmkit.compress.prune import apply_head_layout
-
-        apply_head_layout(model)
+    for hook in folder_hooks(config):  # e.g. a model whose heads were pruned: per-layer head counts
+        if hook.build is not None:
+            hook.build(model)
     expected = model.state_dict()
     if family is None:
         state = {k: hf[k] for k in expected if k in hf}
@@ -146,13 +146,12 @@ def _model_and_state(config: ModelConfig, family, raw: dict, hf: dict[str, torch
         if missing:
             raise CheckpointError(f"{folder} lacks tensors {', '.join(missing[:5])}; the folder is incomplete")
         return model, state
-    rules = family.rules(model.config) if not hasattr(family, "model_rules") else family.model_rules(model)
-    return model, from_hf(hf, rules, expected, getattr(family, "ALIASES", ()), source=str(folder))
+    return model, from_hf(hf, family.rules(model.config), expected, family.aliases, source=str(folder))
 
 
 def _head_stored_apart(config: ModelConfig, family, hf: dict[str, torch.Tensor]) -> bool:
     """True when config.json ties the head to the token table but the checkpoint also holds the head's own tensor."""
-    if family is None or not config.tie_embeddings or hasattr(family, "model_rules"):
+    if family is None or not config.tie_embeddings:
         return False
     tied = {rule.hf for rule in family.rules(config)}
     return any(rule.hf in hf and rule.hf not in tied for rule in family.rules(config.replace(tie_embeddings=False)))
@@ -173,9 +172,7 @@ def _differ(state: dict[str, torch.Tensor], names: list[str]) -> bool:
 
 def _build(config: ModelConfig, family, raw: dict, hf: dict[str, torch.Tensor]):
     """The model config.json describes; a family's `build` also sees the tensor names (optional modules)."""
-    from lmkit.models import build_model
-
-    if family is None or not hasattr(family, "build"):
+    if family is None or family.build is None:
         return build_model(config)
     return family.build(config, raw, hf.keys())
 
@@ -230,8 +227,8 @@ def _is_tied(model, key: str) -> bool:
     return any(p is target and k != key for k, p in params.items())
 
 
-def check_savable(model) -> tuple[ModuleType | None, dict | None]:
-    """(family module, its config.json) that save_pretrained writes; a ConfigError if the format cannot hold the model.
+def check_savable(model) -> tuple[Family | None, dict | None]:
+    """(family, its config.json) that save_pretrained writes; a ConfigError if the format cannot hold the model.
 
     Writes nothing, so a trainer can refuse a model before its first step rather than at its first save.
     """
@@ -239,21 +236,19 @@ def check_savable(model) -> tuple[ModuleType | None, dict | None]:
     family = _families().get(config.family) if config.family else None
     if family is None:
         return None, None
-    if config.sliding_window and not getattr(family, "SLIDING_WINDOW", False):
+    if config.sliding_window and not family.sliding_window:
         raise ConfigError(f"the {config.family} format has no sliding window (sliding_window={config.sliding_window}); "
                           "save with family='mistral', 'qwen2', 'mixtral' or None")
-    if config.sliding_window and config.sliding_layers is not None and not getattr(family, "SLIDING_LAYERS", False):
+    if config.sliding_window and config.sliding_layers is not None and not family.sliding_layers:
         raise ConfigError(f"the {config.family} format slides every layer or none, and this model slides layers "
                           f"{config.sliding_layers} only; save with family='qwen2' or None")
-    if config.n_experts and not getattr(family, "EXPERTS", False):
+    if config.n_experts and not family.experts:
         raise ConfigError(f"the {config.family} format has no mixture of experts (n_experts={config.n_experts}); "
                           "save a decoder with family='mixtral', or any model with family=None")
-    if config.attention_scale_by_layer and not getattr(family, "SCALE_BY_LAYER", False):
+    if config.attention_scale_by_layer and not family.scale_by_layer:
         raise ConfigError(f"the {config.family} format cannot scale layer i's attention scores by 1/(i + 1) "
                           "(attention_scale_by_layer); save with family='gpt2' or None")
     # the family's own config check says in one line why a model does not fit, before a weight name is missing
-    if hasattr(family, "model_config_to_hf"):
-        return family, family.model_config_to_hf(model)
     return family, family.config_to_hf(config)
 
 
@@ -266,14 +261,12 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
     state = {k: v for k, v in model.state_dict().items()}
     if family is None:
         tensors = _untie(model, state)
-        if config.extra.get("quantization"):  # int8 layers hold no parameters: their tensors come from compress
-            from lmkit.compress.quantize import int8_tensors
-
-            tensors.update(int8_tensors(model))
+        for hook in folder_hooks(config):  # int8 layers hold no parameters: their tensors come from their hook
+            if hook.tensors is not None:
+                tensors.update(hook.tensors(model))
         raw = {"lmkit": config.to_dict(), "architectures": [type(model).__name__]}
     else:
-        rules = family.rules(config) if not hasattr(family, "model_rules") else family.model_rules(model)
-        tensors = to_hf(state, rules)
+        tensors = to_hf(state, family.rules(config))
         raw["torch_dtype"] = raw["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     raw.setdefault("transformers_version", "4.46.0")
     write_weights(folder, tensors, max_shard_bytes)
@@ -294,3 +287,6 @@ def _untie(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if name in state:
             out[name] = state[name]
     return out
+
+
+register_folder_writer(save_pretrained)

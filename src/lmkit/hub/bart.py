@@ -12,8 +12,8 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, refuse_unloadable, \
     rename
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("bart",)
 # checkpoints that store the table under the stacks' names only; BartModel has no "model." prefix and no head (an
 # untied config's head then falls back to the shared table, as T5's does)
 ALIASES = (("model.shared.", "model.encoder.embed_tokens."), ("model.encoder.embed_tokens.", "model.shared."),
@@ -73,8 +73,8 @@ def config_to_hf(cfg: ModelConfig, family: str = "bart") -> dict:
                           f"{other.lower()!r} if it fits {other}, or with another family")
     if cfg.position != "learned" or cfg.position_offset != 2 or cfg.norm != "layernorm" \
             or not cfg.embedding_norm or act is None \
-            or not cfg.use_attention_bias or not cfg.use_mlp_bias or not cfg.norm_bias or cfg.kv_heads != cfg.n_heads \
-            or cfg.dim_head * cfg.n_heads != cfg.d_model or cfg.attention_scale is not None \
+            or not cfg.use_attention_bias or not cfg.use_mlp_bias or not cfg.norm_bias or cfg.resolved_n_kv_heads != cfg.n_heads \
+            or cfg.resolved_head_dim * cfg.n_heads != cfg.d_model or cfg.attention_scale is not None \
             or cfg.embedding_scale not in (1.0, cfg.d_model ** 0.5) or cfg.output_scale != 1.0 \
             or cfg.architecture != "encoder-decoder" or cfg.n_experts:
         raise ConfigError(f"this model does not fit the {layout['name']} format (needs learned positions with offset 2, "
@@ -84,7 +84,7 @@ def config_to_hf(cfg: ModelConfig, family: str = "bart") -> dict:
         "architectures": [layout["architecture"]], "model_type": family, "vocab_size": cfg.vocab_size,
         "d_model": cfg.d_model, "encoder_layers": cfg.n_layers, "decoder_layers": cfg.decoder_layers,
         "encoder_attention_heads": cfg.n_heads, "decoder_attention_heads": cfg.n_heads,
-        "encoder_ffn_dim": cfg.ffn_dim, "decoder_ffn_dim": cfg.ffn_dim, "max_position_embeddings": cfg.max_seq_len,
+        "encoder_ffn_dim": cfg.resolved_d_ff, "decoder_ffn_dim": cfg.resolved_d_ff, "max_position_embeddings": cfg.max_seq_len,
         "activation_function": act, "scale_embedding": cfg.embedding_scale != 1.0, "dropout": cfg.dropout,
         "attention_dropout": cfg.attention_dropout, "activation_dropout": cfg.activation_dropout, "init_std": cfg.init_std,
         "tie_word_embeddings": cfg.tie_embeddings, "is_encoder_decoder": True, "use_cache": True,
@@ -135,3 +135,8 @@ def rules(cfg: ModelConfig) -> list[Rule]:
         out.append(rename("lm_head.weight", "lm_head.weight"))
     out.append(rename("final_logits_bias", "final_logits_bias"))
     return out
+
+
+FAMILY = Family(model_types=("bart",), hf_classes=("BartForConditionalGeneration", "BartModel"),
+                config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules, aliases=ALIASES,
+                prepare_weights=prepare_weights)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
-
-MODEL_TYPES = ("bert",)
+from lmkit.hub.family import Family
+from lmkit.models.encoder import Encoder
 
 
 def linear(ours: str, hf: str) -> list[tuple[str, str]]:
@@ -123,8 +123,8 @@ def check_encoder(cfg: ModelConfig, family: str) -> str:
     """The HF hidden_act of an lmkit config that fits a BERT-like format, or a ConfigError saying why not."""
     act = hf_activation_name(cfg.activation, HF_ACTIVATIONS)
     if act is None or cfg.architecture != "encoder" or cfg.position != "learned" or cfg.norm != "layernorm" \
-            or cfg.norm_placement != "post" or not cfg.embedding_norm or cfg.final_norm or cfg.kv_heads != cfg.n_heads \
-            or not cfg.bias or cfg.dim_head * cfg.n_heads != cfg.d_model or cfg.n_experts:
+            or cfg.norm_placement != "post" or not cfg.embedding_norm or cfg.final_norm or cfg.resolved_n_kv_heads != cfg.n_heads \
+            or not cfg.bias or cfg.resolved_head_dim * cfg.n_heads != cfg.d_model or cfg.n_experts:
         raise ConfigError(f"this model does not fit the {family} format (needs a post-LayerNorm encoder with learned "
                           f"positions, an embedding LayerNorm, a plain FFN, biases and full multi-head attention); "
                           f"save it with family=None for lmkit's own format")
@@ -142,7 +142,7 @@ def encoder_config_to_hf(cfg: ModelConfig, family: str, max_positions: int) -> d
     act = check_encoder(cfg, family)
     return {
         "model_type": family, "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.ffn_dim,
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.resolved_d_ff,
         "hidden_act": act, "max_position_embeddings": max_positions, "type_vocab_size": max(cfg.type_vocab_size, 1),
         "layer_norm_eps": cfg.norm_eps, "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id,
         "eos_token_id": cfg.eos_token_id, "hidden_dropout_prob": cfg.dropout,
@@ -200,8 +200,6 @@ def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict, names=()):
 
     names: the checkpoint's tensor names; a bare model whose weights hold no pooler is built without one
     (BertModel(config, add_pooling_layer=False) saves no trace of that flag but its missing tensors)."""
-    from lmkit.models.encoder import Encoder
-
     archs = raw.get("architectures") or [next(iter(fmt.archs))]
     arch = next((a for a in archs if a in fmt.archs), None)
     if arch is None:
@@ -216,3 +214,7 @@ def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict, names=()):
 
 def build(config: ModelConfig, raw: dict, names=()):
     return build_encoder(FORMAT, config, raw, names)
+
+
+FAMILY = Family(model_types=("bert",), hf_classes=tuple(FORMAT.archs), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES, build=build)

@@ -12,8 +12,8 @@ from lmkit.errors import ConfigError
 from lmkit.hub.bert import EncoderFormat, build_encoder, check_encoder, format_rules, labels_to_hf, linear, \
     num_labels_of, problem_type_of, with_architecture
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("distilbert",)
 _EMBEDDINGS = [("tokens.weight", "embeddings.word_embeddings.weight"),
                ("positions.weight", "embeddings.position_embeddings.weight")] + linear("norm", "embeddings.LayerNorm")
 _LAYER = (linear("self_attn.sublayer.q_proj", "attention.q_lin") + linear("self_attn.sublayer.k_proj", "attention.k_lin")
@@ -64,7 +64,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     labels = labels_to_hf(cfg)
     classifier_dropout = labels.pop("classifier_dropout")
     raw = {"model_type": "distilbert", "vocab_size": cfg.vocab_size, "dim": cfg.d_model, "n_layers": cfg.n_layers,
-           "n_heads": cfg.n_heads, "hidden_dim": cfg.ffn_dim, "activation": act,
+           "n_heads": cfg.n_heads, "hidden_dim": cfg.resolved_d_ff, "activation": act,
            "max_position_embeddings": cfg.max_seq_len, "sinusoidal_pos_embds": False, "dropout": cfg.dropout,
            "attention_dropout": cfg.attention_dropout, "initializer_range": cfg.init_std,
            "seq_classif_dropout": 0.2 if classifier_dropout is None else classifier_dropout, "qa_dropout": cfg.extra.get("qa_dropout", cfg.dropout),
@@ -78,3 +78,7 @@ def rules(cfg: ModelConfig) -> list[Rule]:
 
 def build(config: ModelConfig, raw: dict, names=()):
     return build_encoder(FORMAT, config, raw, names)
+
+
+FAMILY = Family(model_types=("distilbert",), hf_classes=tuple(FORMAT.archs), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES, build=build)

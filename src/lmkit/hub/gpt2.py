@@ -5,11 +5,9 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import DECODER_HEAD_SUFFIXES, HF_ACTIVATIONS, Rule, hf_activation, \
     hf_activation_name, layer_rules, refuse_unloadable, rename
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("gpt2",)
 ALIASES = (("transformer.", ""),)
-IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
-SCALE_BY_LAYER = True  # config.json's scale_attn_by_inverse_layer_idx is read and written
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
@@ -35,19 +33,19 @@ def config_from_hf(hf: dict) -> ModelConfig:
 def config_to_hf(cfg: ModelConfig) -> dict:
     act = hf_activation_name(cfg.activation, HF_ACTIVATIONS)
     if act is None or cfg.position != "learned" or cfg.norm != "layernorm" or cfg.norm_placement != "pre" \
-            or cfg.gated or cfg.kv_heads != cfg.n_heads or not cfg.bias or cfg.dim_head * cfg.n_heads != cfg.d_model \
-            or cfg.attention_scale not in (None, 1.0, cfg.dim_head ** -0.5):
+            or cfg.gated or cfg.resolved_n_kv_heads != cfg.n_heads or not cfg.bias or cfg.resolved_head_dim * cfg.n_heads != cfg.d_model \
+            or cfg.attention_scale not in (None, 1.0, cfg.resolved_head_dim ** -0.5):
         raise ConfigError("this model does not fit the GPT-2 format (needs learned positions, pre-LayerNorm, a plain "
                           "FFN, biases, full multi-head attention of d_model / n_heads per head and a score scale of "
                           "1/sqrt(head_dim) or 1); save it with family='llama' or as lmkit config")
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
-        "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.ffn_dim,
+        "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.resolved_d_ff,
         "n_positions": cfg.max_seq_len, "n_ctx": cfg.max_seq_len, "activation_function": act,
         "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
         "attn_pdrop": cfg.attention_dropout, "initializer_range": cfg.init_std,
         "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id, "scale_attn_weights": cfg.attention_scale != 1.0 or cfg.dim_head == 1, "use_cache": True,
+        "pad_token_id": cfg.pad_token_id, "scale_attn_weights": cfg.attention_scale != 1.0 or cfg.resolved_head_dim == 1, "use_cache": True,
         "reorder_and_upcast_attn": bool(cfg.extra.get("reorder_and_upcast_attn", False)),
         "scale_attn_by_inverse_layer_idx": cfg.attention_scale_by_layer,
     }
@@ -77,3 +75,8 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     if not cfg.tie_embeddings:
         out.append(rename("lm_head.weight", "lm_head.weight"))
     return out
+
+
+FAMILY = Family(model_types=("gpt2",), hf_classes=("GPT2LMHeadModel", "GPT2Model"), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES,
+                scale_by_layer=True)  # config.json's scale_attn_by_inverse_layer_idx is read and written

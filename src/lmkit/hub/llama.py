@@ -8,10 +8,9 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import DECODER_HEAD_SUFFIXES, HF_GATED_ACTIVATIONS, Rule, hf_activation, \
     hf_activation_name, layer_rules, refuse_unloadable, rename
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("llama",)
 ALIASES = (("model.", ""),)
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def rope_from_hf(hf: dict) -> tuple[float, dict | None]:
@@ -82,8 +81,8 @@ def llama_like_to_hf(cfg: ModelConfig, model_type: str, architecture: str) -> di
                           "FFN); save it with family='gpt2' or change the config")
     return {
         "architectures": [architecture], "model_type": model_type, "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.dim_head,
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.resolved_d_ff, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.resolved_n_kv_heads, "head_dim": cfg.resolved_head_dim,
         "hidden_act": hidden_act, "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
         "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
         "pad_token_id": cfg.pad_token_id, "attention_dropout": cfg.attention_dropout,
@@ -128,3 +127,7 @@ def rules(cfg: ModelConfig, layer_table: list[tuple] | None = None) -> list[Rule
     if not cfg.tie_embeddings:
         out.append(rename("lm_head.weight", "lm_head.weight"))
     return out
+
+
+FAMILY = Family(model_types=("llama",), hf_classes=("LlamaForCausalLM", "LlamaModel"), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES)

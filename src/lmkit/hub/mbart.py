@@ -4,12 +4,12 @@ stack (besides `layernorm_embedding`), teacher forcing from the labels' last non
 wrapped to the front, and generation starting from decoder_start_token_id, else bos_token_id."""
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 from lmkit.hub import bart
-from lmkit.hub.bart import ALIASES, prepare_weights, rules
 
-MODEL_TYPES = ("mbart",)
-config_from_hf = partial(bart.config_from_hf, family="mbart")
-config_to_hf = partial(bart.config_to_hf, family="mbart")
-__all__ = ["ALIASES", "MODEL_TYPES", "config_from_hf", "config_to_hf", "prepare_weights", "rules"]
+FAMILY = dataclasses.replace(bart.FAMILY, model_types=("mbart",),
+                             hf_classes=("MBartForConditionalGeneration", "MBartModel"),
+                             config_from_hf=partial(bart.config_from_hf, family="mbart"),
+                             config_to_hf=partial(bart.config_to_hf, family="mbart"))

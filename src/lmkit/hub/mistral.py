@@ -8,11 +8,9 @@ from __future__ import annotations
 from lmkit.config import ModelConfig
 from lmkit.hub import llama
 from lmkit.hub.convert import Rule
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("mistral",)
-SLIDING_WINDOW = True  # config.json's sliding_window is read and written
 ALIASES = llama.ALIASES
-IGNORED_SUFFIXES = llama.IGNORED_SUFFIXES
 DEFAULTS = {"intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 131072,
             "bos_token_id": 1, "eos_token_id": 2}  # MistralConfig's, where LlamaConfig's differ
 
@@ -30,3 +28,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 def rules(cfg: ModelConfig) -> list[Rule]:
     """lmkit CausalLM names -> MistralForCausalLM names (LLaMA's)."""
     return llama.rules(cfg)
+
+
+FAMILY = Family(model_types=("mistral",), hf_classes=("MistralForCausalLM", "MistralModel"),
+                config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules, aliases=ALIASES,
+                sliding_window=True)  # config.json's sliding_window is read and written

@@ -15,12 +15,9 @@ from lmkit.config import ModelConfig
 from lmkit.errors import CheckpointError, ConfigError
 from lmkit.hub import llama
 from lmkit.hub.convert import Rule
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("mixtral",)
-SLIDING_WINDOW = True  # config.json's sliding_window is read and written
-EXPERTS = True  # num_local_experts routed SwiGLU experts
 ALIASES = (("model.", ""),)
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
@@ -83,3 +80,9 @@ def prepare_weights(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 out[f"{prefix}.experts.{e}.w1.weight"] = t[e, :half]
                 out[f"{prefix}.experts.{e}.w3.weight"] = t[e, half:]
     return out
+
+
+FAMILY = Family(model_types=("mixtral",), hf_classes=("MixtralForCausalLM", "MixtralModel"),
+                config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules, aliases=ALIASES,
+                prepare_weights=prepare_weights, sliding_window=True,
+                experts=True)  # num_local_experts routed SwiGLU experts

@@ -13,12 +13,9 @@ from lmkit.config import ModelConfig, sliding_fields
 from lmkit.errors import ConfigError
 from lmkit.hub import llama
 from lmkit.hub.convert import Rule
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("qwen2",)
-SLIDING_WINDOW = True  # written as use_sliding_window, sliding_window, max_window_layers and layer_types
-SLIDING_LAYERS = True  # windows on some layers only
 ALIASES = llama.ALIASES
-IGNORED_SUFFIXES = llama.IGNORED_SUFFIXES
 DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
             "max_position_embeddings": 32768}  # Qwen2Config's, where LlamaConfig's differ
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -75,3 +72,9 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 def rules(cfg: ModelConfig) -> list[Rule]:
     """lmkit CausalLM names -> Qwen2ForCausalLM names (LLaMA's, with q/k/v biases)."""
     return llama.rules(cfg)
+
+
+FAMILY = Family(model_types=("qwen2",), hf_classes=("Qwen2ForCausalLM", "Qwen2Model"), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES,
+                # written as use_sliding_window, sliding_window, max_window_layers and layer_types
+                sliding_window=True, sliding_layers=True)

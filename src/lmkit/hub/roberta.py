@@ -12,8 +12,8 @@ from lmkit.errors import ConfigError
 from lmkit.hub.bert import (_EMBEDDINGS, _LAYER, EncoderFormat, build_encoder, encoder_config_from_hf,
                             encoder_config_to_hf, format_rules, linear, with_architecture)
 from lmkit.hub.convert import Rule
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("roberta",)
 _MLM = linear("mlm_head.dense", "lm_head.dense") + linear("mlm_head.norm", "lm_head.layer_norm") \
     + [("mlm_head.bias", "lm_head.bias"), ("mlm_head.bias", "lm_head.decoder.bias")]
 
@@ -68,3 +68,7 @@ def rules(cfg: ModelConfig) -> list[Rule]:
 
 def build(config: ModelConfig, raw: dict, names=()):
     return build_encoder(FORMAT, config, raw, names)
+
+
+FAMILY = Family(model_types=("roberta",), hf_classes=tuple(FORMAT.archs), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES, build=build)

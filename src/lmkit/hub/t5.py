@@ -12,8 +12,8 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import HF_ACTIVATIONS, HF_GATED_ACTIVATIONS, Rule, hf_activation_name, layer_rules, \
     refuse_unloadable, rename
+from lmkit.hub.family import Family
 
-MODEL_TYPES = ("t5", "mt5")
 # MT5Config's defaults where they differ from T5Config's (read when config.json leaves them out)
 _MT5_DEFAULTS = {"vocab_size": 250112, "d_ff": 1024, "num_layers": 8, "num_heads": 6, "feed_forward_proj": "gated-gelu",
                  "decoder_start_token_id": 0}
@@ -67,7 +67,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     proj = None if act is None else ("gated-gelu" if act.startswith("gelu") else f"gated-{act}") if gated else act
     scaled = abs(cfg.output_scale - cfg.d_model ** -0.5) < 1e-12
     if cfg.position != "relative" or cfg.norm != "rmsnorm" or cfg.norm_placement != "pre" or cfg.use_attention_bias \
-            or cfg.use_mlp_bias or cfg.attention_scale != 1.0 or cfg.kv_heads != cfg.n_heads or cfg.embedding_norm \
+            or cfg.use_mlp_bias or cfg.attention_scale != 1.0 or cfg.resolved_n_kv_heads != cfg.n_heads or cfg.embedding_norm \
             or not cfg.final_norm or cfg.architecture != "encoder-decoder" or proj is None \
             or cfg.output_bias or cfg.embedding_scale != 1.0 or cfg.n_experts:
         raise ConfigError("this model does not fit the T5 format (needs relative positions, pre-RMSNorm, no biases, "
@@ -82,7 +82,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     return {
         "architectures": ["MT5ForConditionalGeneration" if mt5 else "T5ForConditionalGeneration"],
         "model_type": "mt5" if mt5 else "t5", "vocab_size": cfg.vocab_size,
-        "d_model": cfg.d_model, "d_kv": cfg.dim_head, "d_ff": cfg.ffn_dim, "num_layers": cfg.n_layers,
+        "d_model": cfg.d_model, "d_kv": cfg.resolved_head_dim, "d_ff": cfg.resolved_d_ff, "num_layers": cfg.n_layers,
         "num_decoder_layers": cfg.decoder_layers, "num_heads": cfg.n_heads,
         "relative_attention_num_buckets": cfg.relative_buckets,
         "relative_attention_max_distance": cfg.relative_max_distance, "dropout_rate": cfg.dropout,
@@ -125,3 +125,8 @@ def rules(cfg: ModelConfig) -> list[Rule]:
     if not cfg.tie_embeddings:
         out.append(rename("lm_head.weight", "lm_head.weight"))
     return out
+
+
+FAMILY = Family(model_types=("t5", "mt5"), hf_classes=("T5ForConditionalGeneration", "MT5ForConditionalGeneration",
+                                                      "T5Model", "MT5Model"),
+                config_from_hf=config_from_hf, config_to_hf=config_to_hf, rules=rules, aliases=ALIASES)

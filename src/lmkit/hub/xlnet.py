@@ -11,6 +11,7 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.bert import labels_to_hf, num_labels_of, problem_type_of
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
+from lmkit.hub.family import Family
 from lmkit.models.xlnet_heads import SUMMARY_DEFAULTS, summary_settings
 
 MODEL_TYPES = ("xlnet",)
@@ -77,7 +78,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
 def config_to_hf(cfg: ModelConfig) -> dict:
     act = hf_activation_name(cfg.activation, HF_ACTIVATIONS)
     if cfg.position != "xl" or act is None or cfg.norm != "layernorm" or cfg.norm_placement != "post" \
-            or cfg.final_norm or cfg.gated or cfg.kv_heads != cfg.n_heads or cfg.dim_head * cfg.n_heads != cfg.d_model \
+            or cfg.final_norm or cfg.gated or cfg.resolved_n_kv_heads != cfg.n_heads or cfg.resolved_head_dim * cfg.n_heads != cfg.d_model \
             or cfg.type_vocab_size or cfg.n_experts or cfg.embedding_norm:
         raise ConfigError("this model does not fit the XLNet format (needs position 'xl', post-LayerNorm, a plain FFN "
                           "and full multi-head attention of d_model / n_heads per head); save it with family=None")
@@ -86,7 +87,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     summary = {**SUMMARY_DEFAULTS, **cfg.extra.get("summary", {})}
     summary["summary_activation"] = summary["summary_activation"] or "linear"  # transformers 5 takes no null
     raw = {"architectures": [arch], "model_type": "xlnet", "vocab_size": cfg.vocab_size, "d_model": cfg.d_model,
-           "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "d_head": cfg.dim_head, "d_inner": cfg.ffn_dim,
+           "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "d_head": cfg.resolved_head_dim, "d_inner": cfg.resolved_d_ff,
            "ff_activation": act, "attn_type": "bi" if cfg.architecture == "encoder" else "uni",
            "initializer_range": cfg.init_std, "layer_norm_eps": cfg.norm_eps, "dropout": cfg.dropout,
            "mem_len": cfg.mem_len, "reuse_len": cfg.reuse_len, "use_mems_eval": cfg.use_mems_eval,
@@ -132,3 +133,7 @@ def build(config: ModelConfig, raw: dict, names=()):
 
     archs = [a for a in raw.get("architectures") or () if a in ARCHITECTURES] or ["XLNetLMHeadModel"]
     return XLNet(config, head=ARCHITECTURES[archs[0]], num_labels=config.extra.get("num_labels", 2))
+
+
+FAMILY = Family(model_types=MODEL_TYPES, hf_classes=tuple(ARCHITECTURES), config_from_hf=config_from_hf,
+                config_to_hf=config_to_hf, rules=rules, aliases=ALIASES, build=build)

@@ -2,7 +2,9 @@
 from lmkit.config import ModelConfig
 from lmkit.models.base import PreTrainedModel
 from lmkit.models.causal_lm import CausalLM
+from lmkit.models.encoder import Encoder
 from lmkit.models.output import ModelOutput
+from lmkit.models.seq2seq import Seq2SeqLM
 from lmkit.models.stack import Stack
 
 
@@ -15,10 +17,7 @@ def build_model(config: ModelConfig) -> PreTrainedModel:
     if config.architecture == "decoder":
         return CausalLM(config)
     if config.architecture == "encoder":
-        from lmkit.models.encoder import Encoder
-
         return Encoder(config)
-    from lmkit.models.seq2seq import Seq2SeqLM
 
     return Seq2SeqLM(config)
 

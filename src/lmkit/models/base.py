@@ -1,10 +1,29 @@
 """What every lmkit model shares: the config, weight init, and saving in Hugging Face format."""
 from __future__ import annotations
 
+import importlib
+from typing import Callable
+
 import torch
 from torch import nn
 
 from lmkit.config import ModelConfig
+
+# Hugging Face folders are written by lmkit.hub, the layer above the models (it builds models to load them): the hub
+# registers its writer when imported, and a model saved before anything imported the hub imports it by this name.
+FOLDER_WRITER_MODULE = "lmkit.hub"
+_folder_writer: list[Callable] = []
+
+
+def register_folder_writer(write: Callable) -> None:
+    """Make `write(model, path)` what `PreTrainedModel.save_pretrained` calls."""
+    _folder_writer[:] = [write]
+
+
+def folder_writer() -> Callable:
+    if not _folder_writer:
+        importlib.import_module(FOLDER_WRITER_MODULE)
+    return _folder_writer[0]
 
 
 class PreTrainedModel(nn.Module):
@@ -45,6 +64,4 @@ class PreTrainedModel(nn.Module):
 
     def save_pretrained(self, path, safe_serialization: bool = True) -> None:
         """Write config.json and model.safetensors that transformers loads with the matching class."""
-        from lmkit.hub import save_pretrained
-
-        save_pretrained(self, path)
+        folder_writer()(self, path)

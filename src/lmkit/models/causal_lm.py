@@ -9,6 +9,7 @@ from torch import nn
 
 from lmkit.config import ModelConfig
 from lmkit.generation import GenerationMixin
+from lmkit.generation.decode_plan import DecodePlan
 from lmkit.models.base import PreTrainedModel
 from lmkit.models.output import ModelOutput
 from lmkit.models.stack import Stack
@@ -28,6 +29,12 @@ class CausalLM(PreTrainedModel, GenerationMixin):
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.decoder.embeddings.tokens
+
+    def _decode_plan(self, batch: int) -> DecodePlan | None:
+        """The plan reproduces this class's forward over a plain Stack; a subclass's own forward decodes as written."""
+        if type(self).forward is not CausalLM.forward or type(self.decoder) is not Stack:
+            return None
+        return DecodePlan.build(self, batch)
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: KVCache | None = None,

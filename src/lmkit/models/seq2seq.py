@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from lmkit.config import ModelConfig
+from lmkit.errors import GenerationError
 from lmkit.generation import DecodingState, GenerationMixin
 from lmkit.models.base import PreTrainedModel
 from lmkit.models.output import ModelOutput
@@ -48,10 +49,10 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
         if self.config.attention_scale != 1.0:
             return
         c = self.config
-        inner = c.n_heads * c.dim_head
-        std = {"q_proj": (c.d_model * c.dim_head) ** -0.5, "k_proj": c.d_model ** -0.5, "v_proj": c.d_model ** -0.5,
+        inner = c.n_heads * c.resolved_head_dim
+        std = {"q_proj": (c.d_model * c.resolved_head_dim) ** -0.5, "k_proj": c.d_model ** -0.5, "v_proj": c.d_model ** -0.5,
                "o_proj": inner ** -0.5, "up_proj": c.d_model ** -0.5, "gate_proj": c.d_model ** -0.5,
-               "down_proj": c.ffn_dim ** -0.5}
+               "down_proj": c.resolved_d_ff ** -0.5}
         for name, module in self.named_modules():
             last = name.rsplit(".", 1)[-1]
             if isinstance(module, nn.Linear) and last in std:
@@ -133,8 +134,6 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
             decoder_start_token_id = self.decoder_start_token_id
         start = torch.as_tensor(decoder_start_token_id, dtype=torch.long, device=device)
         if start.dim() > 1 or (start.dim() == 1 and start.numel() != batch):
-            from lmkit.errors import GenerationError
-
             raise GenerationError(f"decoder_start_token_id must be one id or one per row ({batch}), got shape "
                                   f"{tuple(start.shape)}")
         start = start.reshape(-1, 1).expand(batch, 1)
@@ -155,8 +154,6 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
                           **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
         """Encode the source once; the output starts from the decoder prompt (see `_decoder_prompt`)."""
         if model_kwargs:
-            from lmkit.errors import GenerationError
-
             raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")
         memory = self.encode(input_ids, attention_mask)
         decoder_input_ids = self._decoder_prompt(input_ids.shape[0], input_ids.device, decoder_input_ids,

@@ -27,7 +27,7 @@ class Stack(nn.Module):
         self.relative_bias = RelativePositionBias(config, bidirectional=not causal) if config.position == "relative" else None
         self.layers = nn.ModuleList(Block(config, causal=causal, cross=cross) for _ in range(n_layers or config.n_layers))
         if config.attention_scale_by_layer:  # as GPT-2's scale_attn_by_inverse_layer_idx: 1/sqrt(d_head) / (i + 1)
-            base = config.attention_scale if config.attention_scale is not None else config.dim_head ** -0.5
+            base = config.attention_scale if config.attention_scale is not None else config.resolved_head_dim ** -0.5
             for i, block in enumerate(self.layers):
                 block.self_attn.sublayer.scale = base / float(i + 1)
         self.norm = build_norm(config) if config.final_norm else None

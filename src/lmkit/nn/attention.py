@@ -84,7 +84,7 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
     it is what transformers' "eager" attention computes. Masked scores get the dtype's minimum, so a
     row that sees nothing gets a uniform distribution instead of NaN. Causal self-attention without
     dropout goes through `BlockCausalAttention`, which never computes the masked scores right of each
-    block of queries (forward + backward 20-37% faster than the split in query halves it replaced, at
+    block of queries (forward + backward 20-37% faster than splitting the queries in two halves, at
     128-512 positions).
     """
     if k.shape[1] != q.shape[1]:
@@ -165,7 +165,7 @@ class Attention(nn.Module):
         self.config = config
         self.causal = causal
         self.cross = cross
-        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.dim_head
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.resolved_n_kv_heads, config.resolved_head_dim
         bias = config.use_attention_bias
         d = config.d_model
         self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)

@@ -2,8 +2,8 @@
 
 pre:      x = x + F(LN(x))            (GPT-2, LLaMA)
 post:     x = LN(x + F(x))            (Transformer 2017, BERT, BART)
-sandwich: x = x + LN(F(x))            (the branch normalized before it joins the stream, as the issue defines
-                                       it; OLMo-2's reordered norm)
+sandwich: x = x + LN(F(x))            (the branch normalized before it joins the stream; OLMo-2's reordered
+                                       norm)
 peri:     x = x + LN'(F(LN(x)))       (norms on both sides of F: CogView's sandwich-LN, Gemma-2, Peri-LN)
 Each block holds self-attention, optional cross-attention (decoders of encoder-decoder models)
 and a feed-forward network (dense, or a mixture of experts when config.n_experts > 0).
@@ -17,14 +17,13 @@ from lmkit.config import ModelConfig
 from lmkit.nn.attention import Attention, KVCache
 from lmkit.nn.dropout import Dropout
 from lmkit.nn.ffn import FeedForward
+from lmkit.nn.moe import MoEFeedForward
 from lmkit.nn.norms import build_norm
 
 
 def build_ffn(config: ModelConfig) -> nn.Module:
     """A dense FFN, or a mixture of experts when the config has experts."""
     if config.n_experts:
-        from lmkit.nn.moe import MoEFeedForward
-
         return MoEFeedForward(config)
     return FeedForward(config)
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from lmkit.config import ModelConfig
+from lmkit.errors import SequenceTooLongError
 from lmkit.nn.dropout import Dropout
 from lmkit.nn.norms import build_norm
 from lmkit.nn.positions import sinusoidal_table
@@ -47,8 +48,6 @@ class Embeddings(nn.Module):
             if self.config.position_offset:
                 position_ids = position_ids + self.config.position_offset
             if int(position_ids.max()) >= self.config.max_seq_len + self.config.position_offset:
-                from lmkit.errors import SequenceTooLongError
-
                 n = self.config.max_seq_len
                 raise SequenceTooLongError(
                     f"a sequence reaches position {int(position_ids.max()) - self.config.position_offset} but the model "

@@ -31,7 +31,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: ModelConfig, d_ff: int | None = None):
         super().__init__()
-        d, hidden, bias = config.d_model, d_ff or config.ffn_dim, config.use_mlp_bias
+        d, hidden, bias = config.d_model, d_ff or config.resolved_d_ff, config.use_mlp_bias
         self.act = activation(config.activation)
         self.gate_proj = nn.Linear(d, hidden, bias=bias) if config.gated else None
         self.up_proj = nn.Linear(d, hidden, bias=bias)

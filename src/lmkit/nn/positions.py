@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lmkit.config import ModelConfig
+from lmkit.errors import ConfigError
 
 
 def sinusoidal_table(n_positions: int, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -28,8 +29,6 @@ def _yarn(inv_freq: torch.Tensor, dim: int, theta: float, factor: float, scaling
     """YaRN: inv_freq / factor for the dimensions that turn fewer than beta_slow times over the original
     context, inv_freq as it is for those that turn more than beta_fast times, a linear ramp in between."""
     if scaling.get("original_max_position_embeddings") is None:
-        from lmkit.errors import ConfigError
-
         raise ConfigError("YaRN RoPE scaling needs original_max_position_embeddings (the context it stretches)")
     old_len = float(scaling["original_max_position_embeddings"])
 
@@ -84,8 +83,6 @@ def rope_inverse_frequencies(dim: int, theta: float, scaling: dict | None = None
     elif kind == "yarn":
         inv_freq = _yarn(inv_freq, dim, theta, factor, scaling)
     elif kind not in ("default", "ntk", "ntk-aware", "dynamic"):
-        from lmkit.errors import ConfigError
-
         raise ConfigError(f"RoPE scaling {kind!r} is not supported; use linear, ntk, dynamic, llama3 or yarn")
     return inv_freq
 
@@ -95,7 +92,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.dim = config.dim_head
+        self.dim = config.resolved_head_dim
         self.theta = config.rope_theta
         self.scaling = config.rope_scaling or {}
         if self.scaling.get("rope_type", self.scaling.get("type")) == "yarn":  # by default YaRN stretches max_seq_len

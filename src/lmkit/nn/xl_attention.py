@@ -52,7 +52,7 @@ class RelativeAttention(Attention):
         self.r_r_bias = nn.Parameter(torch.zeros(heads, dim))
         self.r_s_bias = nn.Parameter(torch.zeros(heads, dim))
         self.seg_embed = nn.Parameter(torch.zeros(2, heads, dim))
-        self.scale = config.dim_head ** -0.5
+        self.scale = config.resolved_head_dim ** -0.5
 
     def context(self, memory_and_h: torch.Tensor, encoding: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Keys, values (B, H, K, D) of [memory; h] and the projected encodings (H, R, D), shared by both streams."""

@@ -12,8 +12,9 @@ from torch import nn
 
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
+from lmkit.nn.blocks import Residual
 from lmkit.nn.ffn import activation
-from lmkit.peft.names import WrappedLinear, find_modules, replace_module, untie_shared_bases
+from lmkit.peft.names import WrappedLinear, find_modules, hf_names, matches, replace_module, untie_shared_bases
 from lmkit.peft.quant import QuantizedLinear
 
 
@@ -40,8 +41,6 @@ class BottleneckAdapter(nn.Module):
 def apply_adapters(model: nn.Module, bottleneck: int = 16, where: tuple[str, ...] = ("self_attn", "mlp"),
                    act: str = "relu") -> list[str]:
     """Insert a BottleneckAdapter after the chosen sub-layers of every block; the names changed."""
-    from lmkit.nn.blocks import Residual
-
     config: ModelConfig = model.config
     names = []
     for name, module in list(model.named_modules()):
@@ -93,8 +92,6 @@ def merge_ia3(model: nn.Module) -> nn.Module:
 def apply_ia3(model: nn.Module, target_modules=("k_proj", "v_proj", "down_proj"),
               feedforward_modules=("down_proj",)) -> list[str]:
     """Wrap the matching linear layers in IA3Linear (input-scaled when they match feedforward_modules)."""
-    from lmkit.peft.names import hf_names, matches
-
     names = find_modules(model, target_modules, (nn.Linear, QuantizedLinear))
     if not names:
         raise ConfigError(f"no linear layer matches target_modules={target_modules!r}")

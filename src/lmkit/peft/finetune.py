@@ -16,7 +16,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmkit.errors import TrainingError
+import lmkit
+from lmkit.atomic import staged_folder
+from lmkit.data import load_corpus
+from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
+from lmkit.data.tokenize import special_ids
+from lmkit.errors import CheckpointError, ConfigError, TrainingError
+from lmkit.evaluate.perplexity import evaluate_rows
+from lmkit.hub.files import atomic_write_json
+from lmkit.objectives import next_token_targets, with_aux_loss
+from lmkit.peft.model import METHODS, get_peft_model, trainable_summary
+from lmkit.train.optim import build_optimizer, lr_at, set_lr
 
 
 def next_token_loss_fn(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, dict, object]:
@@ -32,9 +42,6 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
 
     loss_fn(model, inputs, targets) -> (loss, {name: value}, output); default: mean next-token CE.
     """
-    from lmkit.objectives import next_token_targets, with_aux_loss
-    from lmkit.train.optim import build_optimizer, lr_at, set_lr
-
     loss_fn = loss_fn or next_token_loss_fn
     for flag, value in (("--max-steps", steps), ("--batch-size", batch_size)):
         if not isinstance(value, int) or value < 1:
@@ -73,8 +80,6 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
 @torch.no_grad()
 def next_token_accuracy(model: nn.Module, rows: torch.Tensor, mask: torch.Tensor, batch_size: int = 16) -> float:
     """Share of scored positions whose argmax prediction is the next token (rows/mask from `eval_rows`)."""
-    from lmkit.objectives import next_token_targets
-
     model.eval()
     right = total = 0
     for start in range(0, len(rows), batch_size):
@@ -90,10 +95,6 @@ class CausalLMData:
     """A corpus split into a packed training stream and validation rows, under a model's tokenizer."""
 
     def __init__(self, tokenizer, corpus, seq_len: int, max_val_docs: int | None = None, val_fraction: float = 0.05):
-        from lmkit.data import load_corpus
-        from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
-        from lmkit.data.tokenize import special_ids
-
         self.tokenizer = tokenizer
         self.bos, self.pad = special_ids(tokenizer)
         train, val = load_corpus(corpus).split(val_fraction)
@@ -103,8 +104,6 @@ class CausalLMData:
 
     def evaluate(self, model: nn.Module, batch_size: int = 16) -> dict:
         """Validation loss (nats/token), perplexity, bits per byte and next-token accuracy."""
-        from lmkit.evaluate.perplexity import evaluate_rows
-
         r = evaluate_rows(model, self.val_rows, self.val_mask, self.val_bytes, batch_size=batch_size)
         r["accuracy"] = next_token_accuracy(model, self.val_rows, self.val_mask, batch_size)
         return r
@@ -120,8 +119,6 @@ def causal_lm_data(model: nn.Module, tokenizer, corpus, seq_len: int | None, max
 
 def check_out(out, source, flag: str = "--model") -> None:
     """Refuse an --out that is the input model folder (the new files would replace the model being read) or a file."""
-    from lmkit.errors import ConfigError
-
     if out is None:
         return
     if Path(out).expanduser().resolve() == Path(source).expanduser().resolve():
@@ -132,9 +129,6 @@ def check_out(out, source, flag: str = "--model") -> None:
 
 def model_folder(path):
     """(causal LM, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights)."""
-    import lmkit
-    from lmkit.errors import CheckpointError, ConfigError
-
     folder = Path(path)
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json; pass a folder written by `lmkit train` (or add one)")
@@ -152,9 +146,6 @@ def model_folder(path):
 def save_model_folder(model: nn.Module, tokenizer, out, extra_json: dict | None = None) -> None:
     """The model (config.json + model.safetensors), its tokenizer.json and optional JSON files (`.jsonl`:
     a list of rows), staged beside `out` and moved in together, so an error or Ctrl-C changes nothing."""
-    from lmkit.atomic import staged_folder
-    from lmkit.hub.files import atomic_write_json
-
     with staged_folder(out) as folder:
         model.save_pretrained(folder)
         tokenizer.save(str(folder / "tokenizer.json"))
@@ -170,8 +161,6 @@ TASK_HEADS = ("classifier", "qa_outputs", "score")  # task heads a PEFT method t
 
 def peft_for_task(model: nn.Module, method: str, **settings):
     """get_peft_model with the model's task head (if any) in modules_to_save; method "full" changes nothing."""
-    from lmkit.peft.model import get_peft_model
-
     if method == "full":
         return model
     if "modules_to_save" not in settings:
@@ -185,8 +174,6 @@ def fitting_length(max_seq_len: int, method: str, settings: dict, asked: int | N
     """Tokens per row that fit the model's positions once prompt tuning's virtual tokens (which take positions
     before every row) are counted: `asked`, or min(room, cap) when None; a ConfigError naming the largest
     `flag` value that fits when `asked` does not."""
-    from lmkit.errors import ConfigError
-
     if asked is not None and asked < 1:
         raise ConfigError(f"{flag} must be at least 1, got {asked}")
     virtual = settings.get("num_virtual_tokens", 10) if method == "prompt" else 0
@@ -215,9 +202,6 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     `out` gets the adapter in PEFT format (adapter_config.json + adapter_model.safetensors), or the whole
     model for "full", plus finetune.json with the validation scores before and after and the parameter counts.
     """
-    from lmkit.hub.files import atomic_write_json
-    from lmkit.peft.model import trainable_summary
-
     check_out(out, model_dir)
     if not 0.0 < val_fraction < 1.0:
         raise TrainingError(f"--val-fraction must lie strictly between 0 and 1 (a share of the documents), got {val_fraction}")
@@ -243,8 +227,6 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     if method == "full":
         save_model_folder(tuned, tok, out, {"finetune.json": report})
     else:
-        from lmkit.atomic import staged_folder
-
         with staged_folder(out) as folder:
             tuned.save_adapter(folder)
             atomic_write_json(folder / "finetune.json", report)
@@ -253,8 +235,6 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
 
 def add_peft_arguments(parser) -> None:
     """The --peft flags of `lmkit finetune` (argparse), shared by its classification and causal-LM paths."""
-    from lmkit.peft.model import METHODS
-
     g = parser.add_argument_group("parameter-efficient fine-tuning")
     g.add_argument("--peft", choices=("full",) + METHODS, default="full",
                    help="train everything (full, default) or only a PEFT method's parameters")

@@ -10,6 +10,9 @@ import re
 
 from torch import nn
 
+from lmkit.hub import _families
+from lmkit.hub.convert import rename
+
 
 def hf_groups(model: nn.Module) -> dict[str, list[str]]:
     """HF module name -> the lmkit modules whose weights it holds, in row order (GPT-2's c_attn: q, k, v).
@@ -20,12 +23,11 @@ def hf_groups(model: nn.Module) -> dict[str, list[str]]:
     family = getattr(config, "family", None)
     if not family:
         return {}
-    from lmkit.hub import _families
 
     module = _families().get(family)
     if module is None:
         return {}
-    rules = module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
+    rules = module.rules(config)
     groups: dict[str, list[str]] = {}
     for rule in rules:
         if rule.hf.endswith(".weight") and all(o.endswith(".weight") for o in rule.ours):
@@ -73,15 +75,12 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 def hf_rules(model: nn.Module) -> list:
     """The family's weight rules (lmkit tensors <-> one HF tensor); identity rules without a family."""
-    from lmkit.hub import _families
-    from lmkit.hub.convert import rename
-
     config = getattr(model, "config", None)
     family = getattr(config, "family", None)
     module = _families().get(family) if family else None
     if module is None:
         return [rename(n, n) for n, _ in model.named_parameters()]
-    return module.model_rules(model) if hasattr(module, "model_rules") else module.rules(config)
+    return module.rules(config)
 
 
 def parameter_owners(model: nn.Module) -> dict[int, list[str]]:

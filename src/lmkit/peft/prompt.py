@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 from lmkit.nn.attention import Attention
+from lmkit.nn.embeddings import Embeddings
+from lmkit.peft.names import replace_module
 
 
 class _PrefixCache:
@@ -64,8 +66,6 @@ class PrefixAttention(nn.Module):
 
 def apply_prefix(model: nn.Module, num_virtual_tokens: int = 10) -> list[str]:
     """Wrap every self-attention module in a PrefixAttention; the names wrapped."""
-    from lmkit.peft.names import replace_module
-
     names = [n for n, m in model.named_modules() if isinstance(m, Attention) and not m.cross]
     for name in names:
         replace_module(model, name, PrefixAttention(model.get_submodule(name), num_virtual_tokens))
@@ -107,8 +107,6 @@ class PromptEmbedding(nn.Module):
 
 def apply_prompt(model: nn.Module, num_virtual_tokens: int = 10) -> list[str]:
     """Replace the token-embedding modules by PromptEmbedding (one shared module if they are shared)."""
-    from lmkit.nn.embeddings import Embeddings
-
     done: dict[int, PromptEmbedding] = {}
     names = []
     for name, module in model.named_modules():

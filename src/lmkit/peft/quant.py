@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmkit.errors import ConfigError
+from lmkit.peft.names import replace_module
 
 
 def nf4_levels() -> torch.Tensor:
@@ -78,8 +79,6 @@ class QuantizedLinear(nn.Module):
 def quantize_linears(model: nn.Module, bits: int = 4, block_size: int = 64,
                      skip: tuple[str, ...] = ("lm_head",)) -> list[str]:
     """Replace every nn.Linear (except names ending in `skip`) by a QuantizedLinear; the names replaced."""
-    from lmkit.peft.names import replace_module
-
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not n.endswith(skip)]
     tied = {id(p) for n, p in model.named_parameters() if any(n.startswith(s) for s in skip)}
     for name in names:

@@ -7,6 +7,7 @@ rest of the pipeline is plain byte-level (no normalizer, GPT-2 or a Split regex,
 """
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 
 import regex
@@ -121,7 +122,6 @@ def encode_many(tok, texts: list[str], num_workers: int | None = None) -> list[l
     total = sum(len(t) for t in texts)
     if workers <= 1 or total < PARALLEL_MIN_CHARS or len(texts) < 2:
         return [tok._encode_plain(t, python_only=True) for t in texts]
-    import multiprocessing as mp
     try:
         ctx = mp.get_context("fork")
     except ValueError:

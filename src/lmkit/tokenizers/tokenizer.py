@@ -2,11 +2,13 @@
 and back through the decoder. Encoded words are cached, keyed by the word before any byte mapping."""
 from __future__ import annotations
 
+import json
 from itertools import chain
 
 from lmkit.errors import TokenizerError
 from lmkit.tokenizers.added_tokens import AddedToken, AddedVocabulary
 from lmkit.tokenizers.encoding import Encoding, pad, side_of, truncate
+from lmkit.tokenizers.fast import encode_many, tiktoken_engine
 from lmkit.tokenizers.pre_tokenizers import ByteLevel, byte_level
 
 ROLES = {  # role -> token names that take it, most common first
@@ -201,7 +203,6 @@ class Tokenizer:
     def engine(self):
         """The tiktoken engine for this byte-level BPE, or None when tiktoken is absent or cannot match it."""
         if not self._engine_checked:
-            from lmkit.tokenizers.fast import tiktoken_engine
             self._engine, self._engine_checked = tiktoken_engine(self), True
         return self._engine
 
@@ -245,7 +246,6 @@ class Tokenizer:
                    padding_side, num_workers) -> list[Encoding]:
         """Truncated and padded encodings of a batch. What the call leaves open (max_length, truncation strategy
         and side, padding side, multiple, pad token and type id) comes from tokenizer.json's settings."""
-        from lmkit.tokenizers.fast import encode_many
         plain = encode_many(self, texts, num_workers)
         bs = encode_many(self, [_check_text(p) for p in pairs], num_workers) if pairs is not None else [None] * len(texts)
         if pairs is not None and len(bs) != len(texts):
@@ -273,7 +273,6 @@ class Tokenizer:
         a pool of `num_workers` processes (default: the CPU count). Pads only when asked."""
         texts = _check_batch(texts, pairs)
         if pairs is None and not truncation and not padding:
-            from lmkit.tokenizers.fast import encode_many
             plain = encode_many(self, texts, num_workers)
             if add_special_tokens and self.post_processor is not None:
                 return [self.post_processor.process(ids, None)[0] for ids in plain]
@@ -341,12 +340,10 @@ class Tokenizer:
     @classmethod
     def from_str(cls, text: str) -> Tokenizer:
         """A tokenizer from the text of a tokenizer.json."""
-        import json
         from lmkit.tokenizers.serialization import tokenizer_from_json
         return tokenizer_from_json(json.loads(text))
 
     def to_str(self) -> str:
-        import json
         return json.dumps(self.to_json(), ensure_ascii=False)
 
     def save(self, path) -> str:
@@ -365,7 +362,6 @@ class Tokenizer:
 
     def __setstate__(self, state):
         from lmkit.tokenizers.serialization import tokenizer_from_json
-        import json
         other = tokenizer_from_json(json.loads(state["json"]))
         self.__dict__.update(other.__dict__)
         self._roles = state["roles"]

@@ -8,22 +8,17 @@ from typing import Any
 
 import torch
 
-from lmkit.config import get_preset
+from lmkit.config import ModelConfig, get_preset
 from lmkit.errors import TrainingError
 from lmkit.train.optim import OPTIMIZERS
 
 # Defaults per preset where the generic ones below do not fit; flags override them.
 RECIPES: dict[str, dict[str, Any]] = {
     "tiny": dict(batch_size=8, lr=3e-3, warmup_steps=10),
-    # measured on pydocs (2 CPU cores, 5-minute budget, validation bits per byte): 16 x 128 tokens 2.13 beats
-    # 8 x 256 2.19 (more tokens/s: attention is cheaper); 32 x 64 reached 2.09 but is too short a context to
-    # generate from; at 32 x 64, lr 5e-3 (2.15), vocabulary 8192 (2.14), dropout 0.1 (2.16) and batch 16 (2.13)
-    # were worse; at 16 x 128, 6 layers (2.15) and width 320 (2.17) were worse. Earlier: a narrower model
-    # (d=128/192, vocabulary 2048) learned less per token
-    # Muon for the hidden matrices (train/muon.py) at AdamW's lr, with the preset's dropout 0.1: 2.01 against AdamW's
-    # 2.08 in the 5-minute budget at 16 x 128 (806 steps against 1227: Muon's Newton-Schulz takes about 60 ms of a
-    # 370 ms step here, whatever the batch); batch 24 spreads that cost over more tokens: 2.00 (645 steps); batch 32
-    # 2.01, lr 4e-3 2.02, dropout 0.15 2.02, cosine to 0 instead of 0.1 of the peak 2.02 (each at batch 16)
+    # the best validation bits per byte on pydocs in a 5-minute budget on 2 CPU cores: 128-token rows are the
+    # shortest context worth generating from and cheaper in attention than 256; Muon for the hidden matrices
+    # (train/muon.py) at AdamW's lr learns more per step than AdamW (2.01 against 2.08), and its Newton-Schulz
+    # step costs about the same whatever the batch, so 24 rows spread it over more tokens than 16
     "default": dict(batch_size=24, seq_len=128, lr=3e-3, warmup_steps=50, optimizer="muon"),
 }
 
@@ -67,10 +62,11 @@ class TrainConfig:
     fsdp: bool = False                    # under torchrun: shard parameters, gradients and optimizer state (FSDP)
     keep_checkpoints: int = 3             # the newest K checkpoints stay on disk
 
-    def resolved(self) -> "TrainConfig":
-        """A copy with every None that has a default filled in (recipes first)."""
+    def resolved(self, model: ModelConfig | None = None) -> "TrainConfig":
+        """A copy with every None that has a default filled in (recipes first); `model`: the preset with the
+        model overrides, when the caller has it already."""
         recipe = RECIPES.get(self.preset, {})
-        model = get_preset(self.preset, **self.model_overrides)
+        model = model or get_preset(self.preset, **self.model_overrides)
         # vocab_size (the tokenizer's target) is recorded so that a resumed run retrains the same tokenizer
         # warmup_steps left out stays None here: it depends on the planned steps (fix_warmup)
         generic = dict(batch_size=16, seq_len=min(model.max_seq_len, 1024), lr=1e-3, optimizer="adamw",

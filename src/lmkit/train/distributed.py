@@ -73,8 +73,8 @@ class SetupFailed(TrainingError):
 @contextlib.contextmanager
 def agree_on_setup(ctx: DistContext):
     """Run a set-up block on every rank, then let every rank learn whether it succeeded on all of them (an all_reduce
-    of a failure flag): a rank > 0 failing alone (its own file system) no longer leaves the others waiting in the
-    next collective until the group's timeout. When any failed, every rank raises SetupFailed(failure_report(...));
+    of a failure flag), so that a rank > 0 failing alone (its own file system) does not leave the others waiting in
+    the next collective until the group's timeout. When any failed, every rank raises SetupFailed(failure_report(...));
     a rank's own bug is re-raised there, with its traceback. The block must not itself start a collective, but
     for a nested agree_on_setup: what that one agreed on passes the outer one untouched."""
     if ctx.world_size <= 1:

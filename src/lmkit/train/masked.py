@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from lmkit.data.tokenize import vocab_size_of
 from lmkit.objectives import LossSum, mask_tokens, masked_lm_loss, word_starts
 from lmkit.train.tasks import FixedCorruptionEvaluation, Objective, register_objective
 
@@ -54,7 +55,6 @@ class MaskedLMObjective(Objective):
             if tokenizer.token_to_id(MASK) is None:
                 tokenizer.add_special_tokens([MASK])
             mask_id = tokenizer.token_to_id(MASK)
-        from lmkit.data.tokenize import vocab_size_of
 
         special = tuple(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [mask_id])
         task = MaskedLM(int(mask_id), vocab_size_of(tokenizer), special)

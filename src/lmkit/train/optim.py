@@ -13,6 +13,8 @@ import math
 import torch
 from torch import nn
 
+from lmkit.train.muon import MuonAdamW
+
 
 OPTIMIZERS = ("adamw", "muon")
 
@@ -38,8 +40,6 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1, beta
                     eps: float = 1e-8, kind: str = "adamw") -> torch.optim.Optimizer:
     """AdamW over `param_groups`, or (kind "muon") Muon for the hidden matrices and AdamW for the rest (train/muon.py)."""
     if kind == "muon":
-        from lmkit.train.muon import MuonAdamW
-
         return MuonAdamW(model, lr, weight_decay, betas, eps)
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
 

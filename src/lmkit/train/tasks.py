@@ -62,8 +62,6 @@ def clm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[Lo
 
 
 def _clm_evaluate(model: torch.nn.Module, **kwargs: Any) -> dict[str, float]:
-    from lmkit.evaluate.perplexity import evaluate_rows
-
     return evaluate_rows(model, **kwargs)
 
 
@@ -87,8 +85,6 @@ class FixedCorruptionEvaluation:
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, rows: torch.Tensor, mask: torch.Tensor, num_bytes: int,
                  batch_size: int = 16, precision: str = "fp32", **_: Any) -> dict[str, float]:
-        from lmkit.evaluate.perplexity import autocast
-
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
@@ -116,9 +112,6 @@ def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objecti
                     batch_size: int = 16) -> dict[str, float]:
     """The validation numbers an `objective` run (mlm, span, denoise, plm) reports on `corpus`: the loss of the
     tokens its fixed corruption of the rows hides or asks for."""
-    from lmkit.data.stream import eval_rows, tokenize_corpus
-    from lmkit.data.tokenize import special_ids, vocab_size_of
-
     size = vocab_size_of(tokenizer)
     task = get_objective(objective).prepare(tokenizer)
     if vocab_size_of(tokenizer) != size:  # prepare added the tokens a run gets: this model never learned them
@@ -133,3 +126,6 @@ def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objecti
 from lmkit.train import masked as _masked  # noqa: E402,F401  (registers "mlm")
 from lmkit.train import denoise as _denoise  # noqa: E402,F401  (registers "span" and "denoise")
 from lmkit.train import plm as _plm  # noqa: E402,F401  (registers "plm")
+from lmkit.evaluate.perplexity import autocast, evaluate_rows
+from lmkit.data.stream import eval_rows, tokenize_corpus
+from lmkit.data.tokenize import special_ids, vocab_size_of

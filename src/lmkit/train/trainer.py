@@ -22,25 +22,28 @@ from safetensors import SafetensorError
 from lmkit.config import ModelConfig, get_preset
 from lmkit.data import load_corpus
 from lmkit.data.corpus import refuse_output_folder
-from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.shards import open_prepared, prepared_fingerprint
+from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.tokenize import corpus_tokenizer, special_ids, tokenizer_sha, vocab_size_of
 from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import autocast
 from lmkit.hub import check_savable
 from lmkit.models import build_model
 from lmkit.objectives import with_aux_loss
+from lmkit.progress import progress_bar
 from lmkit.train import distributed as D
 from lmkit.train.budget import planned_steps, replanned_steps
-from lmkit.train.checkpoint import FILES as CHECKPOINT_FILES, MANIFEST
+from lmkit.train.checkpoint import FILES as CHECKPOINT_FILES, MANIFEST, rng_state
 from lmkit.train.checkpoint import (checkpoints, latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
                                     set_rng_state, write_error)
 from lmkit.train.config import TrainConfig
+from lmkit.train.denoise import seq2seq_run_settings
 from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
 from lmkit.train.resume import (check_architecture, check_same_data, load_checkpoint_state, preset_drift,
                                resume_config)
+from lmkit.train.schedule import EvalSaveSchedule
 from lmkit.train.seeds import resume_seed, seed_int, train_seed
 from lmkit.train.tasks import get_objective
 
@@ -81,14 +84,14 @@ class Trainer:
             elif self.checkpoint is not None:
                 raise TrainingError(f"{self.out} already holds a training run; pass --resume to continue it, "
                                     "or choose another --out (or remove that folder)")
-            self.cfg = cfg = cfg.resolved()
+            preset = get_preset(cfg.preset, **cfg.model_overrides)  # the run's preset, resolved once
+            self.cfg = cfg = cfg.resolved(preset)
             if not cfg.data:
                 refuse_output_folder(cfg.corpus, "--out", self.out, RUN_FILES)
             if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch
                 raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
                                     f"pick a multiple of {world_size}")
             self.objective = get_objective(cfg.objective)
-            preset = get_preset(cfg.preset, **cfg.model_overrides)
             # a resumed run rebuilds the model its checkpoint records (older checkpoints: the preset's, as before)
             base = ModelConfig.from_dict(saved["model_config"]) if "model_config" in saved else preset
             check_architecture(self.objective, base, cfg, self.checkpoint if "model_config" in saved else None)
@@ -145,8 +148,6 @@ class Trainer:
         cfg = self.cfg
         ids = dict(bos_token_id=self.bos_id, eos_token_id=self.bos_id, pad_token_id=self.pad_id, max_seq_len=cfg.seq_len)
         if base.architecture == "encoder-decoder":
-            from lmkit.train.denoise import seq2seq_run_settings
-
             ids.update(seq2seq_run_settings(base, self.objective.name, self.bos_id, self.pad_id, cfg.seq_len))
         return base.replace(vocab_size=vocab_size_of(self.tokenizer), **ids)
 
@@ -216,8 +217,6 @@ class Trainer:
 
         Every rank takes part (RNG states; FSDP gathers the tensors); only rank 0 writes.
         """
-        from lmkit.train.checkpoint import rng_state
-
         self.cfg.fix_warmup(self.total_steps)  # recorded even when the budget ran out while timing the first steps
         rngs = D.gather_objects(rng_state(), self.ctx)
         model_sd, optim_sd = D.full_state_dicts(self.model, self.optimizer, self.ctx, self.cfg.fsdp)
@@ -269,8 +268,6 @@ class Trainer:
 
     # the loop ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        from lmkit.progress import progress_bar
-
         cfg = self.cfg
         created = not self.out.exists()
         try:
@@ -315,19 +312,13 @@ class Trainer:
             for name in TOKENIZER_FILES + ("metrics.jsonl",):
                 (self.out / name).unlink(missing_ok=True)
 
-    def _fixed_interval(self, total: int) -> int:
-        """Evaluations of a fixed run: about ten, at multiples of --log-every once the run logs at all,
-        so that evaluation rows keep metrics.jsonl's spacing (a shorter run still evaluates ten times)."""
-        every, log = max(1, total // 10), self.cfg.log_every
-        return -(-every // log) * log if total >= log else every
-
     def _loop(self, bar) -> dict[str, Any]:
         cfg = self.cfg
         t_start = time.perf_counter()
         step_times: list[float] = []
         last: dict[str, Any] = {}
         self._eval_at_plan, self._planned_at, self._n_evals = None, None, 10
-        last_eval = last_save = self.step
+        schedule = EvalSaveSchedule(cfg.eval_every, cfg.save_every, cfg.log_every, self.step, self.step)
         while self.total_steps is None or self.step < self.total_steps:
             t0 = time.perf_counter()
             loss = self.train_step(self.step)
@@ -346,14 +337,8 @@ class Trainer:
             if self.total_steps is None and cfg.max_steps is not None and self.step >= cfg.max_steps:
                 self.total_steps = self.step  # --max-steps below the time budget's calibration steps
             done = self.total_steps is not None and self.step >= self.total_steps
-            # 0: a time budget not planned yet
-            every = max(1, (self.total_steps - self._planned_at[0]) // self._n_evals) if self._planned_at else \
-                self._fixed_interval(self.total_steps) if self.total_steps else 0
-            # --eval-every / --save-every: at multiples of N; otherwise `every` steps after the last one (a
-            # replanned run changes `every`, and multiples of the new value would come right after an evaluation)
-            fixed_eval = cfg.eval_every or cfg.save_every
-            eval_due = self.step % fixed_eval == 0 if fixed_eval else bool(every) and self.step - last_eval >= every
-            save_due = self.step % cfg.save_every == 0 if cfg.save_every else bool(every) and self.step - last_save >= every
+            every = schedule.every(self.total_steps, self._planned_at, self._n_evals)
+            eval_due, save_due = schedule.eval_due(self.step, every), schedule.save_due(self.step, every)
             if self._eval_at_plan is not None:
                 result, self._eval_at_plan = self._eval_at_plan, None
             elif done or eval_due:
@@ -361,7 +346,7 @@ class Trainer:
             else:
                 result = None
             if result is not None:
-                last_eval = self.step
+                schedule.evaluated(self.step)
                 if not math.isfinite(result["loss"]):  # the weights are ruined: saving them would only mislead
                     raise TrainingError(f"the validation loss became {result['loss']} at step {self.step}; "
                                         + self._divergence_hint())
@@ -382,7 +367,7 @@ class Trainer:
                 print(f"step {self.step}/{self.total_steps or '?'}: loss {loss:.4f}, val_loss {result['loss']:.4f}, "
                       f"val_bpb {result['bpb']:.4f}, {row['tok_per_s']:.0f} tokens/s", file=sys.stderr, flush=True)
             if done or save_due:
-                last_save = self.step
+                schedule.saved(self.step)
                 self.elapsed += time.perf_counter() - t_start
                 t_start = time.perf_counter()
                 self.save()

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from lmkit.config import get_preset
 from lmkit.atomic import atomic_save_file
+from lmkit.config import get_preset
+from lmkit.evaluate.seq2seq import encode_pairs, evaluate_pairs
 from lmkit.hub.files import atomic_write_json
 from lmkit.models import build_model
 from lmkit.objectives import next_token_loss, seq2seq_batch, with_aux_loss
@@ -35,8 +36,6 @@ def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokeniz
     Targets are labeled as `lmkit eval` labels references (`encode_pairs`): tokens + EOS, and for an mBART-style
     model (overrides decoder_start_from_labels=True, decoder_start_token_id=the target language code) `X </s> code`.
     """
-    from lmkit.evaluate.seq2seq import encode_pairs, evaluate_pairs
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)

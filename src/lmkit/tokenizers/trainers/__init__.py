@@ -6,6 +6,7 @@ import numbers
 from collections import Counter
 
 from lmkit.errors import TokenizerError
+from lmkit.progress import progress_bar
 from lmkit.tokenizers import decoders, normalizers, pre_tokenizers, processors
 from lmkit.tokenizers.added_tokens import AddedToken
 from lmkit.tokenizers.chars import BYTE_TO_CHAR
@@ -100,8 +101,6 @@ def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_to
         raise TokenizerError("no text to train on: the corpus is empty (or only whitespace); pass some text")
     bar = None
     if show_progress:
-        from lmkit.progress import progress_bar
-
         bar = progress_bar(total=vocab_size, desc=f"train {kind}", unit="tok")
     try:
         model = _train_model(kind, word_counts, vocab_size, specials, min_frequency, bar)

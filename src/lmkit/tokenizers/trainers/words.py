@@ -2,6 +2,7 @@
 pre-tokenizer; trainers then work on unique words with their counts, never on the running text."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 from collections import Counter
 
@@ -46,7 +47,6 @@ def count_words(tok, texts, num_workers: int | None = None) -> dict[str, int]:
     workers = num_workers or os.cpu_count() or 1
     counts: Counter
     if workers > 1 and total >= PARALLEL_MIN_CHARS and len(texts) >= 2 * workers:
-        import multiprocessing as mp
         global _WORKER
         _WORKER = tok
         chunks = chunk_by_chars(texts, max(1, total // (workers * 8)))
