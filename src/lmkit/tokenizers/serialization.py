@@ -6,6 +6,7 @@ from pathlib import Path
 
 from lmkit.atomic import atomic_write_json
 from lmkit.errors import TokenizerError
+from lmkit.tokenizers.chat_template import read_chat_templates, write_chat_templates
 from lmkit.tokenizers.decoders import decoder_from_json
 from lmkit.tokenizers.hf_classes import apply_class_pipeline
 from lmkit.tokenizers.models import model_from_json
@@ -82,7 +83,10 @@ def load_tokenizer(path) -> Tokenizer:
     if Path(path).is_dir():
         d = apply_class_pipeline(d, _read_config(folder))  # a folder reads as transformers 5's AutoTokenizer
     try:
-        return tokenizer_from_json(d, _special_tokens_map(folder))
+        tok = tokenizer_from_json(d, _special_tokens_map(folder))
+        if Path(path).is_dir():
+            tok.chat_template = read_chat_templates(folder)
+        return tok
     except TokenizerError as exc:
         raise TokenizerError(f"{p}: {exc}") from None
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
@@ -109,7 +113,7 @@ def save_pretrained(tok: Tokenizer, folder) -> list[str]:
     for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", roles)):
         atomic_write_json(folder / name, obj)
         paths.append(str(folder / name))
-    return paths
+    return paths + write_chat_templates(getattr(tok, "chat_template", None), folder)
 
 
 def save_tokenizer(tok: Tokenizer, path) -> str:

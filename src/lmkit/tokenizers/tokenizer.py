@@ -19,6 +19,7 @@ ROLES = {  # role -> token names that take it, most common first
     "sep": ("[SEP]", "</s>", "<sep>"),
 }
 CACHE_LIMIT = 200_000
+SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 def _role_property(role: str) -> property:
@@ -44,6 +45,10 @@ class Tokenizer:
         self._cache: dict[str, list[int]] = {}
         self._roles: dict[str, int | None] = {}
         self._set_roles(special_tokens_map or {})
+        # the role names a folder states (transformers' special_tokens_map, which chat templates see)
+        self._named = {k: (v.get("content") if isinstance(v, dict) else v) for k, v in (special_tokens_map or {}).items()
+                       if k in SPECIAL_NAMES and (v.get("content") if isinstance(v, dict) else v)}
+        self.chat_template: str | dict[str, str] | None = None  # Jinja source, or {name: source}
         self._engine = None
         self._engine_checked = False
         self._size: int | None = None
@@ -110,6 +115,30 @@ class Tokenizer:
     mask_token_id = _role_property("mask")
     cls_token_id = _role_property("cls")
     sep_token_id = _role_property("sep")
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """{"bos_token": "<s>", ...}: the roles the folder names (else the roles found), as transformers gives them."""
+        if self._named:
+            return dict(self._named)
+        return {f"{role}_token": self.id_to_token(i) for role, i in self._roles.items()
+                if i is not None and f"{role}_token" in SPECIAL_NAMES}
+
+    def apply_chat_template(self, conversation, tools=None, documents=None, chat_template=None,
+                            add_generation_prompt: bool = False, continue_final_message: bool | str = False,
+                            tokenize: bool = True, padding=False, truncation: bool = False, max_length=None,
+                            return_tensors=None, return_dict: bool = True, return_assistant_tokens_mask: bool = False,
+                            tokenizer_kwargs=None, **kwargs):
+        """Render `conversation` ([{"role", "content"}, ...], or a list of them) with the chat template and encode
+        it without added special tokens, as transformers 5 does: text when tokenize=False, ids when
+        return_dict=False, else {"input_ids", "attention_mask"[, "assistant_masks"]}. See `chat_template`."""
+        from lmkit.tokenizers.chat_template import apply_chat_template
+        return apply_chat_template(self, conversation, tools=tools, documents=documents, chat_template=chat_template,
+                                   add_generation_prompt=add_generation_prompt,
+                                   continue_final_message=continue_final_message, tokenize=tokenize, padding=padding,
+                                   truncation=truncation, max_length=max_length, return_tensors=return_tensors,
+                                   return_dict=return_dict, return_assistant_tokens_mask=return_assistant_tokens_mask,
+                                   tokenizer_kwargs=tokenizer_kwargs, **kwargs)
 
     @property
     def all_special_ids(self) -> list[int]:
@@ -330,7 +359,7 @@ class Tokenizer:
         return save_pretrained(self, folder)
 
     def __getstate__(self):
-        return {"json": self.to_str(), "roles": self._roles}
+        return {"json": self.to_str(), "roles": self._roles, "named": self._named, "chat_template": self.chat_template}
 
     def __setstate__(self, state):
         from lmkit.tokenizers.serialization import tokenizer_from_json
@@ -338,6 +367,7 @@ class Tokenizer:
         other = tokenizer_from_json(json.loads(state["json"]))
         self.__dict__.update(other.__dict__)
         self._roles = state["roles"]
+        self._named, self.chat_template = state.get("named", {}), state.get("chat_template")
 
     def __repr__(self) -> str:
         return f"Tokenizer({type(self.model).__name__}, vocab_size={self.vocab_size})"
