@@ -312,3 +312,25 @@ def test_bm25_parity_with_bm25s(built):
                                     k=k, show_progress=False)
         want = [(ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if s > 0]
         assert [(i, pytest.approx(s)) for i, s in index.bm25(query, 5)] == want, query
+
+
+def test_evalset_is_deterministic_and_not_a_copy():
+    from lmkit.data import load_corpus
+    from lmkit.rag import evalset
+
+    docs = load_corpus("pydocs")
+    corpus, queries = evalset.build(docs, 150, 60)
+    again, queries2 = evalset.build(docs, 150, 60)
+    assert corpus == again and queries == queries2 and len(queries) == 60
+    by_id = {d.id: d.text for d in corpus}
+    summaries = {e.name: e.summary for e in evalset.entries(docs)}
+    for q in queries:
+        text = by_id[q.relevant].lower()
+        assert summaries[q.relevant].lower() not in text  # the summary is held out of the corpus
+        assert q.text not in " ".join(text.split())       # nor is the query text found verbatim
+        assert not any(p in q.text.split() for p in q.relevant.lower().split(".")[-1:])
+        assert "_" not in q.text and "(" not in q.text
+    assert evalset.rewrite("Return a new list of all items.", "x.build") == "give back a fresh sequence of every elements"
+    s = evalset.scores([1, 3, None, 7])
+    assert s == {"recall@1": 0.25, "recall@5": 0.5, "recall@10": 0.75, "mrr@10": pytest.approx((1 + 1 / 3 + 1 / 7) / 4)}
+    assert evalset.rank_of("b", ["a", "b", "b"]) == 2 and evalset.rank_of("z", ["a"]) is None

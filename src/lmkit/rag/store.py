@@ -2,7 +2,7 @@
 
 Dense search is by inner product of L2-normalized embeddings (cosine). The faiss index is exact
 (IndexFlatIP) up to `approximate_above` chunks and an inverted file past it (IndexIVFFlat with
-nlist = 4 sqrt(N) centroids trained by k-means on the stored vectors, `nprobe` lists searched).
+nlist = sqrt(N) centroids trained by k-means on at most 64 vectors per centroid, `nprobe` lists searched).
 Both keep faiss ids, so documents are added and removed in place: only new chunks are embedded.
 
 Layout: INDEX/manifest.json names the current generation INDEX/gen-NNNNNN/ (vectors.faiss, chunks.json,
@@ -64,10 +64,11 @@ def ivf_index(vectors: np.ndarray, ids: np.ndarray, nprobe: int, seed: int = 0):
     """IndexIVFFlat (inner product) trained on `vectors`, holding them under `ids`."""
     faiss = _faiss()
     dim = vectors.shape[1]
-    nlist = max(1, min(int(4 * math.sqrt(len(vectors))), len(vectors) // 39))
+    nlist = max(1, min(int(math.sqrt(len(vectors))), len(vectors) // 39))
     quantizer = faiss.IndexFlatIP(dim)
     index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
     index.cp.seed = seed
+    index.cp.max_points_per_centroid = 64  # a sample trains the centroids: k-means on 1M vectors would take minutes
     index.train(np.ascontiguousarray(vectors, dtype=np.float32))
     index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), ids.astype(np.int64))
     index.nprobe = min(nprobe, nlist)
