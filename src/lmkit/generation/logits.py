@@ -321,3 +321,12 @@ def force_tokens(scores: torch.Tensor, cur_len: int, max_length: int, bos: int |
         scores = torch.full_like(scores, NEG_INF)
         scores[:, list(eos)] = 0
     return scores
+
+
+def count_penalties(scores: torch.Tensor, output: list[int], presence: float, frequency: float) -> torch.Tensor:
+    """OpenAI's presence and frequency penalties: logit_t - presence * [c_t > 0] - frequency * c_t, where c_t counts
+    token t in the output so far (the prompt not included)."""
+    if not output or (presence == 0 and frequency == 0):
+        return scores
+    counts = torch.bincount(torch.tensor(output, device=scores.device), minlength=scores.shape[-1])[:scores.shape[-1]]
+    return scores - presence * (counts > 0).to(scores.dtype) - frequency * counts.to(scores.dtype)

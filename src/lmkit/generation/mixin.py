@@ -14,7 +14,8 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.decode_plan import DecodePlan
-from lmkit.generation.logits import block_eos, changes_scores, check_supported, process, processor_options
+from lmkit.generation.config import GenerationConfig
+from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, split_settings, stop_reached
 from lmkit.nn import build_attention_bias
 
 
@@ -38,12 +39,6 @@ class GenerateOutput:
 
     def __getitem__(self, key: str):
         return getattr(self, key)
-
-
-def _as_list(value) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 class GenerationMixin:
@@ -106,147 +101,58 @@ class GenerationMixin:
     # --- the public entry point ----------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                 max_new_tokens: int | None = None, do_sample: bool | None = None, num_beams: int | None = None,
-                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 length_penalty: float | None = None, eos_token_id: int | list[int] | None = None,
-                 pad_token_id: int | None = None, repetition_penalty: float | None = None,
-                 no_repeat_ngram_size: int | None = None, early_stopping: bool | str | None = None,
-                 min_new_tokens: int | None = None, stop_strings: str | list[str] | None = None,
-                 tokenizer=None, streamer=None, forced_bos_token_id: int | None = None,
-                 forced_eos_token_id: int | list[int] | None = None, num_return_sequences: int | None = None,
-                 max_length: int | None = None, min_length: int | None = None, min_p: float | None = None,
-                 typical_p: float | None = None, epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
-                 sequence_bias=None, bad_words_ids: list[list[int]] | None = None,
-                 suppress_tokens: list[int] | None = None, begin_suppress_tokens: list[int] | None = None,
-                 return_dict_in_generate: bool | None = None, output_scores: bool | None = None,
-                 output_logits: bool | None = None, encoder_no_repeat_ngram_size: int | None = None,
-                 **model_kwargs) -> "torch.Tensor | GenerateOutput":
-        """Continue each row of `input_ids`; see transformers' `generate` for every argument.
+                 generation_config: GenerationConfig | None = None, tokenizer=None, streamer=None,
+                 **kwargs) -> "torch.Tensor | GenerateOutput":
+        """Continue each row of `input_ids`; the settings are `generation_config` with any GenerationConfig field
+        given as a keyword argument written over it, and mean what transformers' `generate` makes them mean.
 
-        An argument left unset takes the loaded folder's generation_config.json value, else transformers'
+        A setting left unset takes the loaded folder's generation_config.json value, else transformers'
         default (max_new_tokens: up to generation_config.json's max_length in all, else 20, within the
         model's positions). max_length and min_length count the prompt (for encoder-decoders, the decoder's
         start token and decoder_input_ids), and max_new_tokens / min_new_tokens, even when smaller, win over them,
         as in transformers. With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
-        continue prompt i: n samples, or the n best beams (best first)."""
-        defaults = getattr(self, "generation_defaults", {})  # a loaded folder's generation_config.json
-        check_supported(defaults)
-
-        def setting(name: str, value, fallback):
-            return value if value is not None else defaults.get(name, fallback)
-
-        max_new_tokens = setting("max_new_tokens", max_new_tokens, None)
-        do_sample, num_beams = setting("do_sample", do_sample, False), setting("num_beams", num_beams, 1)
-        temperature, top_k, top_p = setting("temperature", temperature, 1.0), setting("top_k", top_k, None), \
-            setting("top_p", top_p, None)
-        length_penalty, early_stopping = setting("length_penalty", length_penalty, 1.0), \
-            setting("early_stopping", early_stopping, False)
-        repetition_penalty = setting("repetition_penalty", repetition_penalty, 1.0)
-        no_repeat_ngram_size = setting("no_repeat_ngram_size", no_repeat_ngram_size, 0)
-        encoder_no_repeat_ngram_size = setting("encoder_no_repeat_ngram_size", encoder_no_repeat_ngram_size, 0)
-        min_new_tokens = setting("min_new_tokens", min_new_tokens, None)
-        num_return_sequences = setting("num_return_sequences", num_return_sequences, 1)
+        continue prompt i: n samples, or the n best beams (best first). Other keyword arguments go to the model
+        (an encoder-decoder's decoder_input_ids, for one)."""
+        settings, model_kwargs = split_settings(kwargs)
+        config = GenerationConfig.build(generation_config, **settings)
+        if config.decoder_start_token_id is not None:  # the encoder-decoder's start builds the decoder prompt
+            model_kwargs["decoder_start_token_id"] = config.decoder_start_token_id
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
-        start = self._prompt_length(input_ids, model_kwargs)
-        if max_new_tokens is not None and max_new_tokens <= 0:  # transformers' GenerationConfig.validate refuses 0
-            raise GenerationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if max_new_tokens is None:
-            max_new_tokens = self._default_new_tokens(start, setting("max_length", max_length, None))
-        if min_new_tokens is None:  # min_length, a total length: as many new tokens as the prompt leaves short of it
-            min_new_tokens = max(setting("min_length", min_length, 0) - start, 0)
-        if early_stopping not in (True, False, "never"):
-            raise GenerationError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
-        if num_return_sequences < 1:
-            raise GenerationError(f"num_return_sequences must be >= 1, got {num_return_sequences}")
-        if num_return_sequences > 1 and num_beams == 1 and not do_sample:
-            raise GenerationError(f"greedy decoding returns one sequence per prompt, not {num_return_sequences}; "
-                                  f"sample (do_sample=True) or use num_beams >= {num_return_sequences}")
-        if num_beams > 1 and setting("return_dict_in_generate", return_dict_in_generate, False):
-            raise GenerationError("return_dict_in_generate is not supported with beam search (num_beams > 1); "
-                                  "leave it unset to get the sequences as one tensor")
-        if num_beams > 1 and num_return_sequences > num_beams:
-            raise GenerationError(f"num_return_sequences ({num_return_sequences}) must be at most num_beams "
-                                  f"({num_beams})")
-        if do_sample and not 0 < temperature < float("inf"):  # NaN too: it would fail deep inside sampling
-            raise GenerationError(f"temperature must be a finite number > 0 when sampling, got {temperature}; "
-                                  "use do_sample=False for greedy")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise GenerationError(f"top_p must lie in (0, 1], got {top_p}")
-        if num_beams < 1:
-            raise GenerationError(f"num_beams must be >= 1, got {num_beams}")
-        if streamer is not None and num_beams > 1:
+        decoding = decoding_for(self, input_ids, attention_mask, config, self._prompt_length(input_ids, model_kwargs))
+        cfg, attention_mask, options = decoding.config, decoding.attention_mask, decoding.options
+        if streamer is not None and cfg.num_beams > 1:
             raise GenerationError("a streamer cannot follow beam search (as in transformers); use num_beams=1")
-        if top_k is not None and top_k < 0:
-            raise GenerationError(f"top_k must be >= 0 (0 turns it off), got {top_k}")
-        if not repetition_penalty > 0:
-            raise GenerationError(f"repetition_penalty must be > 0 (1.0 turns it off), got {repetition_penalty}")
-        if input_ids.shape[-1] == 0:
-            raise GenerationError("the prompt is empty; give at least one token (for a model trained here, its BOS token)")
-        self._check_context(input_ids, max_new_tokens)
-        eos_setting = next((v for v in (eos_token_id, defaults.get("eos_token_id"), self.config.eos_token_id)
-                            if v is not None), None)
-        eos = _as_list(eos_setting)
-        if pad_token_id is None:
-            pad_token_id = next((v for v in (defaults.get("pad_token_id"), self.config.pad_token_id) if v is not None),
-                                None)
-        if attention_mask is None and self.config.architecture == "decoder" and pad_token_id is not None \
-                and pad_token_id not in eos and bool((input_ids == pad_token_id).any()):
-            attention_mask = (input_ids != pad_token_id).long()  # as transformers infers it: pads are padding
-        if pad_token_id is None:
-            pad_token_id = eos[0] if eos else 0
-        if forced_bos_token_id is None:
-            forced_bos_token_id = defaults.get("forced_bos_token_id")
-        if forced_eos_token_id is None:
-            forced_eos_token_id = defaults.get("forced_eos_token_id")
-        prompt_padding = None  # the repetition penalty skips each row's left padding, as transformers' does
-        if repetition_penalty != 1.0 and attention_mask is not None and self.config.architecture == "decoder":
-            prompt_padding = (attention_mask.reshape(input_ids.shape) != 0).int().argmax(dim=1)
-        options = dict(do_sample=do_sample, temperature=temperature, top_k=50 if top_k is None else top_k,
-                       top_p=top_p, repetition=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                       prompt_padding=prompt_padding)
-        forced = (forced_bos_token_id, _as_list(forced_eos_token_id))
-        options.update(processor_options(
-            self.config.vocab_size, eos, forced=forced, prompts=input_ids, no_repeat_ngram_size=no_repeat_ngram_size,
-            encoder_no_repeat_ngram_size=encoder_no_repeat_ngram_size, min_p=setting("min_p", min_p, None),
-            typical_p=setting("typical_p", typical_p, None), epsilon_cutoff=setting("epsilon_cutoff", epsilon_cutoff, None),
-            eta_cutoff=setting("eta_cutoff", eta_cutoff, None), sequence_bias=setting("sequence_bias", sequence_bias, None),
-            bad_words_ids=setting("bad_words_ids", bad_words_ids, None),
-            suppress_tokens=setting("suppress_tokens", suppress_tokens, None),
-            begin_suppress_tokens=setting("begin_suppress_tokens", begin_suppress_tokens, None)))
-        if do_sample and num_beams > 1:  # beam sampling keeps a non-EOS token to explore, as transformers does
-            options["keep"] = len(eos) + 1 if eos_setting is not None else 2
-        stop_strings = setting("stop_strings", stop_strings, None)
-        stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
-        if stops and tokenizer is None:
+        if decoding.stops and tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: pass tokenizer=... to generate")
-        if stops and num_beams > 1:  # beam search would otherwise decode on past them
+        if decoding.stops and cfg.num_beams > 1:  # beam search would otherwise decode on past them
             raise GenerationError("stop_strings are not supported with beam search (num_beams > 1); use "
                                   "eos_token_id, or num_beams=1")
         was_training = self.training
         self.eval()
         try:
-            if num_beams > 1:
+            if cfg.num_beams > 1:
                 from lmkit.generation.beam import beam_search
 
-                return beam_search(self, input_ids, attention_mask, max_new_tokens=max_new_tokens, num_beams=num_beams,
-                                   length_penalty=length_penalty, early_stopping=early_stopping, eos=eos,
-                                   pad_token_id=pad_token_id, min_new_tokens=min_new_tokens, options=options,
-                                   forced=forced, num_return_sequences=num_return_sequences, **model_kwargs)
-            if num_return_sequences > 1:  # n samples of each prompt: its row repeated n times, as transformers does
-                n, rows = num_return_sequences, input_ids.shape[0]
+                return beam_search(self, input_ids, attention_mask, max_new_tokens=decoding.max_new_tokens,
+                                   num_beams=cfg.num_beams, length_penalty=cfg.length_penalty,
+                                   early_stopping=cfg.early_stopping, eos=decoding.eos,
+                                   pad_token_id=decoding.pad_token_id, min_new_tokens=decoding.min_new_tokens,
+                                   options=options, forced=decoding.forced,
+                                   num_return_sequences=cfg.num_return_sequences, **model_kwargs)
+            if cfg.num_return_sequences > 1:  # n samples of each prompt: its row repeated n times, as transformers does
+                n, rows = cfg.num_return_sequences, input_ids.shape[0]
                 input_ids = input_ids.repeat_interleave(n, dim=0)
-                attention_mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
-                if prompt_padding is not None:
-                    options["prompt_padding"] = prompt_padding.repeat_interleave(n)
+                decoding.attention_mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
+                if options["prompt_padding"] is not None:
+                    options["prompt_padding"] = options["prompt_padding"].repeat_interleave(n)
                 model_kwargs = {k: v.repeat_interleave(n, dim=0) if torch.is_tensor(v) and v.dim() and v.shape[0] == rows
                                 else v for k, v in model_kwargs.items()}
             record = None
-            if setting("return_dict_in_generate", return_dict_in_generate, False):
-                record = GenerateOutput(scores=() if setting("output_scores", output_scores, False) else None,
-                                        logits=() if setting("output_logits", output_logits, False) else None)
-            sequences = self._sample(input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens,
-                                     options, stops, tokenizer, streamer, forced=forced, record=record, **model_kwargs)
+            if cfg.return_dict_in_generate:
+                record = GenerateOutput(scores=() if cfg.output_scores else None,
+                                        logits=() if cfg.output_logits else None)
+            sequences = self._sample(input_ids, decoding, tokenizer, streamer, record=record, **model_kwargs)
             if record is None:
                 return sequences
             record.sequences = sequences
@@ -285,42 +191,32 @@ class GenerationMixin:
             raise GenerationError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                                   f"model's {limit} positions; lower max_new_tokens to {limit - input_ids.shape[1]}")
 
-    def _sample(self, input_ids, attention_mask, max_new_tokens, eos, pad_token_id, min_new_tokens, options, stops,
-                tokenizer, streamer, forced=(None, []), record: "GenerateOutput | None" = None,
+    def _sample(self, input_ids, decoding: Decoding, tokenizer, streamer, record: "GenerateOutput | None" = None,
                 **model_kwargs) -> torch.Tensor:
-        """Greedy decoding, or sampling from the processed distribution when options['do_sample'];
+        """Greedy decoding, or sampling from the processed distribution when do_sample;
         `record` collects each step's raw logits and processed scores where asked."""
-        sequences, state = self._generation_start(input_ids, attention_mask, **model_kwargs)
+        sequences, state = self._generation_start(input_ids, decoding.attention_mask, **model_kwargs)
         batch, start = sequences.shape
+        max_new_tokens, eos, stops = decoding.max_new_tokens, decoding.eos, decoding.stops
         if streamer is not None:
             streamer.put(sequences.cpu())
         # the output is written in place into one buffer instead of a torch.cat per step
-        out = sequences.new_full((batch, start + max_new_tokens), pad_token_id)
+        out = sequences.new_full((batch, start + max_new_tokens), decoding.pad_token_id)
         out[:, :start] = sequences
         length = start
         unfinished = torch.ones(batch, dtype=torch.bool, device=sequences.device)
         eos_tensor = torch.tensor(eos, device=sequences.device) if eos else None
-        pad = torch.tensor(pad_token_id, device=sequences.device, dtype=sequences.dtype)
+        pad = torch.tensor(decoding.pad_token_id, device=sequences.device, dtype=sequences.dtype)
         track = eos_tensor is not None or bool(stops)  # else every row runs to max_new_tokens
-        processing = changes_scores(options, forced)
         tokens = sequences
         for step in range(max_new_tokens):
             scores = self._generation_logits(state, tokens)
-            if scores.dtype != torch.float32:
-                scores = scores.float()
             if record is not None and record.logits is not None:
-                record.logits += (scores.clone(),)
-            if step < min_new_tokens:
-                block_eos(scores, eos)
-            if processing:
-                scores = process(out[:, :length], scores, start=start, max_length=start + max_new_tokens, forced=forced,
-                                 **options)
+                record.logits += (scores.float().clone(),)
+            scores = next_scores(out[:, :length], scores, step, start, decoding)
             if record is not None and record.scores is not None:
                 record.scores += (scores,)
-            if options["do_sample"]:
-                next_tokens = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
-            else:
-                next_tokens = scores.argmax(-1)
+            next_tokens = pick(scores, decoding.config.do_sample)
             if track:
                 next_tokens = torch.where(unfinished, next_tokens, pad)
             out[:, length] = next_tokens
@@ -332,8 +228,7 @@ class GenerationMixin:
                 unfinished &= ~torch.isin(next_tokens, eos_tensor)
             if stops:
                 for row in range(batch):
-                    text = tokenizer.decode(out[row, start:length].tolist())
-                    if any(s in text for s in stops):
+                    if stop_reached(tokenizer, out[row, start:length].tolist(), stops):
                         unfinished[row] = False
             if track and not bool(unfinished.any()):
                 break

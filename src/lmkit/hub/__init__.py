@@ -14,7 +14,7 @@ import torch
 
 from lmkit.config import ModelConfig
 from lmkit.errors import CheckpointError, ConfigError
-from lmkit.generation.logits import UNSUPPORTED_SETTINGS
+from lmkit.generation.config import GenerationConfig
 from lmkit.hub.convert import DECODER_HEAD_TENSORS, from_hf, to_hf
 from lmkit.hub.files import atomic_write_json, read_json, read_weights, write_weights
 
@@ -206,15 +206,8 @@ def _resolve_dtype(dtype: torch.dtype | str | None, raw: dict) -> torch.dtype | 
     return dtype
 
 
-# generation_config.json keys that `generate` takes as defaults, as transformers does when they are unset (those of
-# UNSUPPORTED_SETTINGS only so that generate can refuse them)
-GENERATION_DEFAULT_KEYS = ("eos_token_id", "pad_token_id", "decoder_start_token_id", "forced_bos_token_id",
-                           "forced_eos_token_id", "max_new_tokens", "max_length", "min_new_tokens", "min_length",
-                           "do_sample", "num_beams", "temperature", "top_k", "top_p", "repetition_penalty",
-                           "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "length_penalty", "early_stopping",
-                           "num_return_sequences", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "sequence_bias",
-                           "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "return_dict_in_generate",
-                           "output_scores", "output_logits", "stop_strings", *UNSUPPORTED_SETTINGS)
+# generation_config.json keys that `generate` takes as defaults, as transformers does when they are unset
+GENERATION_DEFAULT_KEYS = GenerationConfig.file_keys()
 
 
 def generation_defaults(folder: Path) -> dict:

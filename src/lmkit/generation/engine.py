@@ -1,0 +1,324 @@
+"""Continuous batching for decoder-only models: one running batch that requests join and leave between steps.
+
+Each request owns a slot of `SlotCache` (its keys and values, at its own length), its resolved settings, its own
+`torch.Generator` and stop criteria. A step admits waiting requests into free slots, prefills prompts in chunks
+of at most `prefill_chunk` tokens in all (so a long prompt delays the others by one chunk, not by its length),
+then runs one decoding step for every request past its prompt as one batch: new token i attends to its own slot's
+keys 0..L_i through a per-row mask, at position L_i. The next token comes from the same per-step core as
+`model.generate` (`settings.next_scores` and `settings.pick`), so greedy and seeded requests give the ids
+`model.generate` gives run alone (with torch.manual_seed(seed) before it), whatever else runs beside them.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from lmkit.errors import GenerationError
+from lmkit.generation.config import GenerationConfig
+from lmkit.generation.logits import count_penalties
+from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, stop_reached
+
+
+class SlotCache:
+    """Keys and values (slots, H, capacity, D) per layer; slot s holds lengths[s] positions. Capacity grows by
+    doubling, as KVCache's does; buffers start at zero so that masked positions never carry NaN into attention."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.lengths = [0] * slots
+
+    def buffers(self, layer: int, like: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = self.keys.get(layer)
+        if keys is None or keys.shape[2] < needed:
+            old = 0 if keys is None else keys.shape[2]
+            capacity = max(needed, 2 * old, 64)
+            grown = [like.new_zeros(self.slots, like.shape[1], capacity, like.shape[3]) for _ in range(2)]
+            if old:
+                grown[0][:, :, :old] = keys
+                grown[1][:, :, :old] = self.values[layer]
+            self.keys[layer], self.values[layer] = grown
+        return self.keys[layer], self.values[layer]
+
+
+class _PrefillView:
+    """The cache as one slot's forward over a chunk of its prompt sees it."""
+
+    def __init__(self, cache: SlotCache, slot: int):
+        self.cache, self.slot, self.past, self.cross = cache, slot, cache.lengths[slot], {}
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.past
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.past + k.shape[2]
+        keys, values = self.cache.buffers(layer, k, end)
+        keys[self.slot, :, self.past:end] = k[0]
+        values[self.slot, :, self.past:end] = v[0]
+        return keys[self.slot:self.slot + 1, :, :end], values[self.slot:self.slot + 1, :, :end]
+
+
+class _DecodeView:
+    """The cache as one decoding step over the rows `slots` (one new token each, at each slot's length) sees it:
+    keys 0..max length, of which row i may attend to 0..lengths[i] (the mask `allowed`)."""
+
+    def __init__(self, cache: SlotCache, slots: list[int], device: torch.device):
+        self.cache, self.cross = cache, {}
+        self.rows = torch.tensor(slots, device=device)
+        self.lengths = torch.tensor([cache.lengths[s] for s in slots], device=device)
+        self.past = max(cache.lengths[s] for s in slots)
+        self.span = slice(slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) \
+            else None  # consecutive slots are read as a view instead of gathered
+        self.allowed = (torch.arange(self.past + 1, device=device)[None] <= self.lengths[:, None])[:, None, None]
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.past
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.cache.buffers(layer, k, self.past + 1)
+        keys[self.rows, :, self.lengths] = k[:, :, 0]
+        values[self.rows, :, self.lengths] = v[:, :, 0]
+        if self.span is not None:
+            return keys[self.span, :, :self.past + 1], values[self.span, :, :self.past + 1]
+        return (keys[:, :, :self.past + 1].index_select(0, self.rows),
+                values[:, :, :self.past + 1].index_select(0, self.rows))
+
+
+@dataclass
+class Request:
+    """One sequence to continue. The engine fills the fields below the line and calls `on_event(request)` (in its
+    thread) after each new token and once more when the request finishes."""
+
+    prompt: list[int]
+    config: GenerationConfig = field(default_factory=GenerationConfig)
+    seed: int | None = None
+    tokenizer: Any = None  # decodes the output for stop strings
+    logprobs: int | None = None  # this many alternatives per new token (0: the chosen token's log-probability only)
+    prompt_logprobs: int | None = None  # the same for each prompt token after the first
+    score_only: bool = False  # prefill and score the prompt, generate nothing
+    presence_penalty: float = 0.0  # OpenAI's penalties over the output's tokens (logits.count_penalties)
+    frequency_penalty: float = 0.0
+    on_event: Callable[["Request"], None] | None = None
+    # ---- written by the engine
+    output: list[int] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_token_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top_logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (EOS or a stop string), "length", "cancelled"
+    submitted: float = 0.0
+    cancelled: bool = False
+    decoding: Decoding | None = None
+    generator: torch.Generator | None = None
+    slot: int | None = None
+    prefilled: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+def _top(log_probs: torch.Tensor, n: int, chosen: int) -> dict[int, float]:
+    """The n likeliest tokens' log-probabilities, and the chosen token's, from the one tensor."""
+    top = torch.topk(log_probs, min(n, log_probs.shape[-1])) if n else None
+    out = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist()))
+    out.setdefault(chosen, float(log_probs[chosen]))
+    return out
+
+
+class Engine:
+    """Runs `Request`s through `model` (a decoder-only CausalLM) `max_batch` at a time; see the module docstring."""
+
+    def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 256):
+        config = model.config
+        if config.architecture != "decoder":
+            raise GenerationError(f"the serving engine decodes decoder-only models; this folder is {config.architecture}")
+        if any(config.layer_window(i) is not None for i in range(config.n_layers)):
+            raise GenerationError("the serving engine does not implement sliding-window attention yet; use generate")
+        if max_batch < 1 or prefill_chunk < 1:
+            raise GenerationError(f"max_batch and prefill_chunk must be >= 1, got {max_batch} and {prefill_chunk}")
+        self.model, self.max_batch, self.prefill_chunk = model.eval(), max_batch, prefill_chunk
+        self.device = next(model.parameters()).device
+        self.cache = SlotCache(max_batch)
+        self.free = list(range(max_batch))
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.wakeup = threading.Condition()
+        self._stopped = False
+
+    # ---- the public side, safe from any thread --------------------------------------------------
+    def prepare(self, request: Request) -> Request:
+        """Resolve the request's settings against the model now, so that bad settings raise in the caller."""
+        if not request.prompt:
+            raise GenerationError("the prompt is empty; give at least one token")
+        ids = torch.tensor([request.prompt], device=self.device)
+        config = GenerationConfig.build(request.config, max_new_tokens=1) if request.score_only else request.config
+        decoding = decoding_for(self.model, ids, None, config, len(request.prompt))
+        cfg = decoding.config
+        if cfg.num_beams != 1 or cfg.num_return_sequences != 1:
+            raise GenerationError("the engine decodes one sequence per request without beams; send n requests "
+                                  "(num_beams=1, num_return_sequences=1)")
+        if decoding.stops and request.tokenizer is None:
+            raise GenerationError("stop_strings needs the tokenizer: set Request.tokenizer")
+        request.decoding = decoding
+        if cfg.do_sample:
+            seed = request.seed if request.seed is not None else int(torch.randint(0, 2 ** 62, ()).item())
+            request.generator = torch.Generator(device=self.device).manual_seed(seed)
+        return request
+
+    def submit(self, request: Request) -> Request:
+        if request.decoding is None:
+            self.prepare(request)
+        request.submitted = time.perf_counter()
+        with self.wakeup:
+            self.waiting.append(request)
+            self.wakeup.notify()
+        return request
+
+    def cancel(self, request: Request) -> None:
+        """Stop `request`; its slot is freed at the next step."""
+        request.cancelled = True
+        with self.wakeup:
+            self.wakeup.notify()
+
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        return len(self.running), len(self.waiting)
+
+    def run_all(self, requests: list[Request]) -> list[Request]:
+        """Submit `requests` and step until every one has finished (no thread needed)."""
+        for request in requests:
+            self.submit(request)
+        while not all(r.finished for r in requests):
+            self.step()
+        return requests
+
+    def serve_forever(self) -> None:
+        """Step while there is work, sleep while there is none, until `shutdown`."""
+        while True:
+            with self.wakeup:
+                while not self._stopped and not self.waiting and not self.running:
+                    self.wakeup.wait()
+                if self._stopped:
+                    return
+            self.step()
+
+    def shutdown(self) -> None:
+        with self.wakeup:
+            self._stopped = True
+            self.wakeup.notify()
+        for request in list(self.running) + list(self.waiting):
+            request.cancelled = True
+            self._finish(request, "cancelled")
+
+    # ---- one step -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> None:
+        for request in [r for r in self.running if r.cancelled]:
+            self._finish(request, "cancelled")
+        self.running = [r for r in self.running if not r.finished]
+        with self.wakeup:
+            for request in [r for r in self.waiting if r.cancelled]:
+                self.waiting.remove(request)
+                self._finish(request, "cancelled")
+            while self.free and self.waiting:
+                request = self.waiting.popleft()
+                request.slot = self.free.pop(0)
+                self.cache.lengths[request.slot] = 0
+                self.running.append(request)
+        budget, fresh = self.prefill_chunk, set()
+        for request in self.running:
+            if budget == 0:
+                break
+            if request.prefilled < len(request.prompt):
+                budget -= self._prefill(request, budget)
+                fresh.add(id(request))
+        decoding = [r for r in self.running if r.output and not r.finished and id(r) not in fresh]
+        if decoding:
+            self._decode(sorted(decoding, key=lambda r: r.slot))
+        self.running = [r for r in self.running if not r.finished]
+
+    def _prefill(self, request: Request, budget: int) -> int:
+        """Feed up to `budget` more prompt tokens; after the last one, choose the first new token."""
+        start, prompt = request.prefilled, request.prompt
+        end = min(len(prompt), start + budget)
+        tokens = torch.tensor([prompt[start:end]], device=self.device)
+        positions = torch.arange(start, end, device=self.device)[None]
+        keep = 0 if request.prompt_logprobs is not None else 1
+        out = self.model(tokens, position_ids=positions, past_key_values=_PrefillView(self.cache, request.slot),
+                         use_cache=True, logits_to_keep=keep)
+        self.cache.lengths[request.slot] = end
+        request.prefilled = end
+        logits = out.logits[0].float()
+        if request.prompt_logprobs is not None:
+            self._prompt_logprobs(request, logits, start, end)
+        if end == len(prompt):
+            if request.score_only:
+                self._finish(request, "length")
+            else:
+                self._choose(request, logits[-1:])
+        return end - start
+
+    def _prompt_logprobs(self, request: Request, logits: torch.Tensor, start: int, end: int) -> None:
+        """log p(prompt[i] | prompt[:i]) for i in start+1..end-1 from this chunk's logits (the next chunk's first
+        token is scored by this chunk's last position)."""
+        log_probs = torch.log_softmax(logits, dim=-1)
+        if start == 0:
+            request.prompt_token_logprobs.append(None)
+            request.prompt_top_logprobs.append(None)
+        targets = request.prompt[start + 1:end + 1]
+        for row, token in enumerate(targets):
+            request.prompt_token_logprobs.append(float(log_probs[row, token]))
+            request.prompt_top_logprobs.append(_top(log_probs[row], request.prompt_logprobs, token))
+
+    def _decode(self, requests: list[Request]) -> None:
+        slots = [r.slot for r in requests]
+        view = _DecodeView(self.cache, slots, self.device)
+        tokens = torch.tensor([[r.output[-1]] for r in requests], device=self.device)
+        out = self.model(tokens, attention_mask=view.allowed, position_ids=view.lengths[:, None],
+                         past_key_values=view, use_cache=True, logits_to_keep=1)
+        for slot in slots:
+            self.cache.lengths[slot] += 1
+        logits = out.logits[:, -1].float()
+        for row, request in enumerate(requests):
+            self._choose(request, logits[row:row + 1])
+
+    def _choose(self, request: Request, logits: torch.Tensor) -> None:
+        """Pick the next token of `request` from its raw logits (1, V), record it and check its stop criteria."""
+        decoding, prompt = request.decoding, request.prompt
+        step = len(request.output)
+        sequence = torch.tensor([prompt + request.output], device=self.device)
+        raw = logits
+        logits = count_penalties(logits, request.output, request.presence_penalty, request.frequency_penalty)
+        scores = next_scores(sequence, logits, step, len(prompt), decoding)
+        token = int(pick(scores, decoding.config.do_sample, request.generator)[0])
+        request.output.append(token)
+        if request.logprobs is not None:
+            log_probs = torch.log_softmax(raw[0], dim=-1)  # the model's own distribution
+            request.token_logprobs.append(float(log_probs[token]))
+            request.top_logprobs.append(_top(log_probs, request.logprobs, token))
+        if token in decoding.eos or (decoding.stops and stop_reached(request.tokenizer, request.output,
+                                                                     decoding.stops)):
+            self._finish(request, "stop")
+        elif len(request.output) >= decoding.max_new_tokens:
+            self._finish(request, "length")
+        elif request.on_event is not None:
+            request.on_event(request)
+
+    def _finish(self, request: Request, reason: str) -> None:
+        if request.finished:
+            return
+        request.finish_reason = reason
+        if request.slot is not None:
+            self.free.append(request.slot)
+            self.free.sort()  # low slots first keeps the batch's rows consecutive more often
+        if request.on_event is not None:
+            request.on_event(request)
+        request.done.set()

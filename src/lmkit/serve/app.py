@@ -1,0 +1,323 @@
+"""The OpenAI-compatible HTTP server: `build_app(folder, ...)` returns a FastAPI app.
+
+The model loads in a thread after start-up (/health answers 503 until it is ready); a decoder folder decodes
+through one continuous-batching `Engine` in its own thread; an encoder or sentence-transformers folder answers
+/v1/embeddings with SentenceEncoder's numbers. Every error is OpenAI's error body; bad input is a 4xx.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import threading
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from lmkit.errors import LmkitError
+from lmkit.serve.completions import Generation, check_context
+from lmkit.serve.metrics import Metrics
+from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_logprobs,
+                                  parse_messages, parse_prompts, parse_sampling)
+
+STATIC = Path(__file__).parent / "static"
+
+
+class Server:
+    """What the routes share: the loaded model, tokenizer, engine and metrics."""
+
+    def __init__(self, folder: str | Path, max_concurrency: int = 16, max_queue: int = 256, prefill_chunk: int = 256,
+                 model_name: str | None = None):
+        self.folder = Path(folder)
+        self.model_name = model_name or self.folder.name
+        self.max_concurrency, self.max_queue, self.prefill_chunk = max_concurrency, max_queue, prefill_chunk
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.engine = self.encoder = self.model = self.tokenizer = None
+        self.special_ids: set[int] = set()
+        self.metrics = Metrics(lambda: self.engine.counts() if self.engine is not None else (0, 0))
+
+    def load(self) -> None:
+        import lmkit
+        from lmkit.generation.engine import Engine
+
+        try:
+            config = json.loads((self.folder / "config.json").read_text(encoding="utf-8")) \
+                if (self.folder / "config.json").is_file() else {}
+            generative = any(a.endswith(("CausalLM", "LMHeadModel")) for a in config.get("architectures") or [])
+            if (self.folder / "modules.json").is_file() or not generative:
+                self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder)
+                self.tokenizer = self.encoder.tokenizer if hasattr(self.encoder, "tokenizer") else None
+            else:
+                self.model = lmkit.load_model(self.folder)
+                self.tokenizer = lmkit.load_tokenizer(self.folder)
+                self.special_ids = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+                self.engine = Engine(self.model, max_batch=self.max_concurrency, prefill_chunk=self.prefill_chunk)
+                threading.Thread(target=self.engine.serve_forever, name="lmkit-engine", daemon=True).start()
+        except (LmkitError, OSError) as exc:
+            self.load_error = str(exc)
+        self.ready.set()
+
+    def check_ready(self) -> None:
+        if not self.ready.is_set():
+            raise APIError(503, "the model is still loading; retry shortly", code="loading",
+                           headers={"Retry-After": "1"})
+        if self.load_error:
+            raise APIError(503, f"the model failed to load: {self.load_error}", code="load_failed")
+
+    @property
+    def context(self) -> int:
+        return self.model.config.max_seq_len
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def admit(self, count: int) -> None:
+        running, waiting = self.engine.counts()
+        if running + waiting + count - self.max_concurrency > self.max_queue:
+            raise APIError(429, f"{waiting} requests are already waiting (--max-queue {self.max_queue}); retry later",
+                           code="queue_full", headers={"Retry-After": "1"})
+
+
+async def read_json(request: Request, limit: int):
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body is over {limit} bytes", code="body_too_large")
+    size, parts = 0, []
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise APIError(413, f"the request body is over {limit} bytes", code="body_too_large")
+        parts.append(part)
+    try:
+        return json.loads(b"".join(parts) or b"null")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: int = 16, max_queue: int = 256,
+              cors_origins: list[str] | None = None, max_body: int = 4 << 20, prefill_chunk: int = 256,
+              model_name: str | None = None) -> FastAPI:
+    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name)
+
+    async def lifespan(app):
+        threading.Thread(target=server.load, name="lmkit-load", daemon=True).start()
+        yield
+        if server.engine is not None:
+            server.engine.shutdown()
+
+    app = FastAPI(title="lmkit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                           allow_headers=["*"])
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1/") and request.method != "OPTIONS":
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return error_response(APIError(401, "a valid API key is needed: Authorization: Bearer KEY",
+                                               code="invalid_api_key"))
+        try:
+            return await call_next(request)
+        except APIError as exc:
+            return error_response(exc)
+
+    @app.exception_handler(APIError)
+    async def api_error(_request, exc: APIError):
+        return error_response(exc)
+
+    @app.exception_handler(LmkitError)
+    async def lmkit_error(_request, exc: LmkitError):  # a setting generate refuses is the client's mistake
+        return error_response(APIError(400, str(exc), code="invalid_value"))
+
+    @app.exception_handler(404)
+    async def not_found(request, _exc):
+        return error_response(APIError(404, f"no route {request.url.path}", code="not_found"))
+
+    @app.exception_handler(405)
+    async def wrong_method(request, _exc):
+        return error_response(APIError(400, f"{request.method} is not allowed on {request.url.path}",
+                                       code="method_not_allowed"))
+
+    @app.get("/health")
+    async def health():
+        server.check_ready()
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(server.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        server.check_ready()
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": 0,
+                                            "owned_by": "lmkit", "max_model_len": _max_len(server)}]}
+
+    @app.get("/")
+    async def page():
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.get("/static/{name}")
+    async def static(name: str):
+        path = STATIC / name
+        if name not in {p.name for p in STATIC.iterdir()}:
+            raise APIError(404, f"no file {name}", code="not_found")
+        return FileResponse(path)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _generate(server, request, await read_json(request, max_body), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _generate(server, request, await read_json(request, max_body), chat=True)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        body = check_fields(await read_json(request, max_body), {"input", "model", "encoding_format", "user"})
+        server.check_ready()
+        if server.encoder is None:
+            raise APIError(400, "this server holds a generative model; serve an encoder or sentence-transformers "
+                                "folder for embeddings", param="model", code="not_an_encoder")
+        texts = body.get("input")
+        texts = [texts] if isinstance(texts, str) else texts
+        if not isinstance(texts, list) or not texts or any(not isinstance(t, str) for t in texts):
+            raise APIError(400, "input must be a string or a non-empty list of strings", param="input")
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise APIError(400, "encoding_format must be float or base64", param="encoding_format")
+        vectors = await run_in_threadpool(server.encoder.encode, texts)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if encoding == "base64"
+                 else v.tolist()} for i, v in enumerate(vectors)]
+        tokens = sum(len(server.encoder.tokenizer.encode(t)) for t in texts) if server.tokenizer is not None else 0
+        return {"object": "list", "data": data, "model": server.model_name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = check_fields(await read_json(request, max_body), {"prompt", "add_special_tokens", "model", "messages",
+                                                                 "add_generation_prompt"})
+        server.check_ready()
+        if "messages" in body:
+            tokens = _chat_prompt(server, parse_messages(body), flag(body, "add_generation_prompt"))
+        elif isinstance(body.get("prompt"), str):
+            add = body.get("add_special_tokens", True)
+            tokens = server.encode(body["prompt"], add_special_tokens=bool(add))
+        else:
+            raise APIError(400, "prompt must be a string (or give messages)", param="prompt")
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": _max_len(server)}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = check_fields(await read_json(request, max_body), {"tokens", "model"})
+        server.check_ready()
+        tokens = body.get("tokens")
+        vocab = server.tokenizer.vocab_size
+        if not isinstance(tokens, list) or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
+                                               for t in tokens):
+            raise APIError(400, f"tokens must be a list of token ids below {vocab}", param="tokens")
+        return {"prompt": server.tokenizer.decode(tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        server.check_ready()
+        return _tokenizer_info(server)
+
+    return app
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _max_len(server: Server) -> int | None:
+    return server.model.config.max_seq_len if server.model is not None else None
+
+
+def _tokenizer_info(server: Server) -> dict:
+    path = server.folder / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    tok = server.tokenizer
+
+    def name(key: str, token_id):
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if value is None and token_id is not None:
+            value = tok.id_to_token(token_id)
+        return value
+
+    eos_id = getattr(tok, "eos_token_id", None)
+    if eos_id is None and server.model is not None:
+        eos_id = server.model.config.eos_token_id
+    return {"tokenizer_class": config.get("tokenizer_class", "PreTrainedTokenizerFast"),
+            "eos_token": name("eos_token", eos_id), "bos_token": name("bos_token", getattr(tok, "bos_token_id", None)),
+            "pad_token": name("pad_token", getattr(tok, "pad_token_id", None)),
+            "chat_template": getattr(tok, "chat_template", None), "model_max_length": _max_len(server),
+            "vocab_size": tok.vocab_size}
+
+
+def _chat_prompt(server: Server, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    if not getattr(server.tokenizer, "chat_template", None):
+        raise APIError(400, f"the folder {server.folder} has no chat template (chat_template.jinja or "
+                            "tokenizer_config.json's chat_template); use /v1/completions", param="messages",
+                       code="no_chat_template")
+    text = server.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                tokenize=False)
+    return server.encode(text, add_special_tokens=False)
+
+
+async def _generate(server: Server, http: Request, body, chat: bool):
+    body = check_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
+    server.check_ready()
+    if server.engine is None:
+        raise APIError(400, "this server holds an encoder; it answers /v1/embeddings only", code="not_generative")
+    vocab = server.model.config.vocab_size
+    if chat:
+        if body.get("max_completion_tokens") is not None:
+            body = {**body, "max_tokens": body["max_completion_tokens"]}
+        prompts = [_chat_prompt(server, parse_messages(body))]
+        sampling = parse_sampling(body, vocab, None)
+        echo = False
+    else:
+        if body.get("suffix") is not None:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        sampling = parse_sampling(body, vocab, 16)
+        best_of = body.get("best_of")
+        if best_of is not None and best_of != sampling.n:
+            raise APIError(400, "best_of must equal n when given", param="best_of")
+        echo = flag(body, "echo")
+        prompts = parse_prompts(body, vocab, server.encode)
+    logprobs = parse_logprobs(body, chat)
+    lengths = []
+    for prompt in prompts:
+        wanted = sampling.max_tokens if sampling.max_tokens is not None else server.context - len(prompt)
+        if chat and wanted <= 0:
+            raise APIError(400, f"the prompt ({len(prompt)} tokens) fills the model's context of {server.context}",
+                           param="messages", code="context_length_exceeded")
+        check_context(prompt, wanted, server.context)
+        lengths.append(wanted)
+    generation = Generation(server, prompts, sampling, lengths, logprobs, echo, chat)
+    server.admit(len(generation.choices))
+    generation.submit()
+    endpoint = "chat" if chat else "completions"
+    if sampling.stream:
+        server.metrics.requests.labels(endpoint, "200").inc()
+        return StreamingResponse(generation.stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    try:
+        answer = await generation.complete(http.is_disconnected)
+    finally:
+        generation.cancel()
+    server.metrics.requests.labels(endpoint, "200").inc()
+    return answer

@@ -1,0 +1,236 @@
+"""/v1/completions and /v1/chat/completions over the engine: requests built from checked fields, tokens carried
+from the engine's thread to the event loop, answers as one JSON body or as server-sent events."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from lmkit.generation.engine import Request
+from lmkit.serve.protocol import APIError, Sampling
+from lmkit.serve.text import StopText
+
+
+@dataclass
+class Choice:
+    """One sequence of an answer: the engine request and what the client has been shown of it."""
+
+    index: int
+    request: Request
+    text: StopText
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    shown: int = 0  # output tokens already turned into text
+    last: float = 0.0  # when the previous token arrived
+
+
+def _notify(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+    """Wake the event loop's waiter from the engine's thread (a loop already closed has no one to wake)."""
+    try:
+        loop.call_soon_threadsafe(event.set)
+    except RuntimeError:
+        pass
+
+
+class Generation:
+    """The choices of one HTTP request, submitted to the server's engine."""
+
+    def __init__(self, server, prompts: list[list[int]], sampling: Sampling, max_new_tokens: list[int],
+                 logprobs: int | None, echo: bool, chat: bool):
+        self.server, self.sampling, self.logprobs, self.echo, self.chat = server, sampling, logprobs, echo, chat
+        self.prompts = prompts
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        loop = asyncio.get_running_loop()
+        self.choices: list[Choice] = []
+        for p, prompt in enumerate(prompts):
+            for j in range(sampling.n):
+                score_only = max_new_tokens[p] == 0
+                seed = None if sampling.seed is None else (sampling.seed + j) % 2 ** 63
+                request = Request(prompt=prompt, config=sampling.generation_config(max(max_new_tokens[p], 1)),
+                                  seed=seed, tokenizer=server.tokenizer, logprobs=logprobs,
+                                  prompt_logprobs=logprobs if echo and logprobs is not None else None,
+                                  score_only=score_only, presence_penalty=sampling.presence_penalty,
+                                  frequency_penalty=sampling.frequency_penalty)
+                choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids))
+                request.on_event = lambda _r, c=choice: _notify(loop, c.wake)
+                self.choices.append(choice)
+        for choice in self.choices:
+            server.engine.prepare(choice.request)
+
+    def submit(self) -> None:
+        now = time.perf_counter()
+        for choice in self.choices:
+            choice.last = now
+            self.server.engine.submit(choice.request)
+        self.server.metrics.prompt_tokens.inc(sum(len(p) for p in self.prompts))
+
+    def cancel(self) -> None:
+        for choice in self.choices:
+            if not choice.request.finished:
+                self.server.engine.cancel(choice.request)
+
+    def _advance(self, choice: Choice) -> tuple[str, list[int], str | None]:
+        """(new text, new token ids, finish reason) since the last call."""
+        request = choice.request
+        finished = request.finish_reason
+        output = list(request.output)
+        new = output[choice.shown:]
+        now = time.perf_counter()
+        metrics = self.server.metrics
+        for k in range(len(new)):
+            if choice.shown + k == 0:
+                metrics.time_to_first_token.observe(now - request.submitted)
+            else:
+                metrics.inter_token_latency.observe((now - choice.last) / len(new))
+        if new:
+            choice.last = now
+            metrics.generation_tokens.inc(len(new))
+        choice.shown = len(output)
+        delta = choice.text.push(output, final=finished is not None)
+        if choice.text.stopped and finished is None:  # a stop the engine has not seen yet (special tokens)
+            self.server.engine.cancel(request)
+            finished = "stop"
+        if finished == "cancelled":
+            finished = "stop"
+        return delta, new, finished
+
+    async def wait(self, choice: Choice) -> None:
+        await choice.wake.wait()
+        choice.wake.clear()
+
+    # ---- whole answers ------------------------------------------------------------------------------
+    async def complete(self, is_disconnected) -> dict:
+        pending = set(range(len(self.choices)))
+        while pending:
+            for i in list(pending):
+                if self.choices[i].request.finished:
+                    pending.discard(i)
+            if not pending:
+                break
+            waits = [asyncio.ensure_future(self.wait(self.choices[i])) for i in pending]
+            await asyncio.wait(waits, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+            if await is_disconnected():
+                self.cancel()
+                raise asyncio.CancelledError
+        choices = []
+        for choice in self.choices:
+            text, _, finish = self._advance(choice)
+            choices.append(self._final_choice(choice, choice.text.text, finish))
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.server.model_name, "choices": choices, "usage": self.usage()}
+
+    def usage(self) -> dict:
+        prompt = sum(len(p) for p in self.prompts)
+        completion = sum(len(c.request.output) for c in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _final_choice(self, choice: Choice, text: str, finish: str | None) -> dict:
+        request = choice.request
+        if self.chat:
+            return {"index": choice.index, "message": {"role": "assistant", "content": text},
+                    "logprobs": self._chat_logprobs(request, 0) if self.logprobs is not None else None,
+                    "finish_reason": finish}
+        prefix = ""
+        if self.echo:
+            prefix = self.server.tokenizer.decode(request.prompt)
+        return {"index": choice.index, "text": prefix + text, "finish_reason": finish,
+                "logprobs": self._completion_logprobs(request, 0, self.echo) if self.logprobs is not None else None}
+
+    # ---- log-probabilities in the two formats -------------------------------------------------------
+    def _token(self, token: int) -> str:
+        return self.server.tokenizer.decode([token])
+
+    def _completion_logprobs(self, request: Request, start: int, echo: bool, offset: int = 0) -> dict:
+        ids, values, tops = [], [], []
+        if echo:
+            ids += request.prompt
+            values += request.prompt_token_logprobs
+            tops += request.prompt_top_logprobs
+        ids += request.output[start:]
+        values += request.token_logprobs[start:]
+        tops += request.top_logprobs[start:]
+        tokens = [self._token(t) for t in ids]
+        offsets = []
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        top = [None if t is None else self._by_text(t) for t in tops]
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": top, "text_offset": offsets}
+
+    def _by_text(self, top: dict[int, float]) -> dict[str, float]:
+        """Alternatives keyed by their text, likeliest first; ids that decode alike (pieces of one character)
+        keep the likeliest one's value."""
+        out: dict[str, float] = {}
+        for token, value in sorted(top.items(), key=lambda kv: -kv[1]):
+            out.setdefault(self._token(token), value)
+        return out
+
+    def _chat_logprobs(self, request: Request, start: int) -> dict:
+        content = []
+        for token, value, top in zip(request.output[start:], request.token_logprobs[start:],
+                                     request.top_logprobs[start:]):
+            text = self._token(token)
+            alternatives = sorted(top.items(), key=lambda kv: -kv[1])[:self.logprobs]
+            content.append({"token": text, "logprob": value, "bytes": list(text.encode()),
+                            "top_logprobs": [{"token": self._token(k), "logprob": v, "bytes": list(self._token(k).encode())}
+                                             for k, v in alternatives]})
+        return {"content": content}
+
+    # ---- streams ------------------------------------------------------------------------------------
+    def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.server.model_name, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    async def stream(self):
+        """Server-sent events: (chat: a role chunk first) text chunks, each choice's finish reason, the usage chunk
+        when asked, then [DONE]. Closing the stream early (the client left) cancels the unfinished choices."""
+        try:
+            if self.chat:
+                yield self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None} for c in self.choices])
+            if self.echo:
+                for c in self.choices:
+                    yield self._chunk([{"index": c.index, "text": self.server.tokenizer.decode(c.request.prompt),
+                                        "logprobs": None, "finish_reason": None}])
+            open_choices = list(self.choices)
+            while open_choices:
+                waits = {asyncio.ensure_future(self.wait(c)): c for c in open_choices}
+                done, rest = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for w in rest:
+                    w.cancel()
+                for choice in list(open_choices):
+                    if choice.request.finished or choice.shown < len(choice.request.output):
+                        first = choice.shown
+                        delta, new, finish = self._advance(choice)
+                        if delta or finish or (new and self.logprobs is not None):
+                            yield self._chunk([self._stream_choice(choice, delta, first, finish)])
+                        if finish is not None:
+                            open_choices.remove(choice)
+            if self.sampling.include_usage:
+                yield self._chunk([], self.usage())
+            yield "data: [DONE]\n\n"
+        finally:
+            self.cancel()
+
+    def _stream_choice(self, choice: Choice, delta: str, first: int, finish: str | None) -> dict:
+        request = choice.request
+        if self.chat:
+            logprobs = self._chat_logprobs(request, first) if self.logprobs is not None else None
+            return {"index": choice.index, "delta": {"content": delta} if delta else {}, "logprobs": logprobs,
+                    "finish_reason": finish}
+        logprobs = self._completion_logprobs(request, first, False) if self.logprobs is not None else None
+        return {"index": choice.index, "text": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
+def check_context(prompt: list[int], max_new_tokens: int, context: int) -> None:
+    if len(prompt) + max_new_tokens > context:
+        raise APIError(400, f"this model's context is {context} tokens, but the prompt has {len(prompt)} and "
+                            f"max_tokens asks for {max_new_tokens} more; shorten the prompt or lower max_tokens",
+                       param="max_tokens" if len(prompt) < context else "prompt", code="context_length_exceeded")

@@ -1,0 +1,27 @@
+"""The server's Prometheus metrics, in a registry of its own (so that two servers in one process do not clash)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self, counts):
+        """`counts()` returns (requests running, requests waiting), read at each scrape."""
+        self.registry = CollectorRegistry()
+        running = Gauge("lmkit_requests_running", "requests in the running batch", registry=self.registry)
+        waiting = Gauge("lmkit_requests_waiting", "requests waiting for a slot", registry=self.registry)
+        running.set_function(lambda: counts()[0])
+        waiting.set_function(lambda: counts()[1])
+        self.prompt_tokens = Counter("lmkit_prompt_tokens", "prompt tokens received", registry=self.registry)
+        self.generation_tokens = Counter("lmkit_generation_tokens", "tokens generated", registry=self.registry)
+        self.requests = Counter("lmkit_requests", "requests answered, by endpoint and status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.time_to_first_token = Histogram("lmkit_time_to_first_token_seconds", "time from arrival to first token",
+                                             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.inter_token_latency = Histogram("lmkit_inter_token_latency_seconds", "time between consecutive tokens",
+                                             buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

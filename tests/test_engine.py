@@ -1,0 +1,98 @@
+"""The continuous-batching engine: 16 requests of mixed prompt lengths, settings and stop strings, run together
+(joining and leaving between steps, prompts prefilled in small chunks), give exactly the ids model.generate gives
+each of them run alone (seeded requests: torch.manual_seed(seed) before generate)."""
+import pytest
+import torch
+
+import lmkit
+from lmkit.errors import GenerationError
+from lmkit.generation import GenerationConfig
+from lmkit.generation.engine import Engine, Request
+
+pytest.importorskip("transformers")
+from serving_folders import make_folder  # noqa: E402
+
+SETTINGS = [dict(), dict(do_sample=True, top_k=0), dict(do_sample=True, temperature=0.7, top_p=0.9),
+            dict(repetition_penalty=1.3), dict(do_sample=True, top_k=8, min_p=0.05), dict(no_repeat_ngram_size=2),
+            dict(do_sample=True, temperature=1.3, repetition_penalty=1.1), dict(min_new_tokens=5)]
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def loaded(request, tmp_path_factory):
+    folder = make_folder(tmp_path_factory.mktemp(request.param), request.param)
+    return lmkit.load_model(folder), lmkit.load_tokenizer(folder)
+
+
+def _requests(tok, vocab):
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(16):
+        length = int(torch.randint(1, 40, (), generator=gen))
+        prompt = torch.randint(0, vocab, (length,), generator=gen).tolist()
+        settings = dict(SETTINGS[i % len(SETTINGS)], max_new_tokens=int(torch.randint(3, 25, (), generator=gen)))
+        if i % 3 == 0:  # stop strings: ones that the output is likely to hold, decoded across token boundaries
+            settings["stop_strings"] = ["e", "th", "o w"]
+        out.append(Request(prompt=prompt, config=GenerationConfig(**settings), seed=100 + i, tokenizer=tok))
+    return out
+
+
+def _alone(model, tok, request):
+    if request.seed is not None:
+        torch.manual_seed(request.seed)
+    ids = model.generate(torch.tensor([request.prompt]), generation_config=request.config, tokenizer=tok)
+    return ids[0, len(request.prompt):].tolist()
+
+
+def test_concurrent_requests_equal_generate_alone(loaded):
+    model, tok = loaded
+    requests = _requests(tok, model.config.vocab_size)
+    engine = Engine(model, max_batch=5, prefill_chunk=7)  # fewer slots than requests: they queue, join and leave
+    engine.run_all(requests)
+    stopped = 0
+    for request in requests:
+        assert request.output == _alone(model, tok, request), request.config
+        stopped += request.finish_reason == "stop"
+        assert request.finish_reason in ("stop", "length")
+    assert stopped  # at least one stop string or EOS really ended a request early
+    assert engine.free == list(range(5)) and not engine.running
+
+
+def test_requests_joining_mid_run_and_cancelled_ones_free_their_slots(loaded):
+    model, tok = loaded
+    engine = Engine(model, max_batch=2, prefill_chunk=4)
+    first = engine.submit(Request(prompt=[5, 6, 7], config=GenerationConfig(max_new_tokens=30)))
+    doomed = engine.submit(Request(prompt=[8, 9], config=GenerationConfig(max_new_tokens=30)))
+    for _ in range(4):
+        engine.step()
+    engine.cancel(doomed)
+    late = engine.submit(Request(prompt=list(range(20, 31)), config=GenerationConfig(max_new_tokens=6)))
+    engine.step()  # the cancelled request leaves and the late one takes its slot in the same step
+    assert doomed.finish_reason == "cancelled" and late.slot == doomed.slot
+    while not (first.finished and late.finished):
+        engine.step()
+    assert late.output == _alone(model, tok, late) and first.output == _alone(model, tok, first)
+
+
+def test_prompt_logprobs_are_the_models_log_softmax(loaded):
+    model, _ = loaded
+    prompt = list(range(3, 40))
+    request = Request(prompt=prompt, prompt_logprobs=3, score_only=True)
+    Engine(model, prefill_chunk=10).run_all([request])
+    with torch.no_grad():
+        reference = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), -1)
+    assert request.prompt_token_logprobs[0] is None
+    expected = reference[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+    assert torch.allclose(torch.tensor(request.prompt_token_logprobs[1:]), expected, atol=1e-5)
+    for i, top in enumerate(request.prompt_top_logprobs[1:]):
+        assert prompt[i + 1] in top and max(top.values()) == pytest.approx(float(reference[i].max()), abs=1e-5)
+
+
+def test_engine_refuses_what_it_cannot_decode(loaded):
+    model, _ = loaded
+    engine = Engine(model)
+    with pytest.raises(GenerationError, match="beams"):
+        engine.prepare(Request(prompt=[1, 2], config=GenerationConfig(num_beams=2)))
+    with pytest.raises(GenerationError, match="tokenizer"):
+        engine.prepare(Request(prompt=[1, 2], config=GenerationConfig(stop_strings=["x"])))
+    with pytest.raises(GenerationError, match="empty"):
+        engine.prepare(Request(prompt=[]))
