@@ -57,13 +57,24 @@ def citations(answer: str, n_sources: int) -> list[int]:
     return seen
 
 
-def fit_sources(tokenizer, question: str, hits: list[Hit], room: int) -> tuple[str, list[int], list[Hit], list[str]]:
-    """The prompt with as many of the best hits as fit in `room` tokens, dropping from the lowest rank."""
+def grounded_messages(messages: list[dict], sources: list[Hit]) -> list[dict]:
+    """A chat with its last user turn replaced by that question grounded in the numbered sources."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+    if last is None:
+        return list(messages)
+    question = messages[last].get("content")
+    return [*messages[:last], {**messages[last], "content": user_message(str(question), sources)},
+            *messages[last + 1:]]
+
+
+def fit_sources(render, hits: list[Hit], room: int) -> tuple[object, list[int], list[Hit], list[str]]:
+    """render(kept) -> (prompt, ids) with as many of the best hits as fit in `room` tokens, dropping from the
+    lowest rank; returns (prompt, ids, kept, notices)."""
     notices, kept = [], list(hits)
     while True:
-        text, ids = grounded_prompt(tokenizer, question, kept)
+        prompt, ids = render(kept)
         if len(ids) <= room:
-            return text, ids, kept, notices
+            return prompt, ids, kept, notices
         if not kept:
             raise GenerationError(f"the question alone takes {len(ids)} tokens, more than the {room} the model's "
                                   "context leaves beside the answer; ask a shorter question or lower --max-new-tokens")
@@ -87,7 +98,7 @@ def answer(index, model_dir, question: str, k: int = 5, mode: str = "hybrid", ma
         raise GenerationError(f"{model_dir} is not a decoder-only model; `lmkit rag ask` answers with a decoder")
     hits = retrieve(index, question, k, mode)
     room = model.config.max_seq_len - max_new_tokens
-    text, ids, kept, notices = fit_sources(tokenizer, question, hits, room)
+    text, ids, kept, notices = fit_sources(lambda kept: grounded_prompt(tokenizer, question, kept), hits, room)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
     out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
                          pad_token_id=model.config.pad_token_id if model.config.pad_token_id is not None else eos)
