@@ -334,3 +334,28 @@ def test_evalset_is_deterministic_and_not_a_copy():
     s = evalset.scores([1, 3, None, 7])
     assert s == {"recall@1": 0.25, "recall@5": 0.5, "recall@10": 0.75, "mrr@10": pytest.approx((1 + 1 / 3 + 1 / 7) / 4)}
     assert evalset.rank_of("b", ["a", "b", "b"]) == 2 and evalset.rank_of("z", ["a"]) is None
+
+
+def test_cli_index_updates_in_place_and_removes(tmp_path, tiny, capsys):
+    from lmkit.cli import main
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("Cats sleep most of the day.")
+    b.write_text("Zebras graze on the savanna.")
+    base = ["rag", "index", "--encoder", str(tiny), "--out", str(tmp_path / "ix"), "--precision", "fp32",
+            "--chunk-tokens", "20", "--overlap", "4"]
+    assert main(base + ["--corpus", str(a)]) == 0
+    assert main(base + ["--corpus", str(a), str(b)]) == 0
+    assert "1 added, 0 replaced, 1 unchanged, 1 chunks embedded" in capsys.readouterr().err
+    b.write_text("Zebras are striped and graze.")
+    assert main(base + ["--corpus", str(b)]) == 0
+    assert "0 added, 1 replaced" in capsys.readouterr().err
+    assert main(base[:-4] + ["--chunk-tokens", "30", "--corpus", str(b)]) == 2
+    assert "chunked with --chunk-tokens 20" in capsys.readouterr().err
+    index = RagIndex.open(tmp_path / "ix")
+    assert len(index.documents) == 2
+    source_b = next(s for s in index.documents if "b" in Path(s).name)
+    assert [h.text for h in retrieve(index, "zebras", 5, "bm25")] == ["Zebras are striped and graze."]
+    assert main(["rag", "remove", "--index", str(tmp_path / "ix"), "--source", source_b]) == 0
+    assert retrieve(RagIndex.open(tmp_path / "ix"), "zebras", 5, "bm25") == []
+    assert main(["rag", "remove", "--index", str(tmp_path / "ix"), "--source", "nope"]) == 2

@@ -23,8 +23,8 @@ def register(subparsers) -> None:
     ix.add_argument("--encoder", required=True, metavar="DIR", help="sentence-transformers folder (e.g. all-MiniLM-L6-v2)")
     ix.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH", help="built-in corpus or text/JSONL files")
     ix.add_argument("--out", required=True, metavar="INDEX", help="index folder (created, or updated in place)")
-    ix.add_argument("--chunk-tokens", type=int, default=128, metavar="N", help="encoder tokens per chunk (default 128)")
-    ix.add_argument("--overlap", type=int, default=16, metavar="N", help="tokens shared by neighbouring chunks (default 16)")
+    ix.add_argument("--chunk-tokens", type=int, default=None, metavar="N", help="encoder tokens per chunk (default 128)")
+    ix.add_argument("--overlap", type=int, default=None, metavar="N", help="tokens shared by neighbouring chunks (default 16)")
     ix.add_argument("--approximate-above", type=int, default=None, metavar="N",
                     help="past N chunks use an IVF index instead of exact search (default 200000)")
     ix.add_argument("--batch-size", type=int, default=64, metavar="N", help="chunks per encoder batch (default 64)")
@@ -70,20 +70,25 @@ def run_index(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lmkit.data import load_corpus
+    from lmkit.errors import ConfigError
     from lmkit.rag.store import APPROXIMATE_ABOVE, RagIndex
 
     corpus = load_corpus(args.corpus)
     if args.approximate_above is not None and args.approximate_above < 1:
-        from lmkit.errors import ConfigError
-
         raise ConfigError(f"--approximate-above must be at least 1, got {args.approximate_above}")
     out = Path(args.out)
     if (out / "manifest.json").is_file():
         index = RagIndex.open(out, args.encoder, dtype=_dtype(args.precision))
+        for flag, key in (("--chunk-tokens", "chunk_tokens"), ("--overlap", "overlap")):
+            given = getattr(args, key)
+            if given is not None and given != index.settings[key]:
+                raise ConfigError(f"{out} was chunked with {flag} {index.settings[key]}; use that, or index into a "
+                                  "new folder")
         if args.approximate_above is not None:
             index.settings["approximate_above"] = args.approximate_above
     else:
-        index = RagIndex.create(args.encoder, args.chunk_tokens, args.overlap,
+        index = RagIndex.create(args.encoder, 128 if args.chunk_tokens is None else args.chunk_tokens,
+                                16 if args.overlap is None else args.overlap,
                                 args.approximate_above or APPROXIMATE_ABOVE, dtype=_dtype(args.precision),
                                 batch_size=args.batch_size)
     counts = index.add(corpus)
