@@ -35,7 +35,7 @@ class TokenCounter:
     def __call__(self, words: list[str]) -> list[int]:
         new = list(dict.fromkeys(w for w in words if w not in self.cache))
         if new:
-            for w, ids in zip(new, self.tokenizer.encode_batch(new, add_special_tokens=False)):
+            for w, ids in zip(new, self.tokenizer.encode_batch(new, add_special_tokens=False, num_workers=1)):
                 self.cache[w] = max(len(ids), 1)
         return [self.cache[w] for w in words]
 
