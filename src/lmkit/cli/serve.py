@@ -22,6 +22,8 @@ def register(subparsers) -> None:
                    help="allow browser pages from these origins (default: no CORS headers)")
     p.add_argument("--max-body", type=int, default=4 << 20, metavar="BYTES", help="largest request body (413 past it)")
     p.add_argument("--model-name", default=None, help="the model id /v1/models reports (default: the folder's name)")
+    p.add_argument("--rag", default=None, metavar="INDEX",
+                   help="answer chat turns from an `lmkit rag index` folder: sources returned beside the message")
     p.set_defaults(func=run)
 
 
@@ -43,6 +45,6 @@ def run(args) -> int:
     sys.setswitchinterval(0.0002)
     app = build_app(args.model, api_key=args.api_key, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     cors_origins=args.cors_origins, max_body=args.max_body, prefill_chunk=args.prefill_chunk,
-                    model_name=args.model_name)
+                    model_name=args.model_name, rag=args.rag)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

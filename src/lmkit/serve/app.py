@@ -31,8 +31,8 @@ class Server:
     """What the routes share: the loaded model, tokenizer, engine and metrics."""
 
     def __init__(self, folder: str | Path, max_concurrency: int = 16, max_queue: int = 256, prefill_chunk: int = 256,
-                 model_name: str | None = None):
-        self.folder = Path(folder)
+                 model_name: str | None = None, rag: str | Path | None = None):
+        self.folder, self.rag_path, self.rag = Path(folder), rag, None
         self.model_name = model_name or self.folder.name
         self.max_concurrency, self.max_queue, self.prefill_chunk = max_concurrency, max_queue, prefill_chunk
         self.ready = threading.Event()
@@ -46,6 +46,10 @@ class Server:
         from lmkit.generation.engine import Engine
 
         try:
+            if self.rag_path is not None:
+                from lmkit.rag.store import RagIndex
+
+                self.rag = RagIndex.open(self.rag_path)
             model = None if (self.folder / "modules.json").is_file() else lmkit.load_model(self.folder)
             if model is None or model.config.architecture != "decoder":
                 self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder)
@@ -99,8 +103,8 @@ async def read_json(request: Request, limit: int):
 
 def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: int = 16, max_queue: int = 256,
               cors_origins: list[str] | None = None, max_body: int = 4 << 20, prefill_chunk: int = 256,
-              model_name: str | None = None) -> FastAPI:
-    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name)
+              model_name: str | None = None, rag: str | Path | None = None) -> FastAPI:
+    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag)
 
     async def lifespan(app):
         threading.Thread(target=server.load, name="lmkit-load", daemon=True).start()
@@ -280,12 +284,15 @@ async def _generate(server: Server, http: Request, body, chat: bool):
     server.check_ready()
     if server.engine is None:
         raise APIError(400, "this server holds an encoder; it answers /v1/embeddings only", code="not_generative")
-    vocab = server.model.config.vocab_size
+    vocab, sources = server.model.config.vocab_size, None
     if chat:
         if body.get("max_completion_tokens") is not None:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
-        prompts = [_chat_prompt(server, parse_messages(body))]
         sampling = parse_sampling(body, vocab, None)
+        messages, sources = parse_messages(body), None
+        if server.rag is not None:  # the last user turn answered from numbered sources of the index
+            messages, sources = await run_in_threadpool(_ground, server, messages, sampling.max_tokens)
+        prompts = [_chat_prompt(server, messages)]
         echo = False
     else:
         if body.get("suffix") is not None:
@@ -313,11 +320,34 @@ async def _generate(server: Server, http: Request, body, chat: bool):
     endpoint = "chat" if chat else "completions"
     if sampling.stream:
         server.metrics.requests.labels(endpoint, "200").inc()
-        return StreamingResponse(generation.stream(), media_type="text/event-stream",
+        stream = generation.stream() if sources is None else _with_sources(generation.stream(), sources)
+        return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     try:
         answer = await generation.complete(http.is_disconnected)
     finally:
         generation.cancel()
     server.metrics.requests.labels(endpoint, "200").inc()
-    return answer
+    return answer if sources is None else {**answer, **sources}
+
+
+def _ground(server: Server, messages: list[dict], max_tokens: int | None) -> tuple[list[dict], dict]:
+    """(messages with the last user turn grounded, {"sources", "notices"}); sources dropped from the lowest rank
+    until the prompt leaves max_tokens (at least one) of the context."""
+    from lmkit.rag.answer import fit_sources, grounded_messages
+    from lmkit.rag.retrieve import retrieve
+
+    question = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
+    hits = retrieve(server.rag, str(question), 5) if isinstance(question, str) and question.strip() else []
+    room = server.context - max(max_tokens or 1, 1)
+    grounded, _, kept, notices = fit_sources(lambda kept: (grounded_messages(messages, kept), _chat_prompt(
+        server, grounded_messages(messages, kept))), hits, room)
+    sources = [{"number": n, **hit.to_json()} for n, hit in enumerate(kept, 1)]
+    return grounded, {"sources": sources, "notices": notices}
+
+
+async def _with_sources(stream, sources: dict):
+    """The chat stream with a first event carrying the sources (no choices, so OpenAI clients skip it)."""
+    yield f"data: {json.dumps({'object': 'chat.completion.chunk', 'choices': [], **sources}, ensure_ascii=False)}\n\n"
+    async for event in stream:
+        yield event

@@ -66,6 +66,12 @@ async function send(text) {
         if (data === "[DONE]") continue;
         const chunk = JSON.parse(data);
         if (chunk.usage) tokens = chunk.usage.completion_tokens;
+        if (chunk.sources && chunk.sources.length) {  // `lmkit serve --rag`: the numbered sources of this answer
+          const div = document.createElement("div");
+          div.className = "sources";
+          div.textContent = "sources: " + chunk.sources.map((s) => "[" + s.number + "] " + s.source).join("  ");
+          reply.after(div);
+        }
         for (const choice of chunk.choices) {
           const delta = choice.delta && choice.delta.content;
           if (delta) {

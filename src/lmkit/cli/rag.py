@@ -1,0 +1,157 @@
+"""`lmkit rag`: index documents with a sentence encoder, retrieve chunks, answer a question from them.
+
+  lmkit rag index  --encoder DIR --corpus NAME|PATH ... --out INDEX [--chunk-tokens N --overlap N]
+  lmkit rag remove --index INDEX --source ID ...
+  lmkit rag query  --index INDEX --query TEXT [--k 5] [--mode dense|bm25|hybrid] [--json]
+  lmkit rag ask    --index INDEX --model DIR --question TEXT [--k 5]
+
+`index` into an existing INDEX updates it in place: new documents are added, documents whose text
+changed are replaced, unchanged ones are skipped (nothing is embedded twice).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("rag", help="retrieval: index documents, query them, answer from them",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="rag_command", metavar="ACTION", required=True)
+
+    ix = sub.add_parser("index", help="chunk, embed and index documents (adds to an existing index)")
+    ix.add_argument("--encoder", required=True, metavar="DIR", help="sentence-transformers folder (e.g. all-MiniLM-L6-v2)")
+    ix.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH", help="built-in corpus or text/JSONL files")
+    ix.add_argument("--out", required=True, metavar="INDEX", help="index folder (created, or updated in place)")
+    ix.add_argument("--chunk-tokens", type=int, default=None, metavar="N", help="encoder tokens per chunk (default 128)")
+    ix.add_argument("--overlap", type=int, default=None, metavar="N", help="tokens shared by neighbouring chunks (default 16)")
+    ix.add_argument("--approximate-above", type=int, default=None, metavar="N",
+                    help="past N chunks use an IVF index instead of exact search (default 200000)")
+    ix.add_argument("--batch-size", type=int, default=64, metavar="N", help="chunks per encoder batch (default 64)")
+    ix.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                    help="encoder compute type (default: bf16 where this CPU has native bf16, else fp32)")
+    ix.set_defaults(func=run_index)
+
+    rm = sub.add_parser("remove", help="remove documents from an index")
+    rm.add_argument("--index", required=True, metavar="INDEX")
+    rm.add_argument("--source", nargs="+", required=True, metavar="ID", help="document ids to remove")
+    rm.set_defaults(func=run_remove)
+
+    q = sub.add_parser("query", help="print the chunks that best match a query")
+    q.add_argument("--index", required=True, metavar="INDEX")
+    q.add_argument("--query", required=True, metavar="TEXT")
+    q.add_argument("--k", type=int, default=5, metavar="K", help="chunks to return (default 5)")
+    q.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="hybrid",
+                   help="dense cosine, BM25, or both fused by reciprocal rank (default)")
+    q.add_argument("--json", action="store_true", help='one JSON list, best first: [{"source", "score", "text"}]')
+    q.set_defaults(func=run_query)
+
+    a = sub.add_parser("ask", help="answer a question from retrieved, numbered sources")
+    a.add_argument("--index", required=True, metavar="INDEX")
+    a.add_argument("--model", required=True, metavar="DIR", help="decoder folder (its chat template is used if it has one)")
+    a.add_argument("--question", required=True, metavar="TEXT")
+    a.add_argument("--k", type=int, default=5, metavar="K", help="chunks to put in the prompt (default 5)")
+    a.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="hybrid")
+    a.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    a.add_argument("--show-prompt", action="store_true", help="print the grounded prompt before the answer")
+    a.set_defaults(func=run_ask)
+
+
+def _dtype(precision: str | None):
+    import torch
+
+    from lmkit.train.config import default_precision
+
+    return torch.bfloat16 if (precision or default_precision()) == "bf16" else None
+
+
+def run_index(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from lmkit.data import load_corpus
+    from lmkit.errors import ConfigError
+    from lmkit.rag.store import APPROXIMATE_ABOVE, RagIndex
+
+    corpus = load_corpus(args.corpus)
+    if args.approximate_above is not None and args.approximate_above < 1:
+        raise ConfigError(f"--approximate-above must be at least 1, got {args.approximate_above}")
+    out = Path(args.out)
+    if (out / "manifest.json").is_file():
+        index = RagIndex.open(out, args.encoder, dtype=_dtype(args.precision))
+        for flag, key in (("--chunk-tokens", "chunk_tokens"), ("--overlap", "overlap")):
+            given = getattr(args, key)
+            if given is not None and given != index.settings[key]:
+                raise ConfigError(f"{out} was chunked with {flag} {index.settings[key]}; use that, or index into a "
+                                  "new folder")
+        if args.approximate_above is not None:
+            index.settings["approximate_above"] = args.approximate_above
+    else:
+        index = RagIndex.create(args.encoder, 128 if args.chunk_tokens is None else args.chunk_tokens,
+                                16 if args.overlap is None else args.overlap,
+                                args.approximate_above or APPROXIMATE_ABOVE, dtype=_dtype(args.precision),
+                                batch_size=args.batch_size)
+    counts = index.add(corpus)
+    if not len(index):
+        from lmkit.errors import CorpusError
+
+        raise CorpusError(f"{' '.join(args.corpus)} gave no chunk to index (only blank text); give documents with text")
+    index.save(out)
+    kind = "IVF (approximate)" if index.approximate else "exact inner product"
+    print(f"{out}: {len(index)} chunks of {len(index.documents)} documents ({kind}); {counts['added']} added, "
+          f"{counts['replaced']} replaced, {counts['unchanged']} unchanged, {counts['chunks']} chunks embedded",
+          file=sys.stderr)
+    return 0
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    import sys
+
+    from lmkit.rag.store import RagIndex
+
+    index = RagIndex.open(args.index)
+    removed = index.remove(args.source)
+    index.save(args.index)
+    print(f"{args.index}: removed {len(args.source)} documents ({removed} chunks); {len(index)} chunks left",
+          file=sys.stderr)
+    return 0
+
+
+def run_query(args: argparse.Namespace) -> int:
+    from lmkit.cli import utf8
+    from lmkit.rag.retrieve import retrieve
+    from lmkit.rag.store import RagIndex
+
+    utf8(args.query, "--query")
+    hits = retrieve(RagIndex.open(args.index), args.query, args.k, args.mode)
+    if args.json:
+        print(json.dumps([h.to_json() for h in hits], ensure_ascii=False))
+        return 0
+    for rank, h in enumerate(hits, 1):
+        text = " ".join(h.text.split())
+        print(f"{rank}. {h.score:.4f}  {h.source}#{h.n}  {text[:200]}{'...' if len(text) > 200 else ''}")
+    return 0
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    from lmkit.cli import utf8
+    from lmkit.rag.answer import answer
+    from lmkit.rag.store import RagIndex
+
+    utf8(args.question, "--question")
+    result = answer(RagIndex.open(args.index), args.model, args.question, k=args.k, mode=args.mode,
+                    max_new_tokens=args.max_new_tokens)
+    import sys
+
+    for notice in result.notices:
+        print(f"lmkit: {notice}", file=sys.stderr)
+    if args.show_prompt:
+        print(result.prompt)
+        print("---")
+    print(result.answer)
+    print()
+    print("sources:")
+    for number, hit in enumerate(result.sources, 1):
+        mark = "*" if number in result.cited else " "
+        print(f" {mark}[{number}] {hit.source}#{hit.n}  score {hit.score:.4f}")
+    return 0
