@@ -138,6 +138,7 @@ def test_a_default_run_saved_before_muon_resumes_without_the_dropout_it_never_ha
                       {**old, "model_overrides": given}, None)
 
 
+@pytest.mark.bf16  # Newton-Schulz in bf16 or fp32 by the CPU
 def test_muon_runs_resume_exactly(tmp_path, small_pydocs):
     import shutil
 
