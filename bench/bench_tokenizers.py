@@ -15,6 +15,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+import machine  # bench/machine.py (the script's folder is on sys.path)
+
 
 def corpus(limit_bytes: int) -> list[str]:
     """pydoc topics (the reference manual's topics), then standard-library modules in name order."""
@@ -132,6 +134,7 @@ def main(argv=None) -> int:
 
     print(f"\nCorpus: {mb:.2f} MB ({len(texts)} texts: pydoc topics + stdlib modules), {os.cpu_count()} CPUs, "
           f"Python {sys.version.split()[0]}, tokenizers {tokenizers.__version__}, tiktoken {tiktoken.__version__}\n")
+    print(machine.describe([]))
     print("| task | implementation | result | vs tokenizers |")
     print("| --- | --- | --- | --- |")
     for r in rows:

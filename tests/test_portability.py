@@ -36,3 +36,30 @@ def test_onednn_max_cpu_isa_avx2_turns_bf16_off():
     assert _probe(ONEDNN_MAX_CPU_ISA="AVX2") == [False, "fp32", "torch.float32"]
     if os.environ.get("ONEDNN_MAX_CPU_ISA") is None and bf16_supported():  # a native-bf16 CPU left as it is
         assert _probe() == [True, "bf16", "torch.bfloat16"]
+
+
+def _bench_machine():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "machine.py"
+    spec = importlib.util.spec_from_file_location("bench_machine", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.bf16
+def test_benchmarks_name_the_cpu_and_skip_bf16_rows_where_bf16_is_emulated(monkeypatch):
+    machine = _bench_machine()
+    monkeypatch.delenv("LMKIT_BENCH_BF16", raising=False)
+    monkeypatch.setattr(machine, "bf16_native", lambda: False)
+    assert not machine.run_bf16()
+    line = machine.describe(["fp32"])
+    assert machine.cpu_name() in line and "bf16 emulated" in line and "precisions run: fp32" in line
+    assert "not native" in machine.skipped_line("bf16 rows")
+    monkeypatch.setenv("LMKIT_BENCH_BF16", "1")  # asked for: run anyway
+    assert machine.run_bf16()
+    monkeypatch.setattr(machine, "bf16_native", lambda: True)
+    monkeypatch.delenv("LMKIT_BENCH_BF16")
+    assert machine.run_bf16() and "bf16 native" in machine.describe(["fp32", "bf16"])
