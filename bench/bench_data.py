@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import machine  # bench/machine.py (the script's folder is on sys.path)
+
 
 def tree_rss_mb(pid: int) -> tuple[float, float]:
     """(resident memory, of it anonymous) of a process and all its descendants, in MB (from /proc).
@@ -167,6 +169,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\n{args.workers} tokenizing workers, train: tiny preset, {args.steps} steps of 16 x 128 tokens\n")
     print("peak RSS of the process tree (main + workers), and in parentheses its anonymous part\n")
+    print(machine.describe(["fp32 (training)"]))
     print("| corpus | tokens | ids | shards | prepare | MB/s | `tokenizers` MB/s (ratio) | prepare peak RSS | train peak RSS |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:

@@ -24,6 +24,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
+
 WIDTH, LAYERS, HEADS, CONTEXT, VOCAB, BATCH = 256, 4, 4, 256, 512, 16
 
 
@@ -108,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     state_hf = {k: v.clone() for k, v in hf.state_dict().items()}
     state_ours = {k: v.clone() for k, v in ours.state_dict().items()}
     train = {}
-    for bf16 in (False, True):
+    settings = [False, True] if machine.run_bf16() else [False]
+    for bf16 in settings:
         hf.load_state_dict(state_hf)
         ours.load_state_dict(state_ours)
         trainers = {"hf": Trainer(hf, bf16, data), "lmkit": Trainer(ours, bf16, data)}
@@ -116,19 +120,20 @@ def main(argv: list[str] | None = None) -> None:
         best = interleaved({k: t.step for k, t in trainers.items()}, args.steps)
         for name, seconds in best.items():
             train[(name, bf16)] = data[0].numel() / seconds
-    hf_best = max(train[("hf", False)], train[("hf", True)])
-    for bf16 in (False, True):
+    hf_best = max(train[("hf", bf16)] for bf16 in settings)
+    for bf16 in settings:
         name = "bf16 autocast" if bf16 else "fp32"
         rows.append((f"training tokens/s ({name}, batch {BATCH}x{CONTEXT})", train[("hf", bf16)], train[("lmkit", bf16)],
                      train[("lmkit", bf16)] / hf_best))
     if args.compile:
         ours.load_state_dict(state_ours)
-        trainer = Trainer(torch.compile(ours), True, data)
+        trainer = Trainer(torch.compile(ours), machine.run_bf16(), data)
         start = time.perf_counter()
         trainer.step()
         compile_s = time.perf_counter() - start
         tps = data[0].numel() / interleaved({"lmkit": trainer.step}, args.steps)["lmkit"]
-        rows.append((f"training tokens/s (bf16, torch.compile; compile {compile_s:.0f} s)", hf_best, tps, tps / hf_best))
+        kind = "bf16" if machine.run_bf16() else "fp32"
+        rows.append((f"training tokens/s ({kind}, torch.compile; compile {compile_s:.0f} s)", hf_best, tps, tps / hf_best))
     ours.load_state_dict(state_ours)
     hf.load_state_dict(state_hf)
     hf.eval()
@@ -155,12 +160,17 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"\nGPT-2 shape: {LAYERS} layers, {HEADS} heads, width {WIDTH}, context {CONTEXT}, vocabulary {VOCAB}; "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-          f"{'process CPU' if clock == 'cpu' else 'wall-clock'} time, load average {os.getloadavg()[0]:.1f}\n")
+          f"{'process CPU' if clock == 'cpu' else 'wall-clock'} time, load average {os.getloadavg()[0]:.1f}")
+    print(machine.describe(["fp32", "bf16 autocast"] if machine.run_bf16() else ["fp32"]))
+    if not machine.run_bf16():
+        print(machine.skipped_line("bf16 autocast training rows"))
+    print()
     print("| measure | transformers | lmkit | ratio |")
     print("| --- | ---: | ---: | ---: |")
     for name, a, b, r in rows:
         print(f"| {name} | {a:,.0f} | {b:,.0f} | {r:.2f}x |")
-    print("\nTraining ratios are against transformers' best setting (fp32 or bf16); both use AdamW(fused=True).")
+    print(f"\nTraining ratios are against transformers' best setting ({' or '.join('bf16' if b else 'fp32' for b in settings)}); "
+          "both use AdamW(fused=True).")
     sys.stdout.flush()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 import compress_setup as setup  # noqa: E402
 
 import lmkit  # noqa: E402
@@ -69,6 +70,7 @@ def main() -> None:
         r["params"] = f"{r['params']:,}"
         r["loss"], r["ppl"], r["acc"] = f"{r['loss']:.3f}", f"{r['perplexity']:.1f}", f"{r['accuracy']:.3f}"
     print(f"\n{args.steps} steps x batch {args.batch_size} x {setup.SEQ_LEN} tokens of pydocs for each student\n")
+    print(machine.describe(["fp32"]))
     print(setup.table(rows, [("model", "model"), ("params", "parameters"), ("loss", "val loss"), ("ppl", "perplexity"),
                              ("acc", "next-token acc."), ("keep", "acc. vs teacher"), ("time", "train time")]))
 

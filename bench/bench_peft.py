@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 import compress_setup as setup  # noqa: E402
 
 import lmkit  # noqa: E402
@@ -62,6 +63,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     print(f"\nbase: {folder.name} ({base.num_parameters():,} parameters); {args.steps} steps x batch "
           f"{args.batch_size} x {setup.SEQ_LEN} tokens of pycode; validation: {len(data.val_rows)} rows\n")
+    print(machine.describe(["fp32"]))
     print(setup.table(rows, [("method", "method"), ("loss", "val loss"), ("ppl", "perplexity"),
                              ("acc", "next-token acc."), ("trainable", "trainable params"), ("share", "share"),
                              ("time", "train time")]))

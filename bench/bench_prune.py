@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 import compress_setup as setup  # noqa: E402
 
 import lmkit  # noqa: E402
@@ -63,6 +64,7 @@ def main() -> None:
     for r in rows:
         r["loss_s"], r["acc_s"], r["rand_acc_s"] = f"{r['loss']:.3f}", f"{r['acc']:.3f}", f"{r['rand_acc']:.3f}"
     print(f"\nimportance from 8 batches x 8 x {setup.SEQ_LEN} tokens ({seconds:.1f} s); validation of pydocs\n")
+    print(machine.describe(["fp32"]))
     print(setup.table(rows, [("pruned", "heads pruned"), ("heads", "heads left"), ("params", "parameters"),
                              ("loss_s", "val loss"), ("acc_s", "next-token acc."),
                              ("rand_loss", "val loss, random heads"), ("rand_acc_s", "acc., random heads"), ("mflops", "MFLOPs/token (T=128)"),

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 import compress_setup as setup  # noqa: E402
 
 from lmkit.compress.recipes import quantize_report  # noqa: E402
@@ -16,6 +17,7 @@ def main() -> None:
     r = quantize_report(folder, ["pydocs"], setup.SEQ_LEN, max_val_docs=60)
     rows = [{"name": k, "mb": f"{v['bytes'] / 1e6:.2f}", "tps": f"{v['tokens_per_s']:.0f}", "loss": f"{v['loss']:.4f}",
              "acc": f"{v['accuracy']:.4f}"} for k, v in r.items()]
+    print(machine.describe(["fp32", "int8"]))
     print(setup.table(rows, [("name", "weights"), ("mb", "size (MB)"), ("tps", "forward tokens/s"),
                              ("loss", "val loss"), ("acc", "next-token acc.")]))
     f, q = r["fp32"], r["int8"]

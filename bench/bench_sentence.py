@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import tempfile
 import time
 import zipfile
@@ -20,6 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine  # noqa: E402
 
 
 def reference_sentences(n: int) -> list[str]:
@@ -62,8 +66,9 @@ def main() -> None:
     runs = {
         "sentence-transformers (float32, default)": lambda: st.encode(sentences, batch_size=args.batch_size),
     }
-    encoders = {"lmkit float32": lmkit.SentenceEncoder.from_pretrained(tmp),
-                "lmkit bfloat16": lmkit.SentenceEncoder.from_pretrained(tmp, dtype=torch.bfloat16)}
+    encoders = {"lmkit float32": lmkit.SentenceEncoder.from_pretrained(tmp)}
+    if machine.run_bf16():
+        encoders["lmkit bfloat16"] = lmkit.SentenceEncoder.from_pretrained(tmp, dtype=torch.bfloat16)
     for name, enc in encoders.items():
         runs[name] = (lambda e: lambda: e.encode(sentences, batch_size=args.batch_size))(enc)
     st.encode(sentences[:args.batch_size], batch_size=args.batch_size)
@@ -82,7 +87,11 @@ def main() -> None:
     ref_w, ref_c = best[ref_name]
     tokens = sum(len(t) for t in encoders["lmkit float32"].tokenize(sentences))
     print(f"\n{args.n} sentences ({tokens} tokens), batch {args.batch_size}, best of {args.rounds} round(s), "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(machine.describe(["float32", "bfloat16"] if machine.run_bf16() else ["float32"]))
+    if not machine.run_bf16():
+        print(machine.skipped_line("lmkit bfloat16 row"))
+    print()
     print("| configuration | sentences/s (wall) | vs ST | sentences/s (CPU time) | vs ST | min cosine to ST | max abs diff |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in runs:

@@ -18,6 +18,8 @@ from unittest import mock
 
 import torch
 
+import machine  # bench/machine.py (the script's folder is on sys.path)
+
 WIDTH, LAYERS, HEADS, KV_HEADS, VOCAB, WINDOW = 256, 4, 8, 2, 512, 32
 
 
@@ -69,6 +71,7 @@ def main() -> None:
             best[name] = min(best[name], clock() - start)
     same = all(torch.equal(out, outputs["transformers"]) for out in outputs.values())
     print(f"batch 1, prompt 16, {n} new tokens, window {WINDOW}, {args.threads} thread(s); same ids: {same}")
+    print(machine.describe(["fp32"]))
     print("| path | new tokens/s | vs modules |")
     print("| --- | ---: | ---: |")
     for name, seconds in best.items():

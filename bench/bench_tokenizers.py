@@ -15,6 +15,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+import machine  # bench/machine.py (the script's folder is on sys.path)
+
 
 def corpus(limit_bytes: int) -> list[str]:
     """pydoc topics (the reference manual's topics), then standard-library modules in name order."""
@@ -73,6 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mb", type=float, default=4.0)
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--kinds", nargs="+", default=["bpe", "wordpiece", "unigram"])
+    ap.add_argument("--lines", action="store_true",
+                    help="encode the corpus as its non-blank lines (many short texts, as datasets.map feeds them)")
     args = ap.parse_args(argv)
     import tiktoken
     import tokenizers
@@ -80,6 +84,8 @@ def main(argv=None) -> int:
     from lmkit.tokenizers import train_tokenizer
 
     texts = corpus(int(args.mb * 1e6))
+    if args.lines:
+        texts = [line for t in texts for line in t.splitlines() if line.strip()]
     mb = sum(len(t.encode()) for t in texts) / 1e6
     rows = []
     kinds = (("bpe", ["<|endoftext|>", "<|pad|>"]), ("wordpiece", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
@@ -132,6 +138,7 @@ def main(argv=None) -> int:
 
     print(f"\nCorpus: {mb:.2f} MB ({len(texts)} texts: pydoc topics + stdlib modules), {os.cpu_count()} CPUs, "
           f"Python {sys.version.split()[0]}, tokenizers {tokenizers.__version__}, tiktoken {tiktoken.__version__}\n")
+    print(machine.describe([]))
     print("| task | implementation | result | vs tokenizers |")
     print("| --- | --- | --- | --- |")
     for r in rows:

@@ -18,6 +18,8 @@ import random
 import sys
 import time
 
+import machine  # bench/machine.py (the script's folder is on sys.path)
+
 
 def pydocs(limit_chars: int | None = None) -> list[str]:
     from lmkit.data.builtin import builtin_corpus
@@ -101,6 +103,7 @@ def main(argv=None) -> int:
 
     print(f"tokenizers {tokenizers.__version__}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
           f"tokenizers threads: {os.environ.get('RAYON_NUM_THREADS', 'default')}\n")
+    print(machine.describe([]))
     print("| corpus | vocab | shared pieces | mean abs score diff | max abs score diff | lmkit s | tokenizers s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in args.corpora:

@@ -213,6 +213,7 @@ def test_decoder_folders_load_and_save_as_transformers(tmp_path_factory, data):
         compare(ref, lmkit.load_model(folder)(**inputs), name=name)
 
 
+@pytest.mark.bf16
 @FUZZ
 @given(st.data())
 def test_half_precision_decoder_folders_load_with_dtype_auto(tmp_path_factory, data):

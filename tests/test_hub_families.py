@@ -20,6 +20,7 @@ from lmkit.errors import ConfigError
 from lmkit.generation.decode_plan import DecodePlan
 from test_hub_decoder import VOCAB, as_v4, batch, check_greedy, check_logits, check_saved_folder, check_sharded_folder, \
     randomized, rewrite_config, saved_pair
+from tolerances import assert_close_in
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -133,6 +134,7 @@ def test_v4_and_v5_style_configs_give_the_same_model(name, tmp_path):
         torch.testing.assert_close(v4(ids, attention_mask=left).logits, expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.bf16
 @pytest.mark.parametrize("name", ["mistral-gqa-headdim10-window5-untied", "qwen2-gqa-tied-yarn"])
 def test_bfloat16_folders_load_and_save_in_bfloat16(name, tmp_path):
     hf_model(name).to(torch.bfloat16).save_pretrained(tmp_path / "hf")
@@ -143,7 +145,8 @@ def test_bfloat16_folders_load_and_save_in_bfloat16(name, tmp_path):
     assert ours.dtype == torch.bfloat16
     with torch.no_grad():
         expected = theirs(ids, attention_mask=left).logits.float()
-        assert (ours(ids, attention_mask=left).logits.float() - expected).abs().max() < 0.05
+        # both round every op to bf16, in different orders: a few bf16 steps at the scale of the largest logit
+        assert_close_in(torch.bfloat16, ours(ids, attention_mask=left).logits, expected, steps=4)
         ours.save_pretrained(tmp_path / "lm")
         assert json.loads((tmp_path / "lm" / "config.json").read_text())["dtype"] == "bfloat16"
         back = AutoModelForCausalLM.from_pretrained(tmp_path / "lm").eval()

@@ -274,6 +274,7 @@ def test_dense_model_with_a_window_decodes_like_its_full_forward():
     assert got.tolist() == seq.tolist()
 
 
+@pytest.mark.bf16
 def test_bfloat16_router_matches_transformers(tmp_path):
     """Router logits in bf16, softmax in float32, top-k, renormalised weights in float32, the expert outputs
     scaled in float32 and cast back: the same numbers as transformers' eager experts in bf16."""

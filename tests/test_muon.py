@@ -9,9 +9,9 @@ from lmkit.config import get_preset
 from lmkit.errors import TrainingError
 from lmkit.models import build_model
 from lmkit.train import Trainer
-from lmkit.train.config import TrainConfig
-from lmkit.train.muon import MuonAdamW, hidden_matrices, newton_schulz
-from lmkit.train.optim import build_optimizer, param_groups
+from lmkit.train.config import TrainConfig, bf16_supported
+from lmkit.train.muon import MuonAdamW, hidden_matrices, newton_schulz, newton_schulz_dtype
+from lmkit.train.optim import param_groups
 from lmkit.train.resume import resume_config
 
 
@@ -19,14 +19,16 @@ def _loss(model, x):
     return torch.nn.functional.cross_entropy(model(x[:, :-1]).logits.flatten(0, 1), x[:, 1:].flatten())
 
 
+@pytest.mark.bf16
 @pytest.mark.parametrize("preset", ["tiny", "default"])
 def test_equals_torch_muon_and_adamw(preset):
-    """Five steps equal torch.optim.Muon(adjust_lr_fn="match_rms_adamw") on the hidden matrices plus torch's AdamW."""
+    """Five steps with Newton-Schulz in bf16 equal torch.optim.Muon(adjust_lr_fn="match_rms_adamw") (bf16 too) on
+    the hidden matrices plus torch's AdamW."""
     torch.manual_seed(0)
     ours = build_model(get_preset(preset, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2 if preset == "default"
                                   else None, vocab_size=97, max_seq_len=16, dropout=0.0))
     ref = copy.deepcopy(ours)
-    opt = build_optimizer(ours, 3e-3, 0.1, kind="muon")
+    opt = MuonAdamW(ours, 3e-3, 0.1, ns_dtype=torch.bfloat16)
     hidden = hidden_matrices(ref)
     refs = [torch.optim.Muon(hidden, lr=3e-3, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"),
             torch.optim.AdamW(param_groups(ref, 0.1, skip={id(p) for p in hidden}), lr=3e-3, betas=(0.9, 0.95))]
@@ -60,17 +62,37 @@ def test_hidden_matrices_are_the_block_linears_only():
     assert len(hidden) == sum(isinstance(m, torch.nn.Linear) for m in untied.modules()) - 1
 
 
-def test_newton_schulz_keeps_the_singular_vectors_and_flattens_the_singular_values():
-    """NS_5(G) ~ U S' V^T with S' in about [0.68, 1.2] for G = U S V^T, wide or tall."""
+@pytest.mark.bf16
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_newton_schulz_keeps_the_singular_vectors_and_flattens_the_singular_values(dtype):
+    """NS_5(G) ~ U S' V^T with S' in about [0.68, 1.2] for G = U S V^T, wide or tall, in either precision."""
     torch.manual_seed(0)
     for shape in ((24, 40), (40, 24)):
         g = torch.randn(shape) @ torch.diag(torch.logspace(-1, 1, shape[1]))
         u, s, vh = torch.linalg.svd(g, full_matrices=False)
-        o = newton_schulz(g).float()
+        o = newton_schulz(g, dtype=dtype)
+        assert o.dtype == dtype
+        o = o.float()
         inner = u.T @ o @ vh.T  # diagonal S' if the singular vectors are kept
         assert (inner - torch.diag(torch.diagonal(inner))).abs().max() < 0.05
         assert torch.diagonal(inner).min() > 0.6 and torch.diagonal(inner).max() < 1.25
         assert s.max() / s.min() > 50  # while G's singular values spread over almost two orders of magnitude
+
+
+@pytest.mark.bf16
+def test_newton_schulz_runs_in_bf16_only_where_bf16_is_native():
+    """fp32 where bf16 matrix products are emulated (slower than fp32 there); there it is the float64 iteration's
+    result to fp32 rounding, which bf16 (8 significant bits) is not."""
+    native = bf16_supported()
+    assert newton_schulz_dtype() == (torch.bfloat16 if native else torch.float32)
+    assert newton_schulz(torch.randn(8, 12)).dtype == newton_schulz_dtype()
+    assert MuonAdamW(build_model(get_preset("tiny", vocab_size=97)), 1e-3).ns_dtype is None  # resolved per step
+    torch.manual_seed(0)
+    g = torch.randn(48, 80)
+    exact = newton_schulz(g.double(), dtype=torch.float64)
+    fp32_err = (newton_schulz(g, dtype=torch.float32).double() - exact).abs().max().item()
+    bf16_err = (newton_schulz(g, dtype=torch.bfloat16).double() - exact).abs().max().item()
+    assert fp32_err < 1e-4 < bf16_err
 
 
 def test_the_default_recipe_trains_with_muon_and_others_with_adamw():
@@ -116,6 +138,7 @@ def test_a_default_run_saved_before_muon_resumes_without_the_dropout_it_never_ha
                       {**old, "model_overrides": given}, None)
 
 
+@pytest.mark.bf16  # Newton-Schulz in bf16 or fp32 by the CPU
 def test_muon_runs_resume_exactly(tmp_path, small_pydocs):
     import shutil
 

@@ -54,6 +54,7 @@ def test_gradient_is_the_same_mask_scaled():
     torch.testing.assert_close(x.grad, kept.float() / 0.625)
 
 
+@pytest.mark.bf16
 def test_seeded_like_torch_and_off_in_eval_and_at_zero():
     x = torch.randn(4, 8, 24, dtype=torch.bfloat16)
     torch.manual_seed(4)

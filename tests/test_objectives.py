@@ -62,6 +62,7 @@ def test_matches_transformers_causal_lm_loss():
     torch.testing.assert_close(mine.mean, reference)
 
 
+@pytest.mark.bf16
 def test_bf16_logits_are_scored_in_float32():
     torch.manual_seed(3)
     logits = torch.randn(2, 7, 50).bfloat16()

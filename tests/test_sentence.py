@@ -11,6 +11,7 @@ import torch
 
 import lmkit
 from lmkit.errors import ConfigError
+from tolerances import resolution
 
 st = pytest.importorskip("sentence_transformers")
 minilm = pytest.importorskip("all_minilm_l6_v2")
@@ -50,11 +51,13 @@ def test_all_minilm_matches_sentence_transformers(minilm_path):
     assert np.abs(single - got[:4]).max() < 1e-5
 
 
+@pytest.mark.bf16
 def test_all_minilm_bfloat16_close(minilm_path):
     ref = lmkit.SentenceEncoder.from_pretrained(minilm_path).encode(SENTENCES[:6])
     got = lmkit.SentenceEncoder.from_pretrained(minilm_path, dtype=torch.bfloat16).encode(SENTENCES[:6])
     assert got.dtype == np.float32
-    assert cosines(got, ref).min() > 0.999
+    # unit vectors d apart have cosine 1 - |d|^2 / 2; |d| a few bf16 steps
+    assert cosines(got, ref).min() > 1 - (6 * resolution(torch.bfloat16)) ** 2 / 2
 
 
 def test_other_pooling_dense_and_no_normalize(minilm_path, tmp_path):

@@ -92,6 +92,23 @@ def test_tiktoken_engine_matches_python_path(bpe, monkeypatch):
     assert fast == slow
 
 
+def test_tiktoken_engine_batches_keep_order_and_ids_over_many_short_texts(bpe):
+    """encode_batch through the engine hands the threads chunks of texts: every row in order, with the ids of
+    one-by-one encoding, whatever the thread count and however the texts split into chunks."""
+    from lmkit.tokenizers.fast import encode_many
+
+    engine = bpe.engine()
+    assert engine is not None
+    base = TEXTS + ["", " ", "<|endoftext|>", "中文 🤖", "x" * 300, "a\n\nb"]
+    texts = [f"{t} {i}" if i % 3 else t for i, t in enumerate(base * 7)]  # 7 x len(base) rows, some repeated
+    want = [bpe._encode_plain(t, python_only=True) for t in texts]
+    for threads in (1, 2, 3, 5):
+        assert engine.encode_batch(texts, threads) == want
+        assert engine.encode_batch(texts[:threads + 1], threads) == want[:threads + 1]  # fewer rows than chunks
+    assert encode_many(bpe, texts, num_workers=2) == want
+    assert bpe.encode_batch(texts, add_special_tokens=False) == [bpe.encode(t, add_special_tokens=False) for t in texts]
+
+
 def test_special_tokens_never_split(bpe, wordpiece):
     eot = bpe.token_to_id("<|endoftext|>")
     ids = bpe.encode("end<|endoftext|>start")

@@ -114,7 +114,7 @@ def test_same_flags_and_seed_give_the_same_run(corpus_file, tmp_path):
     assert r3["val_loss"] != r1["val_loss"]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.bf16)])
 def test_killed_run_resumes_with_identical_losses(corpus_file, tmp_path, precision, monkeypatch):
     straight = Trainer(config(corpus_file, tmp_path / "a", precision=precision, preset="tiny",
                               model_overrides={"dropout": 0.1}))

@@ -40,6 +40,17 @@ def _backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 _compiled: tuple | None = None  # (forward, backward) once compiled, () when compiling is off or failed
+# more than _MIN_ELEMENTS and not a multiple of the vector width: the vector loop and its tail both run
+_PROBE_ELEMENTS = 4 * _MIN_ELEMENTS + 3
+
+
+def _check(got: torch.Tensor, exact: torch.Tensor) -> None:
+    """One rounding of a float32 result: within one step of the format (2**-7 relative for bf16) of the float64
+    value. A compiler whose vector code is wrong here (inductor's AVX2 code under ATEN_CPU_CAPABILITY=avx2 on an
+    AVX-512 CPU returns NaN for some inputs) fails this, and ATen's GELU is used instead."""
+    bound = torch.finfo(got.dtype).eps * exact.abs() + 1e-5
+    if not torch.isfinite(got).all() or ((got.double() - exact).abs() > bound).any():
+        raise RuntimeError("the compiled kernel's numbers differ from the formula's")
 
 
 def compiled_kernels() -> tuple:
@@ -51,10 +62,10 @@ def compiled_kernels() -> tuple:
             try:
                 fwd = torch.compile(_forward, dynamic=True, fullgraph=True)
                 bwd = torch.compile(_backward, dynamic=True, fullgraph=True)
-                probe = torch.linspace(-6, 6, 4099, dtype=torch.bfloat16)
+                probe = torch.linspace(-6, 6, _PROBE_ELEMENTS, dtype=torch.bfloat16)
                 with torch.no_grad():  # compile now, in the grad mode of every later call
-                    fwd(probe)
-                    bwd(probe, probe)
+                    _check(fwd(probe), _forward(probe.double()))
+                    _check(bwd(torch.ones_like(probe), probe), _backward(torch.ones_like(probe).double(), probe.double()))
                 _compiled = (fwd, bwd)
             except Exception as err:  # no C++ compiler, or inductor unavailable: ATen's GELU it is
                 _log.info("compiled GELU unavailable (%s); using ATen's", err)

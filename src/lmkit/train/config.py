@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,8 +122,10 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+@functools.cache
 def bf16_supported() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32.
+    oneDNN answers, so ONEDNN_MAX_CPU_ISA=AVX2 (set before Python starts) makes this False (docs/portability.md)."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):

@@ -2,12 +2,14 @@
 
 Muon (Jordan et al., 2024), for a matrix W (A x B) with gradient g:
   B_t = mu B_{t-1} + (1 - mu) g_t,   U_t = (1 - mu) g_t + mu B_t   (Nesterov momentum)
-  O_t = NS_5(U_t / ||U_t||_F) ~ U V^T of U_t's SVD                 (quintic Newton-Schulz, in bf16)
+  O_t = NS_5(U_t / ||U_t||_F) ~ U V^T of U_t's SVD                 (quintic Newton-Schulz)
   W_t = (1 - lr wd) W_{t-1} - lr 0.2 sqrt(max(A, B)) O_t
 The factor 0.2 sqrt(max(A, B)) gives the update the RMS of an AdamW update (Moonlight, Liu et al. 2025), so one
 learning rate and schedule serve both parts. Embedding tables, the output head, norm gains and biases keep AdamW
 (decay on matrices only, as `optim.param_groups`). Equal to torch.optim.Muon(adjust_lr_fn="match_rms_adamw") plus
 torch.optim.AdamW (tested); under FSDP each rank gathers the whole matrix to orthogonalize it.
+Newton-Schulz runs in bf16 (as torch's Muon) where the CPU multiplies bf16 natively, else in fp32: emulated bf16
+matrix products are slower than fp32 ones there, and fp32 is at least as accurate.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import math
 
 import torch
 from torch import nn
+
+from lmkit.train.config import bf16_supported
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
@@ -30,10 +34,16 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
     return out
 
 
-def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """An approximation of U V^T (g = U S V^T) by the quintic iteration X <- a X + (b A + c A^2) X, A = X X^T."""
+def newton_schulz_dtype(device: torch.device | str = "cpu") -> torch.dtype:
+    """bf16 on accelerators and on CPUs with native bf16 matrix products; fp32 on the others."""
+    return torch.bfloat16 if torch.device(device).type != "cpu" or bf16_supported() else torch.float32
+
+
+def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An approximation of U V^T (g = U S V^T) by the quintic iteration X <- a X + (b A + c A^2) X, A = X X^T,
+    in `dtype` (None: `newton_schulz_dtype`)."""
     a, b, c = NS_COEFFICIENTS
-    x = g.bfloat16()
+    x = g.to(dtype or newton_schulz_dtype(g.device))
     if g.size(0) > g.size(1):
         x = x.T
     x = x.div(x.norm().clamp(min=eps))
@@ -43,22 +53,26 @@ def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
     return x.T if g.size(0) > g.size(1) else x
 
 
-def _orthogonalized(u: torch.Tensor, steps: int) -> torch.Tensor:
+def _orthogonalized(u: torch.Tensor, steps: int, dtype: torch.dtype | None) -> torch.Tensor:
     if hasattr(u, "full_tensor"):  # an FSDP shard (DTensor): orthogonalize the whole matrix, keep this rank's part
         from torch.distributed.tensor import distribute_tensor
 
-        return distribute_tensor(newton_schulz(u.full_tensor(), steps), u.device_mesh, u.placements,
+        return distribute_tensor(newton_schulz(u.full_tensor(), steps, dtype=dtype), u.device_mesh, u.placements,
                                  src_data_rank=None)
-    return newton_schulz(u, steps)
+    return newton_schulz(u, steps, dtype=dtype)
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """Muon on `hidden_matrices(model)`, AdamW on the other parameters; groups carry `muon: True/False`."""
+    """Muon on `hidden_matrices(model)`, AdamW on the other parameters; groups carry `muon: True/False`.
+    ns_dtype: the precision of Newton-Schulz (None: `newton_schulz_dtype`)."""
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, momentum: float = 0.95,
-                 ns_steps: int = 5):
+                 ns_steps: int = 5, ns_dtype: torch.dtype | None = None):
         from lmkit.train.optim import param_groups
+
+        # an attribute, not a group setting: optimizer state is saved as JSON, which has no dtype
+        self.ns_dtype = ns_dtype
 
         hidden = hidden_matrices(model)
         groups = [{"params": hidden, "weight_decay": weight_decay, "muon": True}]
@@ -75,15 +89,18 @@ class MuonAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    (self._muon if group["muon"] else self._adamw)(p, p.grad, self.state[p], group)
+                    if group["muon"]:
+                        self._muon(p, p.grad, self.state[p], group, self.ns_dtype)
+                    else:
+                        self._adamw(p, p.grad, self.state[p], group)
         return loss
 
     @staticmethod
-    def _muon(p: torch.Tensor, g: torch.Tensor, state: dict, group: dict) -> None:
+    def _muon(p: torch.Tensor, g: torch.Tensor, state: dict, group: dict, ns_dtype: torch.dtype | None) -> None:
         mu, lr = group["momentum"], group["lr"]
         buf = state.setdefault("momentum_buffer", torch.zeros_like(g))
         buf.lerp_(g, 1 - mu)
-        update = _orthogonalized(g.lerp(buf, mu), group["ns_steps"])
+        update = _orthogonalized(g.lerp(buf, mu), group["ns_steps"], ns_dtype)
         p.mul_(1 - lr * group["weight_decay"])
         p.add_(update.to(p.dtype), alpha=-lr * 0.2 * math.sqrt(max(p.shape[0], p.shape[1])))
 
