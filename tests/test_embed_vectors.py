@@ -89,3 +89,25 @@ def test_a_word_with_a_space_cannot_go_to_the_text_format(tmp_path):
         WordVectors(["a b", "c"], np.ones((2, 3))).save_word2vec_text(tmp_path / "v.txt")
     with pytest.raises(ConfigError, match="twice"):
         WordVectors(["a", "a"], np.ones((2, 3)))
+
+
+def test_a_file_that_is_not_utf8_text_is_a_one_line_error(tmp_path, capsys):
+    from lmkit.cli import main
+    from lmkit.errors import LmkitError
+
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("2 3\ncafé 1 2 3\nstraße 4 5 6\n".encode("latin-1"))
+    binary = tmp_path / "vectors.bin"
+    ours, theirs = make(7)
+    theirs.save_word2vec_format(str(binary), binary=True)  # gensim's binary format: raw float32 after each word
+    for path in (latin1, binary):
+        with pytest.raises(LmkitError, match="not UTF-8") as err:
+            WordVectors.load(path)
+        assert str(path) in str(err.value) and "\n" not in str(err.value)
+    assert main(["embed", "similar", "--vectors", str(latin1), "café"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not UTF-8" in err and str(latin1) in err and "Traceback" not in err
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 2\nword 1 x\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not a number"):
+        WordVectors.load(bad)

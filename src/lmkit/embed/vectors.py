@@ -167,6 +167,15 @@ class WordVectors:
 
     @classmethod
     def load_word2vec_text(cls, path: str | os.PathLike) -> "WordVectors":
+        """A word2vec text file (`COUNT DIM`, then one `word x_1 ... x_DIM` line per word), read as UTF-8."""
+        try:
+            return cls._read_word2vec_text(path)
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path} is not UTF-8 text (byte {err.start}); give a word2vec text file in UTF-8, "
+                              "not the binary format (gensim: save_word2vec_format(..., binary=False))") from None
+
+    @classmethod
+    def _read_word2vec_text(cls, path: str | os.PathLike) -> "WordVectors":
         with open(path, encoding="utf-8") as f:
             header = f.readline().split()
             if len(header) != 2 or not all(h.isdigit() for h in header):
@@ -178,5 +187,8 @@ class WordVectors:
                 if len(parts) != d + 1:
                     raise ConfigError(f"{path} line {i + 2} has {len(parts) - 1} numbers, not {d}; the file is damaged")
                 words.append(parts[0])
-                rows[i] = np.asarray(parts[1:], dtype=np.float32)
+                try:
+                    rows[i] = np.asarray(parts[1:], dtype=np.float32)
+                except ValueError:
+                    raise ConfigError(f"{path} line {i + 2} holds a value that is not a number; the file is damaged") from None
         return cls(words, rows)
