@@ -12,6 +12,7 @@ import torch
 from lmkit.config import ModelConfig, get_preset
 from lmkit.errors import TrainingError
 from lmkit.train.optim import OPTIMIZERS
+from lmkit.train.precision import bf16_supported, default_precision  # noqa: F401  (re-exported)
 
 # Defaults per preset where the generic ones below do not fit; flags override them.
 RECIPES: dict[str, dict[str, Any]] = {
@@ -120,17 +121,3 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-@functools.cache
-def bf16_supported() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32.
-    oneDNN answers, so ONEDNN_MAX_CPU_ISA=AVX2 (set before Python starts) makes this False (docs/portability.md)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def default_precision() -> str:
-    return "bf16" if bf16_supported() else "fp32"

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-from lmkit.train.config import bf16_supported
+from lmkit.train.precision import bf16_supported
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
