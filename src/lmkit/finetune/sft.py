@@ -53,6 +53,7 @@ class SFTConfig:
     peft: str = "full"
     peft_settings: dict = field(default_factory=dict)
     log_every: int = 10
+    time_budget: float | None = None   # seconds of training; the step count is planned from the first steps' speed
 
 
 def collate(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -228,32 +229,37 @@ def sft(config: SFTConfig, log=print) -> dict:
     micro = c.micro_batch_size or c.batch_size
     lr = c.lr if c.lr is not None else default_lr(c.peft, "clm")
     steps = c.max_steps or c.epochs * math.ceil(len(train) / c.batch_size)
+    warmup = round(c.warmup_ratio * steps) if c.time_budget is None else 10
     opt = build_optimizer(tuned, lr, c.weight_decay)
     params = [p for p in tuned.parameters() if p.requires_grad]
     rng, order, history, t0 = random.Random(c.seed), [], [], time.perf_counter()
     tuned.train()
-    for step in range(steps):
+    step = 0
+    while step < steps:
         batch = []
         while len(batch) < min(c.batch_size, len(train)):
             if not order:
                 order = list(range(len(train)))
                 rng.shuffle(order)
             batch.append(train[order.pop()])
-        set_lr(opt, lr_at(step, lr, round(c.warmup_ratio * steps), steps, 0.1 * lr))
+        set_lr(opt, lr_at(step, lr, warmup, steps, 0.1 * lr))
         opt.zero_grad(set_to_none=True)
         loss, n = step_loss(tuned, [collate(batch[i:i + micro], pad_id) for i in range(0, len(batch), micro)])
         if not math.isfinite(loss):
             raise TrainingError(f"the loss became {loss} at step {step + 1}; lower --lr (now {lr})")
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        history.append({"step": step + 1, "loss": round(loss, 5), "tokens": n,
-                        "elapsed": round(time.perf_counter() - t0, 3)})
+        elapsed = time.perf_counter() - t0
+        history.append({"step": step + 1, "loss": round(loss, 5), "tokens": n, "elapsed": round(elapsed, 3)})
+        if c.time_budget is not None and step + 1 in (5, 20, 50) and step + 1 < steps:
+            steps = max(step + 2, min(steps, int(c.time_budget / (elapsed / (step + 1)))))  # the budget's steps
         if log is not None and ((step + 1) % c.log_every == 0 or step + 1 == steps):
             log(f"step {step + 1}/{steps}: loss {loss:.4f} over {n} tokens")
+        step += 1
     tuned.eval()
     after = evaluate_loss(tuned, held, pad_id) if held else None
     final = tuned if c.peft == "full" else tuned.merge_and_unload()
-    report.update(steps=steps, peft=c.peft, added_tokens=len(new_rows), max_length=max_length,
+    report.update(steps=len(history), peft=c.peft, added_tokens=len(new_rows), max_length=max_length,
                   first_loss=history[0]["loss"], last_loss=history[-1]["loss"], eval_loss_before=before,
                   eval_loss_after=after, seconds=round(time.perf_counter() - t0, 2),
                   config={k: v for k, v in asdict(c).items() if k != "peft_settings"})

@@ -38,7 +38,13 @@ class SFTExample:
 
 
 def read_rows(path) -> list[tuple[int, dict]]:
-    """[(line number, row)] of a JSONL file of SFT rows, each checked; a CorpusError names the file and line."""
+    """[(line number, row)] of a JSONL file of SFT rows, each checked; a CorpusError names the file and line.
+    The built-in `pydocs-instruct` (its train split; `pydocs-instruct:validation` for the other) reads as a file."""
+    if str(path).startswith("pydocs-instruct") and not Path(path).exists():
+        from lmkit.data.instruct import pydocs_instruct
+
+        split = str(path).partition(":")[2] or "train"
+        return [(i + 1, {"messages": r["messages"]}) for i, r in enumerate(pydocs_instruct(split))]
     path = Path(path)
     try:
         raw = path.read_bytes()

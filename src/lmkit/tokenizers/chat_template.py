@@ -165,7 +165,11 @@ def apply_chat_template(tok, conversation, tools=None, documents=None, chat_temp
     if extra:
         raise ChatTemplateError(f"tokenizer_kwargs {sorted(extra)} are not understood; use padding, truncation, "
                                 "max_length, pad_to_multiple_of or padding_side")
-    encs = tok._encodings(texts, None, False, padding, truncation, max_length, multiple, side, None)
+    if len(texts) == 1 and padding in (False, True, "longest") and multiple is None:
+        # one chat: skip the batch path's thread pool, which costs more than encoding a chat
+        encs = [tok._finish(tok._encode_plain(texts[0]), None, False, truncation, max_length)]
+    else:
+        encs = tok._encodings(texts, None, False, padding, truncation, max_length, multiple, side, None)
     out = {"input_ids": [e.ids for e in encs], "attention_mask": [e.attention_mask for e in encs]}
     if mask:
         out["assistant_masks"] = [_assistant_mask(tok, text, enc, spans) for (text, spans), enc in zip(rendered, encs)]

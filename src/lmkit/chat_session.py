@@ -1,0 +1,108 @@
+"""A conversation with a causal LM through its chat template: history kept within the model's context.
+
+    session = ChatSession(model, tok, system="Be brief.", max_new_tokens=128)
+    reply = session.send("What does json.dumps do?", streamer=None)   # the assistant's text, added to the history
+
+Before each reply the conversation is rendered with add_generation_prompt; when prompt + max_new_tokens would pass
+the model's positions, the oldest exchanges (a user turn and what follows it, the system prompt kept) are dropped
+and `dropped` counts them. The reply stops at EOS or at the template's end-of-turn token.
+"""
+from __future__ import annotations
+
+import torch
+
+from lmkit.errors import GenerationError
+
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "</s>", "<|eot|>")
+
+
+def stop_ids(tok) -> list[int]:
+    """EOS and the end-of-turn tokens the chat template writes (as added tokens of the tokenizer)."""
+    ids = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    template = tok.chat_template if isinstance(tok.chat_template, str) else str((tok.chat_template or {}).get("default", ""))
+    for t in END_OF_TURN:
+        tid = tok.token_to_id(t)
+        if t in template and tid is not None and tid in tok.added.by_id and tid not in ids:
+            ids.append(tid)
+    return ids
+
+
+class ChatSession:
+    def __init__(self, model, tok, system: str | None = None, max_new_tokens: int = 256, temperature: float = 0.7,
+                 top_p: float | None = 0.9, top_k: int | None = None):
+        if tok.chat_template is None:
+            raise GenerationError("this model's tokenizer has no chat template; fine-tune it with `lmkit finetune "
+                                  "--task sft --chat-template chatml`, or add a chat_template.jinja to the folder")
+        if model.config.architecture != "decoder":
+            raise GenerationError("lmkit chat talks to causal language models (decoder-only)")
+        self.model, self.tok, self.system = model, tok, system
+        self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
+        self.stops = stop_ids(tok)
+        self.context = model.config.max_seq_len
+        if max_new_tokens >= self.context:
+            raise GenerationError(f"--max-new-tokens {max_new_tokens} leaves no room for the conversation in the "
+                                  f"model's {self.context} positions; use fewer")
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages: list[dict] = [{"role": "system", "content": self.system}] if self.system else []
+        self.dropped = 0
+
+    def _prompt(self) -> list[int]:
+        return self.tok.apply_chat_template(self.messages, add_generation_prompt=True, return_dict=False)
+
+    def fit(self) -> list[int]:
+        """Ids of the conversation with a generation prompt, the oldest exchanges dropped until the reply fits."""
+        first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
+        alone = self.tok.apply_chat_template(self.messages[:first] + self.messages[-1:], add_generation_prompt=True,
+                                             return_dict=False)
+        if len(alone) + self.max_new_tokens > self.context:  # refused before any history is given up for it
+            self.messages.pop()
+            raise GenerationError(f"the message does not fit the model's {self.context} positions with "
+                                  f"{self.max_new_tokens} new tokens; send a shorter one or lower --max-new-tokens")
+        ids = self._prompt()
+        while len(ids) + self.max_new_tokens > self.context:
+            users = [i for i, m in enumerate(self.messages) if m["role"] == "user" and i >= first]
+            del self.messages[first:users[1]]  # the oldest user turn and the replies after it
+            self.dropped += 1
+            ids = self._prompt()
+        return ids
+
+    def send(self, text: str, streamer=None, on_drop=None) -> str:
+        """Add the user's message, generate the reply (streamed to `streamer`), add it to the history and return it;
+        on_drop(n) is called first when n old exchanges had to go. A KeyboardInterrupt during generation keeps what
+        was streamed so far as the reply, then re-raises."""
+        self.messages.append({"role": "user", "content": text})
+        before = self.dropped
+        ids = self.fit()
+        if on_drop is not None and self.dropped > before:
+            on_drop(self.dropped - before)
+        sampling = bool(self.temperature)
+        collected = _Collect(streamer)
+        try:
+            self.model.generate(torch.tensor([ids]), max_new_tokens=self.max_new_tokens, do_sample=sampling,
+                                temperature=self.temperature or 1.0, top_p=self.top_p if sampling else None,
+                                top_k=self.top_k if sampling else None, eos_token_id=self.stops or None,
+                                pad_token_id=self.stops[0] if self.stops else None, streamer=collected)
+        finally:
+            reply = self.tok.decode([i for i in collected.ids if i not in self.stops], skip_special_tokens=True)
+            self.messages.append({"role": "assistant", "content": reply})
+        return reply
+
+
+class _Collect:
+    """A streamer that keeps the new ids and forwards everything to another streamer (the prompt's put first)."""
+
+    def __init__(self, inner):
+        self.inner, self.ids, self.prompt_seen = inner, [], False
+
+    def put(self, ids) -> None:
+        if self.prompt_seen:
+            self.ids.extend(ids.reshape(-1).tolist())
+        self.prompt_seen = True
+        if self.inner is not None:
+            self.inner.put(ids)
+
+    def end(self) -> None:
+        if self.inner is not None:
+            self.inner.end()
