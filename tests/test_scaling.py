@@ -186,12 +186,16 @@ def test_fit_and_plan_from_results_on_disk(tmp_path):
 def test_a_sweep_trains_its_points_and_a_second_run_continues_without_retraining(tmp_path, small_pydocs):
     corpus = tmp_path / "corpus.jsonl"
     small_pydocs(corpus, n=20)
-    args = ("sweep", "--out", str(tmp_path / "sweep"), "--budgets", "3e10", "6e10", "--shapes", "2x64", "2x96",
-            "--batch-size", "4", "--seq-len", "32", "--vocab-size", "300", "--min-steps", "3", "--corpus", str(corpus))
+    # budgets where both shapes get at least one token per parameter (C >= 6 N^2) and a few hundred steps at most
+    big = shape_parameters(Shape.parse("1x64"), vocab_size=300, seq_len=64)
+    budget = 6 * 1.5 * big ** 2
+    args = ("sweep", "--out", str(tmp_path / "sweep"), "--budgets", f"{budget:.4g}", f"{2 * budget:.4g}", "--shapes",
+            "1x32", "1x64", "--batch-size", "16", "--seq-len", "64", "--vocab-size", "300", "--min-steps", "3",
+            "--corpus", str(corpus))
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr
     rows = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").read_text().splitlines()]
-    assert len(rows) >= 3 and all(math.isfinite(r["val_loss"]) for r in rows)
+    assert len(rows) == 4 and all(math.isfinite(r["val_loss"]) for r in rows)
     for r in rows:
         metrics = (tmp_path / "sweep" / r["run"] / "metrics.jsonl").read_text().splitlines()
         assert json.loads(metrics[-1])["step"] == r["steps"]
