@@ -221,7 +221,7 @@ class DecodePlan:
 
 def _residual(x: torch.Tensor, f: torch.Tensor, norm: Norm, post_norm: Norm | None, pre: bool) -> torch.Tensor:
     """x + F (pre-norm), x + LN'(F) (sandwich, peri) or LN(x + F) (post-norm): the placements of
-    nn.blocks.Residual on an F already computed (test_decode_plan.py checks each against it)."""
+    nn.blocks.Residual on an F already computed (generation/test_decode_plan.py checks each against it)."""
     if not pre:
         return _apply_norm(norm, x + f)
     if post_norm is not None:

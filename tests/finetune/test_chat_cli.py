@@ -20,7 +20,7 @@ import lmkit  # noqa: E402
 from lmkit.chat_session import ChatSession, stop_ids  # noqa: E402
 from lmkit.errors import GenerationError  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ("{% for m in messages %}<|turn|>{{ m.role }}\n{{ m.content }}<|done|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|turn|>assistant\n{% endif %}")
 

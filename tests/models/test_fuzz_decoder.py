@@ -1,7 +1,7 @@
 """Hypothesis fuzzing of `CausalLM.generate` against transformers' `generate` on GPT-2 and LLaMA (GQA) models of odd
 sizes that transformers saved: the same ids for batched, left-padded prompts under greedy decoding and beam search
 with every length, EOS, padding, penalty and ban argument, or a refusal where transformers refuses. Sampling is left
-to test_fuzz_seq2seq.py and the generate tests: one seeded draw per step is a property of the loop, not of the model.
+to models/test_fuzz_seq2seq.py and the generate tests: one seeded draw per step is a property of the loop, not of the model.
 
 DEC_FUZZ_EXAMPLES raises the number of argument sets (the suite runs a few dozen).
 """

@@ -1,4 +1,4 @@
-"""Seq2SeqLM.generate arguments that the encoder-decoder fuzz (test_fuzz_seq2seq.py) found lmkit reading unlike
+"""Seq2SeqLM.generate arguments that the encoder-decoder fuzz (models/test_fuzz_seq2seq.py) found lmkit reading unlike
 transformers: each against transformers' generate on the fuzz's T5 v1.1 and BART models."""
 import json
 

@@ -42,7 +42,7 @@ def _bench_machine():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "machine.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "machine.py"
     spec = importlib.util.spec_from_file_location("bench_machine", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -91,5 +91,5 @@ def test_generated_tables_are_current():
     from pathlib import Path
     if not os.environ.get("LMKIT_CHECK_UNICODE_TABLES"):
         pytest.skip("set LMKIT_CHECK_UNICODE_TABLES=1 to rerun tools/gen_hf_unicode.py --check (about 30 s)")
-    tool = Path(__file__).resolve().parents[1] / "tools" / "gen_hf_unicode.py"
+    tool = Path(__file__).resolve().parents[2] / "tools" / "gen_hf_unicode.py"
     assert subprocess.run([sys.executable, str(tool), "--check"]).returncode == 0

@@ -530,7 +530,7 @@ def test_folders_with_pruned_heads_load_and_round_trip(tmp_path, family, name, c
                                            ("t5", {"0": [0]}), ("bart", {"0": [0]})])
 def test_pruned_heads_lmkit_cannot_load_are_refused(tmp_path, family, pruned):
     """A layer or head the model lacks, or a pruned encoder-decoder: a ConfigError (a layer that lost every head
-    loads, as in transformers 4: test_compress.py)."""
+    loads, as in transformers 4: compress/test_compress.py)."""
     if family in ("t5", "bart"):
         hf = small_seq2seq("T5ForConditionalGeneration" if family == "t5" else "BartForConditionalGeneration")
     else:
