@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
+import sys
 import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
+
 
 
 def scores(words, vectors):
@@ -56,7 +52,7 @@ def main() -> None:
     sentences = list(sentences_of(load_corpus(args.corpus).texts()))
     n_words = sum(map(len, sentences))
     sg = 0 if args.cbow else 1
-    print(f"CPU: {cpu_name()} ({os.cpu_count()} cores visible; shared with other jobs)")
+    print(f"CPU: {machine.cpu_name()} (bf16 {'native' if machine.bf16_native() else 'emulated'}) ({os.cpu_count()} cores visible)")
     print(f"corpus {' '.join(args.corpus)}: {len(sentences)} sentences, {n_words} words; "
           f"{'cbow' if args.cbow else 'skip-gram'}, {'hs + ' if args.hs else ''}negative {args.negative}, "
           f"dim {args.dim}, window 5, sample 1e-3, {args.epochs} epochs, {args.threads} threads")

@@ -12,26 +12,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
-import subprocess
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
+
 MIX = [("pydoc_mc", 1.0), ("numbers_5shot", 0.5), ("addition_cot_d2", 0.5), ("pydocs_perplexity", 0.1)]
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        name = platform.processor() or "unknown CPU"
-    from lmkit.train.config import default_precision
-
-    return f"{name} (bf16 {'native' if default_precision() == 'bf16' else 'not native'})"
 
 
 def build_folder(out: Path) -> str:
@@ -103,7 +97,7 @@ def main() -> None:
 
     from lmkit.evaluate.harness import LmkitLM
 
-    print(f"CPU: {cpu_name()}, {args.threads} threads; the machine may be shared with other jobs")
+    print(f"CPU: {machine.cpu_name()} (bf16 {'native' if machine.bf16_native() else 'emulated'}), {args.threads} threads")
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_folder(Path(tmp) / "llama")
         ours = LmkitLM(pretrained=folder, batch_size=args.batch_size)

@@ -10,31 +10,25 @@ speed: the same chunk texts embedded and added to an exact faiss index by senten
 scale: generated vectors (clustered: 2000 random centres on the unit sphere, points = centre + noise,
   normalized; not real embeddings), exact (IndexFlatIP) and IVF (lmkit's ivf_index, nprobe 16): single-query
   search latency p50/p99 over 200 queries, index memory, and IVF recall@10 against exact search.
-faiss runs on one thread; the machine is shared with other jobs, so treat times as rough.
+faiss runs on one thread; on a machine shared with other jobs treat the times as rough.
 """
 from __future__ import annotations
 
 import argparse
 import gc
-import platform
+import os
 import resource
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        name = platform.processor() or "unknown CPU"
-    from lmkit.train.config import bf16_supported
 
-    return f"{name} (bf16 {'native' if bf16_supported() else 'emulated'})"
 
 
 def minilm_dir() -> Path:
@@ -198,7 +192,7 @@ def main() -> None:
     parts = set(args.parts.split(","))
     import torch
 
-    print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}; shared with other jobs")
+    print(f"CPU: {machine.cpu_name()} (bf16 {'native' if machine.bf16_native() else 'emulated'}); torch threads {torch.get_num_threads()}")
     model_dir = minilm_dir() if parts & {"quality", "speed"} else None
     if "quality" in parts:
         quality(args, model_dir)

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -22,18 +21,13 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def cpu_name() -> str:
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def make_folder(path: Path) -> Path:
@@ -224,7 +218,7 @@ def main() -> None:
     docs = [d.text for d in load_corpus("pydocs") if len(d.text) > 400]
     with tempfile.TemporaryDirectory() as tmp:
         folder = make_folder(Path(tmp) / "model")
-        print(f"CPU: {cpu_name()}; {args.threads} torch thread(s) per server; a machine shared with other jobs")
+        print(f"CPU: {machine.cpu_name()} (bf16 {'native' if machine.bf16_native() else 'emulated'}); {args.threads} torch thread(s) per server")
         print(f"{'clients':>7} {'side':>10} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}")
         for n in args.clients:
             prompts = [docs[i % len(docs)][:200 + 7 * i] for i in range(n)]  # mixed lengths, ~50-150 tokens

@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import random
 import re
 import shutil
-import subprocess
+import sys
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
+
 
 
 def word_order_task(out: Path, seed: int = 0) -> tuple[Path, Path]:
@@ -105,7 +102,7 @@ def main() -> None:
                                        out=str(out / f"{preset}-init-cls"), epochs=args.epochs, lr=3e-4, batch_size=32,
                                        seed=0, progress=False))
         rows.append((f"{preset}, not pre-trained", "none", 0, "-", best["accuracy"], best["macro_f1"]))
-    print(f"CPU: {cpu_name()} (torch {torch.__version__}, {torch.get_num_threads()} threads), shared with other jobs")
+    print(f"CPU: {machine.cpu_name()} (bf16 {'native' if machine.bf16_native() else 'emulated'}) (torch {torch.__version__}, {torch.get_num_threads()} threads)")
     print(f"pre-training: {args.minutes:g} min each on pydocs, batch 16 x 128, AdamW lr 1e-3, fp32; fine-tuning: "
           f"{args.epochs} epochs, lr 3e-4, batch 32 on {sum(1 for _ in open(train))} train / "
           f"{sum(1 for _ in open(test))} test sentences")
