@@ -33,7 +33,7 @@ def lmkit_eval_bpb(folder: Path) -> float:
     """Bits per byte of `lmkit eval` on the folder's training corpus' validation split."""
     done = subprocess.run([sys.executable, "-m", "lmkit", "eval", "--model", str(folder), "--corpus", "pydocs"],
                           capture_output=True, text=True, check=True)
-    match = re.search(r"([0-9.]+) bits per byte", done.stdout)
+    match = re.search(r"bits per byte\s+([0-9.]+)", done.stdout)
     if not match:
         raise SystemExit(f"could not read bits per byte from lmkit eval:\n{done.stdout}\n{done.stderr}")
     return float(match.group(1))
