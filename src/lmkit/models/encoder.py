@@ -31,6 +31,14 @@ def padding_skipping_positions(input_ids: torch.Tensor, pad_token_id: int) -> to
     return torch.cumsum(keep, dim=1) * keep - 1
 
 
+
+def flatten_choices(input_ids, inputs_embeds, *per_token):
+    """Multiple choice: (B, C, T) inputs -> (B * C, T) rows, each choice scored as its own row; returns
+    (C, input_ids, inputs_embeds, per_token tensors), None staying None."""
+    choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+    flat = tuple(None if x is None else x.reshape(-1, x.shape[-1]) for x in (input_ids, *per_token))
+    return choices, flat[0], None if inputs_embeds is None else inputs_embeds.flatten(0, 1), flat[1:]
+
 class Encoder(PreTrainedModel):
     """A bidirectional stack with an optional pooler and one head.
 
@@ -81,12 +89,9 @@ class Encoder(PreTrainedModel):
         position_ids index the position table as transformers' classes do: from 0 for BERT and DistilBERT, and as
         table rows for RoBERTa (whose own positions start at pad + 1)."""
         cfg = self.config
-        if self.head == "choice":  # (B, C, T) -> (B * C, T): each choice is scored as its own row
-            choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-            input_ids, attention_mask, token_type_ids, position_ids = (
-                None if x is None else x.reshape(-1, x.shape[-1])
-                for x in (input_ids, attention_mask, token_type_ids, position_ids))
-            inputs_embeds = None if inputs_embeds is None else inputs_embeds.flatten(0, 1)
+        if self.head == "choice":
+            choices, input_ids, inputs_embeds, (attention_mask, token_type_ids, position_ids) = flatten_choices(
+                input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
         if cfg.position_skip_padding and position_ids is not None:
             # RobertaEmbeddings indexes its table with given position_ids as they are (its own start at pad + 1)
             position_ids = position_ids - cfg.position_offset

@@ -21,6 +21,7 @@ from lmkit.errors import ConfigError
 from lmkit.generation import GenerationMixin
 from lmkit.generation.mixin import DecodingState
 from lmkit.models.base import PreTrainedModel
+from lmkit.models.encoder import flatten_choices
 from lmkit.models.output import ModelOutput
 from lmkit.models.encoder import IGNORE_INDEX, Encoder
 from lmkit.models.xlnet_heads import SequenceSummary
@@ -162,12 +163,9 @@ class XLNet(PreTrainedModel, GenerationMixin):
         if use_mems is None:
             use_mems = self.config.use_mems_train if self.training else self.config.use_mems_eval
         choices = None
-        if self.head == "choice":  # (B, C, T) -> (B * C, T): each choice is scored as its own row
-            choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-            input_ids, attention_mask, token_type_ids, input_mask = (
-                None if x is None else x.reshape(-1, x.shape[-1])
-                for x in (input_ids, attention_mask, token_type_ids, input_mask))
-            inputs_embeds = None if inputs_embeds is None else inputs_embeds.flatten(0, 1)
+        if self.head == "choice":
+            choices, input_ids, inputs_embeds, (attention_mask, token_type_ids, input_mask) = flatten_choices(
+                input_ids, inputs_embeds, attention_mask, token_type_ids, input_mask)
         h, new_mems = self.transformer(input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, mems,
                                        use_mems, input_mask, inputs_embeds)
         out = ModelOutput(last_hidden_state=h, mems=new_mems)
