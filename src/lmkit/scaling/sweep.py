@@ -23,7 +23,8 @@ PARAM_CONVENTIONS = ("non-embedding", "total")
 
 @dataclass(frozen=True)
 class Shape:
-    """A model shape of the sweep: depth and width of the `default` preset (GQA with half as many kv heads)."""
+    """A model shape of the sweep: depth and width of the `default` preset, with grouped-query attention: the
+    largest number of key/value heads that divides the heads and is at most half of them."""
 
     n_layers: int
     d_model: int
@@ -45,7 +46,8 @@ class Shape:
 
     def overrides(self) -> dict:
         heads = self.d_model // HEAD_DIM
-        return dict(n_layers=self.n_layers, d_model=self.d_model, n_heads=heads, n_kv_heads=max(1, heads // 2))
+        kv_heads = max(k for k in range(1, max(1, heads // 2) + 1) if heads % k == 0)
+        return dict(n_layers=self.n_layers, d_model=self.d_model, n_heads=heads, n_kv_heads=kv_heads)
 
 
 DEFAULT_SHAPES = tuple(Shape.parse(s) for s in ("2x64", "2x96", "2x128", "3x128", "3x160", "4x192", "4x256", "6x256",
