@@ -17,8 +17,8 @@ from pathlib import Path
 
 from lmkit.atomic import atomic_write_json, atomic_write_text
 from lmkit.tokenizers.chars import CHAR_TO_BYTE
-from lmkit.tokenizers.chat_render import (GENERATION_TAG, ChatTemplateError, normalize_messages, render_chat,
-                                          tool_schemas)
+from lmkit.tokenizers.chat_render import GENERATION_TAG, ChatTemplateError, normalize_messages, render_chat
+from lmkit.tokenizers.chat_tools import tool_schemas
 
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"
