@@ -119,7 +119,9 @@ def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
         return status
     held = (f"; held-out loss {r['eval_loss_before']:.4f} -> {r['eval_loss_after']:.4f}"
             if r["eval_loss_after"] is not None else "")
-    print(f"lmkit finetune --task sft: {r['examples']} examples from {r['rows']} rows ({r['dropped']} dropped: no "
-          f"trained token within --max-length {r['max_length']}){', packed into ' + str(r['packed_rows']) + ' rows' if 'packed_rows' in r else ''}; "
+    rows = (f"packed into {r['packed_rows']} rows ({r['untrained']} without a trained token within --max-length "
+            f"{r['max_length']}, kept as TRL keeps them)" if "packed_rows" in r else
+            f"{r['dropped']} dropped: no trained token within --max-length {r['max_length']}")
+    print(f"lmkit finetune --task sft: {r['examples']} examples from {r['rows']} rows, {rows}; "
           f"{r['steps']} steps, loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}{held}; saved to {args.out}")
     return 0
