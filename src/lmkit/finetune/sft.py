@@ -272,6 +272,8 @@ def _train(c: SFTConfig, run: dict, ctx, log) -> dict:
     warmup = round(c.warmup_ratio * steps) if c.time_budget is None else 10
     params = [p for p in tuned.parameters() if p.requires_grad]
     rng, order, history, t0 = random.Random(c.seed), [], [], time.perf_counter()
+    if ctx.rank:
+        torch.manual_seed(c.seed + ctx.rank)  # its own dropout masks; the batch order stays rng's, shared by all ranks
     tuned.train()
     step = 0
     while step < steps:
