@@ -7,6 +7,12 @@ then runs one decoding step for every request past its prompt as one batch: new 
 keys 0..L_i through a per-row mask, at position L_i. The next token comes from the same per-step core as
 `model.generate` (`settings.next_scores` and `settings.pick`), so greedy and seeded requests give the ids
 `model.generate` gives run alone (with torch.manual_seed(seed) before it), whatever else runs beside them.
+
+Per step the engine's own Python work stays small beside the model's: greedy rows without score processing take
+their tokens from one argmax over the batch (the same ids as a per-row argmax), the decoding plans are built once
+per engine (one for a single row, one for several: oneDNN's packed weights give the same products whatever the
+number of rows), and the `on_event` calls of a step come together at its end, so that a server waking its
+streams from them wakes once per step.
 """
 from __future__ import annotations
 
@@ -134,7 +140,10 @@ def _top(log_probs: torch.Tensor, n: int, chosen: int) -> dict[int, float]:
 
 
 class Engine:
-    """Runs `Request`s through `model` (a decoder-only CausalLM) `max_batch` at a time; see the module docstring."""
+    """Runs `Request`s through `model` (a decoder-only CausalLM) `max_batch` at a time; see the module docstring.
+
+    The engine takes the model as it is when it first decodes: change its weights or hooks, or torch's thread
+    count, and make a new engine."""
 
     def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 256):
         config = model.config
@@ -152,6 +161,8 @@ class Engine:
         self.running: list[Request] = []
         self.wakeup = threading.Condition()
         self._stopped = False
+        self._plans: dict[bool, Any] = {}  # several rows or not -> the model's DecodePlan (None: decode via modules)
+        self._events: list[Request] = []  # requests whose on_event is due at the end of this step
 
     # ---- the public side, safe from any thread --------------------------------------------------
     def prepare(self, request: Request) -> Request:
@@ -217,6 +228,7 @@ class Engine:
         for request in list(self.running) + list(self.waiting):
             request.cancelled = True
             self._finish(request, "cancelled")
+        self._emit_events()
 
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -244,6 +256,14 @@ class Engine:
         if decoding:
             self._decode(sorted(decoding, key=lambda r: r.slot))
         self.running = [r for r in self.running if not r.finished]
+        self._emit_events()
+
+    def _emit_events(self) -> None:
+        events, self._events = self._events, []
+        for request in events:
+            request.on_event(request)
+            if request.finished:
+                request.done.set()
 
     def _prefill(self, request: Request, budget: int) -> int:
         """Feed up to `budget` more prompt tokens; after the last one, choose the first new token."""
@@ -282,7 +302,7 @@ class Engine:
         slots = [r.slot for r in requests]
         view = _DecodeView(self.cache, slots, self.device)
         tokens = torch.tensor([[r.output[-1]] for r in requests], device=self.device)
-        plan = self.model._decode_plan(len(requests))  # the lean step generate takes too, where the model has one
+        plan = self._plan(len(requests))
         if plan is not None:
             logits = plan.step(tokens, view, view.lengths[:, None], view.allowed)
         else:
@@ -291,18 +311,29 @@ class Engine:
         for slot in slots:
             self.cache.lengths[slot] += 1
         logits = logits.float()
+        plain = [_plain_greedy(r) for r in requests]
+        argmax = logits.argmax(-1).tolist() if any(plain) else None
         for row, request in enumerate(requests):
-            self._choose(request, logits[row:row + 1])
+            self._choose(request, logits[row:row + 1], argmax[row] if plain[row] else None)
 
-    def _choose(self, request: Request, logits: torch.Tensor) -> None:
-        """Pick the next token of `request` from its raw logits (1, V), record it and check its stop criteria."""
+    def _plan(self, rows: int):
+        """The lean one-token step `generate` takes too, where the model has one (None: decode via modules)."""
+        several = rows > 1
+        if several not in self._plans:
+            self._plans[several] = self.model._decode_plan(max(rows, 2) if several else 1)
+        return self._plans[several]
+
+    def _choose(self, request: Request, logits: torch.Tensor, token: int | None = None) -> None:
+        """Pick the next token of `request` from its raw logits (1, V) (or take `token`, the argmax of a plain
+        greedy row), record it and check its stop criteria."""
         decoding, prompt = request.decoding, request.prompt
-        step = len(request.output)
-        sequence = torch.tensor([prompt + request.output], device=self.device) if decoding.processing else None
+        if token is None:
+            step = len(request.output)
+            sequence = torch.tensor([prompt + request.output], device=self.device) if decoding.processing else None
+            scores = count_penalties(logits, request.output, request.presence_penalty, request.frequency_penalty)
+            scores = next_scores(sequence, scores, step, len(prompt), decoding)
+            token = int(pick(scores, decoding.config.do_sample, request.generator)[0])
         raw = logits
-        logits = count_penalties(logits, request.output, request.presence_penalty, request.frequency_penalty)
-        scores = next_scores(sequence, logits, step, len(prompt), decoding)
-        token = int(pick(scores, decoding.config.do_sample, request.generator)[0])
         request.output.append(token)
         if request.logprobs is not None:
             log_probs = torch.log_softmax(raw[0], dim=-1)  # the model's own distribution
@@ -314,7 +345,7 @@ class Engine:
         elif len(request.output) >= decoding.max_new_tokens:
             self._finish(request, "length")
         elif request.on_event is not None:
-            request.on_event(request)
+            self._events.append(request)
 
     def _finish(self, request: Request, reason: str) -> None:
         if request.finished:
@@ -324,5 +355,14 @@ class Engine:
             self.free.append(request.slot)
             self.free.sort()  # low slots first keeps the batch's rows consecutive more often
         if request.on_event is not None:
-            request.on_event(request)
-        request.done.set()
+            self._events.append(request)  # done is set after the call
+        else:
+            request.done.set()
+
+
+def _plain_greedy(request: Request) -> bool:
+    """Whether the next token of `request` is the argmax of its raw logits: greedy, no processor or penalty
+    changes the scores, and min_new_tokens no longer blocks EOS."""
+    decoding = request.decoding
+    return (not decoding.config.do_sample and not decoding.processing and not request.presence_penalty
+            and not request.frequency_penalty and len(request.output) >= decoding.min_new_tokens)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 
 from lmkit.generation.engine import Request
@@ -25,12 +27,40 @@ class Choice:
     last: float = 0.0  # when the previous token arrived
 
 
-def _notify(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
-    """Wake the event loop's waiter from the engine's thread (a loop already closed has no one to wake)."""
-    try:
-        loop.call_soon_threadsafe(event.set)
-    except RuntimeError:
-        pass
+class Waker:
+    """Sets asyncio events of one loop from the engine's thread. The events set while the loop has not run yet share
+    one `call_soon_threadsafe` (a write to the loop's wake-up socket and a hand-over of the interpreter lock), so a
+    step that advances many streams wakes the loop once, not once per stream."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.lock = loop, threading.Lock()
+        self.pending: list[asyncio.Event] = []
+
+    def wake(self, event: asyncio.Event) -> None:
+        with self.lock:
+            self.pending.append(event)
+            if len(self.pending) > 1:
+                return  # a flush is already scheduled
+        try:
+            self.loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # a loop already closed has no one to wake
+            pass
+
+    def _flush(self) -> None:
+        with self.lock:
+            events, self.pending = self.pending, []
+        for event in events:
+            event.set()
+
+
+_WAKERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Waker]" = weakref.WeakKeyDictionary()
+
+
+def waker_for(loop: asyncio.AbstractEventLoop) -> Waker:
+    waker = _WAKERS.get(loop)
+    if waker is None:
+        waker = _WAKERS[loop] = Waker(loop)
+    return waker
 
 
 class Generation:
@@ -42,7 +72,7 @@ class Generation:
         self.prompts = prompts
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        loop = asyncio.get_running_loop()
+        waker = waker_for(asyncio.get_running_loop())
         self.choices: list[Choice] = []
         for p, prompt in enumerate(prompts):
             for j in range(sampling.n):
@@ -54,7 +84,7 @@ class Generation:
                                   score_only=score_only, presence_penalty=sampling.presence_penalty,
                                   frequency_penalty=sampling.frequency_penalty)
                 choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids))
-                request.on_event = lambda _r, c=choice: _notify(loop, c.wake)
+                request.on_event = lambda _r, c=choice: waker.wake(c.wake)
                 self.choices.append(choice)
         for choice in self.choices:
             server.engine.prepare(choice.request)
