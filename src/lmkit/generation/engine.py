@@ -8,6 +8,11 @@ keys 0..L_i through a per-row mask, at position L_i. The next token comes from t
 `model.generate` (`settings.next_scores` and `settings.pick`), so greedy and seeded requests give the ids
 `model.generate` gives run alone (with torch.manual_seed(seed) before it), whatever else runs beside them.
 
+A `Group` is n requests continuing one prompt as the n rows of `generate(num_return_sequences=n)`: one of them
+prefills the prompt and the others copy its keys and values; they share one generator, from which each step draws
+every member's token in member order, drawing for finished members too (generate samples its finished rows as well:
+torch.multinomial's draws for a row depend on the vocabulary size only), so member j gets row j of generate.
+
 Per step the engine's own Python work stays small beside the model's: greedy rows without score processing take
 their tokens from one argmax over the batch (the same ids as a per-row argmax), the decoding plans are built once
 per engine (one for a single row, one for several: oneDNN's packed weights give the same products whatever the
@@ -39,6 +44,14 @@ class SlotCache:
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
         self.lengths = [0] * slots
+
+    def copy(self, source: int, target: int) -> None:
+        """Give slot `target` the keys and values of slot `source`."""
+        length = self.lengths[source]
+        for layer, keys in self.keys.items():
+            keys[target, :, :length] = keys[source, :, :length]
+            self.values[layer][target, :, :length] = self.values[layer][source, :, :length]
+        self.lengths[target] = length
 
     def buffers(self, layer: int, like: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys = self.keys.get(layer)
@@ -111,6 +124,7 @@ class Request:
     presence_penalty: float = 0.0  # OpenAI's penalties over the output's tokens (logits.count_penalties)
     frequency_penalty: float = 0.0
     on_event: Callable[["Request"], None] | None = None
+    group: "Group | None" = None  # set by Engine.prepare_group
     # ---- written by the engine
     output: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
@@ -129,6 +143,18 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Group:
+    """Requests continuing one prompt together as the rows of one `generate(num_return_sequences=n)`."""
+
+    members: list[Request]
+    generator: torch.Generator | None = None
+
+    def leader(self) -> Request | None:
+        """The member that prefills the prompt for all: the first one not finished."""
+        return next((m for m in self.members if not m.finished), None)
 
 
 def _top(log_probs: torch.Tensor, n: int, chosen: int) -> dict[int, float]:
@@ -184,12 +210,34 @@ class Engine:
             request.generator = torch.Generator(device=self.device).manual_seed(seed)
         return request
 
-    def submit(self, request: Request) -> Request:
-        if request.decoding is None:
+    def prepare_group(self, requests: list[Request]) -> list[Request]:
+        """Prepare requests with one prompt and one config as the rows of `generate(num_return_sequences=n)` with
+        the first one's seed (see the module docstring)."""
+        if len(requests) > self.max_batch:
+            raise GenerationError(f"n = {len(requests)} sequences of one prompt decode together, more than the "
+                                  f"engine's {self.max_batch} slots; lower n (or raise --max-concurrency)")
+        if any(r.prompt != requests[0].prompt for r in requests):
+            raise GenerationError("a group's requests continue one prompt; give them all the same prompt")
+        for request in requests:
             self.prepare(request)
-        request.submitted = time.perf_counter()
+        if len(requests) > 1:
+            group = Group(list(requests), requests[0].generator)
+            for request in requests:
+                request.group, request.generator = group, group.generator
+        return requests
+
+    def submit(self, request: Request) -> Request:
+        """Queue `request` (with the rest of its group, which joins the batch together)."""
+        batch = request.group.members if request.group is not None else [request]
+        for member in batch:
+            if member.decoding is None:
+                self.prepare(member)
+        now = time.perf_counter()
         with self.wakeup:
-            self.waiting.append(request)
+            for member in batch:
+                if not member.submitted:
+                    member.submitted = now
+                    self.waiting.append(member)
             self.wakeup.notify()
         return request
 
@@ -240,18 +288,26 @@ class Engine:
             for request in [r for r in self.waiting if r.cancelled]:
                 self.waiting.remove(request)
                 self._finish(request, "cancelled")
-            while self.free and self.waiting:
-                request = self.waiting.popleft()
-                request.slot = self.free.pop(0)
-                self.cache.lengths[request.slot] = 0
-                self.running.append(request)
+            while self.waiting:
+                group = self.waiting[0].group  # a group joins together
+                count = 1
+                while group is not None and count < len(self.waiting) and self.waiting[count].group is group:
+                    count += 1
+                if len(self.free) < count:
+                    break
+                for _ in range(count):
+                    request = self.waiting.popleft()
+                    request.slot = self.free.pop(0)
+                    self.cache.lengths[request.slot] = 0
+                    self.running.append(request)
         budget, fresh = self.prefill_chunk, set()
         for request in self.running:
             if budget == 0:
                 break
-            if request.prefilled < len(request.prompt):
+            if request.prefilled < len(request.prompt) and not request.finished \
+                    and (request.group is None or request.group.leader() is request):
                 budget -= self._prefill(request, budget)
-                fresh.add(id(request))
+                fresh.update(id(m) for m in (request.group.members if request.group is not None else [request]))
         decoding = [r for r in self.running if r.output and not r.finished and id(r) not in fresh]
         if decoding:
             self._decode(sorted(decoding, key=lambda r: r.slot))
@@ -280,10 +336,20 @@ class Engine:
         if request.prompt_logprobs is not None:
             self._prompt_logprobs(request, logits, start, end)
         if end == len(prompt):
+            members = [request] if request.group is None else [m for m in request.group.members if not m.finished]
+            for member in members:
+                if member is not request:  # the rest of the group takes the prompt as this request prefilled it
+                    self.cache.copy(request.slot, member.slot)
+                    member.prefilled = end
+                    member.prompt_token_logprobs = list(request.prompt_token_logprobs)
+                    member.prompt_top_logprobs = list(request.prompt_top_logprobs)
             if request.score_only:
-                self._finish(request, "length")
-            else:
+                for member in members:
+                    self._finish(member, "length")
+            elif request.group is None:
                 self._choose(request, logits[-1:])
+            else:
+                self._draw_group(request.group, {id(m): logits[-1:].clone() for m in members})
         return end - start
 
     def _prompt_logprobs(self, request: Request, logits: torch.Tensor, start: int, end: int) -> None:
@@ -313,8 +379,25 @@ class Engine:
         logits = logits.float()
         plain = [_plain_greedy(r) for r in requests]
         argmax = logits.argmax(-1).tolist() if any(plain) else None
+        groups: dict[int, tuple[Group, dict[int, torch.Tensor]]] = {}
         for row, request in enumerate(requests):
-            self._choose(request, logits[row:row + 1], argmax[row] if plain[row] else None)
+            if request.group is None:
+                self._choose(request, logits[row:row + 1], argmax[row] if plain[row] else None)
+            else:
+                groups.setdefault(id(request.group), (request.group, {}))[1][id(request)] = logits[row:row + 1]
+        for group, rows in groups.values():
+            self._draw_group(group, rows)
+
+    def _draw_group(self, group: Group, rows: dict[int, torch.Tensor]) -> None:
+        """Choose the next token of each member of `group` with a row in `rows` (id -> raw logits (1, V)), in member
+        order; a finished member's draw is made and dropped, as generate samples its finished rows too."""
+        vocab = next(iter(rows.values())).shape[-1]
+        for member in group.members:
+            logits = rows.get(id(member))
+            if logits is not None:
+                self._choose(member, logits)
+            elif group.generator is not None:
+                pick(torch.zeros(1, vocab, device=self.device), True, group.generator)
 
     def _plan(self, rows: int):
         """The lean one-token step `generate` takes too, where the model has one (None: decode via modules)."""

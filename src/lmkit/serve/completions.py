@@ -74,10 +74,12 @@ class Generation:
         self.created = int(time.time())
         waker = waker_for(asyncio.get_running_loop())
         self.choices: list[Choice] = []
-        for p, prompt in enumerate(prompts):
-            for j in range(sampling.n):
+        groups = []
+        for p, prompt in enumerate(prompts):  # a prompt's n choices: the rows of generate(num_return_sequences=n)
+            groups.append([])
+            for _ in range(sampling.n):
                 score_only = max_new_tokens[p] == 0
-                seed = None if sampling.seed is None else (sampling.seed + j) % 2 ** 63
+                seed = None if sampling.seed is None else sampling.seed % 2 ** 63
                 request = Request(prompt=prompt, config=sampling.generation_config(max(max_new_tokens[p], 1)),
                                   seed=seed, tokenizer=server.tokenizer, logprobs=logprobs,
                                   prompt_logprobs=logprobs if echo and logprobs is not None else None,
@@ -86,8 +88,9 @@ class Generation:
                 choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids))
                 request.on_event = lambda _r, c=choice: waker.wake(c.wake)
                 self.choices.append(choice)
-        for choice in self.choices:
-            server.engine.prepare(choice.request)
+                groups[-1].append(request)
+        for group in groups:
+            server.engine.prepare_group(group)
 
     def submit(self) -> None:
         now = time.perf_counter()
