@@ -292,10 +292,11 @@ def main() -> None:
                       f"{r['client_cpu']:>9.2f}s {r['server_cpu']:>9.2f}s   peak RSS {r['rss']:.0f} MB")
             print(f"{n:>7} {'static':>10} {batched:>8.1f} {'':>39} {n * args.max_tokens / batched:>5.2f}s {'':>10} "
                   f"{batched_cpu:>9.2f}s")
-            print(f"{n:>7} server CPU ms per output token: lmkit {rows['lmkit']['server_cpu'] / rows['lmkit']['tokens'] * 1e3:.2f}, "
-                  f"(a) {rows['baseline']['server_cpu'] / rows['baseline']['tokens'] * 1e3:.2f}, (b) "
-                  f"{batched_cpu / (n * args.max_tokens) * 1e3:.2f}")
-            print(f"{n:>7} ratios: lmkit / (a) transformers one at a time = {rows['lmkit']['tok_s'] / rows['baseline']['tok_s']:.2f}x, "
+            per_token = {kind: r["server_cpu"] / r["tokens"] * 1e3 for kind, r in rows.items()}
+            print(f"{n:>7} server CPU ms per output token: lmkit {per_token['lmkit']:.2f}, (a) {per_token['baseline']:.2f}, "
+                  f"(b) {batched_cpu / (n * args.max_tokens) * 1e3:.2f}")
+            print(f"{n:>7} ratios: lmkit / (a) transformers one at a time = "
+                  f"{rows['lmkit']['tok_s'] / rows['baseline']['tok_s']:.2f}x, "
                   f"lmkit / (b) static batched generate = {rows['lmkit']['tok_s'] / batched:.2f}", flush=True)
 
 

@@ -99,7 +99,8 @@ async def _one(client, rng: random.Random, url: str, docs: list[str], tally: dic
             method, path, content = _bad_request(rng, prompt)
             response = await client.request(method, url + path, content=content,
                                             headers={"content-type": "application/json"})
-            kind = "clear error" if _clear_error(response.status_code, response.headers, response.text, codes) else "failure"
+            clear = _clear_error(response.status_code, response.headers, response.text, codes)
+            kind = "clear error" if clear else "failure"
             if kind == "failure":
                 failures.append(f"bad request {path} {content[:60] if content else ''}: HTTP {response.status_code} "
                                 f"{response.text[:200]}")
@@ -205,3 +206,7 @@ def report(result: dict) -> None:
     print(f"server RSS: peak {result['peak']:.0f} MB (VmHWM); first minute {min(first):.0f} to {max(first):.0f} MB, "
           f"last minute {min(last):.0f} to {max(last):.0f} MB; no request running or waiting after the clients "
           f"stopped: {result['idle after']}")
+    minutes = {}
+    for t, mb in samples:
+        minutes[int(t // 60)] = max(minutes.get(int(t // 60), 0.0), mb)
+    print("  highest RSS per minute (MB): " + " ".join(f"{mb:.0f}" for _, mb in sorted(minutes.items())))

@@ -200,8 +200,8 @@ class Engine:
         decoding = decoding_for(self.model, ids, None, config, len(request.prompt))
         cfg = decoding.config
         if cfg.num_beams != 1 or cfg.num_return_sequences != 1:
-            raise GenerationError("the engine decodes one sequence per request without beams; send n requests "
-                                  "(num_beams=1, num_return_sequences=1)")
+            raise GenerationError("the engine decodes one sequence per request without beams; for n samples "
+                                  "prepare n requests as a group (Engine.prepare_group)")
         if decoding.stops and request.tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: set Request.tokenizer")
         request.decoding = decoding

@@ -38,6 +38,7 @@ class Server:
         self.ready = threading.Event()
         self.load_error: str | None = None
         self.engine = self.encoder = self.model = self.tokenizer = None
+        self.waker = None  # completions.Waker: wakes the loop's streams from the engine thread
         self.special_ids: set[int] = set()
         self.metrics = Metrics(lambda: self.engine.counts() if self.engine is not None else (0, 0))
 

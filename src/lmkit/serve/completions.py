@@ -7,7 +7,6 @@ import json
 import threading
 import time
 import uuid
-import weakref
 from dataclasses import dataclass, field
 
 from lmkit.generation.engine import Request
@@ -53,13 +52,11 @@ class Waker:
             event.set()
 
 
-_WAKERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Waker]" = weakref.WeakKeyDictionary()
-
-
-def waker_for(loop: asyncio.AbstractEventLoop) -> Waker:
-    waker = _WAKERS.get(loop)
-    if waker is None:
-        waker = _WAKERS[loop] = Waker(loop)
+def waker_for(server, loop: asyncio.AbstractEventLoop) -> Waker:
+    """The server's waker for `loop` (one per server: it serves from one loop)."""
+    waker = getattr(server, "waker", None)
+    if waker is None or waker.loop is not loop:
+        waker = server.waker = Waker(loop)
     return waker
 
 
@@ -72,7 +69,7 @@ class Generation:
         self.prompts = prompts
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        waker = waker_for(asyncio.get_running_loop())
+        waker = waker_for(server, asyncio.get_running_loop())
         self.choices: list[Choice] = []
         groups = []
         for p, prompt in enumerate(prompts):  # a prompt's n choices: the rows of generate(num_return_sequences=n)
