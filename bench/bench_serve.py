@@ -1,11 +1,16 @@
 """Serving throughput and latency: `lmkit serve` (continuous batching) against (a) the same streaming HTTP handler
 calling transformers' generate one request at a time, and (b) lmkit's static batched generate at that batch size.
 
-For 1, 4, 16 and 64 concurrent streaming clients on loopback (one request each, greedy, the same prompts for every
-side): output tokens/s, p50/p99 time to first token and inter-token latency, the ratios against (a) and (b), the
-CPU, and the server's peak RSS over the run. Servers run in their own processes with --threads torch threads.
+For 1, 4, 16 and 64 concurrent streaming clients on loopback (one request each, greedy, the same prompts and
+max_tokens for every side): output tokens/s, p50/p99 time to first token and inter-token latency, the ratios against
+(a) and (b), the CPU, and the server's peak RSS over the run. Servers run in their own processes with --threads torch
+threads. Every side runs the workload once untimed first (a long-running server is warm: oneDNN's kernels for the
+shapes seen, the allocator's pools), then --repeat timed times; the figures are the median pass's. The CPU seconds
+the client process and the server process spent per timed pass are printed, so that a client too slow to keep
+up, or a server starved of CPU by other work on the machine, shows.
 
-    python bench/bench_serve.py [--clients 1 4 16 64] [--max-tokens 32] [--threads 1]
+    python bench/bench_serve.py [--clients 1 4 16 64] [--max-tokens 32] [--threads 1] [--repeat 3]
+    python bench/bench_serve.py --soak 600     # faults and memory over time: see serve_soak.py
 """
 
 import argparse
@@ -103,13 +108,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(kind: str, folder: Path, threads: int, max_concurrency: int, prefill_chunk: int) -> tuple[subprocess.Popen, str]:
+def start(kind: str, folder: Path, threads: int, max_concurrency: int, prefill_chunk: int,
+          max_queue: int = 1024) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src"),
            "TOKENIZERS_PARALLELISM": "false"}
     if kind == "lmkit":
         cmd = [sys.executable, "-m", "lmkit", "serve", "--model", str(folder), "--port", str(port),
-               "--max-concurrency", str(max_concurrency), "--max-queue", "1024", "--prefill-chunk", str(prefill_chunk)]
+               "--max-concurrency", str(max_concurrency), "--max-queue", str(max_queue), "--prefill-chunk", str(prefill_chunk)]
     else:
         cmd = [sys.executable, __file__, "--baseline-server", str(folder), "--port", str(port)]
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -129,14 +135,21 @@ def start(kind: str, folder: Path, threads: int, max_concurrency: int, prefill_c
     raise RuntimeError(f"{kind} server did not start")
 
 
-def peak_rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """A memory figure of /proc/PID/status in MB: VmHWM (peak resident set) or VmRSS (resident now)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds process `pid` has used (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
@@ -164,9 +177,9 @@ async def drive(url: str, prompts: list[str], max_tokens: int) -> dict:
 
     limits = httpx.Limits(max_connections=len(prompts) + 4)
     async with httpx.AsyncClient(limits=limits) as client:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         results = await asyncio.gather(*(one_client(client, url, p, max_tokens) for p in prompts))
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     gaps = sorted(g for r in results for g in r["gaps"])
     ttfts = sorted(r["ttft"] for r in results)
     tokens = sum(r["tokens"] for r in results)
@@ -175,11 +188,26 @@ async def drive(url: str, prompts: list[str], max_tokens: int) -> dict:
         return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
     return {"tok_s": tokens / wall, "ttft_p50": statistics.median(ttfts), "ttft_p99": pct(ttfts, 0.99),
-            "itl_p50": pct(gaps, 0.5), "itl_p99": pct(gaps, 0.99), "tokens": tokens}
+            "itl_p50": pct(gaps, 0.5), "itl_p99": pct(gaps, 0.99), "tokens": tokens, "wall": wall,
+            "client_cpu": cpu}
 
 
-def static_batched(folder: Path, prompts: list[str], max_tokens: int, threads: int) -> float:
-    """(b): lmkit's generate on all prompts as one left-padded batch: output tokens/s."""
+def timed_passes(url: str, pid: int, prompts: list[str], max_tokens: int, repeat: int) -> dict:
+    """One untimed pass of the workload, then `repeat` timed ones: the median pass by tokens/s, with the server's
+    CPU seconds over that pass."""
+    asyncio.run(drive(url, prompts, max_tokens))
+    passes = []
+    for _ in range(repeat):
+        before = cpu_seconds(pid)
+        result = asyncio.run(drive(url, prompts, max_tokens))
+        result["server_cpu"] = cpu_seconds(pid) - before
+        passes.append(result)
+    return sorted(passes, key=lambda r: r["tok_s"])[len(passes) // 2]
+
+
+def static_batched(folder: Path, prompts: list[str], max_tokens: int, threads: int, repeat: int) -> tuple[float, float]:
+    """(b): lmkit's generate on all prompts as one left-padded batch: (output tokens/s, CPU seconds) of the median
+    of `repeat` timed runs after one untimed run."""
     import torch
 
     import lmkit
@@ -191,10 +219,14 @@ def static_batched(folder: Path, prompts: list[str], max_tokens: int, threads: i
     pad = 0
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=2)  # warm-up
-    start = time.perf_counter()
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens)
-    return (out.shape[0] * (out.shape[1] - width)) / (time.perf_counter() - start)
+    runs = []
+    for run in range(repeat + 1):
+        start, cpu = time.perf_counter(), time.process_time()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens)
+        if run:
+            runs.append(((out.shape[0] * (out.shape[1] - width)) / (time.perf_counter() - start),
+                         time.process_time() - cpu))
+    return sorted(runs)[len(runs) // 2]
 
 
 def main() -> None:
@@ -203,6 +235,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--prefill-chunk", type=int, default=1024, help="lmkit serve's --prefill-chunk")
+    parser.add_argument("--repeat", type=int, default=3, help="timed passes per side (the median is reported)")
+    parser.add_argument("--soak", type=float, default=None, metavar="SECONDS",
+                        help="instead: a soak of this many seconds (serve_soak.py): random requests, disconnects and "
+                             "bad input against lmkit serve, its RSS sampled over time")
     parser.add_argument("--baseline-server", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -218,26 +254,49 @@ def main() -> None:
     docs = [d.text for d in load_corpus("pydocs") if len(d.text) > 400]
     with tempfile.TemporaryDirectory() as tmp:
         folder = make_folder(Path(tmp) / "model")
-        print(f"CPU: {machine.cpu_name()} (bf16 {'native' if machine.bf16_native() else 'emulated'}); {args.threads} torch thread(s) per server")
-        print(f"{'clients':>7} {'side':>10} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}")
+        print(f"CPU: {machine.cpu_name()} (bf16 {'native' if machine.bf16_native() else 'emulated'}), "
+              f"{os.cpu_count()} cores seen, load average {os.getloadavg()[0]:.1f}; {args.threads} torch thread(s) "
+              f"per server")
+        if args.soak is not None:
+            import serve_soak
+
+            process, url = start("lmkit", folder, args.threads, 16, 256, max_queue=8)
+            try:
+                serve_soak.report(asyncio.run(serve_soak.soak(url, process.pid, docs, args.soak)))
+            finally:
+                process.terminate()
+                process.wait(timeout=30)
+            return
+        import lmkit
+
+        tok = lmkit.load_tokenizer(folder)
+        print(f"{'clients':>7} {'side':>10} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}"
+              f" {'wall':>6} {'client CPU':>10} {'server CPU':>10}")
         for n in args.clients:
-            prompts = [docs[i % len(docs)][:200 + 7 * i] for i in range(n)]  # mixed lengths, ~50-150 tokens
+            prompts = [docs[i % len(docs)][:200 + 7 * i] for i in range(n)]  # mixed lengths
+            lengths = [len(tok.encode(p)) for p in prompts]
+            print(f"{n:>7} prompts of {min(lengths)} to {max(lengths)} tokens, {args.max_tokens} new tokens each")
             rows = {}
             for kind in ("lmkit", "baseline"):
                 process, url = start(kind, folder, args.threads, max(16, n), args.prefill_chunk)
                 try:
-                    asyncio.run(drive(url, prompts[:1], 4))  # warm-up
-                    rows[kind] = asyncio.run(drive(url, prompts, args.max_tokens))
-                    rows[kind]["rss"] = peak_rss_mb(process.pid)
+                    rows[kind] = timed_passes(url, process.pid, prompts, args.max_tokens, args.repeat)
+                    rows[kind]["rss"] = rss_mb(process.pid)
                 finally:
                     process.terminate()
                     process.wait(timeout=30)
-            batched = static_batched(folder, prompts, args.max_tokens, args.threads)
+            batched, batched_cpu = static_batched(folder, prompts, args.max_tokens, args.threads, args.repeat)
             for kind, r in rows.items():
                 print(f"{n:>7} {kind:>10} {r['tok_s']:>8.1f} {r['ttft_p50'] * 1e3:>7.1f}ms {r['ttft_p99'] * 1e3:>7.1f}ms "
-                      f"{r['itl_p50'] * 1e3:>6.1f}ms {r['itl_p99'] * 1e3:>6.1f}ms   peak RSS {r['rss']:.0f} MB")
-            print(f"{n:>7} {'static':>10} {batched:>8.1f}")
-            print(f"{n:>7} ratios: lmkit / (a) transformers one at a time = {rows['lmkit']['tok_s'] / rows['baseline']['tok_s']:.2f}x, "
+                      f"{r['itl_p50'] * 1e3:>6.1f}ms {r['itl_p99'] * 1e3:>6.1f}ms {r['wall']:>5.2f}s "
+                      f"{r['client_cpu']:>9.2f}s {r['server_cpu']:>9.2f}s   peak RSS {r['rss']:.0f} MB")
+            print(f"{n:>7} {'static':>10} {batched:>8.1f} {'':>39} {n * args.max_tokens / batched:>5.2f}s {'':>10} "
+                  f"{batched_cpu:>9.2f}s")
+            per_token = {kind: r["server_cpu"] / r["tokens"] * 1e3 for kind, r in rows.items()}
+            print(f"{n:>7} server CPU ms per output token: lmkit {per_token['lmkit']:.2f}, (a) {per_token['baseline']:.2f}, "
+                  f"(b) {batched_cpu / (n * args.max_tokens) * 1e3:.2f}")
+            print(f"{n:>7} ratios: lmkit / (a) transformers one at a time = "
+                  f"{rows['lmkit']['tok_s'] / rows['baseline']['tok_s']:.2f}x, "
                   f"lmkit / (b) static batched generate = {rows['lmkit']['tok_s'] / batched:.2f}", flush=True)
 
 

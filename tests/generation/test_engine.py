@@ -96,3 +96,39 @@ def test_engine_refuses_what_it_cannot_decode(loaded):
         engine.prepare(Request(prompt=[1, 2], config=GenerationConfig(stop_strings=["x"])))
     with pytest.raises(GenerationError, match="empty"):
         engine.prepare(Request(prompt=[]))
+
+
+GROUP_SETTINGS = [dict(do_sample=True, top_k=0), dict(do_sample=True, temperature=0.8, top_p=0.9, stop_strings=["e"]),
+                  dict(do_sample=True, top_k=10, repetition_penalty=1.2, min_new_tokens=3, stop_strings=["a", "o"])]
+
+
+def test_a_group_gives_the_rows_of_generate_num_return_sequences(loaded):
+    """n requests of one prompt prepared as a group, decoded beside others and prefilled in chunks, give the n rows
+    model.generate(num_return_sequences=n) gives after torch.manual_seed(seed), members that stop early included."""
+    model, tok = loaded
+    prompt = torch.randint(0, model.config.vocab_size, (11,), generator=torch.Generator().manual_seed(3)).tolist()
+    stopped_early = 0
+    for k, settings in enumerate(GROUP_SETTINGS):
+        config = GenerationConfig(max_new_tokens=14, **settings)
+        members = [Request(prompt=prompt, config=config, seed=40 + k, tokenizer=tok) for _ in range(3)]
+        engine = Engine(model, max_batch=6, prefill_chunk=5)
+        engine.prepare_group(members)
+        others = _requests(tok, model.config.vocab_size)[k:k + 4]
+        engine.run_all(others[:2] + members + others[2:])
+        torch.manual_seed(40 + k)
+        rows = model.generate(torch.tensor([prompt]), generation_config=config, num_return_sequences=3, tokenizer=tok)
+        for member, row in zip(members, rows[:, len(prompt):].tolist()):
+            assert member.output == row[:len(member.output)], settings
+            assert len(set(row[len(member.output):])) <= 1  # generate pads a row that finished early
+            stopped_early += len(member.output) < len(row)
+        assert all(r.output == _alone(model, tok, r) for r in others)
+        assert engine.free == list(range(6))
+    assert stopped_early  # a member finished before the others: its draws were still made
+
+
+def test_a_group_larger_than_the_batch_is_refused(loaded):
+    model, _ = loaded
+    engine = Engine(model, max_batch=2)
+    members = [Request(prompt=[1, 2], config=GenerationConfig(do_sample=True)) for _ in range(3)]
+    with pytest.raises(GenerationError, match="lower n"):
+        engine.prepare_group(members)

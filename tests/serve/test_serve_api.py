@@ -66,6 +66,13 @@ def test_greedy_and_seeded_completions_equal_generate(client, local):
     expected = _generate(local, ids, seed=7, max_new_tokens=12, do_sample=True, temperature=0.9, top_p=0.95, top_k=0)
     assert seeded.choices[0].text == _text(local, expected)
     assert seeded.usage.prompt_tokens == len(ids) and seeded.usage.completion_tokens == len(expected)
+    model, _ = local
+    several = client.completions.create(model="m", prompt="The quick", max_tokens=10, temperature=1.1, n=3, seed=5)
+    torch.manual_seed(5)  # n choices with a seed: the rows of generate(num_return_sequences=n) after that seed
+    rows = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=True, temperature=1.1, top_k=0,
+                          num_return_sequences=3)
+    assert [c.text for c in sorted(several.choices, key=lambda c: c.index)] == [
+        _text(local, row[len(ids):].tolist()) for row in rows]
     token_prompt = client.completions.create(model="m", prompt=[[5, 6, 7], [8, 9]], max_tokens=4, temperature=0)
     assert [c.text for c in token_prompt.choices] == [_text(local, _generate(local, p, max_new_tokens=4))
                                                       for p in ([5, 6, 7], [8, 9])]

@@ -7,6 +7,17 @@ then runs one decoding step for every request past its prompt as one batch: new 
 keys 0..L_i through a per-row mask, at position L_i. The next token comes from the same per-step core as
 `model.generate` (`settings.next_scores` and `settings.pick`), so greedy and seeded requests give the ids
 `model.generate` gives run alone (with torch.manual_seed(seed) before it), whatever else runs beside them.
+
+A `Group` is n requests continuing one prompt as the n rows of `generate(num_return_sequences=n)`: one of them
+prefills the prompt and the others copy its keys and values; they share one generator, from which each step draws
+every member's token in member order, drawing for finished members too (generate samples its finished rows as well:
+torch.multinomial's draws for a row depend on the vocabulary size only), so member j gets row j of generate.
+
+Per step the engine's own Python work stays small beside the model's: greedy rows without score processing take
+their tokens from one argmax over the batch (the same ids as a per-row argmax), the decoding plans are built once
+per engine (one for a single row, one for several: oneDNN's packed weights give the same products whatever the
+number of rows), and the `on_event` calls of a step come together at its end, so that a server waking its
+streams from them wakes once per step.
 """
 from __future__ import annotations
 
@@ -22,72 +33,7 @@ from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
 from lmkit.generation.logits import count_penalties
 from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, stop_reached
-
-
-class SlotCache:
-    """Keys and values (slots, H, capacity, D) per layer; slot s holds lengths[s] positions. Capacity grows by
-    doubling, as KVCache's does; buffers start at zero so that masked positions never carry NaN into attention."""
-
-    def __init__(self, slots: int):
-        self.slots = slots
-        self.keys: dict[int, torch.Tensor] = {}
-        self.values: dict[int, torch.Tensor] = {}
-        self.lengths = [0] * slots
-
-    def buffers(self, layer: int, like: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        keys = self.keys.get(layer)
-        if keys is None or keys.shape[2] < needed:
-            old = 0 if keys is None else keys.shape[2]
-            capacity = max(needed, 2 * old, 64)
-            grown = [like.new_zeros(self.slots, like.shape[1], capacity, like.shape[3]) for _ in range(2)]
-            if old:
-                grown[0][:, :, :old] = keys
-                grown[1][:, :, :old] = self.values[layer]
-            self.keys[layer], self.values[layer] = grown
-        return self.keys[layer], self.values[layer]
-
-
-class _PrefillView:
-    """The cache as one slot's forward over a chunk of its prompt sees it."""
-
-    def __init__(self, cache: SlotCache, slot: int):
-        self.cache, self.slot, self.past, self.cross = cache, slot, cache.lengths[slot], {}
-
-    def get_seq_length(self, layer: int = 0) -> int:
-        return self.past
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.past + k.shape[2]
-        keys, values = self.cache.buffers(layer, k, end)
-        keys[self.slot, :, self.past:end] = k[0]
-        values[self.slot, :, self.past:end] = v[0]
-        return keys[self.slot:self.slot + 1, :, :end], values[self.slot:self.slot + 1, :, :end]
-
-
-class _DecodeView:
-    """The cache as one decoding step over the rows `slots` (one new token each, at each slot's length) sees it:
-    keys 0..max length, of which row i may attend to 0..lengths[i] (the mask `allowed`)."""
-
-    def __init__(self, cache: SlotCache, slots: list[int], device: torch.device):
-        self.cache, self.cross = cache, {}
-        self.rows = torch.tensor(slots, device=device)
-        self.lengths = torch.tensor([cache.lengths[s] for s in slots], device=device)
-        self.past = max(cache.lengths[s] for s in slots)
-        self.span = slice(slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) \
-            else None  # consecutive slots are read as a view instead of gathered
-        self.allowed = (torch.arange(self.past + 1, device=device)[None] <= self.lengths[:, None])[:, None, None]
-
-    def get_seq_length(self, layer: int = 0) -> int:
-        return self.past
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = self.cache.buffers(layer, k, self.past + 1)
-        keys[self.rows, :, self.lengths] = k[:, :, 0]
-        values[self.rows, :, self.lengths] = v[:, :, 0]
-        if self.span is not None:
-            return keys[self.span, :, :self.past + 1], values[self.span, :, :self.past + 1]
-        return (keys[:, :, :self.past + 1].index_select(0, self.rows),
-                values[:, :, :self.past + 1].index_select(0, self.rows))
+from lmkit.generation.slots import DecodeView, PrefillView, SlotCache
 
 
 @dataclass
@@ -105,6 +51,7 @@ class Request:
     presence_penalty: float = 0.0  # OpenAI's penalties over the output's tokens (logits.count_penalties)
     frequency_penalty: float = 0.0
     on_event: Callable[["Request"], None] | None = None
+    group: "Group | None" = None  # set by Engine.prepare_group
     # ---- written by the engine
     output: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
@@ -125,6 +72,18 @@ class Request:
         return self.finish_reason is not None
 
 
+@dataclass(eq=False)
+class Group:
+    """Requests continuing one prompt together as the rows of one `generate(num_return_sequences=n)`."""
+
+    members: list[Request]
+    generator: torch.Generator | None = None
+
+    def leader(self) -> Request | None:
+        """The member that prefills the prompt for all: the first one not finished."""
+        return next((m for m in self.members if not m.finished), None)
+
+
 def _top(log_probs: torch.Tensor, n: int, chosen: int) -> dict[int, float]:
     """The n likeliest tokens' log-probabilities, and the chosen token's, from the one tensor."""
     top = torch.topk(log_probs, min(n, log_probs.shape[-1])) if n else None
@@ -134,7 +93,10 @@ def _top(log_probs: torch.Tensor, n: int, chosen: int) -> dict[int, float]:
 
 
 class Engine:
-    """Runs `Request`s through `model` (a decoder-only CausalLM) `max_batch` at a time; see the module docstring."""
+    """Runs `Request`s through `model` (a decoder-only CausalLM) `max_batch` at a time; see the module docstring.
+
+    The engine takes the model as it is when it first decodes: change its weights or hooks, or torch's thread
+    count, and make a new engine."""
 
     def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 256):
         config = model.config
@@ -152,6 +114,8 @@ class Engine:
         self.running: list[Request] = []
         self.wakeup = threading.Condition()
         self._stopped = False
+        self._plans: dict[bool, Any] = {}  # several rows or not -> the model's DecodePlan (None: decode via modules)
+        self._events: list[Request] = []  # requests whose on_event is due at the end of this step
 
     # ---- the public side, safe from any thread --------------------------------------------------
     def prepare(self, request: Request) -> Request:
@@ -163,8 +127,8 @@ class Engine:
         decoding = decoding_for(self.model, ids, None, config, len(request.prompt))
         cfg = decoding.config
         if cfg.num_beams != 1 or cfg.num_return_sequences != 1:
-            raise GenerationError("the engine decodes one sequence per request without beams; send n requests "
-                                  "(num_beams=1, num_return_sequences=1)")
+            raise GenerationError("the engine decodes one sequence per request without beams; for n samples "
+                                  "prepare n requests as a group (Engine.prepare_group)")
         if decoding.stops and request.tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: set Request.tokenizer")
         request.decoding = decoding
@@ -173,12 +137,34 @@ class Engine:
             request.generator = torch.Generator(device=self.device).manual_seed(seed)
         return request
 
-    def submit(self, request: Request) -> Request:
-        if request.decoding is None:
+    def prepare_group(self, requests: list[Request]) -> list[Request]:
+        """Prepare requests with one prompt and one config as the rows of `generate(num_return_sequences=n)` with
+        the first one's seed (see the module docstring)."""
+        if len(requests) > self.max_batch:
+            raise GenerationError(f"n = {len(requests)} sequences of one prompt decode together, more than the "
+                                  f"engine's {self.max_batch} slots; lower n (or raise --max-concurrency)")
+        if any(r.prompt != requests[0].prompt for r in requests):
+            raise GenerationError("a group's requests continue one prompt; give them all the same prompt")
+        for request in requests:
             self.prepare(request)
-        request.submitted = time.perf_counter()
+        if len(requests) > 1:
+            group = Group(list(requests), requests[0].generator)
+            for request in requests:
+                request.group, request.generator = group, group.generator
+        return requests
+
+    def submit(self, request: Request) -> Request:
+        """Queue `request` (with the rest of its group, which joins the batch together)."""
+        batch = request.group.members if request.group is not None else [request]
+        for member in batch:
+            if member.decoding is None:
+                self.prepare(member)
+        now = time.perf_counter()
         with self.wakeup:
-            self.waiting.append(request)
+            for member in batch:
+                if not member.submitted:
+                    member.submitted = now
+                    self.waiting.append(member)
             self.wakeup.notify()
         return request
 
@@ -217,6 +203,7 @@ class Engine:
         for request in list(self.running) + list(self.waiting):
             request.cancelled = True
             self._finish(request, "cancelled")
+        self._emit_events()
 
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -228,22 +215,38 @@ class Engine:
             for request in [r for r in self.waiting if r.cancelled]:
                 self.waiting.remove(request)
                 self._finish(request, "cancelled")
-            while self.free and self.waiting:
-                request = self.waiting.popleft()
-                request.slot = self.free.pop(0)
-                self.cache.lengths[request.slot] = 0
-                self.running.append(request)
+            while self.waiting:
+                group = self.waiting[0].group  # a group joins together
+                count = 1
+                while group is not None and count < len(self.waiting) and self.waiting[count].group is group:
+                    count += 1
+                if len(self.free) < count:
+                    break
+                for _ in range(count):
+                    request = self.waiting.popleft()
+                    request.slot = self.free.pop(0)
+                    self.cache.lengths[request.slot] = 0
+                    self.running.append(request)
         budget, fresh = self.prefill_chunk, set()
         for request in self.running:
             if budget == 0:
                 break
-            if request.prefilled < len(request.prompt):
+            if request.prefilled < len(request.prompt) and not request.finished \
+                    and (request.group is None or request.group.leader() is request):
                 budget -= self._prefill(request, budget)
-                fresh.add(id(request))
+                fresh.update(id(m) for m in (request.group.members if request.group is not None else [request]))
         decoding = [r for r in self.running if r.output and not r.finished and id(r) not in fresh]
         if decoding:
             self._decode(sorted(decoding, key=lambda r: r.slot))
         self.running = [r for r in self.running if not r.finished]
+        self._emit_events()
+
+    def _emit_events(self) -> None:
+        events, self._events = self._events, []
+        for request in events:
+            request.on_event(request)
+            if request.finished:
+                request.done.set()
 
     def _prefill(self, request: Request, budget: int) -> int:
         """Feed up to `budget` more prompt tokens; after the last one, choose the first new token."""
@@ -252,7 +255,7 @@ class Engine:
         tokens = torch.tensor([prompt[start:end]], device=self.device)
         positions = torch.arange(start, end, device=self.device)[None]
         keep = 0 if request.prompt_logprobs is not None else 1
-        out = self.model(tokens, position_ids=positions, past_key_values=_PrefillView(self.cache, request.slot),
+        out = self.model(tokens, position_ids=positions, past_key_values=PrefillView(self.cache, request.slot),
                          use_cache=True, logits_to_keep=keep)
         self.cache.lengths[request.slot] = end
         request.prefilled = end
@@ -260,10 +263,20 @@ class Engine:
         if request.prompt_logprobs is not None:
             self._prompt_logprobs(request, logits, start, end)
         if end == len(prompt):
+            members = [request] if request.group is None else [m for m in request.group.members if not m.finished]
+            for member in members:
+                if member is not request:  # the rest of the group takes the prompt as this request prefilled it
+                    self.cache.copy(request.slot, member.slot)
+                    member.prefilled = end
+                    member.prompt_token_logprobs = list(request.prompt_token_logprobs)
+                    member.prompt_top_logprobs = list(request.prompt_top_logprobs)
             if request.score_only:
-                self._finish(request, "length")
-            else:
+                for member in members:
+                    self._finish(member, "length")
+            elif request.group is None:
                 self._choose(request, logits[-1:])
+            else:
+                self._draw_group(request.group, {id(m): logits[-1:].clone() for m in members})
         return end - start
 
     def _prompt_logprobs(self, request: Request, logits: torch.Tensor, start: int, end: int) -> None:
@@ -280,9 +293,9 @@ class Engine:
 
     def _decode(self, requests: list[Request]) -> None:
         slots = [r.slot for r in requests]
-        view = _DecodeView(self.cache, slots, self.device)
+        view = DecodeView(self.cache, slots, self.device)
         tokens = torch.tensor([[r.output[-1]] for r in requests], device=self.device)
-        plan = self.model._decode_plan(len(requests))  # the lean step generate takes too, where the model has one
+        plan = self._plan(len(requests))
         if plan is not None:
             logits = plan.step(tokens, view, view.lengths[:, None], view.allowed)
         else:
@@ -291,18 +304,46 @@ class Engine:
         for slot in slots:
             self.cache.lengths[slot] += 1
         logits = logits.float()
+        plain = [_plain_greedy(r) for r in requests]
+        argmax = logits.argmax(-1).tolist() if any(plain) else None
+        groups: dict[int, tuple[Group, dict[int, torch.Tensor]]] = {}
         for row, request in enumerate(requests):
-            self._choose(request, logits[row:row + 1])
+            if request.group is None:
+                self._choose(request, logits[row:row + 1], argmax[row] if plain[row] else None)
+            else:
+                groups.setdefault(id(request.group), (request.group, {}))[1][id(request)] = logits[row:row + 1]
+        for group, rows in groups.values():
+            self._draw_group(group, rows)
 
-    def _choose(self, request: Request, logits: torch.Tensor) -> None:
-        """Pick the next token of `request` from its raw logits (1, V), record it and check its stop criteria."""
+    def _draw_group(self, group: Group, rows: dict[int, torch.Tensor]) -> None:
+        """Choose the next token of each member of `group` with a row in `rows` (id -> raw logits (1, V)), in member
+        order; a finished member's draw is made and dropped, as generate samples its finished rows too."""
+        vocab = next(iter(rows.values())).shape[-1]
+        for member in group.members:
+            logits = rows.get(id(member))
+            if logits is not None:
+                self._choose(member, logits)
+            elif group.generator is not None:
+                pick(torch.zeros(1, vocab, device=self.device), True, group.generator)
+
+    def _plan(self, rows: int):
+        """The lean one-token step `generate` takes too, where the model has one (None: decode via modules)."""
+        several = rows > 1
+        if several not in self._plans:
+            self._plans[several] = self.model._decode_plan(max(rows, 2) if several else 1)
+        return self._plans[several]
+
+    def _choose(self, request: Request, logits: torch.Tensor, token: int | None = None) -> None:
+        """Pick the next token of `request` from its raw logits (1, V) (or take `token`, the argmax of a plain
+        greedy row), record it and check its stop criteria."""
         decoding, prompt = request.decoding, request.prompt
-        step = len(request.output)
-        sequence = torch.tensor([prompt + request.output], device=self.device) if decoding.processing else None
+        if token is None:
+            step = len(request.output)
+            sequence = torch.tensor([prompt + request.output], device=self.device) if decoding.processing else None
+            scores = count_penalties(logits, request.output, request.presence_penalty, request.frequency_penalty)
+            scores = next_scores(sequence, scores, step, len(prompt), decoding)
+            token = int(pick(scores, decoding.config.do_sample, request.generator)[0])
         raw = logits
-        logits = count_penalties(logits, request.output, request.presence_penalty, request.frequency_penalty)
-        scores = next_scores(sequence, logits, step, len(prompt), decoding)
-        token = int(pick(scores, decoding.config.do_sample, request.generator)[0])
         request.output.append(token)
         if request.logprobs is not None:
             log_probs = torch.log_softmax(raw[0], dim=-1)  # the model's own distribution
@@ -314,7 +355,7 @@ class Engine:
         elif len(request.output) >= decoding.max_new_tokens:
             self._finish(request, "length")
         elif request.on_event is not None:
-            request.on_event(request)
+            self._events.append(request)
 
     def _finish(self, request: Request, reason: str) -> None:
         if request.finished:
@@ -324,5 +365,14 @@ class Engine:
             self.free.append(request.slot)
             self.free.sort()  # low slots first keeps the batch's rows consecutive more often
         if request.on_event is not None:
-            request.on_event(request)
-        request.done.set()
+            self._events.append(request)  # done is set after the call
+        else:
+            request.done.set()
+
+
+def _plain_greedy(request: Request) -> bool:
+    """Whether the next token of `request` is the argmax of its raw logits: greedy, no processor or penalty
+    changes the scores, and min_new_tokens no longer blocks EOS."""
+    decoding = request.decoding
+    return (not decoding.config.do_sample and not decoding.processing and not request.presence_penalty
+            and not request.frequency_penalty and len(request.output) >= decoding.min_new_tokens)

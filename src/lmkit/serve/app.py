@@ -38,6 +38,7 @@ class Server:
         self.ready = threading.Event()
         self.load_error: str | None = None
         self.engine = self.encoder = self.model = self.tokenizer = None
+        self.waker = None  # completions.Waker: wakes the loop's streams from the engine thread
         self.special_ids: set[int] = set()
         self.metrics = Metrics(lambda: self.engine.counts() if self.engine is not None else (0, 0))
 
@@ -120,17 +121,8 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
                            allow_headers=["*"])
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/") and request.method != "OPTIONS":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return error_response(APIError(401, "a valid API key is needed: Authorization: Bearer KEY",
-                                               code="invalid_api_key"))
-        try:
-            return await call_next(request)
-        except APIError as exc:
-            return error_response(exc)
+    if api_key:
+        app.add_middleware(BearerGuard, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def api_error(_request, exc: APIError):
@@ -236,6 +228,24 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
         return _tokenizer_info(server)
 
     return app
+
+
+class BearerGuard:
+    """401 on /v1/* without `Authorization: Bearer KEY`. A plain ASGI middleware: Starlette's BaseHTTPMiddleware
+    would carry every streamed event through a memory stream and a task of its own."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS":
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = error_response(APIError(401, "a valid API key is needed: Authorization: Bearer KEY",
+                                                   code="invalid_api_key"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def error_response(exc: APIError) -> JSONResponse:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,12 +26,38 @@ class Choice:
     last: float = 0.0  # when the previous token arrived
 
 
-def _notify(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
-    """Wake the event loop's waiter from the engine's thread (a loop already closed has no one to wake)."""
-    try:
-        loop.call_soon_threadsafe(event.set)
-    except RuntimeError:
-        pass
+class Waker:
+    """Sets asyncio events of one loop from the engine's thread. The events set while the loop has not run yet share
+    one `call_soon_threadsafe` (a write to the loop's wake-up socket and a hand-over of the interpreter lock), so a
+    step that advances many streams wakes the loop once, not once per stream."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.lock = loop, threading.Lock()
+        self.pending: list[asyncio.Event] = []
+
+    def wake(self, event: asyncio.Event) -> None:
+        with self.lock:
+            self.pending.append(event)
+            if len(self.pending) > 1:
+                return  # a flush is already scheduled
+        try:
+            self.loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # a loop already closed has no one to wake
+            pass
+
+    def _flush(self) -> None:
+        with self.lock:
+            events, self.pending = self.pending, []
+        for event in events:
+            event.set()
+
+
+def waker_for(server, loop: asyncio.AbstractEventLoop) -> Waker:
+    """The server's waker for `loop` (one per server: it serves from one loop)."""
+    waker = getattr(server, "waker", None)
+    if waker is None or waker.loop is not loop:
+        waker = server.waker = Waker(loop)
+    return waker
 
 
 class Generation:
@@ -42,22 +69,25 @@ class Generation:
         self.prompts = prompts
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        loop = asyncio.get_running_loop()
+        waker = waker_for(server, asyncio.get_running_loop())
         self.choices: list[Choice] = []
-        for p, prompt in enumerate(prompts):
-            for j in range(sampling.n):
+        groups = []
+        for p, prompt in enumerate(prompts):  # a prompt's n choices: the rows of generate(num_return_sequences=n)
+            groups.append([])
+            for _ in range(sampling.n):
                 score_only = max_new_tokens[p] == 0
-                seed = None if sampling.seed is None else (sampling.seed + j) % 2 ** 63
+                seed = None if sampling.seed is None else sampling.seed % 2 ** 63
                 request = Request(prompt=prompt, config=sampling.generation_config(max(max_new_tokens[p], 1)),
                                   seed=seed, tokenizer=server.tokenizer, logprobs=logprobs,
                                   prompt_logprobs=logprobs if echo and logprobs is not None else None,
                                   score_only=score_only, presence_penalty=sampling.presence_penalty,
                                   frequency_penalty=sampling.frequency_penalty)
                 choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids))
-                request.on_event = lambda _r, c=choice: _notify(loop, c.wake)
+                request.on_event = lambda _r, c=choice: waker.wake(c.wake)
                 self.choices.append(choice)
-        for choice in self.choices:
-            server.engine.prepare(choice.request)
+                groups[-1].append(request)
+        for group in groups:
+            server.engine.prepare_group(group)
 
     def submit(self) -> None:
         now = time.perf_counter()

@@ -1,0 +1,83 @@
+"""The serving engine's KV cache: one slot per running request, and the views a model's forward writes through.
+
+`SlotCache` holds keys and values (slots, H, capacity, D) per layer; `PrefillView` is what one slot's forward over
+a chunk of its prompt sees, `DecodeView` what one decoding step over several slots (one new token each, at each
+slot's own length) sees. Both have the `get_seq_length` / `update` interface of `lmkit.nn.KVCache`.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class SlotCache:
+    """Keys and values (slots, H, capacity, D) per layer; slot s holds lengths[s] positions. Capacity grows by
+    doubling, as KVCache's does; buffers start at zero so that masked positions never carry NaN into attention."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.lengths = [0] * slots
+
+    def copy(self, source: int, target: int) -> None:
+        """Give slot `target` the keys and values of slot `source`."""
+        length = self.lengths[source]
+        for layer, keys in self.keys.items():
+            keys[target, :, :length] = keys[source, :, :length]
+            self.values[layer][target, :, :length] = self.values[layer][source, :, :length]
+        self.lengths[target] = length
+
+    def buffers(self, layer: int, like: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = self.keys.get(layer)
+        if keys is None or keys.shape[2] < needed:
+            old = 0 if keys is None else keys.shape[2]
+            capacity = max(needed, 2 * old, 64)
+            grown = [like.new_zeros(self.slots, like.shape[1], capacity, like.shape[3]) for _ in range(2)]
+            if old:
+                grown[0][:, :, :old] = keys
+                grown[1][:, :, :old] = self.values[layer]
+            self.keys[layer], self.values[layer] = grown
+        return self.keys[layer], self.values[layer]
+
+
+class PrefillView:
+    """The cache as one slot's forward over a chunk of its prompt sees it."""
+
+    def __init__(self, cache: SlotCache, slot: int):
+        self.cache, self.slot, self.past, self.cross = cache, slot, cache.lengths[slot], {}
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.past
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.past + k.shape[2]
+        keys, values = self.cache.buffers(layer, k, end)
+        keys[self.slot, :, self.past:end] = k[0]
+        values[self.slot, :, self.past:end] = v[0]
+        return keys[self.slot:self.slot + 1, :, :end], values[self.slot:self.slot + 1, :, :end]
+
+
+class DecodeView:
+    """The cache as one decoding step over the rows `slots` (one new token each, at each slot's length) sees it:
+    keys 0..max length, of which row i may attend to 0..lengths[i] (the mask `allowed`)."""
+
+    def __init__(self, cache: SlotCache, slots: list[int], device: torch.device):
+        self.cache, self.cross = cache, {}
+        self.rows = torch.tensor(slots, device=device)
+        self.lengths = torch.tensor([cache.lengths[s] for s in slots], device=device)
+        self.past = max(cache.lengths[s] for s in slots)
+        self.span = slice(slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) \
+            else None  # consecutive slots are read as a view instead of gathered
+        self.allowed = (torch.arange(self.past + 1, device=device)[None] <= self.lengths[:, None])[:, None, None]
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.past
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.cache.buffers(layer, k, self.past + 1)
+        keys[self.rows, :, self.lengths] = k[:, :, 0]
+        values[self.rows, :, self.lengths] = v[:, :, 0]
+        if self.span is not None:
+            return keys[self.span, :, :self.past + 1], values[self.span, :, :self.past + 1]
+        return (keys[:, :, :self.past + 1].index_select(0, self.rows),
+                values[:, :, :self.past + 1].index_select(0, self.rows))
