@@ -265,11 +265,15 @@ class LmkitLM(TemplateLM):
         column = torch.arange(width, device=self.device)
         causal = column[None, :, None] >= column[None, None, :]
         visible = (seg[:, None, :] == 0) & (seg[:, :, None] >= 0) | (seg[:, :, None] == seg[:, None, :])
-        logits = self.model(ids, attention_mask=(causal & visible)[:, None], position_ids=pos).logits
+        # the LM head only over the columns some row scores
+        kept = sorted({len(ctx) - 1 for ctx in shared} | {c for (r, o), b in start.items() for c in range(b, b + len(o))})
+        column_of = {c: i for i, c in enumerate(kept)}
+        logits = self.model(ids, attention_mask=(causal & visible)[:, None], position_ids=pos,
+                            logits_to_keep=torch.tensor(kept, device=self.device)).logits
         out = []
         for p, r in zip(parts, index):
-            begin = start[r, p[1]]
-            out.append(torch.cat([logits[r, len(shared[r]) - 1][None], logits[r, begin:begin + len(p[1])]]))
+            scored = [len(shared[r]) - 1] + list(range(start[r, p[1]], start[r, p[1]] + len(p[1])))
+            out.append(logits[r, [column_of[c] for c in scored]])
         return out
 
     def _read_shared(self, shared, cache):
