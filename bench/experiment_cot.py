@@ -51,7 +51,7 @@ def write_corpora(folder: Path, count: int, seed: int) -> dict[str, Path]:
     """cot.jsonl and direct.jsonl: the same problems, in the same documents, answered two ways."""
     folder.mkdir(parents=True, exist_ok=True)
     problems = training_problems(count, seed)
-    answers = {"cot": lambda a, b: addition_trace(a, b), "direct": lambda a, b: f"The answer is {a + b}."}
+    answers = {"cot": addition_trace, "direct": lambda a, b: f"The answer is {a + b}."}
     paths = {}
     for kind, answer in answers.items():
         lines = []
