@@ -168,3 +168,24 @@ def test_a_folder_without_a_chat_template_is_refused_in_one_line(folders):
 
     with pytest.raises(LmkitError, match="no chat template"):
         evaluate(LmkitLM(pretrained=folders["gpt2"]), ["numbers"], apply_chat_template=True)
+
+
+@pytest.mark.parametrize("which", ["gpt2", "llama"])
+def test_continuations_packed_after_a_shared_context_score_as_alone(folders, which, monkeypatch):
+    """Several continuations of one context (different lengths, a repeated one, one-token ones) read in one packed
+    sequence give each request the log-likelihood and is-greedy it gets alone in a batch of one."""
+    from lm_eval.api.instance import Instance
+
+    texts = trained_texts()[:6]
+    conts = [" 12", " The answer is 42.", " 12", "\n", " (10+5)+(20+7) = 30+12", "é"]
+    reqs = [Instance("loglikelihood", {}, (t[:len(t) // 2], c), i)
+            for i, (t, c) in enumerate((t, c) for t in texts for c in conts)]
+    alone = LmkitLM(pretrained=folders[which], batch_size=1).loglikelihood(reqs)
+    packed = []
+    lm = LmkitLM(pretrained=folders[which], batch_size=6)
+    original = lm._packed_logits
+    monkeypatch.setattr(lm, "_packed_logits", lambda *a: packed.append(1) or original(*a))
+    batched = lm.loglikelihood(reqs)
+    assert packed
+    for a, b in zip(batched, alone, strict=True):
+        assert abs(a[0] - b[0]) < 1e-4 and a[1] == b[1]

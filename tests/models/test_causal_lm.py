@@ -112,6 +112,8 @@ def test_logits_to_keep_and_inputs_embeds():
     ids = torch.randint(0, 53, (2, 6))
     full = m(ids).logits
     torch.testing.assert_close(m(ids, logits_to_keep=1).logits, full[:, -1:])
+    keep = torch.tensor([4, 0, 2])  # a tensor lists the positions, as in transformers
+    torch.testing.assert_close(m(ids, logits_to_keep=keep).logits, full[:, keep])
     embeds = m.get_input_embeddings()(ids)
     torch.testing.assert_close(m(inputs_embeds=embeds).logits, full)
 

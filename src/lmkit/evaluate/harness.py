@@ -177,37 +177,48 @@ class LmkitLM(TemplateLM):
 
     @torch.inference_mode()
     def _score_batch(self, parts, conts) -> list[tuple[float, bool]]:
+        """One log-softmax over every scored position of the batch, then per request the sum of log p of its
+        continuation's tokens and whether each was the argmax."""
         shared = list(dict.fromkeys(p[0] for p in parts))
         row_of = {s: r for r, s in enumerate(shared)}
-        index = torch.tensor([row_of[p[0]] for p in parts], device=self.device)
+        index = [row_of[p[0]] for p in parts]
         if self.backend == "causal":
-            logprobs = self._causal_logprobs(parts, shared, index)
+            logits = self._causal_logits(parts, shared, index)
         else:
-            logprobs = self._seq2seq_logprobs(parts, shared, index)
-        out = []
-        for lp, cont in zip(logprobs, conts):
-            target = torch.tensor(cont, device=self.device)
-            lp = lp[-len(cont):]
-            greedy = bool((lp.argmax(-1) == target).all())
-            out.append((float(lp.gather(1, target[:, None]).sum()), greedy))
-        return out
+            logits = self._seq2seq_logits(parts, shared, index)
+        scored = torch.cat([lg[-len(cont):] for lg, cont in zip(logits, conts)]).float()
+        target = torch.tensor([t for cont in conts for t in cont], device=self.device)
+        logprobs = F.log_softmax(scored, -1).gather(1, target[:, None])[:, 0]
+        lengths = [len(c) for c in conts]
+        # each request's own float32 sum, reduced as HFLM reduces it (a scatter-add would sum in another order)
+        sums = torch.stack([lp.sum() for lp in logprobs.split(lengths)])
+        owner = torch.repeat_interleave(torch.arange(len(conts), device=self.device),
+                                        torch.tensor(lengths, device=self.device))
+        misses = torch.zeros(len(conts), dtype=torch.long, device=self.device).index_add_(
+            0, owner, (scored.argmax(-1) != target).long())
+        return [(float(v), not bool(m)) for v, m in zip(sums.tolist(), misses.tolist())]
 
-    def _causal_logprobs(self, parts, shared, index) -> list[torch.Tensor]:
-        """log-softmax rows (own length + 1, V) scoring each continuation: one right-padded forward over whole
-        rows, or, where that computes fewer token columns, the distinct shared parts read once (left-padded) and
-        each row's own tokens going on from a copy of its shared part's KV cache."""
-        # padded token columns each way: whole rows, or the distinct shared parts plus every row's own tokens
+    def _causal_logits(self, parts, shared, index) -> list[torch.Tensor]:
+        """Logit rows (own length + 1, V) scoring each continuation, by whichever layout computes the fewest token
+        columns: one right-padded forward over whole rows; each distinct shared part packed with its rows' own
+        tokens in one sequence (`_packed_logits`); or the distinct shared parts read once (left-padded) and each
+        row's own tokens going on from a copy of its shared part's KV cache."""
+        if all(not p[1] for p in parts):  # one-token continuations: the shared parts' last positions alone
+            last = self._read_shared(shared, None)[0]
+            return [last[r][None] for r in index]
+        own = [list(dict.fromkeys(p[1] for p, r in zip(parts, index) if r == s)) for s in range(len(shared))]
         whole = len(parts) * max(len(p[0]) + len(p[1]) for p in parts)
+        packed = len(shared) * max(len(s) + sum(map(len, o)) for s, o in zip(shared, own))
         reused = len(shared) * max(len(s) for s in shared) + len(parts) * max(len(p[1]) for p in parts)
-        if whole <= reused or all(not p[1] for p in parts):
-            if whole <= reused:
-                rows = [list(p[0]) + list(p[1]) for p in parts]
-                logits = self.model(self._pad(rows, "right")).logits
-                return [F.log_softmax(logits[r, len(p[0]) - 1:len(rows[r])].float(), -1) for r, p in enumerate(parts)]
-            logits = self._read_shared(shared, None)[0]
-            return [F.log_softmax(logits[int(r)].float(), -1)[None] for r in index]
+        if whole <= min(packed, reused):
+            rows = [list(p[0]) + list(p[1]) for p in parts]
+            logits = self.model(self._pad(rows, "right")).logits
+            return [logits[r, len(p[0]) - 1:len(rows[r])] for r, p in enumerate(parts)]
+        if packed <= reused and self._packable():
+            return self._packed_logits(parts, shared, index, own)
         cache = KVCache()
         last, mask, lengths = self._read_shared(shared, cache)
+        index = torch.tensor(index, device=self.device)
         cache.reorder(index)
         own_len = max(len(p[1]) for p in parts)
         tails = self._pad([list(p[1]) for p in parts], "right")
@@ -219,10 +230,50 @@ class LmkitLM(TemplateLM):
             mask = torch.cat([mask.index_select(0, index), mask.new_ones(len(parts), own_len)], dim=1)
         logits = self.model(tails, attention_mask=mask, position_ids=positions, past_key_values=cache,
                             use_cache=True).logits
+        return [torch.cat([last[int(index[r])][None], logits[r, :len(p[1])]]) for r, p in enumerate(parts)]
+
+    def _packable(self) -> bool:
+        """Whether a prepared (B, 1, T, T) mask and explicit positions reproduce the model's attention: positions
+        that are embedded or rotated (not a relative bias over offsets) and no sliding window."""
+        config = self.model.config
+        return config.position in ("learned", "sinusoidal", "rope") and \
+            all(config.layer_window(i) is None for i in range(config.n_layers))
+
+    def _packed_logits(self, parts, shared, index, own) -> list[torch.Tensor]:
+        """One sequence per distinct shared part s: s, then each distinct own part o_j placed at positions
+        len(s) .. len(s) + len(o_j) - 1, attending to s and to the earlier tokens of o_j only (a prefix tree
+        laid flat), so every token sees exactly what it sees in its own row and s is read once, in one forward."""
+        rows, positions, segments, start = [], [], [], {}
+        for s, (ctx, owns) in enumerate(zip(shared, own)):
+            row, pos, seg = list(ctx), list(range(len(ctx))), [0] * len(ctx)
+            for j, o in enumerate(owns, 1):
+                start[s, o] = len(row)
+                row += o
+                pos += range(len(ctx), len(ctx) + len(o))
+                seg += [j] * len(o)
+            rows.append(row)
+            positions.append(pos)
+            segments.append(seg)
+        width = max(map(len, rows))
+        ids = self._pad(rows, "right")
+        pos = self._pad(positions, "right")
+        # padding columns get a segment of their own: they attend to themselves and nothing reads them
+        seg = torch.full((len(rows), width), -1, dtype=torch.long)
+        for r, sg in enumerate(segments):
+            seg[r, :len(sg)] = torch.tensor(sg)
+        seg = seg.to(self.device)
+        column = torch.arange(width, device=self.device)
+        causal = column[None, :, None] >= column[None, None, :]
+        visible = (seg[:, None, :] == 0) & (seg[:, :, None] >= 0) | (seg[:, :, None] == seg[:, None, :])
+        # the LM head only over the columns some row scores
+        kept = sorted({len(ctx) - 1 for ctx in shared} | {c for (r, o), b in start.items() for c in range(b, b + len(o))})
+        column_of = {c: i for i, c in enumerate(kept)}
+        logits = self.model(ids, attention_mask=(causal & visible)[:, None], position_ids=pos,
+                            logits_to_keep=torch.tensor(kept, device=self.device)).logits
         out = []
-        for r, p in enumerate(parts):
-            rows = torch.cat([last[int(index[r])][None], logits[r, :len(p[1])]], dim=0)
-            out.append(F.log_softmax(rows.float(), -1))
+        for p, r in zip(parts, index):
+            scored = [len(shared[r]) - 1] + list(range(start[r, p[1]], start[r, p[1]] + len(p[1])))
+            out.append(logits[r, [column_of[c] for c in scored]])
         return out
 
     def _read_shared(self, shared, cache):
@@ -238,18 +289,19 @@ class LmkitLM(TemplateLM):
                          use_cache=cache is not None, logits_to_keep=1)
         return out.logits[:, -1], mask, lengths
 
-    def _seq2seq_logprobs(self, parts, shared, index) -> list[torch.Tensor]:
-        """Each distinct encoder input encoded once (right-padded, as HFLM pads it); the decoder reads
+    def _seq2seq_logits(self, parts, shared, index) -> list[torch.Tensor]:
+        """Logit rows per continuation: each distinct encoder input encoded once (right-padded, as HFLM pads it); the decoder reads
         [start] + continuation[:-1] for every row."""
         ids = self._pad([list(s) for s in shared], "right")
         lengths = torch.tensor([len(s) for s in shared], device=self.device)
         mask = (torch.arange(ids.shape[1], device=self.device)[None] < lengths[:, None]).long()
+        index = torch.tensor(index, device=self.device)
         memory = self.model.encode(ids, mask).index_select(0, index)
         start = self.model.decoder_start_token_id
         decoder = self._pad([[start] + list(p[1])[:-1] for p in parts], "right")
         logits = self.model(attention_mask=mask.index_select(0, index), decoder_input_ids=decoder,
                             encoder_outputs=memory).logits
-        return [F.log_softmax(logits[r, :p[2]].float(), -1) for r, p in enumerate(parts)]
+        return [logits[r, :p[2]] for r, p in enumerate(parts)]
 
     def _pad(self, rows: list[list[int]], side: str) -> torch.Tensor:
         """Rows as one (N, longest) tensor, padded with id 0 on `side` (masked or never scored)."""

@@ -9,6 +9,7 @@ import torch
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 from lmkit.errors import GenerationError, TokenizerError
+from lmkit.nn import KVCache
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
@@ -50,6 +51,39 @@ def _eos_ids(model) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
+def prefill_unpadded(model, state, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Next-token logits (B, V) after left-padded prompts, with the KV cache `state` then decodes from, computed
+    without the padding: the prompts of each length are read together, unpadded, and their keys and values are
+    placed right-aligned in one cache whose padding columns the mask hides. Every real token sees what it sees
+    in the padded forward (the same keys, at the same positions), and no column is spent on padding."""
+    lengths = mask.sum(-1)
+    width = ids.shape[1]
+    if bool((lengths == width).all()):
+        return model._generation_logits(state, ids)
+    logits = None
+    cache = state.cache
+    for length in sorted(set(lengths.tolist())):
+        rows = (lengths == length).nonzero()[:, 0]
+        part = KVCache()
+        out = model(ids[rows, width - length:], past_key_values=part, use_cache=True, logits_to_keep=1).logits[:, -1]
+        if logits is None:
+            logits = out.new_empty(ids.shape[0], out.shape[-1])
+        logits[rows] = out
+        for layer in part.keys:
+            if layer not in cache.keys:  # room for the decoding steps too, so the buffers need not grow
+                k, v = part.keys[layer], part.values[layer]
+                cache.keys[layer] = k.new_zeros(ids.shape[0], k.shape[1], 2 * width, k.shape[3])
+                cache.values[layer] = v.new_zeros(ids.shape[0], v.shape[1], 2 * width, v.shape[3])
+                cache.lengths[layer] = width
+            cache.keys[layer][rows, :, width - length:width] = part.keys[layer][:, :, :length]
+            cache.values[layer][rows, :, width - length:width] = part.values[layer][:, :, :length]
+    # what GenerationMixin._generation_logits keeps after a padded prompt: the mask, and each row's last position
+    state.attention_mask = mask
+    state.extra["padded"] = True
+    state.extra["position"] = (lengths - 1)[:, None]
+    return logits
+
+
 @torch.inference_mode()
 def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until: list[str], pad: int) -> torch.Tensor:
     """Greedy decoding with HFLM's stopping rule, so that the same tokens come out: a row finishes at EOS (then
@@ -67,8 +101,12 @@ def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until:
     columns = [sequences]
     tokens = sequences
     prompt_width = ids.shape[1]  # HFLM looks back from this column of the output (for T5, the decoder's)
-    for _ in range(max_new):
-        nxt = model._generation_logits(state, tokens).argmax(-1)
+    for step in range(max_new):
+        if step == 0 and lm.backend == "causal":
+            logits = prefill_unpadded(model, state, ids, mask)
+        else:
+            logits = model._generation_logits(state, tokens)
+        nxt = logits.argmax(-1)
         nxt = torch.where(finished, torch.full_like(nxt, pad), nxt)
         columns.append(nxt[:, None])
         if len(eos):

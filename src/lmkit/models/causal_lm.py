@@ -39,7 +39,7 @@ class CausalLM(PreTrainedModel, GenerationMixin):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: KVCache | None = None,
                 use_cache: bool = False, inputs_embeds: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None, logits_to_keep: int = 0,
+                labels: torch.Tensor | None = None, logits_to_keep: int | torch.Tensor = 0,
                 output_router_logits: bool | None = None) -> ModelOutput:
         """Logits (B, T, V); with labels (B, T), the mean next-token loss of labels[:, 1:] given inputs[:, :-1].
 
@@ -53,7 +53,9 @@ class CausalLM(PreTrainedModel, GenerationMixin):
         h = self.decoder(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=past_key_values, inputs_embeds=inputs_embeds)
         length = h.shape[1]
-        if logits_to_keep:
+        if isinstance(logits_to_keep, torch.Tensor):  # as transformers: the positions listed, in their order
+            h = h[:, logits_to_keep]
+        elif logits_to_keep:
             h = h[:, -logits_to_keep:]
         if self.config.output_scale != 1.0:
             h = h * self.config.output_scale
