@@ -7,13 +7,13 @@ Facts of the first 60% of entities ("train") and the next 25% ("held out") are i
 all-MiniLM-L6-v2. A decoder (lmkit CausalLM from scratch, 2 layers of width 128 by default) and a byte-level
 BPE tokenizer trained on the world's texts are saved as a folder and fine-tuned by lmkit's SFT
 (`lmkit.finetune.sft`, what `lmkit finetune --task sft` runs) on prompt/completion rows, the loss on the
-completion only: the prompt is what `lmkit rag ask` writes (numbered sources, BM25-retrieved, k = 3,
+completion only: the prompt is what `lmkit rag ask` writes (numbered sources, k = 3, retrieved by --mode,
 then the question; without its instruction line unless --with-instruction, which keeps steps short), the
 completion "VALUE [n]"; every train fact is also a closed-book row (no sources, completion
 "VALUE"). Many entities make memorising every fact harder than learning to copy the value from the
 sources. The step count is fixed (not a time budget), so the result does not depend on the machine's load.
 
-The tuned model is then asked, greedy, with hybrid retrieval: train facts, held-out facts (never trained
+The tuned model is then asked, greedy, with the same retrieval (--mode, BM25 by default): train facts, held-out facts (never trained
 on), both closed-book, facts of new entities added to the index after training, and held-out and train
 facts whose value was changed in the index (exact match on the new value and on the old one). Exact match
 is on VALUE, the answer's text before its first " [".
@@ -45,6 +45,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: a modest share of a shared machine)")
     p.add_argument("--with-instruction", action="store_true",
                    help="put `rag ask`'s instruction line in every prompt (longer prompts, slower steps)")
+    p.add_argument("--mode", default="bm25", choices=("bm25", "dense", "hybrid"),
+                   help="retrieval of the training prompts' sources and of the questions asked")
+    p.add_argument("--ask-only", action="store_true",
+                   help="with --out of an earlier run of the same settings: ask its tuned model, no training")
     p.add_argument("--out", help="keep the tuned model and the results (results.json) in this folder")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -89,7 +93,7 @@ def main() -> None:
 
     rows = []
     for f in train:
-        hits = retrieve(index, f.question(), 3, "bm25")
+        hits = retrieve(index, f.question(), 3, args.mode)
         gold = next((n for n, h in enumerate(hits, 1) if h.source == f.id), None)
         if gold is not None:
             rows.append({"prompt": grounded_prompt(tok, f.question(), hits, instruction)[0], "completion": f" {f.value} [{gold}]"})
@@ -103,10 +107,14 @@ def main() -> None:
     tok.save_pretrained(base)
     print(f"{len(rows)} SFT rows (longest {longest} tokens), {len(train)} train facts; "
           f"{sum(p.numel() for p in CausalLM(cfg).parameters()):,} parameters", flush=True)
-    report = sft(SFTConfig(model=str(base), train=str(work / "train.jsonl"), out=str(work / "tuned"),
-                           max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                           warmup_ratio=args.warmup_ratio, seed=args.seed, log_every=250),
-                 log=lambda line: print(line, flush=True))
+    if args.ask_only and (work / "tuned" / "sft.json").is_file():
+        report = json.loads((work / "tuned" / "sft.json").read_text(encoding="utf-8"))
+        print(f"asking the model {work / 'tuned'} tuned by an earlier run")
+    else:
+        report = sft(SFTConfig(model=str(base), train=str(work / "train.jsonl"), out=str(work / "tuned"),
+                               max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                               warmup_ratio=args.warmup_ratio, seed=args.seed, log_every=250),
+                     log=lambda line: print(line, flush=True))
     print(f"trained {report['steps']} steps in {report['seconds']:.0f} s (last loss {report['last_loss']:.3f})")
     model = lmkit.load_model(work / "tuned").eval()
     tok = lmkit.load_tokenizer(work / "tuned")
@@ -114,7 +122,7 @@ def main() -> None:
     def ask(questions, with_sources: bool):
         out = []
         for question in questions:
-            hits = retrieve(index, question, 3, "hybrid") if with_sources else []
+            hits = retrieve(index, question, 3, args.mode) if with_sources else []
             ids = grounded_prompt(tok, question, hits, instruction)[1]
             with torch.inference_mode():
                 gen = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=eos,
@@ -138,6 +146,7 @@ def main() -> None:
                       "gold_retrieved": recall(results, wanted) if retrieved else None,
                       "old_value": exact(results, old) if old is not None else None})
 
+    counts = f"{len(train)} train, {len(held)} held-out, {len(late)} added facts"
     sample_train = rng.sample(train, min(args.questions, len(train)))
     held = rng.sample(held, min(args.questions, len(held)))
     row("train facts, with retrieval", ask([f.question() for f in sample_train], True), sample_train)
@@ -161,7 +170,7 @@ def main() -> None:
     row("train facts changed in the index", ask([f.question() for f in moved], True), moved, old=before)
 
     chance = 1 / len(next(iter(ATTRIBUTES.values())))
-    print(f"\nchance: {chance:.0%}; {len(train)} train, {len(held)} held-out, {len(late)} added facts\n")
+    print(f"\nchance: {chance:.0%}; {counts} (at most {args.questions} questions asked per row)\n")
     print("| questions | exact match | gold fact retrieved (top 3) | answers with the old value |\n"
           "| --- | --- | --- | --- |")
     for r in table:
