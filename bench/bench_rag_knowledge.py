@@ -1,6 +1,6 @@
 """Knowledge without retraining: a small decoder trained to answer from retrieved sources, on a synthetic world.
 
-    OMP_NUM_THREADS=1 python bench/bench_rag_knowledge.py [--entities 1500] [--steps 3000] [--out DIR]
+    OMP_NUM_THREADS=1 python bench/bench_rag_knowledge.py [--entities 1500] [--steps 1000] [--mode hybrid] [--out DIR]
 
 `lmkit.rag.world` draws entities with invented names and three attributes (10 values each: chance 10%).
 Facts of the first 60% of entities ("train") and the next 25% ("held out") are indexed with
@@ -13,10 +13,10 @@ completion "VALUE [n]"; every train fact is also a closed-book row (no sources, 
 "VALUE"). Many entities make memorising every fact harder than learning to copy the value from the
 sources. The step count is fixed (not a time budget), so the result does not depend on the machine's load.
 
-The tuned model is then asked, greedy, with the same retrieval (--mode, BM25 by default): train facts, held-out facts (never trained
-on), both closed-book, facts of new entities added to the index after training, and held-out and train
-facts whose value was changed in the index (exact match on the new value and on the old one). Exact match
-is on VALUE, the answer's text before its first " [".
+The tuned model is then asked, greedy, with the same retrieval (--mode; hybrid by default, as `rag ask`):
+train facts, held-out facts (never trained on), both closed-book, facts of new entities added to the index
+after training, and held-out and train facts whose value was changed in the index (exact match on the new
+value and on the old one). Exact match is on VALUE, the answer's text before its first " [".
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ import torch
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--entities", type=int, default=1500)
-    p.add_argument("--steps", type=int, default=3000, help="optimizer steps of the SFT run (fixed, not timed)")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps of the SFT run (fixed, not timed)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--questions", type=int, default=300, help="questions asked per row of the table, at most")
+    p.add_argument("--questions", type=int, default=200, help="questions asked per row of the table, at most")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup-ratio", type=float, default=0.05)
     p.add_argument("--vocab-size", type=int, default=1000)
@@ -45,7 +45,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: a modest share of a shared machine)")
     p.add_argument("--with-instruction", action="store_true",
                    help="put `rag ask`'s instruction line in every prompt (longer prompts, slower steps)")
-    p.add_argument("--mode", default="bm25", choices=("bm25", "dense", "hybrid"),
+    p.add_argument("--mode", default="hybrid", choices=("bm25", "dense", "hybrid"),
                    help="retrieval of the training prompts' sources and of the questions asked")
     p.add_argument("--ask-only", action="store_true",
                    help="with --out of an earlier run of the same settings: ask its tuned model, no training")
