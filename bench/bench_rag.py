@@ -1,7 +1,7 @@
 """RAG retrieval: quality on pydocs, index-time speed against sentence-transformers + faiss, search at scale.
 
     python bench/bench_rag.py [--docs 400] [--queries 100] [--speed-docs 120] [--sizes 10000,100000,1000000]
-                              [--parts quality,speed,scale]
+                              [--parts quality,speed,scale] [--threads N]
 
 quality: `lmkit.rag.evalset` (held-out docstring summaries, rewritten, as queries; the entry as the one
   relevant document); recall@1/5/10 and MRR@10 by document for dense, BM25 and hybrid, all-MiniLM-L6-v2, fp32.
@@ -187,11 +187,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the speed part (best kept)")
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--parts", default="quality,speed,scale")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's); 1 keeps a shared machine's "
+                        "other jobs out of the CPU-time columns (no thread waits on a descheduled peer)")
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     parts = set(args.parts.split(","))
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"CPU: {machine.cpu_name()} (bf16 {'native' if machine.bf16_native() else 'emulated'}); torch threads {torch.get_num_threads()}")
     model_dir = minilm_dir() if parts & {"quality", "speed"} else None
     if "quality" in parts:

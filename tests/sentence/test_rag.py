@@ -270,15 +270,22 @@ QUERIES = ["How do I read rows from a database?", "serialize python objects to t
            "北京欢迎你", "path of a file on disk", "small animals that hunt at night", "x"]
 
 
-def test_dense_parity_with_sentence_transformers_and_faiss(minilm_path):
+@pytest.mark.parametrize("chunk_tokens, overlap, batch_size, n_docs", [(61, 9, 7, 6), (120, 10, 64, 14)])
+def test_dense_parity_with_sentence_transformers_and_faiss(minilm_path, chunk_tokens, overlap, batch_size, n_docs):
     st = pytest.importorskip("sentence_transformers")
     from lmkit.data import load_corpus
+    from lmkit.sentence import length_batches
 
-    docs = DOCS + [d for d in load_corpus("pydocs") if 200 < len(d.text) < 1500][:6]
-    index = RagIndex.create(minilm_path, chunk_tokens=61, overlap=9, batch_size=7)
+    docs = DOCS + [d for d in load_corpus("pydocs") if 200 < len(d.text) < 1500][:n_docs]
+    index = RagIndex.create(minilm_path, chunk_tokens=chunk_tokens, overlap=overlap, batch_size=batch_size)
     index.add(docs)
     ids = sorted(index.chunks)
     texts = [index.chunks[i].text for i in ids]
+    lengths = sorted((len(t) for t in index.encoder.tokenize(texts)), reverse=True)
+    batches = length_batches(list(range(len(lengths))), lengths, batch_size)
+    assert [i for b in batches for i in b] == list(range(len(lengths))) and max(map(len, batches)) <= batch_size
+    if batch_size == 64:  # long chunks of mixed lengths: batches are cut where the lengths spread, not every 64
+        assert len(batches) > -(-len(lengths) // batch_size)
     model = st.SentenceTransformer(str(minilm_path), device="cpu")
     ref = faiss.IndexFlatIP(384)
     ref.add(model.encode(texts, batch_size=5, normalize_embeddings=True))
@@ -349,3 +356,19 @@ def test_cli_index_updates_in_place_and_removes(tmp_path, tiny, capsys):
     assert main(["rag", "remove", "--index", str(tmp_path / "ix"), "--source", source_b]) == 0
     assert retrieve(RagIndex.open(tmp_path / "ix"), "zebras", 5, "bm25") == []
     assert main(["rag", "remove", "--index", str(tmp_path / "ix"), "--source", "nope"]) == 2
+
+
+def test_length_batches_cut_long_mixed_rows_and_keep_short_ones_whole():
+    from lmkit.sentence import length_batches
+
+    short = [20] * 100  # short texts: full batches, as fixed batching gives
+    assert [len(b) for b in length_batches(list(range(100)), short, 32)] == [32, 32, 32, 4]
+    lengths = sorted(((i * 37) % 120 + 10 for i in range(300)), reverse=True)
+    batches = length_batches(list(range(300)), lengths, 64)
+    assert [i for b in batches for i in b] == list(range(300))
+    padded = sum(lengths[b[0]] * len(b) for b in batches)
+    fixed = sum(lengths[s] * len(lengths[s:s + 64]) for s in range(0, 300, 64))
+    assert padded < fixed and all(len(b) <= 64 for b in batches)
+    for b in batches:  # a batch spreads past 90% of its longest only while it is under 1024 padded tokens
+        over = [j for j, i in enumerate(b) if lengths[i] < 0.9 * lengths[b[0]]]
+        assert not over or over[0] * lengths[b[0]] < 1024

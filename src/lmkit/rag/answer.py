@@ -28,17 +28,18 @@ class Answer:
     notices: list[str] = field(default_factory=list)
 
 
-def user_message(question: str, sources: list[Hit]) -> str:
-    parts = [INSTRUCTION, ""]
+def user_message(question: str, sources: list[Hit], instruction: str = INSTRUCTION) -> str:
+    """The grounded turn: the instruction (left out when empty), the numbered sources, the question."""
+    parts = [instruction, ""] if instruction else []
     for number, hit in enumerate(sources, 1):
         parts += [f"[{number}] ({hit.source})", " ".join(hit.text.split()), ""]
     parts.append(f"Question: {question}")
     return "\n".join(parts)
 
 
-def grounded_prompt(tokenizer, question: str, sources: list[Hit]) -> tuple[str, list[int]]:
+def grounded_prompt(tokenizer, question: str, sources: list[Hit], instruction: str = INSTRUCTION) -> tuple[str, list[int]]:
     """(prompt text, its ids): through the tokenizer's chat template when it has one."""
-    message = user_message(question, sources)
+    message = user_message(question, sources, instruction)
     if tokenizer.chat_template:
         text = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
                                              tokenize=False)
