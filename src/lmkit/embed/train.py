@@ -63,8 +63,8 @@ class TrainReport:
 
 
 class _Output:
-    """The output side as the kernel takes it: negative sampling (one row per word, the cumulative noise
-    distribution) and hierarchical softmax (one row per inner node of the Huffman tree, each word's path).
+    """The output side as the kernel takes it: negative sampling (one row per word, the alias table of the
+    noise) and hierarchical softmax (one row per inner node of the Huffman tree, each word's path).
     The side that is off is a set of empty arrays of the same types, so that one compiled kernel serves
     every configuration."""
 
@@ -72,7 +72,7 @@ class _Output:
         V, d = len(vocab), cfg.dim
         self.negative = int(cfg.negative)
         self.neg = np.zeros((V if cfg.negative else 0, d), dtype=np.float32)
-        self.noise = vocab.noise_cumulative(cfg.ns_exponent) if cfg.negative else np.zeros(0)
+        self.noise = vocab.noise_alias(cfg.ns_exponent) if cfg.negative else (np.zeros(0), np.zeros(0, np.int64))
         self.hs = np.zeros((V - 1 if cfg.hs else 0, d), dtype=np.float32)
         if cfg.hs:
             self.points, self.codes, self.lengths = huffman_paths(vocab.counts)
@@ -81,7 +81,7 @@ class _Output:
                                                      np.zeros(0, np.int64))
 
     def arguments(self) -> tuple:
-        return self.neg, self.noise, self.negative, self.hs, self.points, self.codes, self.lengths
+        return self.neg, *self.noise, self.negative, self.hs, self.points, self.codes, self.lengths
 
 
 def chunk_seed(seed: int, job: int) -> int:
