@@ -8,10 +8,11 @@ o's Huffman path with code c, g = lr (1 - c - s(u.h)), skipped where |u.h| >= MA
 Finally the input side gets e: v += e (CBOW: every context word gets the whole e). Rows are updated in
 place pair after pair, as in word2vec.c and gensim's word2vec_inner.pyx.
 
-Randomness is word2vec.c's linear congruential generator r' = (r * 25214903917 + 11) mod 2^48, whose top
-32 bits (r >> 16) drive subsampling (keep w when (r >> 16) / 2^32 < P(keep w)), the reduced window
-b = 1 + (r >> 16) mod window, and the noise draws (the word at index (r >> 16) mod len of the unigram
-table). One chunk is repeatable from its seed alone, whichever thread runs it.
+Randomness is splitmix64 (a 64-bit counter advanced by a fixed odd gamma, then mixed); the top 32 bits x
+of each draw give subsampling (keep w when x / 2^32 < P(keep w)), the reduced window b = 1 + x mod window,
+and the noise draws (Walker's alias table at r = x / 2^32). It replaces word2vec.c's 48-bit linear
+congruential generator, whose top bits made runs with different seeds agree less with each other on small
+corpora. One chunk is repeatable from its seed alone, whichever thread runs it.
 """
 from __future__ import annotations
 
@@ -27,16 +28,18 @@ from numba import njit
 llvmlite.binding.set_option("", "-force-vector-interleave=1")
 
 MAX_EXP = 6.0  # word2vec.c's range of u.h for hierarchical softmax; outside it a node's step is skipped
-_MUL = np.uint64(25214903917)
-_ADD = np.uint64(11)
-_MASK = np.uint64((1 << 48) - 1)
-_SHIFT = np.uint64(16)
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
 _TWO32 = 4294967296.0
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _advance(state):
-    return (state * _MUL + _ADD) & _MASK
+def _bits(state):
+    """The top 32 bits of splitmix64's output for this state."""
+    z = (state ^ (state >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return (z ^ (z >> np.uint64(31))) >> np.uint64(32)
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})
@@ -89,8 +92,8 @@ def _output_step(h, hrow, target, lr, neg, noise_keep, noise_alias, negative, hs
         if n == 0:
             row, label = target, 1.0
         else:
-            row = _draw(noise_keep, noise_alias, np.float64(state >> _SHIFT) / _TWO32)
-            state = _advance(state)
+            state += _GAMMA
+            row = _draw(noise_keep, noise_alias, np.float64(_bits(state)) / _TWO32)
             if row == target:
                 continue
             label = 0.0
@@ -108,13 +111,13 @@ def train_chunk(ids, sentence_of, keep, W, neg, noise_keep, noise_alias, negativ
     neg / noise are (0, d) / (0,) when negative sampling is off; hs / points / codes / lengths are
     (0, d) / (0, 0) / (0, 0) / (0,) when hierarchical softmax is off. Returns how many words were kept."""
     d = W.shape[1]
-    state = np.uint64(seed) & _MASK
+    state = np.uint64(seed)
     kept = np.empty(ids.shape[0], dtype=np.int64)
     sent = np.empty(ids.shape[0], dtype=np.int64)
     n = 0
     for t in range(ids.shape[0]):
-        r = np.float64(state >> _SHIFT) / _TWO32
-        state = _advance(state)
+        state += _GAMMA
+        r = np.float64(_bits(state)) / _TWO32
         if r < keep[ids[t]]:
             kept[n] = ids[t]
             sent[n] = sentence_of[t]
@@ -125,8 +128,8 @@ def train_chunk(ids, sentence_of, keep, W, neg, noise_keep, noise_alias, negativ
     for i in range(n):
         if i == 0 or sent[i] != sent[i - 1]:
             start = i
-        b = 1 + np.int64((state >> _SHIFT) % np.uint64(window))
-        state = _advance(state)
+        state += _GAMMA
+        b = 1 + np.int64(_bits(state) % np.uint64(window))
         lo = max(start, i - b)
         hi = i + b + 1
         if hi > n:

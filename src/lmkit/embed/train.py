@@ -22,7 +22,7 @@ from lmkit.embed.vocab import Vocabulary, encode_corpus, huffman_paths
 from lmkit.errors import ConfigError
 
 CHUNK_WORDS = 10000  # the learning rate is set once per chunk of the corpus (gensim's job size)
-SEED_BITS = (1 << 48) - 1  # the kernel's generator keeps 48 bits of state
+SEED_BITS = (1 << 63) - 1  # an int64, so that every seed gives the kernel the same argument types
 
 
 @dataclass

@@ -35,7 +35,8 @@ def sentences_of(texts: Iterable[str]) -> Iterator[list[str]]:
 
 @dataclass
 class Vocabulary:
-    """Words kept by min_count, most frequent first (ties in order of first appearance), and their counts."""
+    """Words kept by min_count, most frequent first, and their counts. Equal counts are in gensim's order (the
+    word that first appears later comes first), so that the vocabulary, and hence the Huffman tree, are gensim's."""
 
     words: list[str]
     counts: np.ndarray  # int64 (V,)
@@ -47,7 +48,8 @@ class Vocabulary:
             for w in sentence:
                 counts[w] = counts.get(w, 0) + 1
         kept = [(w, c) for w, c in counts.items() if c >= min_count]
-        kept.sort(key=lambda wc: -wc[1])  # stable: equal counts keep first-appearance order
+        kept.reverse()
+        kept.sort(key=lambda wc: -wc[1])  # stable on the reversed list: gensim's lexsort((-first, -count))
         if not kept:
             raise ConfigError(f"no word occurs at least --min-count {min_count} times; lower --min-count or give more text")
         return cls([w for w, _ in kept], np.array([c for _, c in kept], dtype=np.int64))
@@ -105,24 +107,36 @@ def encode_corpus(sentences: Iterable[Sequence[str]], vocab: Vocabulary) -> tupl
     return np.asarray(ids, dtype=np.int64), sentence_of
 
 
+class _Weight:
+    """A Huffman tree node on the heap, compared by count alone (as gensim's Heapitem is)."""
+
+    __slots__ = ("count", "node")
+
+    def __init__(self, count: int, node: int):
+        self.count, self.node = count, node
+
+    def __lt__(self, other: "_Weight") -> bool:
+        return self.count < other.count
+
+
 def huffman_paths(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(points, codes, lengths): for word w, points[w, :lengths[w]] are the inner nodes from the root down
     (ids 0..V-2) and codes[w, :lengths[w]] the branch taken at each (1 for the heavier child's side, as
-    word2vec.c and gensim label it). Padding beyond a word's length is 0."""
+    word2vec.c and gensim label it). Equal counts are ordered as gensim's heap orders them, so that the same
+    counts give gensim's tree. Padding beyond a word's length is 0."""
     V = len(counts)
     if V < 2:
         raise ConfigError("hierarchical softmax needs at least two words in the vocabulary; lower --min-count")
-    heap = [(int(c), i) for i, c in enumerate(counts)]
+    heap = [_Weight(int(c), i) for i, c in enumerate(counts)]
     heapq.heapify(heap)
     parent = np.zeros(2 * V - 1, dtype=np.int64)
     branch = np.zeros(2 * V - 1, dtype=np.int8)
     node = V
     while len(heap) > 1:
-        c1, a = heapq.heappop(heap)
-        c2, b = heapq.heappop(heap)
-        parent[a], parent[b] = node, node
-        branch[b] = 1
-        heapq.heappush(heap, (c1 + c2, node))
+        a, b = heapq.heappop(heap), heapq.heappop(heap)
+        parent[a.node], parent[b.node] = node, node
+        branch[b.node] = 1
+        heapq.heappush(heap, _Weight(a.count + b.count, node))
         node += 1
     root = node - 1
     paths = []
