@@ -1,20 +1,16 @@
-"""word2vec training: vocabulary, subsampling and noise against gensim's tables, Huffman codes, windows,
-the CLI's files (read back by gensim), and vectors that agree with gensim's Word2Vec as much as gensim's
+"""word2vec training: vocabulary, subsampling and noise against gensim's tables, the Huffman tree against
+gensim's, the CLI's files (read back by gensim), and vectors that agree with gensim's Word2Vec as much as gensim's
 own runs with another seed agree with each other."""
-import os
 from itertools import combinations
 
 import numpy as np
 import pytest
-import torch
 
 gensim_models = pytest.importorskip("gensim.models")
 from gensim.test.utils import datapath  # noqa: E402
 
 from lmkit.cli import main  # noqa: E402
 from lmkit.embed import Vocabulary, Word2Vec, Word2VecConfig, WordVectors, sentences_of  # noqa: E402
-from lmkit.embed.kernel import MAX_EXP, train_chunk  # noqa: E402
-from lmkit.embed.train import chunk_seed  # noqa: E402
 from lmkit.embed.vocab import huffman_paths  # noqa: E402
 
 
@@ -76,7 +72,9 @@ def agreement(a, b, words):
                          ids=["skipgram-neg", "cbow-neg", "skipgram-hs"])
 def test_vectors_agree_with_gensim_within_its_own_seed_noise(lee, kind):
     settings = dict(dim=32, window=5, min_count=3, sample=1e-3, epochs=5, **kind)
-    ours = Word2Vec(Word2VecConfig(threads=1, seed=1, **settings)).train(lee)[0]
+    # a seed neither gensim run uses: with the same vocabulary order, the same seed draws the same initial
+    # vectors (up to scale) on both sides, which would make the two agree more than training alone does
+    ours = Word2Vec(Word2VecConfig(threads=1, seed=3, **settings)).train(lee)[0]
 
     def gensim_run(seed):
         return gensim_models.Word2Vec(lee, vector_size=32, window=5, min_count=3, sample=1e-3, epochs=5,
