@@ -74,7 +74,8 @@ def _draw(keep, alias, r):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _output_step(h, hrow, target, lr, neg, noise_keep, noise_alias, negative, hs, points, codes, lengths, work, state):
+def _output_step(h, hrow, target, lr, neg, noise_keep, noise_alias, negative, hs, points, codes, lengths,
+                 work, state):
     """Update the output rows for predicting `target` from h[hrow]; add the step for h into work[0]."""
     d = h.shape[1]
     if lengths.shape[0] > 0:
@@ -108,8 +109,9 @@ def train_chunk(ids, sentence_of, keep, W, neg, noise_keep, noise_alias, negativ
                 sg, window, lr, seed):
     """One chunk: subsample, draw each centre's window b ~ U{1..window} inside its sentence, and run the
     SGD step of every (context, centre) pair (skip-gram) or of every centre's window mean (CBOW).
-    neg / noise are (0, d) / (0,) when negative sampling is off; hs / points / codes / lengths are
-    (0, d) / (0, 0) / (0, 0) / (0,) when hierarchical softmax is off. Returns how many words were kept."""
+    neg / noise_keep / noise_alias are (0, d) / (0,) / (0,) when negative sampling is off; hs / points /
+    codes / lengths are (0, d) / (0, 0) / (0, 0) / (0,) when hierarchical softmax is off, so that every
+    configuration calls the one compiled version. Returns how many words were kept."""
     d = W.shape[1]
     state = np.uint64(seed)
     kept = np.empty(ids.shape[0], dtype=np.int64)
@@ -140,9 +142,9 @@ def train_chunk(ids, sentence_of, keep, W, neg, noise_keep, noise_alias, negativ
                 if j == i or sent[j] != sent[i]:
                     continue
                 word = kept[j]
-                work[0, :] = 0.0
-                state = _output_step(W, word, centre, lr, neg, noise_keep, noise_alias, negative, hs, points, codes, lengths,
-                                     work, state)
+                work[0, :] = 0.0  # the context word's input vector predicts the centre (word2vec.c's order)
+                state = _output_step(W, word, centre, lr, neg, noise_keep, noise_alias, negative, hs, points,
+                                     codes, lengths, work, state)
                 _axpy(np.float32(1.0), work, 0, W, word, d)
         else:
             count = 0
@@ -158,8 +160,8 @@ def train_chunk(ids, sentence_of, keep, W, neg, noise_keep, noise_alias, negativ
             for k in range(d):
                 mean[0, k] *= inv
             work[0, :] = 0.0
-            state = _output_step(mean, 0, centre, lr, neg, noise_keep, noise_alias, negative, hs, points, codes, lengths,
-                                 work, state)
+            state = _output_step(mean, 0, centre, lr, neg, noise_keep, noise_alias, negative, hs, points,
+                                 codes, lengths, work, state)
             for j in range(lo, hi):
                 if j == i or sent[j] != sent[i]:
                     continue
