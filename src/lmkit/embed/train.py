@@ -4,9 +4,8 @@ Skip-gram maximizes sum_t sum_{0<|j|<=b_t} log P(w_{t+j} | w_t) with P proportio
 the window b_t drawn uniformly from 1..window for each position. Negative sampling replaces log P by
 log s(u_o^T v) + sum_{k} log s(-u_k^T v), k drawn from the noise P_n(w) ~ c_w^0.75 (s: the logistic);
 hierarchical softmax by sum over the Huffman path of log s((1 - 2 code) u_node^T v). CBOW predicts w_t from
-the mean of its window's input vectors. Stochastic gradient ascent, the rate decaying linearly from alpha to
-min_alpha over all epochs, as gensim and word2vec.c do; here a batch of pairs is one vectorized step (reads
-before writes within a batch, sums of the updates of a word that occurs several times in it).
+the mean of its window's input vectors. Stochastic gradient ascent one pair at a time (lmkit.embed.kernel),
+the rate decaying linearly from alpha to min_alpha over all epochs, as gensim and word2vec.c do.
 """
 from __future__ import annotations
 
@@ -17,15 +16,13 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
-import torch
 
-from lmkit.embed.steps import Steps
 from lmkit.embed.vectors import WordVectors
 from lmkit.embed.vocab import Vocabulary, encode_corpus, huffman_paths
 from lmkit.errors import ConfigError
 
 CHUNK_WORDS = 10000  # the learning rate is set once per chunk of the corpus (gensim's job size)
-NOISE_TABLE = 10_000_000  # word2vec.c's unigram table: drawing a noise word is one random index into it
+SEED_BITS = (1 << 63) - 1  # an int64, so that every seed gives the kernel the same argument types
 
 
 @dataclass
@@ -43,8 +40,6 @@ class Word2VecConfig:
     ns_exponent: float = 0.75
     seed: int = 1
     threads: int = 2
-    batch_pairs: int = 1024  # skip-gram pairs per vectorized step (CBOW: see cbow_centers)
-    compile: bool = True  # compile the batch step with inductor (falls back to eager without a compiler)
 
     def check(self) -> None:
         if self.dim < 1 or self.window < 1 or self.epochs < 1 or self.min_count < 1 or self.threads < 1:
@@ -68,49 +63,30 @@ class TrainReport:
 
 
 class _Output:
-    """The output side: negative sampling (one row per word, the noise table) and/or hierarchical softmax
-    (one row per inner node of the Huffman tree, each word's path)."""
+    """The output side as the kernel takes it: negative sampling (one row per word, the alias table of the
+    noise) and hierarchical softmax (one row per inner node of the Huffman tree, each word's path).
+    The side that is off is a set of empty arrays of the same types, so that one compiled kernel serves
+    every configuration."""
 
     def __init__(self, cfg: Word2VecConfig, vocab: Vocabulary):
         V, d = len(vocab), cfg.dim
-        self.negative = cfg.negative
-        self.neg = self.noise = None
-        if cfg.negative:
-            self.neg = torch.zeros(V, d)
-            cum = vocab.noise_cumulative(cfg.ns_exponent)
-            size = min(NOISE_TABLE, max(1_000_000, 100 * V))
-            self.noise = np.searchsorted(cum, (np.arange(size) + 0.5) / size).astype(np.int64)
-        self.hs = self.points = self.codes = self.path_mask = None
+        self.negative = int(cfg.negative)
+        self.neg = np.zeros((V if cfg.negative else 0, d), dtype=np.float32)
+        self.noise = vocab.noise_alias(cfg.ns_exponent) if cfg.negative else (np.zeros(0), np.zeros(0, np.int64))
+        self.hs = np.zeros((V - 1 if cfg.hs else 0, d), dtype=np.float32)
         if cfg.hs:
-            points, codes, lengths = huffman_paths(vocab.counts)
-            self.points, self.codes = torch.from_numpy(points), torch.from_numpy(codes)
-            self.path_mask = torch.arange(points.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]
-            self.hs = torch.zeros(V - 1, d)
+            self.points, self.codes, self.lengths = huffman_paths(vocab.counts)
+        else:
+            self.points, self.codes, self.lengths = (np.zeros((0, 0), np.int64), np.zeros((0, 0), np.float32),
+                                                     np.zeros(0, np.int64))
 
-    def arguments(self, target: torch.Tensor, rng: np.random.Generator) -> tuple:
-        """(neg, rows, hs, points, codes, path_mask) for a batch: rows holds the target then k noise draws."""
-        rows = None
-        if self.neg is not None:
-            noise = self.noise[rng.integers(0, len(self.noise), (len(target), self.negative))]
-            rows = torch.cat((target[:, None], torch.from_numpy(noise)), dim=1)
-        return self.neg, rows, self.hs, self.points, self.codes, self.path_mask
+    def arguments(self) -> tuple:
+        return self.neg, *self.noise, self.negative, self.hs, self.points, self.codes, self.lengths
 
 
-def _windows(n_total: int, start: int, end: int, sentence_of: np.ndarray, window: int,
-             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(centers, contexts) positions of every pair in the chunk [start, end): context within the center's
-    reduced window b ~ U{1..window} and in the same sentence."""
-    centers = np.arange(start, end)
-    reach = rng.integers(1, window + 1, end - start)
-    cs, xs = [], []
-    for offset in range(1, window + 1):
-        near = reach >= offset
-        for j in (centers - offset, centers + offset):
-            ok = near & (j >= 0) & (j < n_total)
-            ok[ok] &= sentence_of[j[ok]] == sentence_of[centers[ok]]
-            cs.append(centers[ok])
-            xs.append(j[ok])
-    return np.concatenate(cs), np.concatenate(xs)
+def chunk_seed(seed: int, job: int) -> int:
+    """The generator's start for job `job` (chunk and epoch) of a run seeded with `seed`."""
+    return int(np.random.SeedSequence([seed, job]).generate_state(1, np.uint64)[0]) & SEED_BITS
 
 
 class Word2Vec:
@@ -126,7 +102,12 @@ class Word2Vec:
     def train(self, sentences: Iterable[Sequence[str]], progress: Callable[[int, float], None] | None = None
               ) -> tuple[WordVectors, TrainReport]:
         """Vectors and a report (words seen, seconds). `threads` workers take chunks of the corpus in order and
-        update the shared matrices without locks, as gensim's workers do (repeatable with one thread)."""
+        update the shared matrices without locks, as gensim's workers do. Each chunk draws its randomness from
+        its own seed, so one thread repeats itself exactly."""
+        try:
+            from lmkit.embed.kernel import train_chunk
+        except ImportError as err:
+            raise ConfigError(f"word2vec training needs numba ({err}): pip install numba") from None
         cfg = self.config
         sentences = sentences if isinstance(sentences, list) else list(sentences)
         vocab = Vocabulary.build(sentences, cfg.min_count)
@@ -134,8 +115,8 @@ class Word2Vec:
         rng = np.random.default_rng(cfg.seed)
         V, d = len(vocab), cfg.dim
         # word2vec.c's start: input vectors uniform in [-0.5, 0.5) / dim, output vectors zero
-        W = torch.from_numpy((rng.random((V, d), dtype=np.float32) - 0.5) / d)
-        output = _Output(cfg, vocab)
+        W = (rng.random((V, d), dtype=np.float32) - 0.5) / d
+        output = _Output(cfg, vocab).arguments()
         keep = vocab.keep_probabilities(cfg.sample)
         total = len(ids) * cfg.epochs
         jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -146,99 +127,37 @@ class Word2Vec:
         done_words = [0]
         lock = threading.Lock()
 
-        def work(worker: int) -> None:
-            local = np.random.default_rng([cfg.seed, worker])
+        def run(lo: int, hi: int, lr: float, seed: int) -> None:
+            train_chunk(ids[lo:hi], sentence_of[lo:hi], keep, W, *output, bool(cfg.sg), int(cfg.window), float(lr), seed)
+
+        def work() -> None:
             try:
                 while not errors:
                     try:
                         seen, lo, hi = jobs.get_nowait()
                     except queue.Empty:
                         return
-                    lr = torch.tensor(max(cfg.min_alpha, cfg.alpha - (cfg.alpha - cfg.min_alpha) * seen / total))
-                    chunk, sents = ids[lo:hi], sentence_of[lo:hi]
-                    kept = local.random(len(chunk)) < keep[chunk]
-                    self._train_chunk(W, output, steps, chunk[kept], sents[kept], lr, local)
+                    lr = max(cfg.min_alpha, cfg.alpha - (cfg.alpha - cfg.min_alpha) * seen / total)
+                    run(lo, hi, lr, chunk_seed(cfg.seed, seen))
                     with lock:
                         done_words[0] += hi - lo
                         if progress is not None:
-                            progress(done_words[0], float(lr))
+                            progress(done_words[0], lr)
             except BaseException as exc:  # re-raised in the calling thread
                 errors.append(exc)
 
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # parallel over workers: intra-op threads on these small ops only contend
-        try:
-            steps = self._compiled_steps(W, output)  # compiled under the thread count it will run with
-            start = time.perf_counter()
-            if cfg.threads == 1:
-                work(0)
-            else:
-                pool = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(cfg.threads)]
-                for t in pool:
-                    t.start()
-                for t in pool:
-                    t.join()
-            seconds = time.perf_counter() - start
-        finally:
-            torch.set_num_threads(threads)
+        run(0, 0, 0.0, 0)  # compiles the kernel, or loads it from numba's cache, before the clock starts
+        start = time.perf_counter()
+        if cfg.threads == 1:
+            work()
+        else:
+            pool = [threading.Thread(target=work, daemon=True) for _ in range(cfg.threads)]
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
+        seconds = time.perf_counter() - start
         if errors:
             raise errors[0]
         report = TrainReport(words=total, seconds=seconds)
-        return WordVectors(vocab.words, W.numpy(), counts=vocab.counts), report
-
-    def _compiled_steps(self, W: torch.Tensor, output: _Output) -> Steps:
-        """The skip-gram step compiled for this run's batch shape (warmed with lr = 0, which changes nothing)."""
-        cfg = self.config
-        steps = Steps(cfg.compile)
-        rng = np.random.default_rng(0)
-        if cfg.sg:
-            n = cfg.batch_pairs
-            target = torch.zeros(n, dtype=torch.int64)
-            steps.warm("skipgram", W, torch.zeros(n, dtype=torch.int64), target, None, *output.arguments(target, rng))
-        # CBOW stays eager: inductor's loop for the window mean and its spread ran about half as fast as the
-        # eager ops (bmm, index_add_) on 2 AVX-512 cores, at every batch size tried
-        return steps
-
-    def _train_chunk(self, W: torch.Tensor, output: _Output, steps: Steps, ids: np.ndarray,
-                     sentence_of: np.ndarray, lr: torch.Tensor, rng: np.random.Generator) -> None:
-        cfg = self.config
-        centers, contexts = _windows(len(ids), 0, len(ids), sentence_of, cfg.window, rng)
-        if not len(centers):
-            return
-        ids_t = torch.from_numpy(ids)
-        if cfg.sg:  # the context word's input vector predicts the center word (gensim's order)
-            inputs, targets = ids_t[torch.from_numpy(contexts)], ids_t[torch.from_numpy(centers)]
-            neg, rows, *hs = output.arguments(targets, rng)  # the noise of the whole chunk in one draw
-            for s in range(0, len(inputs), cfg.batch_pairs):
-                e = s + cfg.batch_pairs
-                steps("skipgram", W, inputs[s:e], targets[s:e], lr, neg, None if rows is None else rows[s:e], *hs)
-            return
-        table, mask, target_pos = _window_table(centers, contexts, 2 * cfg.window)
-        context, targets = ids_t[torch.from_numpy(table)], ids_t[torch.from_numpy(target_pos)]
-        mask_t = torch.from_numpy(mask)
-        neg, rows, *hs = output.arguments(targets, rng)
-        n = cbow_centers(cfg)
-        for s in range(0, len(targets), n):
-            e = s + n
-            steps("cbow", W, context[s:e], mask_t[s:e], targets[s:e], lr, neg, None if rows is None else rows[s:e], *hs)
-
-
-def cbow_centers(cfg: Word2VecConfig) -> int:
-    """Centre words per CBOW step: about 4 batch_pairs context words (a window holds about `window` of them
-    on average); measured on 2 cores, the eager step is fastest near 800 centres."""
-    return max(1, 4 * cfg.batch_pairs // cfg.window)
-
-
-def _window_table(centers: np.ndarray, contexts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(context positions (N, width), mask, center positions (N,)) grouping the pairs by center; padding
-    points at position 0 and is masked out."""
-    order = np.argsort(centers, kind="stable")
-    centers, contexts = centers[order], contexts[order]
-    uniq, first, count = np.unique(centers, return_index=True, return_counts=True)
-    slot = np.arange(len(centers)) - np.repeat(first, count)
-    row = np.repeat(np.arange(len(uniq)), count)
-    table = np.zeros((len(uniq), width), dtype=np.int64)
-    mask = np.zeros((len(uniq), width), dtype=bool)
-    table[row, slot] = contexts
-    mask[row, slot] = True
-    return table, mask, uniq
+        return WordVectors(vocab.words, W, counts=vocab.counts), report

@@ -2,7 +2,7 @@
 
 Subsampling (word2vec.c, gensim): with threshold count c_t = t * N over the N retained words, word w of
 count c_w is kept with probability min(1, (sqrt(c_w / c_t) + 1) * c_t / c_w).
-Noise for negative sampling: P_n(w) = c_w^0.75 / sum_v c_v^0.75, drawn by bisecting its cumulative table.
+Noise for negative sampling: P_n(w) = c_w^0.75 / sum_v c_v^0.75, drawn in O(1) from Walker's alias table.
 Hierarchical softmax: each word's path in the Huffman tree of the counts, as inner-node ids and 0/1 codes.
 """
 from __future__ import annotations
@@ -35,7 +35,8 @@ def sentences_of(texts: Iterable[str]) -> Iterator[list[str]]:
 
 @dataclass
 class Vocabulary:
-    """Words kept by min_count, most frequent first (ties in order of first appearance), and their counts."""
+    """Words kept by min_count, most frequent first, and their counts. Equal counts are in gensim's order (the
+    word that first appears later comes first), so that the vocabulary, and hence the Huffman tree, are gensim's."""
 
     words: list[str]
     counts: np.ndarray  # int64 (V,)
@@ -47,7 +48,8 @@ class Vocabulary:
             for w in sentence:
                 counts[w] = counts.get(w, 0) + 1
         kept = [(w, c) for w, c in counts.items() if c >= min_count]
-        kept.sort(key=lambda wc: -wc[1])  # stable: equal counts keep first-appearance order
+        kept.reverse()
+        kept.sort(key=lambda wc: -wc[1])  # stable on the reversed list: gensim's lexsort((-first, -count))
         if not kept:
             raise ConfigError(f"no word occurs at least --min-count {min_count} times; lower --min-count or give more text")
         return cls([w for w, _ in kept], np.array([c for _, c in kept], dtype=np.int64))
@@ -72,6 +74,25 @@ class Vocabulary:
         cum = np.cumsum(weights)
         return cum / cum[-1]
 
+    def noise_alias(self, exponent: float = 0.75) -> tuple[np.ndarray, np.ndarray]:
+        """Walker's alias table of P_n (Vose's construction): with column j uniform in 0..V-1 and u uniform
+        in [0, 1), the draw is j when u < keep[j], else alias[j]. Two reads from tables of V entries, which
+        stay in cache where a unigram table of 10^6+ entries or a bisection does not."""
+        weights = self.counts.astype(np.float64) ** exponent
+        scaled = weights * (len(weights) / weights.sum())
+        keep = np.ones(len(weights))
+        alias = np.arange(len(weights), dtype=np.int64)
+        small = [int(j) for j in np.flatnonzero(scaled < 1.0)]
+        large = [int(j) for j in np.flatnonzero(scaled >= 1.0)]
+        scaled = scaled.tolist()
+        while small and large:
+            j, big = small.pop(), large[-1]
+            keep[j], alias[j] = scaled[j], big
+            scaled[big] -= 1.0 - scaled[j]
+            if scaled[big] < 1.0:
+                small.append(large.pop())
+        return keep, alias  # columns left over (rounding) keep themselves with probability 1
+
 
 def encode_corpus(sentences: Iterable[Sequence[str]], vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
     """(ids, sentence number) of every in-vocabulary word, words outside the vocabulary dropped."""
@@ -86,24 +107,36 @@ def encode_corpus(sentences: Iterable[Sequence[str]], vocab: Vocabulary) -> tupl
     return np.asarray(ids, dtype=np.int64), sentence_of
 
 
+class _Weight:
+    """A Huffman tree node on the heap, compared by count alone (as gensim's Heapitem is)."""
+
+    __slots__ = ("count", "node")
+
+    def __init__(self, count: int, node: int):
+        self.count, self.node = count, node
+
+    def __lt__(self, other: "_Weight") -> bool:
+        return self.count < other.count
+
+
 def huffman_paths(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(points, codes, lengths): for word w, points[w, :lengths[w]] are the inner nodes from the root down
     (ids 0..V-2) and codes[w, :lengths[w]] the branch taken at each (1 for the heavier child's side, as
-    word2vec.c and gensim label it). Padding beyond a word's length is 0."""
+    word2vec.c and gensim label it). Equal counts are ordered as gensim's heap orders them, so that the same
+    counts give gensim's tree. Padding beyond a word's length is 0."""
     V = len(counts)
     if V < 2:
         raise ConfigError("hierarchical softmax needs at least two words in the vocabulary; lower --min-count")
-    heap = [(int(c), i) for i, c in enumerate(counts)]
+    heap = [_Weight(int(c), i) for i, c in enumerate(counts)]
     heapq.heapify(heap)
     parent = np.zeros(2 * V - 1, dtype=np.int64)
     branch = np.zeros(2 * V - 1, dtype=np.int8)
     node = V
     while len(heap) > 1:
-        c1, a = heapq.heappop(heap)
-        c2, b = heapq.heappop(heap)
-        parent[a], parent[b] = node, node
-        branch[b] = 1
-        heapq.heappush(heap, (c1 + c2, node))
+        a, b = heapq.heappop(heap), heapq.heappop(heap)
+        parent[a.node], parent[b.node] = node, node
+        branch[b.node] = 1
+        heapq.heappush(heap, _Weight(a.count + b.count, node))
         node += 1
     root = node - 1
     paths = []
