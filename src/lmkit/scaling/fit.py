@@ -174,7 +174,7 @@ def _isoflop_once(compute, n_params, losses, flops_per_token) -> IsoFlopFit:
     budgets, n_opt, d_opt, parabolas = [], [], [], []
     for c in sorted(set(compute)):
         on = compute == c
-        if on.sum() < 3:
+        if len(np.unique(n_params[on])) < 3:  # a parabola needs three distinct sizes (resamples repeat points)
             continue
         coeffs = np.polyfit(np.log(n_params[on]), losses[on], 2)
         if coeffs[0] <= 0:  # no minimum: the budget's shapes do not bracket its optimum
