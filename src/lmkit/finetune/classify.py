@@ -27,6 +27,7 @@ from lmkit.finetune.data import Example, label_names, read_examples, split_examp
 from lmkit.finetune.metrics import accuracy, macro_f1
 from lmkit.hub import load_model
 from lmkit.models.encoder import Encoder
+from lmkit.models.xlnet import XLNet
 from lmkit.objectives import with_aux_loss
 from lmkit.peft.finetune import check_out, fitting_length, peft_for_task
 from lmkit.progress import progress_bar
@@ -98,7 +99,6 @@ def classifier_from_pretrained(path: str | Path, num_labels: int, pooling: str =
 def _xlnet_classifier(base, num_labels: int, pooling: str, id2label: dict | None):
     """XLNetForSequenceClassification from a pretrained XLNet: pooling "cls" keeps the folder's summary (XLNet's
     <cls> is the last token), "mean" averages the positions; summary and logits_proj are fresh."""
-    from lmkit.models.xlnet import XLNet
 
     extra = {k: v for k, v in base.config.extra.items() if k != "id2label"}
     if id2label:

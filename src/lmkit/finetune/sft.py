@@ -21,8 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import lmkit
+from lmkit.atomic import staged_folder
 from lmkit.errors import ConfigError, TrainingError
-from lmkit.finetune.sft_data import SFTExample, prepare
+from lmkit.finetune.sft_data import SFTExample, prepare, read_rows, row_format
+from lmkit.peft.finetune import check_out, default_lr, model_folder, peft_for_task
+from lmkit.train.optim import build_optimizer, lr_at, set_lr
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
           "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
@@ -194,10 +198,6 @@ def _with_template(tok, choice: str | None, needs: bool, model_dir) -> bool:
 def sft(config: SFTConfig, log=print) -> dict:
     """Fine-tune config.model on config.train (see the module doc); write the tuned model to config.out and return
     the report (also out/sft.json). Nothing is written to out unless training finishes."""
-    import lmkit
-    from lmkit.finetune.sft_data import read_rows, row_format
-    from lmkit.peft.finetune import check_out, default_lr, model_folder, peft_for_task
-    from lmkit.train.optim import build_optimizer, lr_at, set_lr
 
     c = config
     check_out(c.out, c.model)
@@ -268,8 +268,6 @@ def sft(config: SFTConfig, log=print) -> dict:
 
 
 def _save(model: nn.Module, tok, out, report: dict, history: list[dict]) -> None:
-    from lmkit.atomic import staged_folder
-
     with staged_folder(out) as folder:
         model.save_pretrained(folder)
         tok.save_pretrained(folder)

@@ -13,6 +13,7 @@ from lmkit.errors import ConfigError
 from lmkit.hub.bert import labels_to_hf, num_labels_of, problem_type_of
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
 from lmkit.hub.family import Family
+from lmkit.models.xlnet import XLNet
 from lmkit.models.xlnet_heads import SUMMARY_DEFAULTS, summary_settings
 
 MODEL_TYPES = ("xlnet",)
@@ -131,7 +132,6 @@ def rules(cfg: ModelConfig) -> list[Rule]:
 
 def build(config: ModelConfig, raw: dict, names=()):
     """The XLNet of the HF class in raw["architectures"] (XLNetLMHeadModel if none is named)."""
-    from lmkit.models.xlnet import XLNet
 
     archs = [a for a in raw.get("architectures") or () if a in ARCHITECTURES] or ["XLNetLMHeadModel"]
     return XLNet(config, head=ARCHITECTURES[archs[0]], num_labels=config.task.get("num_labels", 2))

@@ -19,13 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmkit.config import ModelConfig
-from lmkit.errors import ConfigError
+from lmkit.errors import ConfigError, GenerationError
 from lmkit.generation import GenerationMixin
 from lmkit.generation.mixin import DecodingState
 from lmkit.models.base import PreTrainedModel
-from lmkit.models.encoder import flatten_choices
+from lmkit.models.encoder import IGNORE_INDEX, Encoder, flatten_choices
 from lmkit.models.output import ModelOutput
-from lmkit.models.encoder import IGNORE_INDEX, Encoder
 from lmkit.models.xlnet_heads import SequenceSummary
 from lmkit.nn.dropout import dropout
 from lmkit.nn.embeddings import Embeddings
@@ -204,7 +203,6 @@ class XLNet(PreTrainedModel, GenerationMixin):
         the query stream (target_mapping). With memory (use_mems, default config.use_mems_eval) a step after the
         first feeds the last two tokens and the dummy over the memory less its last two positions (transformers'
         offset 2); without, it recomputes the whole sequence. Like transformers, the attention mask is not used."""
-        from lmkit.errors import GenerationError
 
         if self.head != "lm":
             raise GenerationError("generate needs an XLNet with its language-model head (XLNetLMHeadModel)")
