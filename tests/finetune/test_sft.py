@@ -45,6 +45,20 @@ def _rows(kind: str, n: int = 10) -> list[dict]:
     return rows
 
 
+def _long_prompt_rows(kind: str, max_length: int) -> list[dict]:
+    """Two rows whose prompt alone passes max_length (every word is a token or more)."""
+    out = []
+    for i in range(2):
+        q, a = _sentence(i + 11, max_length + 3), _sentence(i, 3)
+        if kind == "prompt_completion":
+            out.append({"prompt": q, "completion": " " + a})
+        elif kind == "conv_prompt_completion":
+            out.append({"prompt": [{"role": "user", "content": q}], "completion": [{"role": "assistant", "content": a}]})
+        else:
+            out.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+    return out
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """Tiny random GPT-2 and LLaMA folders saved by transformers, with a BPE tokenizer and a generation template."""
@@ -97,15 +111,19 @@ CASES = [("gpt2", k) for k in ("text", "prompt_completion", "conv_prompt_complet
 @pytest.mark.parametrize("name, kind", CASES)
 @pytest.mark.parametrize("packing", [False, True])
 def test_prepared_rows_and_first_loss_match_trl(folders, tmp_path, name, kind, packing):
-    rows = _rows(kind)
+    max_length = (24 if kind in ("text", "prompt_completion") else 100) + (28 if packing else 0)
+    # prompts longer than max_length leave their rows no trained token: TRL drops them, but packs them when packing
+    cut = [] if kind == "text" else _long_prompt_rows(kind, max_length)
+    rows = _rows(kind)[:4] + cut + _rows(kind)[4:]
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    max_length = (24 if kind in ("text", "prompt_completion") else 100) + (28 if packing else 0)
     trainer = _trl(folders[name], rows, tmp_path / "trl", packing, max_length)
     theirs = [dict(r) for r in trainer.train_dataset]
     tok = lmkit.load_tokenizer(folders[name])
     ours, report = prepare(tok, path, max_length, packing=packing)
     assert report["rows"] == len(rows)
+    assert (report["dropped"], report.get("untrained")) == ((0, len(cut)) if packing else (len(cut), None))
+    assert len(theirs) == (report["packed_rows"] if packing else len(rows) - len(cut))
     assert [e.input_ids for e in ours] == [r["input_ids"] for r in theirs]
     if packing:
         assert [e.seq_lengths for e in ours] == [r["seq_lengths"] for r in theirs]

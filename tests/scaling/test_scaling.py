@@ -10,7 +10,7 @@ from scipy.optimize import minimize_scalar
 
 from lmkit.scaling import BESIROGLU, CHINCHILLA, ScalingLaw, bootstrap_fit, fit_law, isoflop_fit
 from lmkit.scaling.fit import huber_objective
-from lmkit.scaling.sweep import Shape, count_parameters, plan_sweep, shape_parameters
+from lmkit.scaling.sweep import DEFAULT_SHAPES, Shape, count_parameters, plan_sweep, shape_parameters
 
 
 def numeric_optimum(law: ScalingLaw, compute: float, k: float = 6.0) -> float:
@@ -140,6 +140,17 @@ def test_parameter_counts_leave_out_the_embedding_tables():
     n = shape_parameters(shape, vocab_size=1000, seq_len=64)  # counted on the meta device
     assert n == count_parameters(build_model(get_preset("default", vocab_size=1000, max_seq_len=64,
                                                         **shape.overrides())))
+
+
+def test_every_default_shape_builds_with_grouped_query_attention():
+    from lmkit.config import get_preset
+
+    for shape in DEFAULT_SHAPES:
+        o = shape.overrides()
+        assert o["n_heads"] % o["n_kv_heads"] == 0 and o["n_kv_heads"] <= max(1, o["n_heads"] // 2)
+        get_preset("default", vocab_size=512, max_seq_len=64, **o)  # validates the head split
+    assert Shape.parse("3x160").overrides()["n_kv_heads"] == 1  # 5 heads: no divisor between 1 and 2.5 but 1
+    assert Shape.parse("8x384").overrides()["n_kv_heads"] == 6
 
 
 def test_a_sweep_plans_points_that_spend_each_budget():

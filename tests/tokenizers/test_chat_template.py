@@ -207,3 +207,56 @@ def test_kwargs_and_special_tokens_are_template_variables(tmp_path):
     assert re.fullmatch(r"<s>\|E\|mint\|\d{4}", text)
     ids = tok.apply_chat_template([{"role": "user", "content": "x"}], return_dict=False, flavour="m")
     assert ids.count(tok.token_to_id("<s>")) == 1  # the template's BOS, no second one added
+
+
+def _arrays_equal(ours, theirs, what):
+    import numpy as np
+
+    assert type(ours) is np.ndarray and type(theirs) is np.ndarray, what
+    assert (ours.dtype, ours.shape) == (theirs.dtype, theirs.shape), what
+    if ours.dtype == object:  # rows of unequal length: one int64 array per row
+        assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(ours, theirs)), what
+    else:
+        assert np.array_equal(ours, theirs), what
+
+
+@pytest.mark.parametrize("kind, stem", [("bpe", "qwen2_5_training"), ("bpe", "llama3_training"),
+                                        ("unigram", "phi3_training")])
+def test_numpy_tensors_match_transformers(kind, stem, tmp_path):
+    """return_tensors='np': the dtype, shape and values of transformers' arrays, single and batched, padded (both
+    sides, to a fixed length), truncated, ragged, with assistant masks; 'pt' is refused (the tokenizers package never
+    imports torch) and torch.from_numpy of the 'np' arrays gives transformers' 'pt' tensors."""
+    import torch
+
+    template = next(p for p in TEMPLATES if p.stem == stem).read_text(encoding="utf-8")
+    folder = _folder(tmp_path, kind, template)
+    ours, theirs = lmkit.load_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
+    batch = [CHATS["system"], CHATS["turns_unicode"], CHATS["one_user"]]
+    cases = [(CHATS["system"], {}), (CHATS["system"], {"return_assistant_tokens_mask": True}),
+             (CHATS["one_user"], {"padding": "max_length", "max_length": 90}),
+             (CHATS["turns_unicode"], {"truncation": True, "max_length": 17, "return_assistant_tokens_mask": True}),
+             (batch, {}), (batch, {"return_assistant_tokens_mask": True}),
+             (batch, {"padding": True, "return_assistant_tokens_mask": True}),
+             (batch, {"padding": True, "tokenizer_kwargs": {"padding_side": "left"}, "return_assistant_tokens_mask": True}),
+             (batch, {"padding": "max_length", "max_length": 64, "truncation": True, "return_assistant_tokens_mask": True}),
+             (batch, {"padding": True, "tokenizer_kwargs": {"pad_to_multiple_of": 16}}),
+             (CHATS["system"], {"return_dict": False}), (batch, {"return_dict": False, "padding": True})]
+    for chat, kw in cases:
+        what = (stem, kw)
+        mine = ours.apply_chat_template(chat, return_tensors="np", **kw)
+        hf = theirs.apply_chat_template(chat, return_tensors="np", **kw)
+        if not kw.get("return_dict", True):
+            mine, hf = {"input_ids": mine}, {"input_ids": hf}
+        assert list(mine) == list(hf), what
+        for key in hf:
+            _arrays_equal(mine[key], hf[key], (what, key))
+        if mine["input_ids"].dtype != object:  # torch makes no tensor of ragged rows
+            pt = theirs.apply_chat_template(chat, return_tensors="pt", **kw)
+            pt = pt if kw.get("return_dict", True) else {"input_ids": pt}
+            assert all(torch.equal(torch.from_numpy(mine[k]), pt[k]) for k in pt), what
+    assert ours.apply_chat_template(batch, return_tensors="np", tokenize=False) == \
+           theirs.apply_chat_template(batch, return_tensors="np", tokenize=False)
+    assert ours.apply_chat_template(batch, return_tensors="pt", tokenize=False) == \
+           theirs.apply_chat_template(batch, return_tensors="pt", tokenize=False)  # text: no tensors to make
+    with pytest.raises(ChatTemplateError, match="return_tensors='np' and torch.from_numpy"):
+        ours.apply_chat_template(CHATS["system"], return_tensors="pt")

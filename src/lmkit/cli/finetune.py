@@ -99,6 +99,7 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
 
 def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
     from lmkit.finetune.sft import SFTConfig, sft
+    from lmkit.train import distributed
 
     for flag, name in (("--pooling", "pooling"), ("--val-fraction", "val_fraction")):
         if getattr(args, name) is not None:
@@ -111,10 +112,16 @@ def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
     for key, name in (("warmup_ratio", "warmup_ratio"), ("weight_decay", "weight_decay")):
         if getattr(args, name) is not None:
             fields[key] = getattr(args, name)
-    r = sft(SFTConfig(**fields), log=lambda line: print(f"lmkit finetune --task sft: {line}", flush=True))
+    ctx = distributed.setup()  # torchrun: one process per rank, rank 0 prints and writes
+    log = lambda line: print(f"lmkit finetune --task sft: {line}", flush=True)  # noqa: E731
+    r, status = distributed.run_ranks(ctx, lambda: sft(SFTConfig(**fields), log=log))
+    if not ctx.is_main:
+        return status
     held = (f"; held-out loss {r['eval_loss_before']:.4f} -> {r['eval_loss_after']:.4f}"
             if r["eval_loss_after"] is not None else "")
-    print(f"lmkit finetune --task sft: {r['examples']} examples from {r['rows']} rows ({r['dropped']} dropped: no "
-          f"trained token within --max-length {r['max_length']}){', packed into ' + str(r['packed_rows']) + ' rows' if 'packed_rows' in r else ''}; "
+    rows = (f"packed into {r['packed_rows']} rows ({r['untrained']} without a trained token within --max-length "
+            f"{r['max_length']}, kept as TRL keeps them)" if "packed_rows" in r else
+            f"{r['dropped']} dropped: no trained token within --max-length {r['max_length']}")
+    print(f"lmkit finetune --task sft: {r['examples']} examples from {r['rows']} rows, {rows}; "
           f"{r['steps']} steps, loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}{held}; saved to {args.out}")
     return 0

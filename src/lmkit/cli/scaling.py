@@ -12,7 +12,7 @@ from pathlib import Path
 from lmkit.atomic import atomic_write_json
 from lmkit.errors import ConfigError
 
-DEFAULT_BUDGETS = (1e13, 3e13, 1e14)
+DEFAULT_BUDGETS = (3e11, 1e12, 3e12)
 
 
 def register(subparsers) -> None:
@@ -22,9 +22,9 @@ def register(subparsers) -> None:
     s = sub.add_parser("sweep", help="train an IsoFLOP grid of run folders; results.jsonl collects the points")
     s.add_argument("--out", required=True, metavar="DIR", help="sweep folder (run folders and results.jsonl)")
     s.add_argument("--budgets", nargs="+", type=float, metavar="C", default=list(DEFAULT_BUDGETS),
-                   help="compute budgets in FLOPs (default: 1e13 3e13 1e14, about an hour on 2 cores)")
+                   help="compute budgets in FLOPs (default: 3e11 1e12 3e12, about an hour on 2 cores)")
     s.add_argument("--shapes", nargs="+", metavar="LxD",
-                   help="model shapes as LAYERSxWIDTH of the default preset (default: 2x64 ... 8x384)")
+                   help="model shapes as LAYERSxWIDTH of the default preset (default: 2x32 ... 3x128)")
     s.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH")
     s.add_argument("--batch-size", type=int, default=16, metavar="N")
     s.add_argument("--seq-len", type=int, default=128, metavar="N")
@@ -33,6 +33,8 @@ def register(subparsers) -> None:
     s.add_argument("--lr", type=float, metavar="X")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--min-steps", type=int, default=20, metavar="N", help="skip points shorter than this")
+    s.add_argument("--max-tokens-per-param", type=float, default=100.0, metavar="X",
+                   help="skip points with more training tokens per parameter (default 100)")
     _convention(s)
     s.set_defaults(func=run_sweep)
 
@@ -69,7 +71,8 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     shapes = [Shape.parse(s) for s in args.shapes] if args.shapes else list(DEFAULT_SHAPES)
     plans = plan_sweep(args.budgets, shapes, args.batch_size, args.seq_len, args.vocab_size, args.flops_per_token,
-                       args.params, min_steps=args.min_steps)
+                       args.params, min_steps=args.min_steps,
+                       max_tokens_per_param=args.max_tokens_per_param)
     print(f"lmkit scaling sweep: {len(plans)} points over {len(set(p.compute for p in plans))} budgets into {args.out}")
     rows = sweep(args.out, plans, args.corpus, args.batch_size, args.seq_len, args.vocab_size, args.flops_per_token,
                  args.params, optimizer=args.optimizer, lr=args.lr, seed=args.seed)

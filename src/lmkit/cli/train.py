@@ -60,8 +60,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 def run(args: argparse.Namespace) -> int:
     ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
-    finished = agreed = False  # agreed: every rank knows of the set-up failure, so none is inside a collective
-    try:
+
+    def body():
         with distributed.agree_on_setup(ctx):  # every rank learns whether set-up succeeded on all of them
             cfg, explicit = config_from_args(args)
             trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
@@ -75,18 +75,8 @@ def run(args: argparse.Namespace) -> int:
         result = trainer.fit()  # an error while training may be one rank's own: every rank reports its own
         if ctx.is_main:
             print(summary(result, c.out))
-        finished = True
-    except distributed.SetupFailed:
-        agreed = True
-        if ctx.is_main:
-            raise  # one line, printed once; every rank exits 2
-        return 2
-    except Exception as exc:
-        agreed = getattr(exc, "_lmkit_agreed", False)  # a rank's own bug the others raised SetupFailed for
-        raise
-    finally:
-        distributed.teardown(ctx, finished or agreed)
-    return 0
+
+    return distributed.run_ranks(ctx, body)[1]
 
 
 def summary(result: dict, out: str) -> str:

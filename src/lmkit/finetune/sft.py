@@ -26,6 +26,8 @@ from lmkit.atomic import staged_folder
 from lmkit.errors import ConfigError, TrainingError
 from lmkit.finetune.sft_data import SFTExample, prepare, read_rows, row_format
 from lmkit.peft.finetune import check_out, default_lr, model_folder, peft_for_task
+from lmkit.train import distributed
+from lmkit.train.distributed import all_reduce_sum, broadcast_float, no_sync
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
@@ -97,43 +99,44 @@ def token_losses(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Ten
     return total, (targets != -100).sum()
 
 
-def _global_count(n: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Trained labels of the step over all ranks, and the number of ranks (DDP averages gradients across them)."""
-    import torch.distributed as dist
+def _all_sum(values: list[float], ctx) -> list[float]:
+    """`values` summed over the ranks (float64, so counts stay exact); one process: as they are."""
+    if ctx is None or ctx.world_size <= 1:
+        return values
 
-    if dist.is_available() and dist.is_initialized():
-        n = n.clone()
-        dist.all_reduce(n)
-        return n, dist.get_world_size()
-    return n, 1
+    return all_reduce_sum(torch.tensor(values, dtype=torch.float64), ctx).tolist()
 
 
-def step_loss(model: nn.Module, micro_batches: list[dict], backward: bool = True) -> tuple[float, int]:
-    """Run one optimizer step's micro-batches, backpropagating sum / N with N the step's trained labels (all
-    micro-batches, all ranks). Returns (the step's mean loss, N)."""
+def step_loss(model: nn.Module, micro_batches: list[dict], backward: bool = True, ctx=None) -> tuple[float, int]:
+    """Run this rank's micro-batches of one optimizer step, backpropagating sum / N with N the step's trained labels
+    over all micro-batches and all ranks (`ctx`: lmkit.train.distributed's; DDP must then *sum* the ranks'
+    gradients, as `wrap_model` sets it up). Returns (the step's mean loss over every rank, N)."""
+
     count = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro_batches)
-    n, world = _global_count(torch.tensor(count))
-    n = max(int(n), 1)
-    value = 0.0
-    for b in micro_batches:
-        total, _ = token_losses(model, b)
-        loss = total / n * world
-        if backward:
-            loss.backward()
-        value += float(total.detach()) / n
-    return value, n
+    n = max(int(_all_sum([float(count)], ctx)[0]), 1)
+    total = 0.0
+    for i, b in enumerate(micro_batches):
+        with no_sync(model, backward and i < len(micro_batches) - 1):  # one all-reduce per step, after the last
+            summed, _ = token_losses(model, b)
+            if backward:
+                (summed / n).backward()
+        total += float(summed.detach())
+    return _all_sum([total], ctx)[0] / n, n
 
 
 @torch.no_grad()
-def evaluate_loss(model: nn.Module, examples: list[SFTExample], pad_id: int, batch_size: int = 8) -> float:
-    """Token-weighted mean loss (nats per trained label) over `examples`."""
+def evaluate_loss(model: nn.Module, examples: list[SFTExample], pad_id: int, batch_size: int = 8, ctx=None) -> float:
+    """Token-weighted mean loss (nats per trained label) over `examples`; under torchrun each rank scores every
+    world_size-th batch and the sums are added up."""
     was = model.training
     model.eval()
+    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     total = count = 0.0
-    for i in range(0, len(examples), batch_size):
+    for i in range(rank * batch_size, len(examples), world * batch_size):
         s, n = token_losses(model, collate(examples[i:i + batch_size], pad_id))
         total, count = total + float(s), count + int(n)
     model.train(was)
+    total, count = _all_sum([total, count], ctx)
     return total / max(count, 1)
 
 
@@ -197,73 +200,110 @@ def _with_template(tok, choice: str | None, needs: bool, model_dir) -> bool:
 
 def sft(config: SFTConfig, log=print) -> dict:
     """Fine-tune config.model on config.train (see the module doc); write the tuned model to config.out and return
-    the report (also out/sft.json). Nothing is written to out unless training finishes."""
+    the report (also out/sft.json). Nothing is written to out unless training finishes.
 
-    c = config
+    Under torchrun (`torchrun --nproc-per-node N -m lmkit finetune --task sft ...`) every rank takes its share of
+    each step's batch_size examples, DDP sums the gradients, and rank 0 writes the folder."""
+    ctx = distributed.setup()
+    with distributed.agree_on_setup(ctx):  # a rank failing alone (its own files) stops every rank
+        run = _set_up(config, ctx)
+    run["engine"] = distributed.wrap_model(run["tuned"], ctx)  # DDP: its first broadcast is a collective
+    report = _train(config, run, ctx, log if ctx.is_main else None)
+    if ctx.is_main:
+        _save(run["final"], run["tok"], config.out, report, run["history"])
+    if ctx.world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # the folder is complete before any rank returns
+    return report
+
+
+def _set_up(c: SFTConfig, ctx) -> dict:
+    """Everything before the first step, with no collective: checks, model, tokenizer, data, PEFT, optimizer."""
     check_out(c.out, c.model)
     if c.peft not in MERGEABLE:
         raise ConfigError(f"--peft {c.peft} cannot be folded into the saved model; use one of {', '.join(MERGEABLE)}")
     for flag, v in (("--batch-size", c.batch_size), ("--epochs", c.epochs), ("--micro-batch-size", c.micro_batch_size or 1)):
         if v < 1:
             raise ConfigError(f"{flag} must be at least 1, got {v}")
+    if c.batch_size % ctx.world_size:
+        raise ConfigError(f"--batch-size {c.batch_size} does not divide among the {ctx.world_size} processes; pick a "
+                          f"multiple of {ctx.world_size}")
     model, _ = model_folder(c.model)
     tok = lmkit.load_tokenizer(c.model)
     first = read_rows(c.train)[0]
     conversational = row_format(first[1], c.train) in ("messages", "conversational_prompt_completion")
-    added = _with_template(tok, c.chat_template, conversational, c.model)
+    _with_template(tok, c.chat_template, conversational, c.model)
     max_length = c.max_length or min(model.config.max_seq_len, 1024)
     if max_length > model.config.max_seq_len:
         raise ConfigError(f"--max-length {max_length} is more than the model's {model.config.max_seq_len} positions")
     train, report = prepare(tok, c.train, max_length, c.train_on_all, c.packing)
+    if len(train) < ctx.world_size:
+        raise ConfigError(f"{c.train}: {len(train)} training examples for {ctx.world_size} processes; give at least "
+                          "one example per process")
     held = prepare(tok, c.eval, max_length, c.train_on_all, False)[0] if c.eval else None
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     torch.manual_seed(c.seed)
     new_rows = resize_token_embeddings(model, tok.vocab_size) if tok.vocab_size > model.config.vocab_size else []
-    before = evaluate_loss(model, held, pad_id) if held else None
     tuned = peft_for_task(model, c.peft, **c.peft_settings)
     if c.peft == "full":
         for p in tuned.parameters():
             p.requires_grad_(True)
     else:
         train_new_rows(model, new_rows)
-    micro = c.micro_batch_size or c.batch_size
     lr = c.lr if c.lr is not None else default_lr(c.peft, "clm")
+    return dict(model=model, tok=tok, train=train, held=held, report=report, pad_id=pad_id, tuned=tuned,
+                new_rows=new_rows, lr=lr, max_length=max_length,
+                opt=build_optimizer(tuned, lr, c.weight_decay))
+
+
+def _train(c: SFTConfig, run: dict, ctx, log) -> dict:
+    """The optimizer steps; fills run["history"] (one row per step) and run["final"] (the merged model)."""
+
+    train, tuned, engine, opt, lr, pad_id = (run[k] for k in ("train", "tuned", "engine", "opt", "lr", "pad_id"))
+    before = evaluate_loss(tuned, run["held"], pad_id, ctx=ctx) if run["held"] else None
+    micro = c.micro_batch_size or c.batch_size
     steps = c.max_steps or c.epochs * math.ceil(len(train) / c.batch_size)
     warmup = round(c.warmup_ratio * steps) if c.time_budget is None else 10
-    opt = build_optimizer(tuned, lr, c.weight_decay)
     params = [p for p in tuned.parameters() if p.requires_grad]
     rng, order, history, t0 = random.Random(c.seed), [], [], time.perf_counter()
+    if ctx.rank:
+        torch.manual_seed(c.seed + ctx.rank)  # its own dropout masks; the batch order stays rng's, shared by all ranks
     tuned.train()
     step = 0
     while step < steps:
-        batch = []
+        batch = []  # the step's global batch: the same draw on every rank
         while len(batch) < min(c.batch_size, len(train)):
             if not order:
                 order = list(range(len(train)))
                 rng.shuffle(order)
             batch.append(train[order.pop()])
+        mine = batch[ctx.rank * len(batch) // ctx.world_size:(ctx.rank + 1) * len(batch) // ctx.world_size]
         set_lr(opt, lr_at(step, lr, warmup, steps, 0.1 * lr))
         opt.zero_grad(set_to_none=True)
-        loss, n = step_loss(tuned, [collate(batch[i:i + micro], pad_id) for i in range(0, len(batch), micro)])
+        loss, n = step_loss(engine, [collate(mine[i:i + micro], pad_id) for i in range(0, len(mine), micro)], ctx=ctx)
         if not math.isfinite(loss):
             raise TrainingError(f"the loss became {loss} at step {step + 1}; lower --lr (now {lr})")
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
         opt.step()
         elapsed = time.perf_counter() - t0
-        history.append({"step": step + 1, "loss": round(loss, 5), "tokens": n, "elapsed": round(elapsed, 3)})
+        history.append({"step": step + 1, "loss": round(loss, 7), "grad_norm": grad_norm, "tokens": n,
+                        "elapsed": round(elapsed, 3)})
         if c.time_budget is not None and step + 1 in (5, 20, 50) and step + 1 < steps:
-            steps = max(step + 2, min(steps, int(c.time_budget / (elapsed / (step + 1)))))  # the budget's steps
+            planned = max(step + 2, min(steps, int(c.time_budget / (elapsed / (step + 1)))))  # the budget's steps
+            steps = int(broadcast_float(planned, ctx))  # rank 0's clock decides for every rank
         if log is not None and ((step + 1) % c.log_every == 0 or step + 1 == steps):
             log(f"step {step + 1}/{steps}: loss {loss:.4f} over {n} tokens")
         step += 1
     tuned.eval()
-    after = evaluate_loss(tuned, held, pad_id) if held else None
-    final = tuned if c.peft == "full" else tuned.merge_and_unload()
-    report.update(steps=len(history), peft=c.peft, added_tokens=len(new_rows), max_length=max_length,
-                  first_loss=history[0]["loss"], last_loss=history[-1]["loss"], eval_loss_before=before,
-                  eval_loss_after=after, seconds=round(time.perf_counter() - t0, 2),
+    after = evaluate_loss(tuned, run["held"], pad_id, ctx=ctx) if run["held"] else None
+    run["final"] = tuned if c.peft == "full" else tuned.merge_and_unload()
+    run["history"] = history
+    report = run["report"]
+    report.update(steps=len(history), peft=c.peft, added_tokens=len(run["new_rows"]), max_length=run["max_length"],
+                  processes=ctx.world_size, first_loss=history[0]["loss"], last_loss=history[-1]["loss"],
+                  eval_loss_before=before, eval_loss_after=after, seconds=round(time.perf_counter() - t0, 2),
                   config={k: v for k, v in asdict(c).items() if k != "peft_settings"})
-    _save(final, tok, c.out, report, history)
     return report
 
 

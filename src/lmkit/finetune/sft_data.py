@@ -9,7 +9,8 @@ the template's `{% generation %}` blocks (assistant-only loss), unless `train_on
 tokens of the prompt alone and of prompt + completion diverge (TRL's common prefix).
 
 Packing puts whole examples into rows of at most max_length tokens by best-fit decreasing (an example goes to the
-fullest row it fits in; longer examples are cut to max_length); position ids restart at 0 in every example, and the
+fullest row it fits in; longer examples are cut to max_length, and, as in TRL, kept even when the cut leaves them no
+trained token); position ids restart at 0 in every example, and the
 label of each example's first token is -100 so nothing is learnt across the seam.
 """
 from __future__ import annotations
@@ -170,8 +171,11 @@ def tokenize_row(tok, row: dict, kind: str, train_on_all: bool = False, eos_toke
 
 
 def prepare(tok, path, max_length: int, train_on_all: bool = False, packing: bool = False) -> tuple[list[SFTExample], dict]:
-    """Examples of a JSONL file ready to batch, and a report: rows read, rows dropped (no trained token left after
-    truncation to max_length), rows after packing. Errors name the file and the line."""
+    """Examples of a JSONL file ready to batch, and a report. Errors name the file and the line.
+
+    As TRL's SFTTrainer: without packing, rows are cut to max_length and those left with no trained token are dropped
+    (report["dropped"]); with packing, every row goes into the bins whole (the packer cuts it to max_length) and
+    those with no trained token within it stay as context-free filler: counted in report["untrained"], not dropped."""
 
     rows = read_rows(path)
     eos = tok.id_to_token(tok.eos_token_id) if tok.eos_token_id is not None else None
@@ -179,24 +183,23 @@ def prepare(tok, path, max_length: int, train_on_all: bool = False, packing: boo
     if kind in ("text", "prompt_completion") and eos is None:
         raise CorpusError(f"{path}: text rows get an end-of-sequence token appended, but the tokenizer has none; "
                           "add one (tok.add_special_tokens) or use conversations")
-    examples, dropped = [], 0
+    examples, untrained = [], 0
     for line, row in rows:
         try:
             ex = tokenize_row(tok, row, kind, train_on_all, eos)
         except LmkitError as exc:
             raise type(exc)(f"{path}:{line}: {exc}") from None
-        ex = SFTExample(ex.input_ids[:max_length], ex.labels[:max_length])
-        if all(label == -100 for label in ex.labels):
-            dropped += 1
-            continue
-        examples.append(ex)
-    if not examples:
-        raise CorpusError(f"{path}: every row was dropped: none has a trained token within --max-length {max_length}; "
-                          "raise --max-length")
-    report = {"rows": len(rows), "dropped": dropped, "examples": len(examples), "format": kind}
+        if all(label == -100 for label in ex.labels[:max_length]):
+            untrained += 1
+            if not packing:
+                continue
+        examples.append(ex if packing else SFTExample(ex.input_ids[:max_length], ex.labels[:max_length]))
+    if untrained == len(rows):
+        raise CorpusError(f"{path}: no row has a trained token within --max-length {max_length}; raise --max-length")
+    report = {"rows": len(rows), "dropped": 0 if packing else untrained, "examples": len(examples), "format": kind}
     if packing:
         examples = pack_bfd(examples, max_length)
-        report["packed_rows"] = len(examples)
+        report.update(packed_rows=len(examples), untrained=untrained)
     return examples, report
 
 

@@ -23,7 +23,8 @@ PARAM_CONVENTIONS = ("non-embedding", "total")
 
 @dataclass(frozen=True)
 class Shape:
-    """A model shape of the sweep: depth and width of the `default` preset (GQA with half as many kv heads)."""
+    """A model shape of the sweep: depth and width of the `default` preset, with grouped-query attention: the
+    largest number of key/value heads that divides the heads and is at most half of them."""
 
     n_layers: int
     d_model: int
@@ -45,11 +46,11 @@ class Shape:
 
     def overrides(self) -> dict:
         heads = self.d_model // HEAD_DIM
-        return dict(n_layers=self.n_layers, d_model=self.d_model, n_heads=heads, n_kv_heads=max(1, heads // 2))
+        kv_heads = max(k for k in range(1, max(1, heads // 2) + 1) if heads % k == 0)
+        return dict(n_layers=self.n_layers, d_model=self.d_model, n_heads=heads, n_kv_heads=kv_heads)
 
 
-DEFAULT_SHAPES = tuple(Shape.parse(s) for s in ("2x64", "2x96", "2x128", "3x128", "3x160", "4x192", "4x256", "6x256",
-                                                 "6x320", "8x384"))
+DEFAULT_SHAPES = tuple(Shape.parse(s) for s in ("2x32", "1x64", "2x64", "3x64", "2x96", "2x128", "3x128"))
 
 
 def count_parameters(model: torch.nn.Module, convention: str = "non-embedding") -> int:
@@ -91,8 +92,8 @@ class SweepPlan:
 
 def plan_sweep(budgets: Iterable[float], shapes: Iterable[Shape], batch_size: int, seq_len: int, vocab_size: int,
                flops_per_token: float = FLOPS_PER_TOKEN, convention: str = "non-embedding", min_steps: int = 20,
-               max_tokens_per_param: float = 1000.0, min_tokens_per_param: float = 1.0) -> list[SweepPlan]:
-    """Every (budget, shape) whose token count D = C / (k N) is between min and max tokens per parameter and
+               max_tokens_per_param: float = 100.0, min_tokens_per_param: float = 1.0) -> list[SweepPlan]:
+    """Every (budget, shape) whose token count D = C / (k N) is between min and max tokens per parameter (1 and 100 by default) and
     at least min_steps optimizer steps: shapes far from a budget's optimum teach the fit little."""
     plans = []
     tokens_per_step = batch_size * seq_len
@@ -106,7 +107,7 @@ def plan_sweep(budgets: Iterable[float], shapes: Iterable[Shape], batch_size: in
             if steps >= min_steps and min_tokens_per_param <= d / n <= max_tokens_per_param:
                 plans.append(SweepPlan(float(c), shape, n, steps))
     if not plans:
-        raise ConfigError("no shape fits these budgets (each point needs enough steps and 1-1000 tokens per "
+        raise ConfigError("no shape fits these budgets (each point needs enough steps and 1-100 tokens per "
                           "parameter); give larger budgets or smaller shapes")
     return plans
 

@@ -8,7 +8,6 @@ become the assistant mask. `render_chat` returns the text and those spans.
 """
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from contextlib import contextmanager
@@ -164,18 +163,6 @@ def _alias_reasoning(chat: list[dict]) -> list[dict]:
         reasoning = next((m[k] for k in REASONING_FIELDS if m.get(k) is not None), None)
         out.append({"thinking": reasoning, **m, "reasoning_content": reasoning} if reasoning is not None else m)
     return out
-
-
-def tool_schemas(tools) -> list[dict] | None:
-    """Tools as the JSON schemas templates read ({"type": "function", "function": {...}})."""
-    if tools is None:
-        return None
-    for tool in tools:
-        if not isinstance(tool, dict):
-            hint = (" (transformers.utils.get_json_schema(f) makes one from a function)"
-                    if inspect.isfunction(tool) or inspect.ismethod(tool) else "")
-            raise ChatTemplateError(f"tools are JSON schemas (dicts), not {type(tool).__name__}{hint}")
-    return list(tools)
 
 
 def render_chat(source: str, name: str, chat: list[dict], *, tools=None, documents=None,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from lmkit.atomic import atomic_write_json, atomic_write_text
 from lmkit.tokenizers.chars import CHAR_TO_BYTE
-from lmkit.tokenizers.chat_render import (GENERATION_TAG, ChatTemplateError, normalize_messages, render_chat,
-                                          tool_schemas)
+from lmkit.tokenizers.chat_render import GENERATION_TAG, ChatTemplateError, normalize_messages, render_chat
+from lmkit.tokenizers.chat_tools import tool_schemas
 
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"
@@ -136,9 +136,6 @@ def apply_chat_template(tok, conversation, tools=None, documents=None, chat_temp
                                 "last message, or open a new assistant turn")
     if continue_final_message and return_assistant_tokens_mask:
         raise ChatTemplateError("continue_final_message does not go with return_assistant_tokens_mask")
-    if return_tensors not in (None, "np"):
-        raise ChatTemplateError(f"return_tensors={return_tensors!r}: tokenizers return lists, or 'np'; wrap the ids "
-                                "in torch.tensor yourself")
     name, source = choose_template(getattr(tok, "chat_template", None), chat_template, tools)
     if isinstance(conversation, (list, tuple)) and not conversation:
         raise ChatTemplateError("cannot apply a chat template to an empty conversation; give at least one message")
@@ -160,6 +157,10 @@ def apply_chat_template(tok, conversation, tools=None, documents=None, chat_temp
     texts = [text for text, _ in rendered]
     if not tokenize:
         return texts if batched else texts[0]
+    if return_tensors is not None and return_tensors != "np":
+        hint = (" (lmkit's tokenizers do not import torch): use return_tensors='np' and torch.from_numpy"
+                if return_tensors == "pt" else ": use 'np' or None")
+        raise ChatTemplateError(f"return_tensors={str(return_tensors)!r} is not supported{hint}")
     extra = dict(tokenizer_kwargs or {})
     multiple, side = extra.pop("pad_to_multiple_of", None), extra.pop("padding_side", None)
     if extra:
@@ -172,25 +173,38 @@ def apply_chat_template(tok, conversation, tools=None, documents=None, chat_temp
         encs = tok._encodings(texts, None, False, padding, truncation, max_length, multiple, side, None)
     out = {"input_ids": [e.ids for e in encs], "attention_mask": [e.attention_mask for e in encs]}
     if mask:
-        out["assistant_masks"] = [_assistant_mask(tok, text, enc, spans) for (text, spans), enc in zip(rendered, encs)]
+        out["assistant_masks"] = [_assistant_mask(tok, text, enc, spans, truncation)
+                                  for (text, spans), enc in zip(rendered, encs)]
     if not batched:
         out = {k: v[0] for k, v in out.items()}
     if return_tensors == "np":
-        import numpy as np
-        out = {k: np.array(v if batched else [v], dtype=np.int64) for k, v in out.items()}
+        out = {k: _as_array(v if batched else [v]) for k, v in out.items()}
     if not return_dict:
         return out["input_ids"]
     return out
 
 
-def _assistant_mask(tok, text: str, enc, spans: list[tuple[int, int]]) -> list[int]:
+def _as_array(rows: list[list[int]]):
+    """(B, T) int64 as transformers' BatchEncoding makes it for 'np'; rows of unequal length (no padding) give a (B,)
+    object array of int64 rows, as there."""
+    import numpy as np
+
+    if len({len(r) for r in rows}) <= 1:
+        return np.array(rows, dtype=np.int64).reshape(len(rows), -1)
+    out = np.empty(len(rows), dtype=object)
+    for i, r in enumerate(rows):
+        out[i] = np.array(r, dtype=np.int64)
+    return out
+
+
+def _assistant_mask(tok, text: str, enc, spans: list[tuple[int, int]], truncated: bool = False) -> list[int]:
     """1 for each token overlapping a generation span (a span cut by truncation keeps its remaining tokens)."""
     mask = [0] * len(enc.ids)
     if not spans:
         return mask
     real = [i for i, a in enumerate(enc.attention_mask) if a]
     ids = [enc.ids[i] for i in real]
-    offsets = token_offsets(tok, text, ids)
+    offsets = _kept_offsets(tok, text, ids) if truncated else token_offsets(tok, text, ids)
     k = 0
     for j, (start, end) in zip(real, offsets):
         while k < len(spans) and start >= spans[k][1]:
@@ -200,6 +214,18 @@ def _assistant_mask(tok, text: str, enc, spans: list[tuple[int, int]]) -> list[i
         if end > spans[k][0]:
             mask[j] = 1
     return mask
+
+
+def _kept_offsets(tok, text: str, ids: list[int]) -> list[tuple[int, int]]:
+    """Offsets of the tokens truncation kept (the start or the end of the whole text's tokens): taken from the whole
+    encoding, where a token's span does not depend on where the cut fell."""
+    whole = tok._encode_plain(text)
+    if len(whole) > len(ids):
+        if whole[:len(ids)] == ids:
+            return token_offsets(tok, text, whole)[:len(ids)]
+        if whole[len(whole) - len(ids):] == ids:
+            return token_offsets(tok, text, whole)[len(whole) - len(ids):]
+    return token_offsets(tok, text, ids)
 
 
 # ---- character offsets ----------------------------------------------------------------------------------------

@@ -99,6 +99,27 @@ def agree_on_setup(ctx: DistContext):
         raise SetupFailed(report)
 
 
+def run_ranks(ctx: DistContext, body) -> tuple[Any, int]:
+    """(body(), 0) on every rank of a command, with the group torn down after: a set-up failure every rank agreed on
+    is raised on rank 0 (one line, printed once) and gives (None, 2) on the others; any other error is raised on the
+    rank that had it."""
+    finished = agreed = False  # agreed: every rank knows of the set-up failure, so none is inside a collective
+    try:
+        result = body()
+        finished = True
+        return result, 0
+    except SetupFailed:
+        agreed = True
+        if ctx.is_main:
+            raise
+        return None, 2
+    except Exception as exc:
+        agreed = getattr(exc, "_lmkit_agreed", False)  # a rank's own bug the others raised SetupFailed for
+        raise
+    finally:
+        teardown(ctx, finished or agreed)
+
+
 def _agree(ctx: DistContext, message: str | None) -> str | None:
     """None when no rank failed (message None on every rank), else the report of every rank's message."""
     flag = torch.tensor([float(message is not None)], device=ctx.device if ctx.backend == "nccl" else "cpu")
