@@ -115,6 +115,9 @@ class ModelConfig:
         for name, kind in (("task", TaskHead), ("compression", Compression)):
             section = getattr(self, name)
             if isinstance(section, dict):
+                unknown = sorted(set(section) - set(kind.keys()))
+                if unknown:
+                    raise ConfigError(f"unknown {name} settings: {', '.join(unknown)}; choose from {', '.join(kind.keys())}")
                 section = kind(**section)
             given = {k: self.extra[k] for k in kind.keys() if k in self.extra}
             setattr(self, name, dataclasses.replace(section, **given) if given else section)
@@ -243,7 +246,7 @@ class ModelConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
-# flat fields that lmkit's config.json keeps in `extra` (where they were first recorded), with their defaults
+# flat fields that lmkit's config.json writes inside `extra` (left out at their default, given here)
 _FLAT_IN_EXTRA = {"router_jitter_noise": 0.0, "output_router_logits": False, "separate_stack_embeddings": False}
 
 _GPT2 = dict(position="learned", norm="layernorm", norm_placement="pre", activation="gelu_tanh",

@@ -59,7 +59,7 @@ def test_replace_keeps_sections_and_extra_wins_when_given_again():
 
 
 @pytest.mark.parametrize("changes", [dict(extra={"num_labels": "3"}), dict(task=TaskHead), dict(output_router_logits=1),
-                                     dict(extra={"quantization": ["int8"]})])
+                                     dict(extra={"quantization": ["int8"]}), dict(task={"heads": "mlm"})])
 def test_a_setting_of_the_wrong_type_is_refused(changes):
     with pytest.raises((ConfigError, TypeError)):
         get_preset("tiny", **changes)
