@@ -4,14 +4,6 @@
 oversubscribes the CPU and makes small-model tests many times slower.
 """
 import os
-import sys
-from pathlib import Path
-
-# tests are grouped in folders by the package they test, and some import another folder's helpers
-# (`from test_hub_decoder import saved_pair`): every folder is importable by module name
-for _folder in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
-    if str(_folder) not in sys.path:
-        sys.path.append(str(_folder))
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -13,7 +13,7 @@ from lmkit.data import prepare as prep
 from lmkit.errors import GenerationError
 from lmkit.models import build_model
 
-from test_faults import SPECIAL, TEXT, fails, snapshot
+from helpers.faults import SPECIAL, TEXT, fails, snapshot
 
 LATIN1 = "caf\xe9 au lait, ol\xe9\n".encode("latin1") * 20
 

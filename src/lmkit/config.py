@@ -5,12 +5,13 @@ tying, grouped-query attention), never by a copied class.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmkit.config_sections import Compression, TaskHead, check_types
 from lmkit.errors import ConfigError
 
 ARCHITECTURES = ("decoder", "encoder", "encoder-decoder")
@@ -72,8 +73,11 @@ class ModelConfig:
     n_experts_per_token: int = 2
     expert_capacity_factor: float | None = None
     router_aux_loss_coef: float = 0.01
+    router_jitter_noise: float = 0.0       # training: router inputs times U(1 - eps, 1 + eps) (Mixtral's jitter)
+    output_router_logits: bool = False     # return the router logits and add the aux loss by default (config.json's)
     # embeddings and output
     tie_embeddings: bool = True
+    separate_stack_embeddings: bool = False  # encoder-decoder: a token table per stack (BART untied in transformers 5)
     embedding_scale: float = 1.0           # multiply token embeddings (e.g. sqrt(d) for transformer-2017)
     output_scale: float = 1.0              # multiply hidden states before a tied LM head (T5: d^-0.5)
     output_bias: bool = False              # a (1, V) bias added to the logits (BART's final_logits_bias)
@@ -94,12 +98,35 @@ class ModelConfig:
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
-    # free-form: family name and HF settings that do not change the math
+    # the task head of an encoder or XLNet; what pruning and quantization changed (config_sections.py)
+    task: TaskHead = field(default_factory=TaskHead)
+    compression: Compression = field(default_factory=Compression)
+    # free-form: family name and HF settings that pass through untouched (label names, generation settings)
     family: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._absorb_extra()
         self.validate()
+
+    def _absorb_extra(self) -> None:
+        """Settings given in `extra` under their config.json keys (lmkit's own folders keep them there) move
+        to their typed fields; what is left in `extra` passes through untouched."""
+        for name, kind in (("task", TaskHead), ("compression", Compression)):
+            section = getattr(self, name)
+            if isinstance(section, dict):
+                unknown = sorted(set(section) - set(kind.keys()))
+                if unknown:
+                    raise ConfigError(f"unknown {name} settings: {', '.join(unknown)}; choose from {', '.join(kind.keys())}")
+                section = kind(**section)
+            given = {k: self.extra[k] for k in kind.keys() if k in self.extra}
+            setattr(self, name, dataclasses.replace(section, **given) if given else section)
+        for name in _FLAT_IN_EXTRA:
+            if name in self.extra:
+                setattr(self, name, self.extra[name])
+        moved = set(TaskHead.keys()) | set(Compression.keys()) | set(_FLAT_IN_EXTRA)
+        if moved & set(self.extra):
+            self.extra = {k: v for k, v in self.extra.items() if k not in moved}
 
     # derived sizes ---------------------------------------------------------
     @property
@@ -153,7 +180,7 @@ class ModelConfig:
             if getattr(self, name) not in options:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is not supported; choose one of {', '.join(options)}")
 
-        _check_types(self)
+        check_types(self)
         choose("architecture", ARCHITECTURES)
         choose("position", POSITIONS)
         choose("norm", NORMS)
@@ -195,7 +222,14 @@ class ModelConfig:
             raise ConfigError(f"n_experts_per_token={self.n_experts_per_token} must lie in 1..n_experts={self.n_experts}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as JSON values; the sections' given settings, and the flat ones that differ from their
+        default, sit in `extra` under their config.json keys."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("task", "compression") and f.name not in _FLAT_IN_EXTRA}
+        extra = {**self.extra, **self.task.given(), **self.compression.given()}
+        extra.update({name: getattr(self, name) for name, default in _FLAT_IN_EXTRA.items()
+                      if getattr(self, name) != default})
+        return copy.deepcopy({**out, "extra": extra})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
@@ -211,6 +245,9 @@ class ModelConfig:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
+
+# flat fields that lmkit's config.json writes inside `extra` (left out at their default, given here)
+_FLAT_IN_EXTRA = {"router_jitter_noise": 0.0, "output_router_logits": False, "separate_stack_embeddings": False}
 
 _GPT2 = dict(position="learned", norm="layernorm", norm_placement="pre", activation="gelu_tanh",
              tie_embeddings=True, bias=True, family="gpt2")
@@ -290,24 +327,3 @@ def sliding_fields(window: int | None, slides: list[bool]) -> dict[str, Any]:
     if window is None or not layers:
         return {"sliding_window": None, "sliding_layers": None}
     return {"sliding_window": window, "sliding_layers": None if len(layers) == len(slides) else layers}
-
-
-def _check_types(cfg: ModelConfig) -> None:
-    """Each field holds the type its annotation names: config.json can put a string, a float or a
-    list where an integer belongs, and the builders would fail far from the cause."""
-    for f in dataclasses.fields(cfg):
-        value, kinds = getattr(cfg, f.name), str(f.type).replace(" ", "").split("|")
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = (value is None and "None" in kinds
-              or "int" in kinds and number and isinstance(value, int)
-              or "float" in kinds and number and math.isfinite(value)
-              or "bool" in kinds and isinstance(value, bool)
-              or "str" in kinds and isinstance(value, str)
-              or any(k.startswith("dict") for k in kinds) and isinstance(value, dict)
-              or "list[int]" in kinds and isinstance(value, list)
-              and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-              # token ids: transformers allows a list (several end-of-sequence tokens)
-              or f.name.endswith("token_id") and isinstance(value, list) and value
-              and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
-        if not ok:
-            raise ConfigError(f"{f.name}={value!r} is not of type {' | '.join(kinds)}; fix that field")

@@ -297,7 +297,7 @@ def test_repeated_pruning_numbers_heads_as_transformers_does(case, tmp_path):
     model.save_pretrained(tmp_path)
     back = lmkit.load_model(tmp_path)
     prune_heads(back, {a: [0, 2], b: [1]})                 # 2 again: already gone, skipped
-    assert back.config.extra["pruned_heads"] == {a: [0, 2], b: [1]}
+    assert back.config.compression.pruned_heads == {a: [0, 2], b: [1]}
     assert back.get_submodule(a).n_heads == kw["n_heads"] - 2
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, want, rtol=0, atol=1e-6)
@@ -306,7 +306,7 @@ def test_repeated_pruning_numbers_heads_as_transformers_does(case, tmp_path):
         prune_heads(back, {a: [n]})                        # the range is the original one
     imp = head_importance(back, [torch.randint(0, 47, (2, 9))])
     chosen = least_important(imp, 1, back)                 # reported in the original numbering too
-    assert all(h not in back.config.extra["pruned_heads"].get(name, []) for name, hs in chosen.items() for h in hs)
+    assert all(h not in back.config.compression.pruned_heads.get(name, []) for name, hs in chosen.items() for h in hs)
 
 
 def test_pruned_layer_without_heads_still_trains():
@@ -441,7 +441,7 @@ def test_int8_tied_head_named_explicitly_saves_apart_from_the_embedding(tmp_path
     model = model_of(d_model=64, seed=11)
     up = "decoder.layers.0.mlp.sublayer.up_proj"
     q = quantize_dynamic_int8(model, ["lm_head", up, up])           # a name given twice is one layer
-    assert not q.config.tie_embeddings and q.config.extra["quantization"]["modules"] == sorted([up, "lm_head"])
+    assert not q.config.tie_embeddings and q.config.compression.quantization["modules"] == sorted([up, "lm_head"])
     q.save_pretrained(tmp_path)
     back = lmkit.load_model(tmp_path)
     torch.testing.assert_close(back.decoder.embeddings.tokens.weight, model.decoder.embeddings.tokens.weight,
@@ -518,7 +518,7 @@ def test_transformers_4_pruned_folders_load(kind, tmp_path):
     model = lmkit.load_model(tmp_path)
     stack = "decoder" if kind == "gpt2" else "encoder"
     name = f"{stack}.layers.0.self_attn.sublayer"
-    assert model.config.extra["pruned_heads"] == {name: [1, 3], f"{stack}.layers.1.self_attn.sublayer": [0, 1, 2, 3]}
+    assert model.config.compression.pruned_heads == {name: [1, 3], f"{stack}.layers.1.self_attn.sublayer": [0, 1, 2, 3]}
     with torch.no_grad():
         want = ref(input_ids=IDS).logits
         torch.testing.assert_close(model(IDS).logits, want, rtol=1e-5, atol=1e-5)
@@ -527,7 +527,7 @@ def test_transformers_4_pruned_folders_load(kind, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(back(IDS).logits, want, rtol=1e-5, atol=1e-5)
     prune_heads(back, {name: [3, 2]})                     # original numbering: 3 is gone already, 2 goes
-    assert back.get_submodule(name).n_heads == 1 and back.config.extra["pruned_heads"][name] == [1, 2, 3]
+    assert back.get_submodule(name).n_heads == 1 and back.config.compression.pruned_heads[name] == [1, 2, 3]
 
 
 def test_bad_pruned_heads_in_config_json_are_refused(tmp_path):

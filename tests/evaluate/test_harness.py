@@ -9,7 +9,7 @@ import torch
 lm_eval = pytest.importorskip("lm_eval")
 transformers = pytest.importorskip("transformers")
 
-from test_pretrained_folders import byte_level_bpe, spm_bpe, unigram  # noqa: E402
+from helpers.hf_folders import byte_level_bpe, spm_bpe, unigram  # noqa: E402
 
 from lmkit.evaluate import harness_run  # noqa: E402
 from lmkit.evaluate.harness import LmkitLM  # noqa: E402

@@ -12,7 +12,7 @@ pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
 from test_harness import _save, gpt2_folder  # noqa: E402
-from test_pretrained_folders import build, cli  # noqa: E402
+from helpers.hf_folders import build, cli  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_distributed import _env  # tests/train: the environment its torchrun runs get
+from helpers.processes import process_env
 from test_sft import _sentence, folders  # noqa: F401  (the tiny GPT-2 folder saved by transformers)
 
 import lmkit
@@ -38,7 +38,7 @@ def test_two_ranks_take_the_step_of_one_process_with_accumulation(folders, tmp_p
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "lmkit",
            "finetune", "--task", "sft", "--model", str(model_dir), "--train", str(train), "--eval", str(held),
            "--out", str(tmp_path / "two"), *FLAGS]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=process_env(), timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("saved to") == 1  # rank 0 alone reports and writes
     two = json.loads((tmp_path / "two" / "sft.json").read_text())

@@ -5,56 +5,9 @@ import pytest
 import torch
 
 import lmkit
+from helpers.beams import IDS, SETTINGS, V, check_beams, peaky, source_inputs
 
 transformers = pytest.importorskip("transformers")
-
-V = 53
-
-# tiny random models repeat themselves; a repetition penalty or n-gram blocking keeps the beams apart
-SETTINGS = [
-    dict(num_beams=3, length_penalty=1.0, early_stopping=False, repetition_penalty=1.5),
-    dict(num_beams=4, length_penalty=2.0, early_stopping=True, repetition_penalty=1.5, num_return_sequences=2),
-    dict(num_beams=3, length_penalty=0.5, early_stopping="never", repetition_penalty=1.5),
-    dict(num_beams=2, length_penalty=-1.0, early_stopping=False, no_repeat_ngram_size=1),
-    dict(num_beams=5, length_penalty=1.0, early_stopping=True, min_new_tokens=4, no_repeat_ngram_size=2,
-         repetition_penalty=1.2, num_return_sequences=5),
-]
-IDS = ["k3", "k4-lp2-early-return2", "k3-never", "k2-ngram2", "k5-min4-ngram3-return5"]
-
-
-def _peaky(model, scale: float):
-    """Scale the random output layer so that distributions are peaked and hypotheses end at EOS."""
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(scale)
-    return model
-
-
-def _pick_eos(model, kwargs, n_new, setting):
-    """Two tokens on the beams' own paths, so that hypotheses finish at EOS at different lengths."""
-    setting = {k: v for k, v in setting.items() if k != "num_return_sequences"}
-    out = model.generate(**kwargs, max_new_tokens=n_new, do_sample=False, eos_token_id=None, pad_token_id=1,
-                         **setting)[:, -n_new:]
-    eos = []
-    for row, col in ((0, 3), (1, 5), (2, 2), (0, 6), (1, 1), (2, 7)):
-        token = int(out[row, col])
-        if token > 2 and token not in eos and len(eos) < 2:
-            eos.append(token)
-    return eos
-
-
-def _check(hf_model, folder, kwargs, setting, n_new=10):
-    hf_model.generation_config.forced_eos_token_id = None
-    hf_model.generation_config.forced_bos_token_id = None
-    hf_model.save_pretrained(folder)
-    ours = lmkit.load_model(folder)
-    eos = _pick_eos(hf_model, kwargs, n_new, setting)
-    common = dict(max_new_tokens=n_new, eos_token_id=eos, pad_token_id=1, **setting)
-    ref = hf_model.generate(**kwargs, do_sample=False, **common)
-    got = ours.generate(kwargs["input_ids"], attention_mask=kwargs.get("attention_mask"), **common)
-    assert got.tolist() == ref.tolist()
-    if setting is SETTINGS[0]:  # the test means something: some hypothesis ended at EOS
-        assert torch.isin(got[:, -n_new:], torch.tensor(eos)).any()
-    return got, eos
 
 
 def _decoder_inputs():
@@ -66,21 +19,13 @@ def _decoder_inputs():
     return dict(input_ids=ids.masked_fill(mask == 0, 1), attention_mask=mask)
 
 
-def _source_inputs(pad):
-    torch.manual_seed(4)
-    ids = torch.randint(3, V, (3, 9))
-    mask = torch.ones_like(ids)
-    mask[1, 6:] = 0
-    return dict(input_ids=ids.masked_fill(mask == 0, pad), attention_mask=mask)
-
-
 @pytest.mark.parametrize("setting", SETTINGS, ids=IDS)
 def test_beam_gpt2(tmp_path, setting):
     cfg = transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                   resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
     torch.manual_seed(0)
-    hf_model = _peaky(transformers.GPT2LMHeadModel(cfg).eval(), 2.0)
-    got, eos = _check(hf_model, tmp_path, _decoder_inputs(), setting)
+    hf_model = peaky(transformers.GPT2LMHeadModel(cfg).eval(), 2.0)
+    got, eos = check_beams(hf_model, tmp_path, _decoder_inputs(), setting)
     assert got.shape[1] > 7
 
 
@@ -90,8 +35,8 @@ def test_beam_llama(tmp_path, setting):
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                    tie_word_embeddings=False)
     torch.manual_seed(0)
-    hf_model = _peaky(transformers.LlamaForCausalLM(cfg).eval(), 10.0)
-    _check(hf_model, tmp_path, _decoder_inputs(), setting)
+    hf_model = peaky(transformers.LlamaForCausalLM(cfg).eval(), 10.0)
+    check_beams(hf_model, tmp_path, _decoder_inputs(), setting)
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=IDS)
@@ -100,8 +45,8 @@ def test_beam_t5(tmp_path, setting):
                                 num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=6,
                                 decoder_start_token_id=0, dropout_rate=0.0, initializer_factor=0.3)
     torch.manual_seed(0)
-    hf_model = _peaky(transformers.T5ForConditionalGeneration(cfg).eval(), 1.0)
-    got, _ = _check(hf_model, tmp_path, _source_inputs(0), setting)
+    hf_model = peaky(transformers.T5ForConditionalGeneration(cfg).eval(), 1.0)
+    got, _ = check_beams(hf_model, tmp_path, source_inputs(0), setting)
     assert (got[:, 0] == 0).all()  # decoder ids begin with the decoder start token
 
 
@@ -111,8 +56,8 @@ def test_beam_bart(tmp_path, setting):
                                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
                                   decoder_ffn_dim=40, max_position_embeddings=64, dropout=0.0, init_std=0.3)
     torch.manual_seed(0)
-    hf_model = _peaky(transformers.BartForConditionalGeneration(cfg).eval(), 1.0)
-    _check(hf_model, tmp_path, _source_inputs(1), setting)
+    hf_model = peaky(transformers.BartForConditionalGeneration(cfg).eval(), 1.0)
+    check_beams(hf_model, tmp_path, source_inputs(1), setting)
 
 
 @pytest.mark.parametrize("family", ["t5", "bart"])
@@ -128,8 +73,8 @@ def test_greedy_seq2seq(tmp_path, family):
                                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
                                       decoder_ffn_dim=40, max_position_embeddings=64, dropout=0.0, init_std=0.3)
         hf_model, pad = transformers.BartForConditionalGeneration(cfg), 1
-    hf_model = _peaky(hf_model.eval(), 1.0)
-    _check(hf_model, tmp_path, _source_inputs(pad), dict(num_beams=1), n_new=20)
+    hf_model = peaky(hf_model.eval(), 1.0)
+    check_beams(hf_model, tmp_path, source_inputs(pad), dict(num_beams=1), n_new=20)
 
 
 @pytest.mark.parametrize("num_beams", [1, 3], ids=["sample", "beam-sample"])
@@ -142,7 +87,7 @@ def test_seeded_sampling_t5(tmp_path, num_beams):
     hf_model = transformers.T5ForConditionalGeneration(cfg).eval()
     hf_model.save_pretrained(tmp_path)
     ours = lmkit.load_model(tmp_path)
-    kwargs = _source_inputs(0)
+    kwargs = source_inputs(0)
     common = dict(max_new_tokens=8, do_sample=True, top_k=20, top_p=0.9, temperature=0.8, num_beams=num_beams,
                   eos_token_id=1, pad_token_id=0)
     torch.manual_seed(7)
@@ -163,7 +108,7 @@ def test_forced_bos_and_eos_bart(tmp_path, num_beams):
     hf_model = transformers.BartForConditionalGeneration(cfg).eval()
     hf_model.save_pretrained(tmp_path)
     ours = lmkit.load_model(tmp_path)
-    kwargs = _source_inputs(1)
+    kwargs = source_inputs(1)
     common = dict(max_new_tokens=6, num_beams=num_beams, eos_token_id=[2, 7], pad_token_id=1)
     # forced_eos_token_id comes from its generation config (transformers 5 drops forced_bos_token_id there)
     ref = hf_model.generate(**kwargs, do_sample=False, forced_bos_token_id=0, **common)
@@ -181,10 +126,10 @@ def test_beam_sampling_keeps_tokens_besides_eos(tmp_path, filters, eos):
                                 relative_attention_num_buckets=8, relative_attention_max_distance=6,
                                 decoder_start_token_id=0, dropout_rate=0.0, initializer_factor=0.3)
     torch.manual_seed(0)
-    hf_model = _peaky(transformers.T5ForConditionalGeneration(cfg).eval(), 3.0)
+    hf_model = peaky(transformers.T5ForConditionalGeneration(cfg).eval(), 3.0)
     hf_model.save_pretrained(tmp_path)
     ours = lmkit.load_model(tmp_path)
-    kwargs = _source_inputs(0)
+    kwargs = source_inputs(0)
     common = dict(max_new_tokens=8, do_sample=True, num_beams=3, repetition_penalty=1.3, eos_token_id=eos,
                   pad_token_id=0, **filters)
     for seed in range(3):
@@ -205,7 +150,7 @@ def test_decoder_prompt_counts_in_lengths_and_gets_the_start_token(tmp_path, num
     hf_model = transformers.T5ForConditionalGeneration(cfg).eval()
     hf_model.save_pretrained(tmp_path)
     ours = lmkit.load_model(tmp_path)
-    src = _source_inputs(0)["input_ids"][:2]
+    src = source_inputs(0)["input_ids"][:2]
     prompt = torch.tensor([[0, 6, 7], [0, 8, 9]])
     free = hf_model.generate(src, decoder_input_ids=prompt, max_new_tokens=8, eos_token_id=None)[0, 3:].tolist()
     eos = free[4]  # min_length 7 lets row 0 end there, at its 5th new token (not held back to the 7th)

@@ -38,7 +38,7 @@ def build(kind: str):
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def pair(request, tmp_path_factory):
-    from test_hub_decoder import saved_pair
+    from helpers.hub_pairs import saved_pair
 
     return saved_pair(build(request.param), request.param, tmp_path_factory)[:2]
 

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from transformers.generation import logits_process as hf_proc  # noqa: E402
 
 from test_generate import VOCAB, build, prompts  # noqa: E402
-from test_hub_decoder import saved_pair  # noqa: E402
+from helpers.hub_pairs import saved_pair  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])

@@ -10,16 +10,16 @@ from lmkit.errors import GenerationError
 
 transformers = pytest.importorskip("transformers")
 
-from test_beam_search import _peaky  # noqa: E402
-from test_fuzz_seq2seq import MODELS  # noqa: E402
-from test_hub_decoder import saved_pair  # noqa: E402
+from helpers.beams import peaky  # noqa: E402
+from helpers.seq2seq_pairs import MODELS  # noqa: E402
+from helpers.hub_pairs import saved_pair  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=[1, 3], ids=["t5-v1.1", "bart"])
 def pair(request, tmp_path_factory):
     name, build, scale = MODELS[request.param]
     torch.manual_seed(request.param)
-    return saved_pair(_peaky(build().eval(), scale), name, tmp_path_factory)
+    return saved_pair(peaky(build().eval(), scale), name, tmp_path_factory)
 
 
 def both(hf, ours, src, seed=0, **kwargs):

@@ -521,7 +521,7 @@ def test_folders_with_pruned_heads_load_and_round_trip(tmp_path, family, name, c
                 name[len(CLASS[family]):], atol=1e-5)
     ours.save_pretrained(tmp_path / "ours")
     again = lmkit.load_model(tmp_path / "ours")
-    assert again.config.extra["pruned_heads"] == {f"encoder.layers.{i}.self_attn.sublayer": heads
+    assert again.config.compression.pruned_heads == {f"encoder.layers.{i}.self_attn.sublayer": heads
                                                   for i, heads in ((0, [1]), (1, [0, 2]))}
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), again.state_dict().values()))
 
@@ -685,7 +685,7 @@ def test_lmkit_models_save_folders_transformers_loads(tmp_path_factory, data):
     name, ours = data.draw(native_models())
     note(f"{name} {ours.config}")
     folder = tmp_path_factory.mktemp("native")
-    if name == "RobertaForMaskedLM" and ours.config.extra.get("mlm_activation", ours.config.activation) != "gelu":
+    if name == "RobertaForMaskedLM" and ours.config.task.get("mlm_activation", ours.config.activation) != "gelu":
         with pytest.raises(ConfigError, match="masked-LM head with exact GELU"):
             ours.save_pretrained(folder)
         return

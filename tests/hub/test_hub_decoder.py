@@ -15,13 +15,12 @@ import torch
 
 import lmkit
 from lmkit.errors import CheckpointError, ConfigError, LmkitError
+from helpers.hub_pairs import VOCAB, randomized, saved_pair
 from tolerances import assert_close_in
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-VOCAB = 101  # not a multiple of 8
 
 
 CASES = {
@@ -65,25 +64,6 @@ CASES = {
 def hf_model(name: str):
     torch.manual_seed(0)
     return randomized(CASES[name]())
-
-
-def randomized(m):
-    with torch.no_grad():  # larger weights than the default init, so mismatches show
-        for n, p in m.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.15)
-            elif "bias" in n:
-                p.normal_(0, 0.05)
-            else:
-                p.normal_(1.0, 0.1)
-    return m.eval()
-
-
-def saved_pair(hf, name: str, tmp_path_factory):
-    """(transformers model, lmkit model loaded from the folder transformers wrote, folder)."""
-    folder = tmp_path_factory.mktemp(name)
-    hf.save_pretrained(folder)
-    return hf, lmkit.load_model(folder), folder
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -10,7 +10,7 @@ import torch
 import lmkit
 from lmkit.errors import ConfigError
 from lmkit.models.seq2seq import Seq2SeqLM
-from test_beam_search import _check, _peaky, _source_inputs
+from helpers.beams import check_beams, peaky, source_inputs
 from test_seq2seq_hub import perturbed
 
 transformers = pytest.importorskip("transformers")
@@ -95,7 +95,7 @@ def test_mbart_logits_loss_and_round_trip(tmp_path, style, tied):
 def test_mbart_v4_folder_generation_defaults(tmp_path):
     """A v4-era folder's num_beams / max_length in config.json, and the decoder start from bos_token_id (its
     decoder_start_token_id unset), give the ids transformers gives."""
-    hf = _peaky(_mbart(), 2.0)
+    hf = peaky(_mbart(), 2.0)
     hf.save_pretrained(tmp_path)
     as_v4(tmp_path)
     ref = transformers.MBartForConditionalGeneration.from_pretrained(tmp_path).eval()
@@ -115,8 +115,8 @@ def test_mbart_v4_folder_generation_defaults(tmp_path):
 def test_mbart_generate_matches_transformers(tmp_path, setting):
     """Batched, padded sources: greedy and beam ids equal transformers' with its start rules (bos_token_id when
     decoder_start_token_id is unset), forced language codes, several EOS ids and length penalties."""
-    hf = _peaky(_mbart(), 2.0)
-    got, eos = _check(hf, tmp_path, _source_inputs(1), setting)
+    hf = peaky(_mbart(), 2.0)
+    got, eos = check_beams(hf, tmp_path, source_inputs(1), setting)
     start = setting.get("decoder_start_token_id", 0)  # unset: bos_token_id (0), as transformers starts
     assert got[:, 0].tolist() == (start if isinstance(start, list) else [start] * got.shape[0])
     if "forced_bos_token_id" in setting:
@@ -170,7 +170,7 @@ def cli_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mbart-cli")
     tok = _word_tokenizer("$A </s> en_XX")
     tok.save(str(folder / "tokenizer.json"))
-    hf = _peaky(_mbart(decoder_start_token_id=5), 2.0)
+    hf = peaky(_mbart(decoder_start_token_id=5), 2.0)
     hf.save_pretrained(folder)
     return folder, hf, tok
 
@@ -231,7 +231,7 @@ def test_cli_eval_on_an_mbart50_folder_saved_by_lmkit(tmp_path, capsys):
     """mBART-50's convention, in a folder lmkit wrote: the decoder starts from </s> and forced_bos_token_id is the
     target code, so the labels are `ro_RO X </s>` (MBart50TokenizerFast); the loss is transformers' on those."""
     tok = _word_tokenizer("en_XX $A </s>")
-    hf = _peaky(_mbart(decoder_start_token_id=2), 2.0)
+    hf = peaky(_mbart(decoder_start_token_id=2), 2.0)
     hf.generation_config.forced_bos_token_id = 5
     hf.save_pretrained(tmp_path / "hf")
     lmkit.load_model(tmp_path / "hf").save_pretrained(tmp_path / "m")

@@ -17,7 +17,7 @@ from lmkit.config import ModelConfig, get_preset
 from lmkit.errors import ConfigError
 from lmkit.generation.decode_plan import DecodePlan
 from lmkit.models import build_model
-from test_hub_decoder import VOCAB, randomized
+from helpers.hub_pairs import VOCAB, randomized
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

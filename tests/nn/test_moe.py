@@ -142,7 +142,7 @@ def test_loss_adds_the_weighted_aux_loss_only_when_asked():
     ce = torch.nn.functional.cross_entropy(plain.logits[:, :-1].reshape(-1, 61), labels[:, 1:].reshape(-1))
     torch.testing.assert_close(plain.loss, ce)
     torch.testing.assert_close(asked.loss, ce + 0.25 * asked.aux_loss)
-    model.config.extra["output_router_logits"] = True       # config.json's output_router_logits is the default
+    model.config.output_router_logits = True      # config.json's output_router_logits is the default
     torch.testing.assert_close(model(ids, labels=labels).loss, asked.loss)
 
 

@@ -64,7 +64,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, messag
 def test_out_beside_what_the_corpus_reads_is_allowed(tmp_path, monkeypatch):
     """A glob that matches none of the run's files, a file next to --out, a hidden folder a corpus folder skips."""
     from lmkit.data.corpus import refuse_output_folder
-    from lmkit.train.trainer import RUN_FILES
+    from lmkit.train.setup import RUN_FILES
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "texts").mkdir()

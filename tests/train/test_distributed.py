@@ -1,6 +1,5 @@
 """`torchrun --nproc-per-node 2 -m lmkit train` on the CPU (gloo) logs the losses one process logs."""
 import json
-import os
 import subprocess
 import sys
 
@@ -8,6 +7,7 @@ import pytest
 
 import lmkit
 from lmkit.data.prepare import prepare
+from helpers.processes import process_env
 
 FLAGS = ["--preset", "tiny", "--max-steps", "4", "--batch-size", "8", "--seq-len", "32", "--save-every", "2",
          "--warmup-steps", "10",  # runs of 2 and 4 steps share their schedule: still warming up
@@ -25,15 +25,11 @@ def shards(tmp_path_factory, small_pydocs):
     return root
 
 
-def _env():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
 def run_train(out, data, nproc, *extra):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 \
         else [sys.executable]
     cmd = launcher + ["-m", "lmkit", "train", "--data", str(data), "--out", str(out), *FLAGS, *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=process_env(), timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     if "--fsdp" in extra and nproc > 1:
         assert "(FSDP, gloo)" in r.stdout
@@ -93,7 +89,7 @@ def test_a_batch_that_does_not_divide_among_the_processes(shards, tmp_path):
     out = tmp_path / "odd"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "lmkit", "train",
            "--data", str(shards / "data"), "--out", str(out), *FLAGS, "--batch-size", "7"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=process_env(), timeout=300)
     assert r.returncode != 0 and not out.exists()
     assert "lmkit: error: --batch-size 7 does not divide among the 2 processes; pick a multiple of 2" in r.stderr
     assert r.stderr.count("lmkit: error:") == 1  # rank 0 reports it; rank 1, which hit the same, exits quietly
@@ -144,7 +140,7 @@ def test_rank_1_reports_its_own_errors_while_training(monkeypatch):
     monkeypatch.setattr(distributed, "setup", lambda: distributed.DistContext(rank=1, world_size=2))
     monkeypatch.setattr(distributed, "agree_on_setup", lambda ctx: contextlib.nullcontext())  # no group here
     monkeypatch.setattr(cli_train, "config_from_args", lambda args: (None, set()))
-    monkeypatch.setattr("lmkit.train.Trainer", FakeTrainer)
+    monkeypatch.setattr(cli_train, "Trainer", FakeTrainer)
     with pytest.raises(TrainingError, match="rank 1's own trouble"):
         cli_train.run(argparse.Namespace())
 
@@ -171,7 +167,7 @@ def test_a_setup_error_on_rank_1_alone_stops_every_rank(corpus_file, tmp_path):
         node.mkdir()
         if rank == 0:
             shutil.copy(corpus_file, node / "corpus.jsonl")
-        env = {**_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+        env = {**process_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         cmd = [sys.executable, "-m", "lmkit", "train", "--preset", "tiny", "--corpus", "corpus.jsonl", "--out", "run",
                "--max-steps", "2", "--batch-size", "4", "--seq-len", "32", "--precision", "fp32"]
@@ -221,7 +217,7 @@ def test_a_bug_agreed_on_in_a_nested_setup_keeps_its_own_exception():
     rank 0 never joined and ended with gloo's 'Connection closed by peer' instead of its own ValueError."""
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-c", NESTED], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                              env={**process_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                                    "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
              for rank in (0, 1)]
     try:

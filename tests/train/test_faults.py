@@ -1,5 +1,4 @@
 """Bad input: each gives one clear line naming the file and the fix, exit status 2, and damages no file."""
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -12,25 +11,7 @@ from lmkit.cli import main
 from lmkit.config import get_preset
 from lmkit.data.prepare import prepare
 from lmkit.models import build_model
-
-SPECIAL = ["<|endoftext|>", "<|pad|>"]
-TEXT = "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.\n\n"
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()} if folder.exists() else {}
-
-
-def fails(capsys, argv, *needles):
-    """Run the CLI in-process: exit status 2, one line on stderr holding every needle."""
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("lmkit: error: ") and "\n" not in err and "Traceback" not in err, err
-    for needle in needles:
-        assert str(needle) in err, (needle, err)
-    return err
+from helpers.faults import SPECIAL, TEXT, fails, snapshot
 
 
 @pytest.fixture(scope="module")

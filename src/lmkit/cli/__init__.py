@@ -11,6 +11,7 @@ import os
 import re
 import sys
 
+from lmkit import __version__
 from lmkit.errors import LmkitError, user_message
 
 SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "distill", "prune", "quantize",
@@ -18,8 +19,6 @@ SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "di
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lmkit import __version__
-
     parser = argparse.ArgumentParser(prog="lmkit", description="Build, train, evaluate and run transformer language models.",
                                      epilog="`lmkit COMMAND --help` describes each command.")
     parser.add_argument("--version", action="version", version=f"lmkit {__version__}")
@@ -71,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
 def utf8(text: str, what: str) -> str:
     """`text` from the command line or stdin, refused when it was not UTF-8 (Python keeps such bytes as
     lone surrogates, which every encoder would fail on or turn into U+FFFD)."""
-    from lmkit.errors import LmkitError
 
     try:
         text.encode("utf-8")

@@ -8,6 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+import lmkit
+from lmkit.cli.generate import TerminalStreamer
+from lmkit.errors import GenerationError, LmkitError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("chat", help="talk to a model with a chat template in the terminal", description=__doc__)
@@ -25,9 +29,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    import lmkit
     from lmkit.chat_session import ChatSession
-    from lmkit.errors import GenerationError, LmkitError
 
     if args.max_new_tokens < 1:
         raise GenerationError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -70,6 +72,5 @@ def run(args: argparse.Namespace) -> int:
 
 def _reply_streamer(tok, out):
     """The terminal streamer of `lmkit generate`, with the speaker's name where the prompt would be printed."""
-    from lmkit.cli.generate import TerminalStreamer
 
     return TerminalStreamer(tok, "assistant> ", out)

@@ -8,6 +8,12 @@ import argparse
 import shutil
 from pathlib import Path
 
+import lmkit
+from lmkit.atomic import atomic_write_text
+from lmkit.data import load_corpus
+from lmkit.data.instruct import pydocs_instruct
+from lmkit.errors import TrainingError
+
 PROMPTS = ("Return the number of", "The ``with`` statement", "class ")
 
 DEFAULT_OUT = "runs/demo"
@@ -29,11 +35,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lmkit.cli.train import summary
-    from lmkit.data import load_corpus
     from lmkit.evaluate import evaluate_text
     from lmkit.train import TrainConfig, Trainer
-    from lmkit.atomic import atomic_write_text
-    from lmkit.errors import TrainingError
     from lmkit.train.checkpoint import latest_checkpoint
 
     out = Path(args.out)
@@ -76,9 +79,7 @@ SHOTS = 3
 
 def instruction_tune(base: Path, budget: float, seed: int, bos_id: int) -> dict:
     """SFT of the demo model on pydocs-instruct, the held-out comparison table, and a few chat turns."""
-    import lmkit
     from lmkit.chat_session import ChatSession
-    from lmkit.data.instruct import pydocs_instruct
     from lmkit.finetune.sft import SFTConfig, evaluate_loss, resize_token_embeddings, sft
     from lmkit.finetune.sft_data import prepare
     from lmkit.finetune.sft_eval import answer_rouge

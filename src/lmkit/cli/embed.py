@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.data import load_corpus
+from lmkit.data.corpus import refuse_output_folder
+from lmkit.errors import ConfigError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("embed", help="train word vectors (word2vec) and query them", description=__doc__)
@@ -40,8 +44,6 @@ def register(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from lmkit.data import load_corpus
-    from lmkit.data.corpus import refuse_output_folder
     from lmkit.embed import Word2Vec, Word2VecConfig, sentences_of
     from lmkit.embed.vectors import TEXT_FILE, VECTORS_FILE, VOCAB_FILE
 
@@ -60,7 +62,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_similar(args: argparse.Namespace) -> int:
     from lmkit.embed import WordVectors
-    from lmkit.errors import ConfigError
 
     vectors = WordVectors.load(args.vectors)
     missing = [w for w in args.words if w not in vectors]

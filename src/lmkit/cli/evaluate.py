@@ -8,6 +8,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import lmkit
+from lmkit.data import load_corpus
+from lmkit.data.builtin import BUILTIN
+from lmkit.data.corpus import same_files
+from lmkit.errors import ConfigError, CorpusError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="evaluate a language model (loss, perplexity, bits per byte)",
@@ -26,11 +32,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import lmkit
-    from lmkit.data import load_corpus
-    from lmkit.data.corpus import same_files
     from lmkit.data.tokenize import check_fits
-    from lmkit.errors import ConfigError, CorpusError
     from lmkit.evaluate import evaluate_text
     from lmkit.train.checkpoint import run_settings
 
@@ -71,7 +73,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.model} on {name} ({len(pairs)} pairs)")
         print("\n".join(report_pairs(model, tokenizer, pairs, args.num_beams)))
         return 0
-    from lmkit.data.builtin import BUILTIN
 
     held_out = args.corpus and args.corpus != settings.get("corpus") and not all(s in BUILTIN for s in args.corpus)
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from lmkit.errors import ConfigError
+
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
 CLM_ONLY = (("--max-steps", "max_steps"),)
 SFT_ONLY = (("--packing", "packing"), ("--chat-template", "chat_template"), ("--train-on-all", "train_on_all"),
@@ -54,7 +56,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmkit.errors import ConfigError
     from lmkit.finetune import FinetuneConfig, finetune
     from lmkit.peft.finetune import default_lr, peft_settings
 
@@ -97,7 +98,6 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
 
 
 def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
-    from lmkit.errors import ConfigError
     from lmkit.finetune.sft import SFTConfig, sft
     from lmkit.train import distributed
 

@@ -11,6 +11,10 @@ import argparse
 import sys
 from pathlib import Path
 
+import lmkit
+from lmkit.cli import utf8
+from lmkit.errors import GenerationError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="continue a prompt with a saved model", description=__doc__)
@@ -62,10 +66,7 @@ class TerminalStreamer:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    import lmkit
-    from lmkit.cli import utf8
     from lmkit.data.tokenize import check_fits
-    from lmkit.errors import GenerationError
     from lmkit.train.checkpoint import run_settings
 
     utf8(args.prompt, "--prompt")

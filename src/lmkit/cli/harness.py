@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.atomic import atomic_write_text
+from lmkit.errors import ConfigError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("harness", help="run lm-evaluation-harness tasks on a model folder",
@@ -26,8 +29,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmkit.atomic import atomic_write_text
-    from lmkit.errors import ConfigError
     from lmkit.evaluate.harness_run import require_lm_eval
 
     if args.num_fewshot is not None and args.num_fewshot < 0:

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import argparse
 
+import lmkit
+from lmkit.cli import utf8
+from lmkit.errors import ConfigError
+from lmkit.plots.lens import plot_lens
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("lens", help="logit lens: what each layer predicts", description=__doc__)
@@ -25,9 +30,6 @@ def read(model_dir: str, prompt: str):
     """(reading, token strings of the prompt, tokenizer) for the prompt through the model at model_dir."""
     import torch
 
-    import lmkit
-    from lmkit.cli import utf8
-    from lmkit.errors import ConfigError
     from lmkit.lens import logit_lens
 
     utf8(prompt, "--prompt")
@@ -41,8 +43,6 @@ def read(model_dir: str, prompt: str):
 
 
 def draw(reading, inputs, tok, out: str):
-    from lmkit.plots.lens import plot_lens
-
     probs, ids = reading.top(1)
     tokens = [[tok.decode([int(i)]) for i in row[:, 0]] for row in ids]
     return plot_lens(reading.names, inputs, tokens, probs[:, :, 0].tolist(), out)

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+import lmkit
+from lmkit.cli import utf8
+from lmkit.cli.lens import add_arguments, draw, read
+from lmkit.errors import ConfigError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("plot", help="pictures: positions, attention, embeddings, lens", description=__doc__,
@@ -37,7 +42,6 @@ def register(subparsers) -> None:
     emb.add_argument("--out", default="embeddings.png", metavar="PNG")
     emb.set_defaults(func=run_embeddings)
     lens = sub.add_parser("lens", help="the logit-lens grid")
-    from lmkit.cli.lens import add_arguments
 
     add_arguments(lens)
     lens.set_defaults(func=run_lens)
@@ -45,7 +49,6 @@ def register(subparsers) -> None:
 
 
 def run_positions(args: argparse.Namespace) -> int:
-    from lmkit.errors import ConfigError
     from lmkit.plots.positions import plot_positions
 
     if args.positions < 1 or args.dim < 2 or args.dim % 2:
@@ -58,10 +61,7 @@ def run_attention(args: argparse.Namespace) -> int:
     import torch
     from pathlib import Path
 
-    import lmkit
     from lmkit.attention_maps import attention_maps
-    from lmkit.cli import utf8
-    from lmkit.errors import ConfigError
     from lmkit.plots.attention import attention_html, plot_attention_grid
 
     utf8(args.text, "--text")
@@ -98,7 +98,6 @@ def run_attention(args: argparse.Namespace) -> int:
 
 def select(items: list, numbers: list[int] | None, flag: str) -> list:
     """items[n - 1] for each 1-based n (all items when numbers is None)."""
-    from lmkit.errors import ConfigError
 
     if not numbers:
         return items
@@ -109,7 +108,6 @@ def select(items: list, numbers: list[int] | None, flag: str) -> list:
 
 
 def run_embeddings(args: argparse.Namespace) -> int:
-    from lmkit.errors import ConfigError
     from lmkit.plots.embeddings import plot_embeddings
 
     if args.vectors:
@@ -122,7 +120,6 @@ def run_embeddings(args: argparse.Namespace) -> int:
             raise ConfigError(f"not in the vocabulary: {' '.join(missing)}")
         matrix = vectors.vectors[[vectors.index[w] for w in labels]]
     else:
-        import lmkit
 
         model = lmkit.load_model(args.model)
         tok = lmkit.load_tokenizer(args.model)
@@ -144,8 +141,6 @@ def run_embeddings(args: argparse.Namespace) -> int:
 
 
 def run_lens(args: argparse.Namespace) -> int:
-    from lmkit.cli.lens import draw, read
-
     reading, inputs, tok = read(args.model, args.prompt)
     print(f"wrote {draw(reading, inputs, tok, args.out)}")
     return 0

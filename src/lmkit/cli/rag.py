@@ -13,6 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from lmkit.cli import utf8
+from lmkit.data import load_corpus
+from lmkit.errors import ConfigError, CorpusError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("rag", help="retrieval: index documents, query them, answer from them",
@@ -69,8 +73,6 @@ def run_index(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from lmkit.data import load_corpus
-    from lmkit.errors import ConfigError
     from lmkit.rag.store import APPROXIMATE_ABOVE, RagIndex
 
     corpus = load_corpus(args.corpus)
@@ -93,7 +95,6 @@ def run_index(args: argparse.Namespace) -> int:
                                 batch_size=args.batch_size)
     counts = index.add(corpus)
     if not len(index):
-        from lmkit.errors import CorpusError
 
         raise CorpusError(f"{' '.join(args.corpus)} gave no chunk to index (only blank text); give documents with text")
     index.save(out)
@@ -118,7 +119,6 @@ def run_remove(args: argparse.Namespace) -> int:
 
 
 def run_query(args: argparse.Namespace) -> int:
-    from lmkit.cli import utf8
     from lmkit.rag.retrieve import retrieve
     from lmkit.rag.store import RagIndex
 
@@ -134,7 +134,6 @@ def run_query(args: argparse.Namespace) -> int:
 
 
 def run_ask(args: argparse.Namespace) -> int:
-    from lmkit.cli import utf8
     from lmkit.rag.answer import answer
     from lmkit.rag.store import RagIndex
 

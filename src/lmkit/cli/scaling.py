@@ -9,6 +9,9 @@ import argparse
 import json
 from pathlib import Path
 
+from lmkit.atomic import atomic_write_json
+from lmkit.errors import ConfigError
+
 DEFAULT_BUDGETS = (3e11, 1e12, 3e12)
 
 
@@ -78,8 +81,6 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    from lmkit.atomic import atomic_write_json
-    from lmkit.errors import ConfigError
     from lmkit.scaling.fit import bootstrap_fit, isoflop_fit
     from lmkit.scaling.laws import PUBLISHED_EXPONENTS
     from lmkit.scaling.plots import plot_isoflops, plot_loss_vs
@@ -124,7 +125,6 @@ def run_fit(args: argparse.Namespace) -> int:
 
 
 def _throughput(rows):
-    from lmkit.errors import ConfigError
     from lmkit.scaling.sweep import measured_flops_per_second
 
     try:
@@ -134,7 +134,6 @@ def _throughput(rows):
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from lmkit.errors import ConfigError
     from lmkit.scaling.plan import plan_compute
     from lmkit.scaling.sweep import measured_flops_per_second, read_results
 
@@ -157,7 +156,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _law(spec: str):
-    from lmkit.errors import ConfigError
     from lmkit.scaling.laws import PUBLISHED_LAWS, law_from
 
     if spec in PUBLISHED_LAWS:

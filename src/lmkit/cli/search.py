@@ -5,6 +5,11 @@ import argparse
 import hashlib
 import json
 
+from lmkit.cli import utf8
+from lmkit.data import load_corpus
+from lmkit.data.cache import cache_dir
+from lmkit.errors import ConfigError, CorpusError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("search", help="semantic search over corpus paragraphs", description=__doc__)
@@ -26,10 +31,6 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from lmkit.cli import utf8
-    from lmkit.data import load_corpus
-    from lmkit.data.cache import cache_dir
-    from lmkit.errors import ConfigError, CorpusError
     from lmkit.search import SemanticIndex, paragraphs
     from lmkit.sentence import SentenceEncoder
 

@@ -5,6 +5,8 @@ Endpoints: /v1/completions, /v1/chat/completions, /v1/embeddings (encoder folder
 """
 from __future__ import annotations
 
+from lmkit.errors import ConfigError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API", description=__doc__)
@@ -33,7 +35,6 @@ def run(args) -> int:
 
     import uvicorn
 
-    from lmkit.errors import ConfigError
     from lmkit.serve import build_app
 
     if not Path(args.model).is_dir():

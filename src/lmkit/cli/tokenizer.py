@@ -4,6 +4,10 @@ from __future__ import annotations
 import sys
 import time
 
+from lmkit.cli import utf8
+from lmkit.data import load_corpus
+from lmkit.data.corpus import refuse_inputs
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("tokenizer", help="train a tokenizer, or show how text splits into tokens",
@@ -34,8 +38,6 @@ def register(subparsers) -> None:
 def run_train(args) -> int:
     from pathlib import Path
 
-    from lmkit.data import load_corpus
-    from lmkit.data.corpus import refuse_inputs
     from lmkit.tokenizers import train_tokenizer
 
     out = Path(args.out)
@@ -52,7 +54,6 @@ def run_train(args) -> int:
 
 
 def run_encode(args) -> int:
-    from lmkit.cli import utf8
     from lmkit.tokenizers import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 
 from lmkit.config import PRESETS
+from lmkit.errors import ConfigError
+from lmkit.train import Trainer, distributed
 from lmkit.train.config import TrainConfig
 
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
@@ -45,8 +47,6 @@ def register(subparsers) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
-    from lmkit.errors import ConfigError
-
     given = {f: getattr(args, f) for f in FLAGS if getattr(args, f) is not None}
     if "data" in given and "corpus" in given:  # --data wins in the trainer, so --corpus would be silently ignored
         raise ConfigError("--data and --corpus both name the training text; give one (--data DIR for prepared shards)")
@@ -59,9 +59,6 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmkit.train import Trainer
-    from lmkit.train import distributed
-
     ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
 
     def body():

@@ -11,6 +11,7 @@ key/value head goes with its last query head; `least_important` removes whole gr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import warnings
 
@@ -126,8 +127,8 @@ def prune_attention(attn: Attention, heads: list[int]) -> list[int]:
 
 
 def pruned_heads(model: nn.Module) -> dict[str, list[int]]:
-    """{attention module name: its heads pruned so far, in the original numbering} (config.extra["pruned_heads"])."""
-    return {k: list(v) for k, v in model.config.extra.get("pruned_heads", {}).items()}
+    """{attention module name: its heads pruned so far, in the original numbering} (config.compression.pruned_heads)."""
+    return {k: list(v) for k, v in model.config.compression.get("pruned_heads", {}).items()}
 
 
 def original_heads(model: nn.Module, name: str) -> list[int]:
@@ -141,14 +142,14 @@ def prune_heads(model: nn.Module, heads: dict[str, list[int]]) -> None:
     """Prune heads {attention module name: head indices} structurally.
 
     As in transformers' `prune_heads`, indices are the original ones (before any pruning), heads pruned
-    earlier are skipped, and config.extra["pruned_heads"] records the union (transformers' `pruned_heads`).
+    earlier are skipped, and config.compression.pruned_heads records the union (transformers' `pruned_heads`).
     The model then saves in lmkit's own format (Hugging Face formats have one head count for all
-    layers); config.extra["attention_heads"] records each module's (query heads, key/value heads).
+    layers); config.compression.attention_heads records each module's (query heads, key/value heads).
     """
     if model.config.position == "relative":
         raise ConfigError("heads cannot be pruned with T5's relative position bias, which all layers share per head")
     modules = attention_modules(model)
-    layout = dict(model.config.extra.get("attention_heads", {}))
+    layout = dict(model.config.compression.get("attention_heads", {}))
     record = pruned_heads(model)
     for name, remove in heads.items():   # check everything before changing anything
         if name not in modules:
@@ -161,7 +162,7 @@ def prune_heads(model: nn.Module, heads: dict[str, list[int]]) -> None:
             prune_attention(modules[name], current)
             layout[name] = [modules[name].n_heads, modules[name].n_kv_heads]
             record[name] = sorted(set(record.get(name, [])) | {kept[i] for i in current})
-    model.config.extra = {**model.config.extra, "attention_heads": layout, "pruned_heads": record}
+    model.config.compression = dataclasses.replace(model.config.compression, attention_heads=layout, pruned_heads=record)
     model.config.family = None
 
 
@@ -209,8 +210,8 @@ def least_important(importance: dict[str, torch.Tensor], n: int, model: nn.Modul
 
 
 def apply_head_layout(model: nn.Module) -> nn.Module:
-    """Give a freshly built model the head counts config.extra["attention_heads"] records (before loading weights)."""
-    layout = model.config.extra.get("attention_heads") or {}
+    """Give a freshly built model the head counts config.compression.attention_heads records (before loading weights)."""
+    layout = model.config.compression.get("attention_heads") or {}
     modules = attention_modules(model)
     for name, (n_heads, n_kv) in layout.items():
         attn = modules[name]

@@ -6,11 +6,12 @@ activation batch is quantized with its own range, multiplied in int8 with int32 
 on the chosen layers; embeddings, norms, a tied LM head and empty layers (a pruned layer's 0-wide
 projections, which the int8 kernel does not handle) stay in float32.
 On disk (safetensors, no pickle) a layer is `name.weight` (int8 q), `name.weight_scale` (float64 s),
-`name.weight_zero_point` (int64) and `name.bias`; config.extra["quantization"] lists the layers.
+`name.weight_zero_point` (int64) and `name.bias`; config.compression.quantization lists the layers.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 
 import torch
@@ -59,7 +60,7 @@ def quantize_dynamic_int8(model: nn.Module, modules: list[str] | None = None) ->
         q = torch.ao.quantization.quantize_dynamic(q, set(names), dtype=torch.qint8)
     config = getattr(q, "config", None)
     if config is not None:  # Hugging Face formats have no such layers: the model saves in lmkit's own format
-        config.extra = {**config.extra, "quantization": {"method": METHOD, "modules": sorted(names)}}
+        config.compression = dataclasses.replace(config.compression, quantization={"method": METHOD, "modules": sorted(names)})
         config.family = None
         tied = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
         if any(id(model.get_submodule(n).weight) in tied for n in names):  # an int8 head no longer shares the
@@ -120,7 +121,7 @@ def _read_int8(tensors: dict[str, torch.Tensor], config, dtype: torch.dtype | No
     """A folder's int8 layers: loaded dequantized into a float model, then given their exact int8 values."""
     if dtype not in (None, torch.float32):
         raise ConfigError(f"{folder} holds an int8-quantized model, which runs in float32; load it without dtype")
-    return split_int8(tensors, config.extra["quantization"].get("modules", []))
+    return split_int8(tensors, config.compression.quantization.get("modules", []))
 
 
 register_folder_hook(FolderHook("quantization", read=_read_int8, restore=restore_int8, tensors=int8_tensors))

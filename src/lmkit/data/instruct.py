@@ -19,6 +19,7 @@ import json
 from lmkit.atomic import atomic_write_json
 from lmkit.data.builtin import _cache_path, _parse, builtin_corpus, stdlib_files
 from lmkit.data.corpus import VAL_FRACTION
+from lmkit.errors import CorpusError
 
 NAME = "pydocs-instruct"
 MAX_ANSWER = 300
@@ -107,7 +108,6 @@ def _build() -> list[dict]:
 def pydocs_instruct(split: str = "train", val_fraction: float = VAL_FRACTION) -> list[dict]:
     """The pairs of pydocs' train or validation documents, as SFT rows with "messages" (plus "id" and "doc")."""
     if split not in ("train", "validation"):
-        from lmkit.errors import CorpusError
 
         raise CorpusError(f"{NAME} has the splits train and validation, not {split!r}")
     _, val = builtin_corpus("pydocs").split(val_fraction)

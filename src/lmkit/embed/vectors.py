@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from lmkit.atomic import atomic_open, atomic_save_file, atomic_write_json
 from lmkit.errors import ConfigError
 
 VECTORS_FILE, VOCAB_FILE, TEXT_FILE = "vectors.safetensors", "vocab.json", "vectors.txt"
@@ -126,7 +127,6 @@ class WordVectors:
         """folder/vectors.safetensors (`vectors`), vocab.json (words, counts) and vectors.txt (word2vec text)."""
         from safetensors.numpy import save_file
 
-        from lmkit.atomic import atomic_save_file, atomic_write_json
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -139,7 +139,6 @@ class WordVectors:
 
     def save_word2vec_text(self, path: str | os.PathLike) -> None:
         """`V d` then `word x_1 ... x_d` per line, each float with 9 significant digits (exact for float32)."""
-        from lmkit.atomic import atomic_open
 
         bad = next((w for w in self.words if not w or any(ch.isspace() for ch in w)), None)
         if bad is not None:

@@ -22,7 +22,9 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from lmkit.errors import ConfigError
+import lmkit
+from lmkit.errors import ConfigError, TokenizerError
+from lmkit.evaluate.harness_generate import generate_batches, render_chat
 from lmkit.nn import KVCache
 
 DEFAULT_MAX_LENGTH = 2048  # HFLM's when neither config nor tokenizer names a context length
@@ -56,7 +58,6 @@ class LmkitLM(TemplateLM):
                  prefix_token_id: int | None = None, max_gen_toks: int = 256, max_batch_size: int | None = None,
                  **kwargs) -> None:
         super().__init__()
-        import lmkit
 
         folder = Path(pretrained)
         if not (folder / "config.json").is_file():
@@ -317,14 +318,12 @@ class LmkitLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy (or sampled, where the task asks) continuations, cut at the first stop string; the EOS text is
         always a stop, as in HFLM."""
-        from lmkit.evaluate.harness_generate import generate_batches
 
         return generate_batches(self, requests)
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The folder's chat template over the few-shot turns (HFLM's call: text, and the final assistant message
         left open when no generation prompt is added)."""
-        from lmkit.evaluate.harness_generate import render_chat
 
         return render_chat(self, chat_history, add_generation_prompt)
 
@@ -333,7 +332,6 @@ class LmkitLM(TemplateLM):
             return None
         template = getattr(self.tokenizer, "chat_template", None)
         if template is None:
-            from lmkit.errors import TokenizerError
 
             raise TokenizerError(f"{self.folder} has no chat template; run without --apply-chat-template, or use a "
                                  "folder whose tokenizer_config.json (or chat_template.jinja) holds one")

@@ -21,11 +21,13 @@ from pathlib import Path
 import torch
 
 from lmkit.atomic import atomic_write_bytes
+from lmkit.config_sections import UNSET
 from lmkit.errors import ConfigError, CorpusError
 from lmkit.finetune.data import Example, label_names, read_examples, split_examples
 from lmkit.finetune.metrics import accuracy, macro_f1
 from lmkit.hub import load_model
 from lmkit.models.encoder import Encoder
+from lmkit.models.xlnet import XLNet
 from lmkit.objectives import with_aux_loss
 from lmkit.peft.finetune import check_out, fitting_length, peft_for_task
 from lmkit.progress import progress_bar
@@ -79,11 +81,13 @@ def classifier_from_pretrained(path: str | Path, num_labels: int, pooling: str =
         arch = base.config.architecture
         raise ConfigError(f"{path} holds {'an' if arch[0] in 'aeiou' else 'a'} {arch} model; fine-tuning for "
                           "classification needs an encoder (BERT, RoBERTa, DistilBERT)")
-    extra = {k: v for k, v in base.config.extra.items() if k not in ("head", "num_labels", "pooling", "pooler", "id2label")}
+    extra = {k: v for k, v in base.config.extra.items() if k != "id2label"}
     if id2label:
         extra["id2label"] = id2label
+    task = replace(base.config.task, head=UNSET, num_labels=UNSET, pooling=UNSET, pooler=UNSET)
     act = "relu" if base.config.family == "distilbert" else "tanh"
-    model = Encoder(base.config.replace(extra=extra), head="sequence", num_labels=num_labels, pooling=pooling, pooler=act)
+    model = Encoder(base.config.replace(extra=extra, task=task), head="sequence", num_labels=num_labels,
+                    pooling=pooling, pooler=act)
     state = {k: v for k, v in base.state_dict().items() if k.startswith("encoder.")}
     if base.pooler is not None and base.pooler.act_name == act:
         state.update({k: v for k, v in base.state_dict().items() if k.startswith("pooler.")})
@@ -95,14 +99,14 @@ def classifier_from_pretrained(path: str | Path, num_labels: int, pooling: str =
 def _xlnet_classifier(base, num_labels: int, pooling: str, id2label: dict | None):
     """XLNetForSequenceClassification from a pretrained XLNet: pooling "cls" keeps the folder's summary (XLNet's
     <cls> is the last token), "mean" averages the positions; summary and logits_proj are fresh."""
-    from lmkit.models.xlnet import XLNet
 
-    extra = {k: v for k, v in base.config.extra.items() if k not in ("head", "num_labels", "id2label")}
-    if pooling == "mean":
-        extra["summary"] = {**extra.get("summary", {}), "summary_type": "mean"}
+    extra = {k: v for k, v in base.config.extra.items() if k != "id2label"}
     if id2label:
         extra["id2label"] = id2label
-    model = XLNet(base.config.replace(extra=extra), head="sequence", num_labels=num_labels)
+    task = replace(base.config.task, head=UNSET, num_labels=UNSET)
+    if pooling == "mean":
+        task = replace(task, summary={**task.get("summary", {}), "summary_type": "mean"})
+    model = XLNet(base.config.replace(extra=extra, task=task), head="sequence", num_labels=num_labels)
     state = {k: v for k, v in base.state_dict().items() if k.startswith("transformer.")}
     missing = model.load_state_dict(state, strict=False).missing_keys
     assert all(not k.startswith("transformer.") for k in missing), missing
@@ -111,7 +115,7 @@ def _xlnet_classifier(base, num_labels: int, pooling: str, id2label: dict | None
 
 def reads_last_position(model) -> bool:
     """True for a model that classifies from its last position (XLNet's summary "last"): batches pad on the left."""
-    summary = model.config.extra.get("summary", {}) if model.config.position == "xl" else {}
+    summary = model.config.task.get("summary", {}) if model.config.position == "xl" else {}
     return model.config.position == "xl" and summary.get("summary_type", "last") == "last"
 
 

@@ -21,8 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import lmkit
+from lmkit.atomic import staged_folder
 from lmkit.errors import ConfigError, TrainingError
-from lmkit.finetune.sft_data import SFTExample, prepare
+from lmkit.finetune.sft_data import SFTExample, prepare, read_rows, row_format
+from lmkit.peft.finetune import check_out, default_lr, model_folder, peft_for_task
+from lmkit.train import distributed
+from lmkit.train.distributed import all_reduce_sum, broadcast_float, no_sync
+from lmkit.train.optim import build_optimizer, lr_at, set_lr
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
           "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
@@ -97,7 +103,6 @@ def _all_sum(values: list[float], ctx) -> list[float]:
     """`values` summed over the ranks (float64, so counts stay exact); one process: as they are."""
     if ctx is None or ctx.world_size <= 1:
         return values
-    from lmkit.train.distributed import all_reduce_sum
 
     return all_reduce_sum(torch.tensor(values, dtype=torch.float64), ctx).tolist()
 
@@ -106,7 +111,6 @@ def step_loss(model: nn.Module, micro_batches: list[dict], backward: bool = True
     """Run this rank's micro-batches of one optimizer step, backpropagating sum / N with N the step's trained labels
     over all micro-batches and all ranks (`ctx`: lmkit.train.distributed's; DDP must then *sum* the ranks'
     gradients, as `wrap_model` sets it up). Returns (the step's mean loss over every rank, N)."""
-    from lmkit.train.distributed import no_sync
 
     count = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro_batches)
     n = max(int(_all_sum([float(count)], ctx)[0]), 1)
@@ -200,8 +204,6 @@ def sft(config: SFTConfig, log=print) -> dict:
 
     Under torchrun (`torchrun --nproc-per-node N -m lmkit finetune --task sft ...`) every rank takes its share of
     each step's batch_size examples, DDP sums the gradients, and rank 0 writes the folder."""
-    from lmkit.train import distributed
-
     ctx = distributed.setup()
     with distributed.agree_on_setup(ctx):  # a rank failing alone (its own files) stops every rank
         run = _set_up(config, ctx)
@@ -218,11 +220,6 @@ def sft(config: SFTConfig, log=print) -> dict:
 
 def _set_up(c: SFTConfig, ctx) -> dict:
     """Everything before the first step, with no collective: checks, model, tokenizer, data, PEFT, optimizer."""
-    import lmkit
-    from lmkit.finetune.sft_data import read_rows, row_format
-    from lmkit.peft.finetune import check_out, default_lr, model_folder, peft_for_task
-    from lmkit.train.optim import build_optimizer
-
     check_out(c.out, c.model)
     if c.peft not in MERGEABLE:
         raise ConfigError(f"--peft {c.peft} cannot be folded into the saved model; use one of {', '.join(MERGEABLE)}")
@@ -262,8 +259,6 @@ def _set_up(c: SFTConfig, ctx) -> dict:
 
 def _train(c: SFTConfig, run: dict, ctx, log) -> dict:
     """The optimizer steps; fills run["history"] (one row per step) and run["final"] (the merged model)."""
-    from lmkit.train.distributed import broadcast_float
-    from lmkit.train.optim import lr_at, set_lr
 
     train, tuned, engine, opt, lr, pad_id = (run[k] for k in ("train", "tuned", "engine", "opt", "lr", "pad_id"))
     before = evaluate_loss(tuned, run["held"], pad_id, ctx=ctx) if run["held"] else None
@@ -313,8 +308,6 @@ def _train(c: SFTConfig, run: dict, ctx, log) -> dict:
 
 
 def _save(model: nn.Module, tok, out, report: dict, history: list[dict]) -> None:
-    from lmkit.atomic import staged_folder
-
     with staged_folder(out) as folder:
         model.save_pretrained(folder)
         tok.save_pretrained(folder)

@@ -21,7 +21,8 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmkit.errors import CorpusError
+from lmkit.data.instruct import pydocs_instruct
+from lmkit.errors import CorpusError, LmkitError
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 PACK_CHUNK = 1000  # TRL packs each batch of 1000 examples of datasets.map on its own
@@ -42,7 +43,6 @@ def read_rows(path) -> list[tuple[int, dict]]:
     """[(line number, row)] of a JSONL file of SFT rows, each checked; a CorpusError names the file and line.
     The built-in `pydocs-instruct` (its train split; `pydocs-instruct:validation` for the other) reads as a file."""
     if str(path).startswith("pydocs-instruct") and not Path(path).exists():
-        from lmkit.data.instruct import pydocs_instruct
 
         split = str(path).partition(":")[2] or "train"
         return [(i + 1, {"messages": r["messages"]}) for i, r in enumerate(pydocs_instruct(split))]
@@ -176,7 +176,6 @@ def prepare(tok, path, max_length: int, train_on_all: bool = False, packing: boo
     As TRL's SFTTrainer: without packing, rows are cut to max_length and those left with no trained token are dropped
     (report["dropped"]); with packing, every row goes into the bins whole (the packer cuts it to max_length) and
     those with no trained token within it stay as context-free filler: counted in report["untrained"], not dropped."""
-    from lmkit.errors import LmkitError
 
     rows = read_rows(path)
     eos = tok.id_to_token(tok.eos_token_id) if tok.eos_token_id is not None else None

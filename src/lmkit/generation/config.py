@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from lmkit.atomic import atomic_write_json
 from lmkit.errors import GenerationError
 from lmkit.generation.logits import UNSUPPORTED_SETTINGS
 
@@ -101,8 +102,6 @@ class GenerationConfig:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
     def save_pretrained(self, folder: str | Path) -> None:
-        from lmkit.atomic import atomic_write_json
-
         atomic_write_json(Path(folder) / "generation_config.json", self.to_dict())
 
     def resolved(self, defaults: dict | None = None) -> "GenerationConfig":

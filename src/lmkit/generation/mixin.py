@@ -15,7 +15,7 @@ import torch
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
 from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, split_settings, stop_reached
-from lmkit.nn import build_attention_bias
+from lmkit.nn import KVCache, build_attention_bias
 
 
 @dataclass
@@ -47,7 +47,6 @@ class GenerationMixin:
     def _generation_start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                           **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
         """(sequences the output starts from, state); the first step consumes all of `sequences`."""
-        from lmkit.nn import KVCache
 
         if model_kwargs:
             raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")

@@ -6,6 +6,7 @@ A folder whose config.json has no `model_type` but an `lmkit` config is read as 
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
 
@@ -87,7 +88,8 @@ def pruned_layout(config: ModelConfig, pruned: dict) -> ModelConfig:
             name = f"{stack}.layers.{int(layer)}.self_attn.sublayer"
             layout[name] = [config.n_heads - len(gone)] * 2
             record[name] = gone
-    return config.replace(extra={**config.extra, "attention_heads": layout, "pruned_heads": record}, family=None)
+    compression = dataclasses.replace(config.compression, attention_heads=layout, pruned_heads=record)
+    return config.replace(compression=compression, family=None)
 
 
 def load_model(path: str | Path, dtype: torch.dtype | str | None = None):

@@ -59,8 +59,8 @@ def config_from_hf(hf: dict, family: str = "bart") -> ModelConfig:
         # generate starts from decoder_start_token_id, else bos_token_id (transformers' rule)
         eos_token_id=hf.get("eos_token_id", 2), decoder_start_token_id=start if start is not None else bos,
         # transformers 5 unties the stacks' token tables from `shared` too when tie_word_embeddings is false
-        extra={**{k: hf[k] for k in _KEPT if k in hf},  # an explicit null too: the class default would replace it
-               **({"separate_stack_embeddings": True} if hf.get("tie_word_embeddings", True) is False else {})})
+        separate_stack_embeddings=hf.get("tie_word_embeddings", True) is False,
+        extra={k: hf[k] for k in _KEPT if k in hf})  # an explicit null too: the class default would replace it
 
 
 def config_to_hf(cfg: ModelConfig, family: str = "bart") -> dict:
@@ -128,7 +128,7 @@ def rules(cfg: ModelConfig) -> list[Rule]:
             out += [rename(f"{stack}.norm.{w}", f"model.{stack}.layer_norm.{w}") for w in ("weight", "bias")]
     # transformers 5 unties the stacks' tables from shared when the head is untied: they are written then (the shared
     # table under each name if the model has one), and read after shared, so the tables the stacks use win
-    if cfg.extra.get("separate_stack_embeddings") or not cfg.tie_embeddings:
+    if cfg.separate_stack_embeddings or not cfg.tie_embeddings:
         out += [rename(f"{stack}.embeddings.tokens.weight", f"model.{stack}.embed_tokens.weight")
                 for stack in ("encoder", "decoder")]
     if not cfg.tie_embeddings:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lmkit.config import ModelConfig
+from lmkit.config_sections import TaskHead
 from lmkit.errors import ConfigError
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
 from lmkit.hub.family import Family
@@ -97,8 +98,9 @@ def encoder_config_from_hf(hf: dict, family: str, **fields) -> ModelConfig:
         raise ConfigError(f"{family} position_embedding_type={kind!r} is not supported; lmkit loads 'absolute' only")
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise ConfigError(f"this {family} config is a decoder (is_decoder/add_cross_attention); lmkit loads encoders only")
-    extra = {"classifier_dropout": hf.get("classifier_dropout"), "num_labels": num_labels_of(hf),
-             "problem_type": problem_type_of(hf)}
+    task = TaskHead(classifier_dropout=hf.get("classifier_dropout"), num_labels=num_labels_of(hf),
+                    problem_type=problem_type_of(hf))
+    extra = {}
     if hf.get("id2label"):
         extra["id2label"] = {str(k): v for k, v in hf["id2label"].items()}
     values = dict(
@@ -110,7 +112,7 @@ def encoder_config_from_hf(hf: dict, family: str, **fields) -> ModelConfig:
         tie_embeddings=hf.get("tie_word_embeddings", True), pad_token_id=hf.get("pad_token_id", 0),
         bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
         dropout=hf.get("hidden_dropout_prob", 0.1), attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
-        init_std=hf.get("initializer_range", 0.02), extra=extra)
+        init_std=hf.get("initializer_range", 0.02), task=task, extra=extra)
     values.update(fields)
     return ModelConfig(**values)
 
@@ -132,10 +134,10 @@ def check_encoder(cfg: ModelConfig, family: str) -> str:
 
 
 def labels_to_hf(cfg: ModelConfig) -> dict:
-    n = int(cfg.extra.get("num_labels", 2))
+    n = int(cfg.task.get("num_labels", 2))
     id2label = cfg.extra.get("id2label") or {str(i): f"LABEL_{i}" for i in range(n)}
     return {"id2label": id2label, "label2id": {v: int(k) for k, v in id2label.items()},
-            "classifier_dropout": cfg.extra.get("classifier_dropout"), "problem_type": cfg.extra.get("problem_type")}
+            "classifier_dropout": cfg.task.get("classifier_dropout"), "problem_type": cfg.task.get("problem_type")}
 
 
 def encoder_config_to_hf(cfg: ModelConfig, family: str, max_positions: int) -> dict:
@@ -164,16 +166,16 @@ def with_architecture(fmt: EncoderFormat, cfg: ModelConfig, raw: dict) -> dict:
     """raw plus the HF class of the model's head. A bare model without pooler is told by its missing tensors, as
     transformers writes it: an add_pooling_layer key in config.json would swallow the from_pretrained(...,
     add_pooling_layer=False) that builds transformers' model without one (lmkit still reads the key)."""
-    head, pooler = cfg.extra.get("head"), cfg.extra.get("pooler")
+    head, pooler = cfg.task.get("head"), cfg.task.get("pooler")
     raw["architectures"] = [fmt.arch_of(head, pooler)]
-    if cfg.extra.get("pooling", "cls") != "cls":
-        raw["lmkit_pooling"] = cfg.extra["pooling"]  # transformers pools [CLS]; lmkit reads this back
+    if cfg.task.get("pooling", "cls") != "cls":
+        raw["lmkit_pooling"] = cfg.task.pooling  # transformers pools [CLS]; lmkit reads this back
     return raw
 
 
 def format_rules(fmt: EncoderFormat, cfg: ModelConfig) -> list[Rule]:
-    """lmkit Encoder names -> the HF class's names, for the head and pooler in cfg.extra."""
-    head, pooler = cfg.extra.get("head"), cfg.extra.get("pooler")
+    """lmkit Encoder names -> the HF class's names, for the head and pooler of cfg.task."""
+    head, pooler = cfg.task.get("head"), cfg.task.get("pooler")
     base = fmt.prefix if head is not None else ""
     out = [rename("encoder.embeddings." + ours, base + hf) for ours, hf in fmt.embeddings
            if not (ours.startswith("token_types") and not cfg.type_vocab_size)]
@@ -208,7 +210,7 @@ def build_encoder(fmt: EncoderFormat, config: ModelConfig, raw: dict, names=()):
     if head is None and (raw.get("add_pooling_layer") is False
                          or names and not any(n.endswith("pooler.dense.weight") for n in names)):
         pooler = None
-    return Encoder(config, head=head, pooler=pooler, num_labels=config.extra.get("num_labels", 2),
+    return Encoder(config, head=head, pooler=pooler, num_labels=config.task.get("num_labels", 2),
                    pooling=raw.get("lmkit_pooling", "cls"))
 
 

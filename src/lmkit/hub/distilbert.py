@@ -8,6 +8,7 @@ Sinusoidal position tables (sinusoidal_pos_embds) are stored as weights and load
 from __future__ import annotations
 
 from lmkit.config import ModelConfig
+from lmkit.config_sections import TaskHead
 from lmkit.errors import ConfigError
 from lmkit.hub.bert import EncoderFormat, build_encoder, check_encoder, format_rules, labels_to_hf, linear, \
     num_labels_of, problem_type_of, with_architecture
@@ -41,9 +42,9 @@ def config_from_hf(hf: dict) -> ModelConfig:
     act = hf_activation(hf, "activation", "gelu", HF_ACTIVATIONS, "DistilBERT")
     # qa_dropout (before DistilBertForQuestionAnswering's qa_outputs) is kept for the save only: lmkit's QA head,
     # as BERT's, has no dropout
-    extra = {"num_labels": num_labels_of(hf), "classifier_dropout": hf.get("seq_classif_dropout", 0.2),
-             "qa_dropout": hf.get("qa_dropout", 0.1),
-             "problem_type": problem_type_of(hf)}
+    task = TaskHead(num_labels=num_labels_of(hf), classifier_dropout=hf.get("seq_classif_dropout", 0.2),
+                    problem_type=problem_type_of(hf))
+    extra = {"qa_dropout": hf.get("qa_dropout", 0.1)}
     if hf.get("id2label"):
         extra["id2label"] = {str(k): v for k, v in hf["id2label"].items()}
     return ModelConfig(
@@ -53,7 +54,8 @@ def config_from_hf(hf: dict) -> ModelConfig:
         norm_placement="post", norm_eps=1e-12, final_norm=False, embedding_norm=True, activation=HF_ACTIVATIONS[act],
         bias=True, type_vocab_size=0, tie_embeddings=hf.get("tie_word_embeddings", True),
         pad_token_id=hf.get("pad_token_id", 0), dropout=hf.get("dropout", 0.1),
-        attention_dropout=hf.get("attention_dropout", 0.1), init_std=hf.get("initializer_range", 0.02), extra=extra)
+        attention_dropout=hf.get("attention_dropout", 0.1), init_std=hf.get("initializer_range", 0.02),
+        task=task, extra=extra)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:

@@ -1,6 +1,6 @@
 """Load and save hooks of the layers above the hub (compression) whose models a folder may hold.
 
-A model that pruning or quantization changed records it in its config (`config.extra[key]`); the
+A model that pruning or quantization changed records it in its config (`config.compression`, under `key`); the
 layer that made the change registers a `FolderHook` for that key, and the hub runs it when it reads
 or writes such a model, without importing that layer.
 """
@@ -17,7 +17,7 @@ from lmkit.config import ModelConfig
 
 @dataclass(frozen=True)
 class FolderHook:
-    """What loading and saving a model marked by config.extra[key] needs beyond the weight-name tables."""
+    """What loading and saving a model marked by config.compression.<key> needs beyond the weight-name tables."""
 
     key: str
     # (checkpoint tensors, config, the dtype asked for, folder) -> (tensors a float model loads, what `restore` needs)
@@ -28,7 +28,7 @@ class FolderHook:
 
 
 _HOOKS: dict[str, FolderHook] = {}
-# config.extra key -> the module that registers its hook when imported: a folder can hold such a model before
+# config.compression setting -> the module that registers its hook when imported: a folder can hold such a model before
 # anything in the process imported that module (`lmkit generate --model pruned/`)
 PROVIDERS = {"attention_heads": "lmkit.compress.prune", "quantization": "lmkit.compress.quantize"}
 
@@ -38,10 +38,10 @@ def register_folder_hook(hook: FolderHook) -> None:
 
 
 def folder_hooks(config: ModelConfig) -> list[FolderHook]:
-    """The hooks of the keys config.extra sets, in the order of PROVIDERS."""
+    """The hooks of the settings config.compression gives, in the order of PROVIDERS."""
     out = []
     for key, provider in PROVIDERS.items():
-        if config.extra.get(key):
+        if config.compression.get(key):
             if key not in _HOOKS:
                 importlib.import_module(provider)
             out.append(_HOOKS[key])

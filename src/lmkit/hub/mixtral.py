@@ -21,11 +21,11 @@ ALIASES = (("model.", ""),)
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
-    extra = {key: hf[key] for key in ("router_jitter_noise", "output_router_logits") if hf.get(key)}
     return llama.config_from_hf(
         {"rope_theta": 1e6, "max_position_embeddings": 32768, **hf}, family="mixtral",
         n_experts=hf.get("num_local_experts", 8), n_experts_per_token=hf.get("num_experts_per_tok", 2),
-        router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001), sliding_window=hf.get("sliding_window"), extra=extra)
+        router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001), sliding_window=hf.get("sliding_window"),
+        router_jitter_noise=hf.get("router_jitter_noise") or 0.0, output_router_logits=bool(hf.get("output_router_logits")))
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -37,8 +37,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     out = llama.llama_like_to_hf(cfg, "mixtral", "MixtralForCausalLM")
     out.update(num_local_experts=cfg.n_experts,
                num_experts_per_tok=cfg.n_experts_per_token, router_aux_loss_coef=cfg.router_aux_loss_coef,
-               output_router_logits=bool(cfg.extra.get("output_router_logits", False)), sliding_window=cfg.sliding_window,
-               router_jitter_noise=cfg.extra.get("router_jitter_noise", 0.0))
+               output_router_logits=cfg.output_router_logits, sliding_window=cfg.sliding_window,
+               router_jitter_noise=cfg.router_jitter_noise)
     return out
 
 

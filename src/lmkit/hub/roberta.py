@@ -7,6 +7,8 @@ The masked-LM head always uses exact GELU, whatever hidden_act says.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.hub.bert import (_EMBEDDINGS, _LAYER, EncoderFormat, build_encoder, encoder_config_from_hf,
@@ -45,18 +47,17 @@ def config_from_hf(hf: dict) -> ModelConfig:
                   norm_eps=hf.get("layer_norm_eps", 1e-12), bos_token_id=hf.get("bos_token_id", 0),
                   eos_token_id=hf.get("eos_token_id", 2))
     cfg = encoder_config_from_hf(hf, "roberta", **fields)
-    cfg.extra["mlm_activation"] = "gelu"
-    return cfg
+    return cfg.replace(task=dataclasses.replace(cfg.task, mlm_activation="gelu"))
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.pad_token_id is None or cfg.position_offset != cfg.pad_token_id + 1 or not cfg.position_skip_padding:
         raise ConfigError("the RoBERTa format needs positions that skip padding and start at pad_token_id + 1 "
                           "(position_skip_padding=True, position_offset=pad_token_id + 1); use family='bert' otherwise")
-    mlm_act = cfg.extra.get("mlm_activation", cfg.activation)
-    if cfg.extra.get("head") == "mlm" and mlm_act != "gelu":
+    mlm_act = cfg.task.get("mlm_activation", cfg.activation)
+    if cfg.task.get("head") == "mlm" and mlm_act != "gelu":
         raise ConfigError(f"the RoBERTa format runs the masked-LM head with exact GELU whatever hidden_act says, and "
-                          f"this model's head runs {mlm_act}; build it with extra['mlm_activation']='gelu' or save it "
+                          f"this model's head runs {mlm_act}; build it with task=TaskHead(mlm_activation='gelu') or save it "
                           "with family=None")
     raw = encoder_config_to_hf(cfg, "roberta", cfg.max_seq_len + cfg.position_offset)
     return with_architecture(FORMAT, cfg, raw)

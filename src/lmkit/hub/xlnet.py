@@ -8,10 +8,12 @@ attn_type "bi" is an lmkit encoder, "uni" a decoder, both with position kind "xl
 from __future__ import annotations
 
 from lmkit.config import ModelConfig
+from lmkit.config_sections import TaskHead
 from lmkit.errors import ConfigError
 from lmkit.hub.bert import labels_to_hf, num_labels_of, problem_type_of
 from lmkit.hub.convert import HF_ACTIVATIONS, Rule, hf_activation, hf_activation_name, layer_rules, rename
 from lmkit.hub.family import Family
+from lmkit.models.xlnet import XLNet
 from lmkit.models.xlnet_heads import SUMMARY_DEFAULTS, summary_settings
 
 MODEL_TYPES = ("xlnet",)
@@ -51,7 +53,8 @@ def config_from_hf(hf: dict) -> ModelConfig:
         raise ConfigError(f"XLNet needs d_head = d_model / n_head (d_model {d}, n_head {heads}, d_head "
                           f"{hf.get('d_head')}); fix config.json")
     summary = {k: hf.get(k, v) for k, v in SUMMARY_DEFAULTS.items()}
-    extra = {"num_labels": num_labels_of(hf), "problem_type": problem_type_of(hf), "summary": summary}
+    task = TaskHead(num_labels=num_labels_of(hf), problem_type=problem_type_of(hf), summary=summary)
+    extra = {}
     if hf.get("id2label"):
         extra["id2label"] = {str(k): v for k, v in hf["id2label"].items()}
     for key in ("start_n_top", "end_n_top"):
@@ -70,7 +73,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         use_mems_eval=bool(hf.get("use_mems_eval", hf.get("use_cache", True))),
         use_mems_train=bool(hf.get("use_mems_train", False)),
         pad_token_id=hf.get("pad_token_id", 5), bos_token_id=hf.get("bos_token_id", 1),
-        eos_token_id=hf.get("eos_token_id", 2), extra=extra)
+        eos_token_id=hf.get("eos_token_id", 2), task=task, extra=extra)
     summary_settings(config)  # refuse a summary this model cannot build before any weight is read
     return config
 
@@ -82,9 +85,9 @@ def config_to_hf(cfg: ModelConfig) -> dict:
             or cfg.type_vocab_size or cfg.n_experts or cfg.embedding_norm:
         raise ConfigError("this model does not fit the XLNet format (needs position 'xl', post-LayerNorm, a plain FFN "
                           "and full multi-head attention of d_model / n_heads per head); save it with family=None")
-    head = cfg.extra.get("head", "lm")
+    head = cfg.task.get("head", "lm")
     arch = next(a for a, h in ARCHITECTURES.items() if h == head)
-    summary = {**SUMMARY_DEFAULTS, **cfg.extra.get("summary", {})}
+    summary = {**SUMMARY_DEFAULTS, **cfg.task.get("summary", {})}
     summary["summary_activation"] = summary["summary_activation"] or "linear"  # transformers 5 takes no null
     raw = {"architectures": [arch], "model_type": "xlnet", "vocab_size": cfg.vocab_size, "d_model": cfg.d_model,
            "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "d_head": cfg.resolved_head_dim, "d_inner": cfg.resolved_d_ff,
@@ -111,7 +114,7 @@ _LAYER = [(_ATTENTION + f"{ours}_proj.weight", f"rel_attn.{hf}", True) for ours,
 
 def rules(cfg: ModelConfig) -> list[Rule]:
     """lmkit XLNet names -> the HF class's names (a bare XLNetModel's have no "transformer." prefix)."""
-    head = cfg.extra.get("head", "lm")
+    head = cfg.task.get("head", "lm")
     base = "transformer." if head is not None else ""
     out = [rename("transformer.embeddings.tokens.weight", base + "word_embedding.weight"),
            rename("transformer.mask_emb", base + "mask_emb")]
@@ -129,10 +132,9 @@ def rules(cfg: ModelConfig) -> list[Rule]:
 
 def build(config: ModelConfig, raw: dict, names=()):
     """The XLNet of the HF class in raw["architectures"] (XLNetLMHeadModel if none is named)."""
-    from lmkit.models.xlnet import XLNet
 
     archs = [a for a in raw.get("architectures") or () if a in ARCHITECTURES] or ["XLNetLMHeadModel"]
-    return XLNet(config, head=ARCHITECTURES[archs[0]], num_labels=config.extra.get("num_labels", 2))
+    return XLNet(config, head=ARCHITECTURES[archs[0]], num_labels=config.task.get("num_labels", 2))
 
 
 FAMILY = Family(model_types=MODEL_TYPES, hf_classes=tuple(ARCHITECTURES), config_from_hf=config_from_hf,

@@ -6,13 +6,12 @@ from lmkit.models.encoder import Encoder
 from lmkit.models.output import ModelOutput
 from lmkit.models.seq2seq import Seq2SeqLM
 from lmkit.models.stack import Stack
+from lmkit.models.xlnet import XLNet
 
 
 def build_model(config: ModelConfig) -> PreTrainedModel:
     """A fresh model of the class that config.architecture names (XLNet for Transformer-XL positions)."""
     if config.position == "xl":
-        from lmkit.models.xlnet import XLNet
-
         return XLNet(config)
     if config.architecture == "decoder":
         return CausalLM(config)

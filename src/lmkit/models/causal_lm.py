@@ -45,7 +45,7 @@ class CausalLM(PreTrainedModel, GenerationMixin):
 
         A mixture of experts also returns `router_logits` and the unscaled load-balancing `aux_loss` (padding
         left out through attention_mask); as in MixtralForCausalLM, `loss` adds router_aux_loss_coef * aux_loss
-        when output_router_logits (default: config.extra["output_router_logits"], i.e. config.json's).
+        when output_router_logits (default: config.output_router_logits, i.e. config.json's).
         """
         if use_cache and past_key_values is None:
             past_key_values = KVCache()
@@ -69,7 +69,7 @@ class CausalLM(PreTrainedModel, GenerationMixin):
             rows = attention_mask[:, past:past + length] if attention_mask is not None else None
             aux_loss, router_logits = self.decoder.aux_loss(rows), self.decoder.router_logits()
             if output_router_logits is None:
-                output_router_logits = bool(self.config.extra.get("output_router_logits", False))
+                output_router_logits = self.config.output_router_logits
             if loss is not None and output_router_logits:
                 loss = loss + self.config.router_aux_loss_coef * aux_loss
         return ModelOutput(logits=logits, last_hidden_state=h, past_key_values=past_key_values,

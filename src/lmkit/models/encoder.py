@@ -2,10 +2,12 @@
 
 Every position attends to every unpadded position; BERT-style stacks are post-norm,
 x = LN(x + F(x)), with a LayerNorm right after the summed token, position and segment embeddings.
-The head (see `lmkit.models.heads`) is part of the config (`config.extra["head"]`), so a model
+The head (see `lmkit.models.heads`) is part of the config (`config.task.head`), so a model
 saved in lmkit's own format comes back with the same head.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -50,18 +52,18 @@ class Encoder(PreTrainedModel):
 
     def __init__(self, config: ModelConfig, head=_UNSET, num_labels: int | None = None, pooling: str | None = None,
                  pooler=_UNSET):
-        extra = dict(config.extra)
-        head = extra.get("head", "mlm") if head is _UNSET else head
+        task = config.task
+        head = task.get("head", "mlm") if head is _UNSET else head
         if head not in HEADS:
             raise ConfigError(f"encoder head {head!r} is not supported; choose one of {', '.join(map(str, HEADS))}")
-        num_labels = int(num_labels if num_labels is not None else extra.get("num_labels", 2))
-        pooling = pooling or extra.get("pooling", "cls")
+        num_labels = int(num_labels if num_labels is not None else task.get("num_labels", 2))
+        pooling = pooling or task.get("pooling", "cls")
         if pooler is _UNSET:
-            pooler = extra.get("pooler", "tanh" if head in NEEDS_POOLER else None)
+            pooler = task.get("pooler", "tanh" if head in NEEDS_POOLER else None)
         if head in NEEDS_POOLER and pooler is None:
             raise ConfigError(f"the {head!r} head reads the pooler output; pass pooler='tanh' or 'relu'")
-        extra.update(head=head, num_labels=num_labels, pooling=pooling, pooler=pooler)
-        config = config.replace(extra=extra, architecture="encoder")
+        task = dataclasses.replace(task, head=head, num_labels=num_labels, pooling=pooling, pooler=pooler)
+        config = config.replace(task=task, architecture="encoder")
         super().__init__(config)
         self.head, self.num_labels = head, num_labels
         d = config.d_model
@@ -72,7 +74,7 @@ class Encoder(PreTrainedModel):
         classes = 1 if head == "choice" else num_labels  # multiple choice scores each choice alone
         self.classifier = nn.Linear(d, classes) if head in ("sequence", "token", "choice") else None
         self.qa_outputs = nn.Linear(d, 2) if head == "qa" else None
-        classifier_dropout = config.extra.get("classifier_dropout")  # 0.0 is a setting, None means hidden dropout
+        classifier_dropout = config.task.get("classifier_dropout")  # 0.0 is a setting, None means hidden dropout
         self.dropout = nn.Dropout(config.dropout if classifier_dropout is None else classifier_dropout)
         self.init_weights()
 
@@ -145,9 +147,9 @@ class Encoder(PreTrainedModel):
         return out
 
     def _sequence_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """By config.extra["problem_type"], else as transformers infers it: mean squared error for one output or
+        """By config.task.problem_type, else as transformers infers it: mean squared error for one output or
         "regression", cross-entropy over the classes for integer labels, else per-class sigmoid BCE (multi-label)."""
-        kind = self.config.extra.get("problem_type")
+        kind = self.config.task.get("problem_type")
         if kind is None:
             kind = "regression" if self.num_labels == 1 else "single_label_classification" \
                 if labels.dtype in (torch.long, torch.int) else "multi_label_classification"

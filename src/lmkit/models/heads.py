@@ -61,7 +61,7 @@ class MaskedLMHead(nn.Module):
         super().__init__()
         d = config.d_model
         self.dense = nn.Linear(d, d)
-        self.act = activation(config.extra.get("mlm_activation", config.activation))
+        self.act = activation(config.task.get("mlm_activation", config.activation))
         self.norm = build_norm(config)
         self.decoder = nn.Linear(d, config.vocab_size, bias=False)
         if config.tie_embeddings:

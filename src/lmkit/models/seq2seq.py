@@ -28,7 +28,7 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         enc_emb, dec_emb = Embeddings(config), Embeddings(config)
-        if not config.extra.get("separate_stack_embeddings"):  # BART untied in transformers 5: a table per stack
+        if not config.separate_stack_embeddings:  # BART untied in transformers 5: a table per stack
             dec_emb.tokens = enc_emb.tokens  # one shared token table; positions and norms stay per stack
         self.encoder = Stack(config, causal=False, embeddings=enc_emb)
         self.decoder = Stack(config, causal=True, cross=True, n_layers=config.decoder_layers, embeddings=dec_emb)

@@ -7,23 +7,24 @@ Masks, with m memory positions before the T new ones (key j, query i at m + i):
 The query stream (rows of target_mapping, started from mask_emb) uses that mask; the content stream also sees itself.
 The memory of layer l is its input h over the last mem_len positions of [old memory; this call's first reuse_len],
 time-major (T, B, d) and detached, as transformers' `mems`.
-head (config.extra["head"]): None (XLNetModel), "lm" (XLNetLMHeadModel: W_E^T + b), "sequence" and "choice" (the
+head (config.task.head): None (XLNetModel), "lm" (XLNetLMHeadModel: W_E^T + b), "sequence" and "choice" (the
 sequence summary, then logits_proj), "token" (classifier per position), "qa" (start/end logits, qa_outputs).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lmkit.config import ModelConfig
-from lmkit.errors import ConfigError
+from lmkit.errors import ConfigError, GenerationError
 from lmkit.generation import GenerationMixin
 from lmkit.generation.mixin import DecodingState
 from lmkit.models.base import PreTrainedModel
-from lmkit.models.encoder import flatten_choices
+from lmkit.models.encoder import IGNORE_INDEX, Encoder, flatten_choices
 from lmkit.models.output import ModelOutput
-from lmkit.models.encoder import IGNORE_INDEX, Encoder
 from lmkit.models.xlnet_heads import SequenceSummary
 from lmkit.nn.dropout import dropout
 from lmkit.nn.embeddings import Embeddings
@@ -114,18 +115,16 @@ class XLNetStack(nn.Module):
 
 
 class XLNet(PreTrainedModel, GenerationMixin):
-    """XLNetModel, XLNetLMHeadModel and the task heads of transformers, by config.extra["head"]."""
+    """XLNetModel, XLNetLMHeadModel and the task heads of transformers, by config.task.head."""
 
     _sequence_loss = Encoder._sequence_loss  # transformers' problem_type rules, as for the encoders' heads
 
     def __init__(self, config: ModelConfig, head=_UNSET, num_labels: int | None = None):
-        extra = dict(config.extra)
-        head = extra.get("head", "lm") if head is _UNSET else head
+        head = config.task.get("head", "lm") if head is _UNSET else head
         if head not in HEADS:
             raise ConfigError(f"XLNet head {head!r} is not supported; choose one of {', '.join(map(str, HEADS))}")
-        num_labels = int(num_labels if num_labels is not None else extra.get("num_labels", 2))
-        extra.update(head=head, num_labels=num_labels)
-        config = config.replace(extra=extra)
+        num_labels = int(num_labels if num_labels is not None else config.task.get("num_labels", 2))
+        config = config.replace(task=dataclasses.replace(config.task, head=head, num_labels=num_labels))
         super().__init__(config)
         self.head, self.num_labels = head, num_labels
         d = config.d_model
@@ -204,7 +203,6 @@ class XLNet(PreTrainedModel, GenerationMixin):
         the query stream (target_mapping). With memory (use_mems, default config.use_mems_eval) a step after the
         first feeds the last two tokens and the dummy over the memory less its last two positions (transformers'
         offset 2); without, it recomputes the whole sequence. Like transformers, the attention mask is not used."""
-        from lmkit.errors import GenerationError
 
         if self.head != "lm":
             raise GenerationError("generate needs an XLNet with its language-model head (XLNetLMHeadModel)")

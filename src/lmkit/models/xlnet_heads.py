@@ -3,7 +3,7 @@
 summary(H) = dropout_last(act(W pick(dropout_first(H)) + b)), pick: the last position ("last", XLNet's <cls> at the
 end), the first ("first"), the mean ("mean") or the position cls_index names ("cls_index", default the last);
 W maps d -> d, or is left out without summary_use_proj; act is tanh
-or none. The settings live in config.extra["summary"] under transformers' names.
+or none. The settings live in config.task.summary under transformers' names.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ SUMMARY_ACTIVATIONS = {"tanh": torch.tanh, "linear": None, None: None}
 
 
 def summary_settings(config: ModelConfig) -> dict:
-    settings = {**SUMMARY_DEFAULTS, **config.extra.get("summary", {})}
+    settings = {**SUMMARY_DEFAULTS, **config.task.get("summary", {})}
     if settings["summary_type"] not in SUMMARY_TYPES:
         raise ConfigError(f"summary_type {settings['summary_type']!r} is not supported; choose one of "
                           f"{', '.join(SUMMARY_TYPES)}")
@@ -35,7 +35,7 @@ def summary_settings(config: ModelConfig) -> dict:
 
 
 class SequenceSummary(nn.Module):
-    """dropout(act(W pick(H) + b)) by the summary settings of config.extra["summary"]."""
+    """dropout(act(W pick(H) + b)) by the summary settings of config.task.summary."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

@@ -66,7 +66,7 @@ class MoEFeedForward(nn.Module):
         self.n_experts = config.n_experts
         self.top_k = config.n_experts_per_token
         self.capacity_factor = config.expert_capacity_factor
-        self.jitter = float(config.extra.get("router_jitter_noise", 0.0) or 0.0)
+        self.jitter = float(config.router_jitter_noise or 0.0)
         self.gate = nn.Linear(config.d_model, config.n_experts, bias=False)
         self.experts = nn.ModuleList(FeedForward(config) for _ in range(config.n_experts))
         self.router_logits: torch.Tensor | None = None   # (tokens, N) of the last forward, for the loss

@@ -137,7 +137,7 @@ def model_folder(path):
         arch = model.config.architecture
         raise ConfigError(f"{folder} holds a{'n' if arch.startswith('e') else ''} {arch} model; this command works on "
                           "causal language models (a folder from `lmkit train`, or GPT-2, LLaMA, Mixtral)")
-    if model.config.extra.get("quantization"):  # int8 layers hold no trainable or prunable weights
+    if model.config.compression.get("quantization"):  # int8 layers hold no trainable or prunable weights
         raise ConfigError(f"{folder} holds an int8-quantized model (from `lmkit quantize`); pass the float model "
                           "it was made from")
     return model, lmkit.load_tokenizer(folder / "tokenizer.json")

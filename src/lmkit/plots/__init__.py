@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lmkit.atomic import atomic_save_file, atomic_write_json
+
 
 def new_figure(width: float, height: float):
     import matplotlib
@@ -20,7 +22,6 @@ def new_figure(width: float, height: float):
 
 def save(fig, path: str | Path, data: dict[str, Any] | None = None) -> Path:
     """Write the figure as PNG at `path` and its numbers as JSON beside it (same name, .json)."""
-    from lmkit.atomic import atomic_save_file, atomic_write_json
 
     path = Path(path)
     fig.tight_layout()

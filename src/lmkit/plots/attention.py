@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from lmkit.atomic import atomic_write_text
 from lmkit.plots import new_figure, save
 
 
@@ -89,7 +90,6 @@ heads(); draw();
 def attention_html(maps: dict[str, np.ndarray], tokens: dict[str, tuple[Sequence[str], Sequence[str]]],
                    out: str | Path, title: str = "attention maps") -> Path:
     """One HTML file holding every map; `<script type="application/json">` keeps the data inert text."""
-    from lmkit.atomic import atomic_write_text
 
     data = _data(maps, tokens, 5)
     text = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the data block

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import lmkit
 from lmkit.errors import GenerationError
 from lmkit.rag.retrieve import Hit, retrieve
 
@@ -89,7 +90,6 @@ def answer(index, model_dir, question: str, k: int = 5, mode: str = "hybrid", ma
     """Retrieve k chunks from `index` (a RagIndex), prompt the decoder in model_dir with them, decode greedily."""
     import torch
 
-    import lmkit
 
     if max_new_tokens < 1:
         raise GenerationError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from lmkit.errors import ConfigError
+
 FLOPS_PER_TOKEN = 6.0  # per parameter: a forward pass costs 2 N, a backward pass 4 N
 
 
@@ -68,7 +70,6 @@ PUBLISHED_EXPONENTS = {
 
 def law_from(name_or_dict) -> ScalingLaw:
     """A published law by name, or a fit's dict with E, A, B, alpha, beta."""
-    from lmkit.errors import ConfigError
 
     if isinstance(name_or_dict, dict):
         try:

@@ -18,7 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+import lmkit
 from lmkit.errors import LmkitError
+from lmkit.generation.engine import Engine
 from lmkit.serve.completions import Generation, check_context
 from lmkit.serve.metrics import Metrics
 from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_logprobs,
@@ -43,9 +45,6 @@ class Server:
         self.metrics = Metrics(lambda: self.engine.counts() if self.engine is not None else (0, 0))
 
     def load(self) -> None:
-        import lmkit
-        from lmkit.generation.engine import Engine
-
         try:
             if self.rag_path is not None:
                 from lmkit.rag.store import RagIndex

@@ -19,40 +19,25 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from lmkit.config import ModelConfig, get_preset
-from lmkit.data import load_corpus
-from lmkit.data.corpus import refuse_output_folder
-from lmkit.data.shards import open_prepared, prepared_fingerprint
-from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
-from lmkit.data.tokenize import corpus_tokenizer, special_ids, tokenizer_sha, vocab_size_of
 from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import autocast
-from lmkit.hub import check_savable
 from lmkit.models import build_model
 from lmkit.objectives import with_aux_loss
 from lmkit.progress import progress_bar
 from lmkit.train import distributed as D
 from lmkit.train.budget import planned_steps, replanned_steps
-from lmkit.train.checkpoint import FILES as CHECKPOINT_FILES, MANIFEST, rng_state
-from lmkit.train.checkpoint import (checkpoints, latest_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
+from lmkit.train.checkpoint import (checkpoints, load_checkpoint, read_checkpoint, rng_state, save_checkpoint,
                                     set_rng_state, write_error)
 from lmkit.train.config import TrainConfig
-from lmkit.train.denoise import seq2seq_run_settings
 from lmkit.train.host_memory import keep_freed_memory
 from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
-from lmkit.train.resume import (check_architecture, check_same_data, load_checkpoint_state, preset_drift,
-                               resume_config)
 from lmkit.train.schedule import EvalSaveSchedule
 from lmkit.train.seeds import resume_seed, seed_int, train_seed
-from lmkit.train.tasks import get_objective
+from lmkit.train.setup import TOKENIZER_FILES, prepare_training
 
 DEFAULT_STEPS = 1000
 MODEL_TMP = ".model."  # the model folder is written here first, then moved into --out
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-# what a run writes into --out (a checkpoint's files stand for all of them): none may be read as its corpus
-RUN_FILES = TOKENIZER_FILES + ("config.json", "model.safetensors", "metrics.jsonl", "loss_curve.png",
-                               "checkpoint/latest.json", *(f"checkpoint/step-00000001/{f}" for f in (*CHECKPOINT_FILES, MANIFEST)))
 CALIBRATION_STEPS = 8  # steps timed before a --time-budget run fixes its step count
 
 
@@ -68,44 +53,14 @@ class Trainer:
                                  torch.distributed.get_backend() if world_size > 1 else None)
         # local set-up (no collectives): under torchrun every rank then learns whether all ranks got through it
         with D.agree_on_setup(self.ctx):
-            self.out = Path(cfg.out)
-            blocker = next((p for p in (self.out, *self.out.parents) if p.exists() and not p.is_dir()), None)
-            if blocker is not None:
-                raise TrainingError(f"--out {self.out}: {blocker} is a file, not a folder; choose another --out")
-            quiet = None if rank == 0 else lambda message: None  # rank 0 alone reports a damaged checkpoint
-            self.checkpoint = latest_checkpoint(self.out, warn=quiet) if self.out.exists() else None
-            saved: dict[str, Any] = {}
-            if cfg.resume:
-                if self.checkpoint is None:
-                    raise TrainingError(f"--resume: {self.out} holds no checkpoint to resume; drop --resume to start a "
-                                        "new run")
-                saved = load_checkpoint_state(self.checkpoint)
-                cfg = resume_config(cfg, saved["train_config"], explicit, content_checked="data" in saved)
-            elif self.checkpoint is not None:
-                raise TrainingError(f"{self.out} already holds a training run; pass --resume to continue it, "
-                                    "or choose another --out (or remove that folder)")
-            preset = get_preset(cfg.preset, **cfg.model_overrides)  # the run's preset, resolved once
-            self.cfg = cfg = cfg.resolved(preset)
-            if not cfg.data:
-                refuse_output_folder(cfg.corpus, "--out", self.out, RUN_FILES)
-            if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch
-                raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
-                                    f"pick a multiple of {world_size}")
-            self.objective = get_objective(cfg.objective)
-            # a resumed run rebuilds the model its checkpoint records (older checkpoints: the preset's, as before)
-            base = ModelConfig.from_dict(saved["model_config"]) if "model_config" in saved else preset
-            check_architecture(self.objective, base, cfg, self.checkpoint if "model_config" in saved else None)
-            self._prepare_data(base)
-            self.model_config = self._model_config(base)
-            if cfg.resume:
-                check_same_data(saved.get("data"), self.data_identity, cfg, self.out)
-                note = preset_drift(self.model_config, self._model_config(preset), cfg.preset)
-                if note and rank == 0:
-                    print(f"lmkit: note: {note}", file=sys.stderr)
-            torch.manual_seed(seed_int("init", cfg.seed))
-            self.model = build_model(self.model_config).to(self.device)
-            check_savable(self.model)  # a format that cannot hold the model is refused now, not at the first save
-            self.model.train()
+            setup = prepare_training(cfg, explicit, rank, world_size, self.device)
+        self.cfg = cfg = setup.cfg
+        self.out, self.checkpoint, self.objective = setup.out, setup.checkpoint, setup.objective
+        self.model_config, self.model = setup.model_config, setup.model
+        data = setup.data
+        self.tokenizer, self.stream, self.bos_id, self.pad_id = data.tokenizer, data.stream, data.bos_id, data.pad_id
+        self.val_rows, self.val_mask, self.val_bytes = data.val_rows, data.val_mask, data.val_bytes
+        self.data_identity = data.identity
         self.engine = D.wrap_model(self.model, self.ctx, cfg.fsdp)  # what the step calls: DDP / FSDP / the model
         self.loss_scale = D.loss_scale(self.ctx, cfg.fsdp)
         self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay, kind=cfg.optimizer)
@@ -121,35 +76,6 @@ class Trainer:
                 self.total_steps = state.get("total_steps")  # the plan of the interrupted run
         if not cfg.resume:
             torch.manual_seed(train_seed(cfg.seed, rank))  # a resumed run has its RNG states restored instead
-
-    # setup --------------------------------------------------------------------------------------
-    def _prepare_data(self, base: ModelConfig) -> None:
-        cfg = self.cfg
-        if cfg.data:  # prepared shards (`lmkit data prepare`): memory-mapped, each rank reads its rows
-            self.tokenizer, self.stream, val = open_prepared(cfg.data, cfg.seq_len)
-            content = prepared_fingerprint(cfg.data)
-        else:
-            corpus = load_corpus(cfg.corpus)
-            content = corpus.fingerprint()
-            train, val_corpus = corpus.split(cfg.val_fraction)
-            self.tokenizer = corpus_tokenizer(train, cfg.vocab_size or base.vocab_size)
-        # what the run trains on, by content: a resumed run must read the same (resume.check_same_data)
-        self.data_identity = {"tokenizer_sha256": tokenizer_sha(self.tokenizer), "content_sha256": content}
-        if hasattr(self.objective, "prepare"):  # objectives that need tokens of their own (mlm: <|mask|>)
-            self.objective = self.objective.prepare(self.tokenizer)
-        self.bos_id, self.pad_id = special_ids(self.tokenizer)
-        if not cfg.data:
-            self.stream = PackedStream(tokenize_corpus(train, self.tokenizer), self.bos_id, cfg.seq_len)
-            val = tokenize_corpus(val_corpus, self.tokenizer)
-        self.val_rows, self.val_mask, self.val_bytes = eval_rows(val, self.bos_id, self.pad_id, cfg.seq_len)
-
-    def _model_config(self, base: ModelConfig) -> ModelConfig:
-        """`base` with the run's vocabulary, special ids and context."""
-        cfg = self.cfg
-        ids = dict(bos_token_id=self.bos_id, eos_token_id=self.bos_id, pad_token_id=self.pad_id, max_seq_len=cfg.seq_len)
-        if base.architecture == "encoder-decoder":
-            ids.update(seq2seq_run_settings(base, self.objective.name, self.bos_id, self.pad_id, cfg.seq_len))
-        return base.replace(vocab_size=vocab_size_of(self.tokenizer), **ids)
 
     # one optimizer step ---------------------------------------------------------------------------
     def _all_reduce(self, value: torch.Tensor) -> torch.Tensor:

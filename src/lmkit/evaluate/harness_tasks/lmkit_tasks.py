@@ -6,6 +6,9 @@ from __future__ import annotations
 import random
 import re
 
+from lmkit.data import load_corpus
+from lmkit.data.translation import PREFIX, make_pairs
+
 ADDITION_TEST = 200  # problems per number of digits
 ADDITION_TRAIN = 50  # few-shot exemplars per number of digits
 MC_TEST = 300
@@ -22,7 +25,6 @@ def _dataset(splits: dict[str, list[dict]]):
 # --- multiple choice: which module does this docstring come from? ---------------------------------------
 def module_docstrings() -> list[tuple[str, str]]:
     """(module, its module docstring's first paragraph with the module's own name masked) from pydocs."""
-    from lmkit.data import load_corpus
 
     out = []
     for doc in load_corpus("pydocs"):
@@ -60,7 +62,6 @@ def pydoc_mc(seed: int = 0, **_) -> object:
 def numbers(n_train: int = 200, **_) -> object:
     """lmkit's translation task as few-shot generation: the held-out numbers (3 to 6 digits) to test,
     training numbers as exemplars."""
-    from lmkit.data.translation import PREFIX, make_pairs
 
     train, test = make_pairs(n_train=n_train)
 
@@ -128,7 +129,6 @@ def addition(digits: int = 2, seed: int = 0, **_) -> object:
 # --- rolling perplexity over pydocs' validation split ----------------------------------------------------
 def pydocs_validation(**_) -> object:
     """The documents `lmkit eval --corpus pydocs` scores: pydocs' held-out split, in its order."""
-    from lmkit.data import load_corpus
 
     _, validation = load_corpus("pydocs").split()
     return _dataset({"test": [{"id": d.id, "text": d.text} for d in validation]})
