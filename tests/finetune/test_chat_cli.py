@@ -91,8 +91,8 @@ class Terminal:
 
 
 def test_ctrl_c_stops_the_reply_and_the_session_goes_on(tmp_path):
-    folder = _folder(tmp_path / "long", 4096)
-    term = Terminal("chat", "--model", folder, "--temperature", "0", "--max-new-tokens", "4000")
+    folder = _folder(tmp_path / "long", 16384)  # a reply long enough to outlast the Ctrl-C on any machine
+    term = Terminal("chat", "--model", folder, "--temperature", "0", "--max-new-tokens", "16000")
     try:
         term.expect(r"you> ")
         term.send("hello there\n")
