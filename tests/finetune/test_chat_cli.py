@@ -74,6 +74,14 @@ class Terminal:
     def send(self, text: str) -> None:
         os.write(self.fd, text.encode())
 
+    def kill(self) -> None:
+        """End the child if it is still running (a failed test must not leave it behind)."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
     def close(self, timeout: float = 30) -> int:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -85,8 +93,7 @@ class Terminal:
                     os.read(self.fd, 4096)
                 except OSError:
                     pass
-        os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
+        self.kill()
         raise AssertionError("lmkit chat did not exit")
 
 
@@ -107,11 +114,7 @@ def test_ctrl_c_stops_the_reply_and_the_session_goes_on(tmp_path):
         assert term.close() == 0
     finally:
         if not term.seen.endswith("EXITED"):
-            try:
-                os.kill(term.pid, signal.SIGKILL)
-                os.waitpid(term.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+            term.kill()
 
 
 def test_oldest_exchanges_are_dropped_with_a_notice(tmp_path):
@@ -128,11 +131,7 @@ def test_oldest_exchanges_are_dropped_with_a_notice(tmp_path):
         term.send("\x04")  # Ctrl-D at the prompt ends the session
         assert term.close() == 0
     finally:
-        try:
-            os.kill(term.pid, signal.SIGKILL)
-            os.waitpid(term.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+        term.kill()
 
 
 def test_session_keeps_history_stops_at_end_of_turn_and_refuses_what_cannot_fit(tmp_path):
