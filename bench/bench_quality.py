@@ -2,12 +2,14 @@
 same wall-clock budget on the same machine, the same `pydocs` split and the same BPE tokenizer, both scored by
 `lmkit eval`'s bits per byte on the validation split.
 
-The baseline is a GPT-2 of about the same size built with `transformers` and trained with torch's AdamW on
+lmkit runs three ways: its default recipe, whose shape `lmkit train --time-budget` sizes for the budget from the
+pydocs scaling law and the speed it measures (train/sizing.py); the same recipe on the 4x256 preset as it is
+(`--sizing off`); and `--optimizer adamw`. The baseline is a GPT-2 of the 4x256 preset's size built with `transformers` and trained with torch's AdamW on
 nanoGPT's recipe (peak lr 1e-3 after a linear warm-up, cosine to a tenth, weight decay 0.1 on matrices,
 betas 0.9/0.95, gradient clipping 1.0, the same dropout), fed the very rows lmkit's trainer reads (its
 `PackedStream`, same seed), in the precision lmkit would choose on this CPU (bf16 autocast only where native).
 
-    python bench/bench_quality.py [--budget 300] [--out runs/quality]
+    python bench/bench_quality.py [--budget 300] [--out runs/quality] [--runs default preset adamw]
 """
 from __future__ import annotations
 
@@ -27,6 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine  # noqa: E402
 
 CALIBRATION_STEPS = 8
+# lmkit's runs: (table row, `lmkit train` flags besides --time-budget and --out)
+RUNS = {
+    "default": ("lmkit default recipe (shape sized for the budget)", []),
+    "preset": ("lmkit default recipe, the 4x256 preset as it is", ["--sizing", "off"]),
+    "adamw": ("lmkit --optimizer adamw (sized)", ["--optimizer", "adamw"]),
+}
+BASELINE = "GPT-2 (transformers), nanoGPT recipe"
 
 
 def lmkit_eval_bpb(folder: Path) -> float:
@@ -43,7 +52,9 @@ def train_lmkit(out: Path, budget: float, extra: list[str]) -> dict:
     subprocess.run([sys.executable, "-m", "lmkit", "train", "--time-budget", str(budget), "--out", str(out), *extra],
                    check=True)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"steps": rows[-1]["step"], "bpb": lmkit_eval_bpb(out)}
+    config = json.loads((out / "config.json").read_text())
+    shape = f"{config['num_hidden_layers']}x{config['hidden_size']}"
+    return {"steps": rows[-1]["step"], "bpb": lmkit_eval_bpb(out), "shape": shape}
 
 
 def lr_at(step: int, total: int, warmup: int, peak: float = 1e-3, floor: float = 1e-4) -> float:
@@ -62,7 +73,7 @@ def train_baseline(out: Path, budget: float, batch_size: int, seq_len: int) -> d
     from lmkit.train.trainer import Trainer
 
     data = Trainer(TrainConfig(out=str(out), batch_size=batch_size, seq_len=seq_len, time_budget=budget,
-                               progress=False))
+                               progress=False, sizing="off"))
     preset = PRESETS["default"]
     config = GPT2Config(vocab_size=data.model_config.vocab_size, n_positions=seq_len, n_embd=preset["d_model"],
                         n_layer=preset["n_layers"], n_head=preset["n_heads"], resid_pdrop=preset["dropout"],
@@ -92,7 +103,7 @@ def train_baseline(out: Path, budget: float, batch_size: int, seq_len: int) -> d
             warmup = min(warmup, total // 10)
     model.eval().save_pretrained(out)
     data.tokenizer.save_pretrained(out)
-    return {"steps": step, "bpb": lmkit_eval_bpb(out)}
+    return {"steps": step, "bpb": lmkit_eval_bpb(out), "shape": f"{config.n_layer}x{config.n_embd}"}
 
 
 def main() -> None:
@@ -101,21 +112,19 @@ def main() -> None:
     ap.add_argument("--out", default="runs/quality")
     ap.add_argument("--batch-size", type=int, default=24)
     ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--runs", nargs="*", choices=list(RUNS), default=list(RUNS),
+                    help="which lmkit runs (default all; none: the baseline alone, which always runs)")
     args = ap.parse_args()
     out = Path(args.out)
     precision = "bf16" if machine.bf16_native() else "fp32"
     print(machine.describe([precision]))
-    rows = {
-        "lmkit default recipe": train_lmkit(out / "lmkit", args.budget, []),
-        "lmkit --optimizer adamw": train_lmkit(out / "lmkit-adamw", args.budget, ["--optimizer", "adamw"]),
-        "GPT-2 (transformers), nanoGPT recipe": train_baseline(out / "baseline", args.budget, args.batch_size,
-                                                               args.seq_len),
-    }
-    base = rows["GPT-2 (transformers), nanoGPT recipe"]["bpb"]
+    rows = {RUNS[key][0]: train_lmkit(out / f"lmkit-{key}", args.budget, RUNS[key][1]) for key in args.runs}
+    rows[BASELINE] = train_baseline(out / "baseline", args.budget, args.batch_size, args.seq_len)
+    base = rows[BASELINE]["bpb"]
     print(f"\n{args.budget:g} s each, pydocs validation split, lmkit eval bits per byte ({precision})")
-    print(f"| run | steps | bits per byte | vs baseline |\n|---|---|---|---|")
+    print(f"| run | shape | steps | bits per byte | vs baseline |\n|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['steps']} | {r['bpb']:.3f} | {r['bpb'] - base:+.3f} |")
+        print(f"| {name} | {r['shape']} | {r['steps']} | {r['bpb']:.3f} | {r['bpb'] - base:+.3f} |")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"lmkit demo: training the default model on pydocs for about {args.time_budget:.0f}s into {out}")
     trainer = Trainer(cfg)  # checks the settings first: a demo that cannot run leaves no folder
     atomic_write_text(out / MARK, "made by `lmkit demo`, which replaces this folder on each run\n")
+    if trainer.sizing is not None:
+        print(trainer.sizing.describe())
     print(f"{trainer.model.num_parameters() / 1e6:.2f}M parameters, vocabulary {trainer.model_config.vocab_size}, "
           f"{trainer.stream.num_tokens} training tokens, precision {trainer.cfg.precision}")
     print(summary(trainer.fit(), str(out)))

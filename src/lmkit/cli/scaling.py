@@ -51,7 +51,7 @@ def register(subparsers) -> None:
     budget.add_argument("--time-budget", type=float, metavar="SECONDS",
                         help="budget in seconds on this machine, at the throughput measured by a sweep (--results)")
     q.add_argument("--law", default="besiroglu", metavar="NAME|FIT.json",
-                   help="chinchilla, besiroglu (default) or a fit.json written by `lmkit scaling fit`")
+                   help="chinchilla, besiroglu (default), pydocs (this project's sweep) or a fit.json written by `lmkit scaling fit`")
     q.add_argument("--results", metavar="PATH", help="a sweep folder: its measured FLOP/s (for --time-budget)")
     q.add_argument("--batch-size", type=int, default=16, metavar="N")
     q.add_argument("--seq-len", type=int, default=128, metavar="N")
@@ -134,10 +134,11 @@ def _throughput(rows):
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from lmkit.scaling.laws import load_law
     from lmkit.scaling.plan import plan_compute
     from lmkit.scaling.sweep import measured_flops_per_second, read_results
 
-    law = _law(args.law)
+    law = load_law(args.law)
     compute = args.compute
     if args.time_budget is not None:
         if not args.results:
@@ -153,18 +154,3 @@ def run_plan(args: argparse.Namespace) -> int:
     print(f"shape {plan.shape.name} (N = {plan.shape_params:,}): lmkit train --max-steps {plan.steps} --batch-size "
           f"{args.batch_size} --seq-len {args.seq_len}  (model_overrides {json.dumps(plan.shape.overrides())})")
     return 0
-
-
-def _law(spec: str):
-    from lmkit.scaling.laws import PUBLISHED_LAWS, law_from
-
-    if spec in PUBLISHED_LAWS:
-        return law_from(spec)
-    path = Path(spec)
-    if not path.is_file():
-        raise ConfigError(f"--law {spec!r} is neither {', '.join(PUBLISHED_LAWS)} nor a fit.json file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError(f"{path} is not JSON; give a fit.json written by `lmkit scaling fit`") from None
-    return law_from(data.get("approach_3", data))

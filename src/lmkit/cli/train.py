@@ -11,7 +11,7 @@ from lmkit.train.config import TrainConfig
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
 FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "warmup_steps",
          "optimizer", "precision", "log_every", "save_every", "seed", "data", "micro_batch_size", "keep_checkpoints",
-         "fsdp")
+         "fsdp", "sizing")
 
 
 def register(subparsers) -> None:
@@ -22,7 +22,12 @@ def register(subparsers) -> None:
                    help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
     p.add_argument("--out", metavar="DIR", help="run folder; default: runs/PRESET")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (default 1000, or set by --time-budget)")
-    p.add_argument("--time-budget", type=float, metavar="SECONDS", help="train for about this long")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS",
+                   help="train for about this long; the default preset's shape is then sized for it (--sizing)")
+    p.add_argument("--sizing", metavar="auto|off|LAW",
+                   help="with --time-budget and the default preset: size the model from a scaling law and the speed "
+                        "measured on this machine; auto (default: the pydocs law), off, chinchilla, besiroglu, pydocs "
+                        "or a fit.json of `lmkit scaling fit`; naming --preset turns it off unless given")
     p.add_argument("--batch-size", type=int, metavar="N", help="sequences per optimizer step (global under torchrun)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (the model's context)")
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
@@ -54,6 +59,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
         given["preset"] = "t5-tiny"  # encoder-decoder objectives need an encoder-decoder model
     if "preset" not in given and given.get("objective") == "plm":
         given["preset"] = "xlnet-tiny"  # permutation LM needs XLNet's two streams
+    if "preset" in given:  # a named preset is trained as it is
+        given.setdefault("sizing", "off")
     given.setdefault("out", f"runs/{given.get('preset', 'default')}")
     return TrainConfig(resume=args.resume, **given), set(given) - {"out"}
 
@@ -66,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
             cfg, explicit = config_from_args(args)
             trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
         c = trainer.cfg
+        if ctx.is_main and trainer.sizing is not None:
+            print(f"lmkit train: {trainer.sizing.describe()}")
         if ctx.is_main:
             print(f"lmkit train: preset {c.preset}, {trainer.model.num_parameters() / 1e6:.2f}M parameters, "
                   f"vocab {trainer.model_config.vocab_size}, " + (f"data {c.data}" if c.data else f"corpus {' '.join(c.corpus)}")

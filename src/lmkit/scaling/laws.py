@@ -11,8 +11,10 @@ found by setting dL/dN = 0 along N D = C / k.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from lmkit.errors import ConfigError
 
@@ -57,6 +59,11 @@ class ScalingLaw:
 CHINCHILLA = ScalingLaw(E=1.6934, A=406.4, B=410.7, alpha=0.33917, beta=0.28491)     # Hoffmann et al. 2022, Approach 3
 BESIROGLU = ScalingLaw(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)     # Epoch AI's replication, 2024
 PUBLISHED_LAWS = {"chinchilla": CHINCHILLA, "besiroglu": BESIROGLU}
+# Fitted by `lmkit scaling fit` on this project's sweep (bench/results/scaling_sweep.jsonl, docs/scaling.md): the
+# default preset's recipe on pydocs, vocabulary 4096, 16 x 128-token batches, 15 points of 25k to 545k parameters
+# trained on 3e11 to 3e12 FLOPs; nats per token on pydocs' validation split. It sizes --time-budget runs.
+PYDOCS = ScalingLaw(E=2.5407, A=9.7621, B=2109.27, alpha=0.15764, beta=0.55746)
+NAMED_LAWS = {**PUBLISHED_LAWS, "pydocs": PYDOCS}
 
 # Published allocation exponents (N_opt ~ C^a, D_opt ~ C^b) and Kaplan et al. 2020's single-variable exponents.
 PUBLISHED_EXPONENTS = {
@@ -76,10 +83,26 @@ def law_from(name_or_dict) -> ScalingLaw:
             return ScalingLaw(**{k: float(name_or_dict[k]) for k in ("E", "A", "B", "alpha", "beta")})
         except KeyError as exc:
             raise ConfigError(f"a scaling law needs E, A, B, alpha and beta; {exc.args[0]} is missing") from None
-    if name_or_dict not in PUBLISHED_LAWS:
-        raise ConfigError(f"unknown scaling law {name_or_dict!r}; choose {', '.join(PUBLISHED_LAWS)} or a fit.json "
+    if name_or_dict not in NAMED_LAWS:
+        raise ConfigError(f"unknown scaling law {name_or_dict!r}; choose {', '.join(NAMED_LAWS)} or a fit.json "
                           "written by `lmkit scaling fit`")
-    return PUBLISHED_LAWS[name_or_dict]
+    return NAMED_LAWS[name_or_dict]
+
+
+def load_law(spec: str) -> ScalingLaw:
+    """A law by name (chinchilla, besiroglu, pydocs) or from the fit.json that `lmkit scaling fit` writes."""
+    if spec in NAMED_LAWS:
+        return NAMED_LAWS[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(f"scaling law {spec!r} is neither {', '.join(NAMED_LAWS)} nor a fit.json file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError(f"{path} is not JSON; give a fit.json written by `lmkit scaling fit`") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds no scaling law; give a fit.json written by `lmkit scaling fit`")
+    return law_from(data.get("approach_3", data))
 
 
 def isoflop_tokens(compute: float, n_params: float, flops_per_token: float = FLOPS_PER_TOKEN) -> float:

@@ -63,6 +63,9 @@ class TrainConfig:
     data: str | None = None               # a folder of prepared token shards (`lmkit data prepare`); replaces corpus
     fsdp: bool = False                    # under torchrun: shard parameters, gradients and optimizer state (FSDP)
     keep_checkpoints: int = 3             # the newest K checkpoints stay on disk
+    # a --time-budget run of the default preset: its shape sized from a scaling law and the measured speed
+    # (train/sizing.py): "auto" (the pydocs law), a law's name or fit.json, or "off" (the preset as it is)
+    sizing: str = "auto"
 
     def resolved(self, model: ModelConfig | None = None) -> "TrainConfig":
         """A copy with every None that has a default filled in (recipes first); `model`: the preset with the

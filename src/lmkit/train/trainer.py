@@ -34,7 +34,8 @@ from lmkit.train.metrics import MetricsLog, plot_losses
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
 from lmkit.train.schedule import EvalSaveSchedule
 from lmkit.train.seeds import resume_seed, seed_int, train_seed
-from lmkit.train.setup import TOKENIZER_FILES, prepare_training
+from lmkit.train.setup import TOKENIZER_FILES, TrainingSetup, prepare_training
+from lmkit.train.sizing import Sizing, applies as sizing_applies, size_model
 
 DEFAULT_STEPS = 1000
 MODEL_TMP = ".model."  # the model folder is written here first, then moved into --out
@@ -45,15 +46,20 @@ class Trainer:
     """Trains the model a `TrainConfig` describes; `fit()` runs it and returns the last evaluation."""
 
     def __init__(self, cfg: TrainConfig, explicit: set[str] | None = None, rank: int = 0, world_size: int = 1,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", setup: TrainingSetup | None = None):
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
         if self.device.type == "cpu":
             keep_freed_memory()  # large activations stay in the heap between steps (see host_memory)
         self.ctx = D.DistContext(rank, world_size, self.device.index or 0, self.device,
                                  torch.distributed.get_backend() if world_size > 1 else None)
         # local set-up (no collectives): under torchrun every rank then learns whether all ranks got through it
-        with D.agree_on_setup(self.ctx):
-            setup = prepare_training(cfg, explicit, rank, world_size, self.device)
+        self.sizing: Sizing | None = None  # how a --time-budget run's model was sized, when it was
+        if setup is None:  # given: a prepared set-up (sizing times candidate models through their own trainers)
+            with D.agree_on_setup(self.ctx):
+                setup = prepare_training(cfg, explicit, rank, world_size, self.device)
+                if sizing_applies(setup.cfg, world_size):
+                    setup, self.sizing = size_model(
+                        setup, lambda candidate: Trainer(candidate.cfg, device=self.device, setup=candidate))
         self.cfg = cfg = setup.cfg
         self.out, self.checkpoint, self.objective = setup.out, setup.checkpoint, setup.objective
         self.model_config, self.model = setup.model_config, setup.model
