@@ -1,6 +1,7 @@
 """Scaling laws: the compute-optimal split, Approach 3 (Epoch AI's Huber fit) and Approach 2 fits, sweeps."""
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -187,10 +188,21 @@ def test_fit_and_plan_from_results_on_disk(tmp_path):
     planned = run_cli("plan", "--time-budget", "100", "--results", str(tmp_path), "--law", str(tmp_path / "fit.json"))
     assert planned.returncode == 0, planned.stderr
     assert "1e+13 FLOPs" in planned.stdout
-    refused = run_cli("plan", "--time-budget", "100")
-    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--results" in refused.stderr
     bad = run_cli("plan", "--compute", "1e15", "--law", "nonsense")
     assert bad.returncode == 2 and "chinchilla" in bad.stderr
+
+
+def test_plan_for_a_time_budget_times_the_shapes_here(tmp_path, small_pydocs):
+    """Without --results, `plan --time-budget` sizes as `lmkit train --time-budget` does: at speeds measured here."""
+    corpus = tmp_path / "corpus.jsonl"
+    small_pydocs(corpus, n=20)
+    done = run_cli("plan", "--time-budget", "5", "--corpus", str(corpus), "--batch-size", "4", "--seq-len", "32")
+    assert done.returncode == 0, done.stderr
+    sized = re.search(r"sized by the pydocs scaling law for 5 s: (\d+)x(\d+)", done.stdout)
+    assert sized and int(sized[2]) == 64 * int(sized[1])  # a shape of the preset's ridge
+    assert f"lmkit train --time-budget 5 --batch-size 4 --seq-len 32  (trains {sized[1]}x{sized[2]})" in done.stdout
+    refused = run_cli("plan", "--time-budget", "5", "--corpus", str(corpus), "--law", "nonsense")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "chinchilla" in refused.stderr
 
 
 @pytest.mark.slow

@@ -50,10 +50,16 @@ def register(subparsers) -> None:
     budget.add_argument("--compute", type=float, metavar="C", help="budget in FLOPs")
     budget.add_argument("--time-budget", type=float, metavar="SECONDS",
                         help="budget in seconds on this machine, at the throughput measured by a sweep (--results)")
-    q.add_argument("--law", default="besiroglu", metavar="NAME|FIT.json",
-                   help="chinchilla, besiroglu (default), pydocs (this project's sweep) or a fit.json written by `lmkit scaling fit`")
-    q.add_argument("--results", metavar="PATH", help="a sweep folder: its measured FLOP/s (for --time-budget)")
-    q.add_argument("--batch-size", type=int, default=16, metavar="N")
+    q.add_argument("--law", metavar="NAME|FIT.json",
+                   help="chinchilla, besiroglu, pydocs (this project's sweep) or a fit.json written by `lmkit scaling "
+                        "fit`; default besiroglu, and pydocs for --time-budget without --results")
+    q.add_argument("--results", metavar="PATH",
+                   help="a sweep folder: its median FLOP/s for --time-budget; without it, --time-budget times the "
+                        "candidate shapes here, as `lmkit train --time-budget` does")
+    q.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
+                   help="the text the measuring steps read (--time-budget without --results; default pydocs)")
+    q.add_argument("--batch-size", type=int, metavar="N",
+                   help="default 16 (the sweep's), or the default recipe's 24 when timing shapes here")
     q.add_argument("--seq-len", type=int, default=128, metavar="N")
     q.add_argument("--vocab-size", type=int, default=4096, metavar="N")
     _convention(q)
@@ -133,16 +139,42 @@ def _throughput(rows):
         return None
 
 
+def plan_measured(args: argparse.Namespace) -> int:
+    """--time-budget without --results: the shape `lmkit train --time-budget` would train, at the speeds measured
+    here in the default recipe (train/sizing.py)."""
+    import tempfile
+
+    from lmkit.train import TrainConfig
+    from lmkit.train.setup import prepare_training
+    from lmkit.train.sizing import size_model
+    from lmkit.train.trainer import Trainer
+
+    law = "auto" if args.law == "pydocs" else args.law
+    with tempfile.TemporaryDirectory() as scratch:  # prepare_training writes nothing; --out must still be a path
+        setup = prepare_training(TrainConfig(out=f"{scratch}/run", time_budget=args.time_budget, sizing=law,
+                                             batch_size=args.batch_size, seq_len=args.seq_len,
+                                             vocab_size=args.vocab_size, corpus=args.corpus, progress=False))
+        _, sizing = size_model(setup, lambda candidate: Trainer(candidate.cfg, setup=candidate))
+    print(sizing.describe())
+    batch = "" if args.batch_size is None else f" --batch-size {args.batch_size}"
+    print(f"lmkit train --time-budget {args.time_budget:g}{batch} --seq-len {args.seq_len}"
+          + ("" if args.law == "pydocs" else f" --sizing {args.law}") + f"  (trains {sizing.chosen.shape.name})")
+    return 0
+
+
 def run_plan(args: argparse.Namespace) -> int:
     from lmkit.scaling.laws import load_law
     from lmkit.scaling.plan import plan_compute
     from lmkit.scaling.sweep import measured_flops_per_second, read_results
 
+    if args.law is None:
+        args.law = "pydocs" if args.time_budget is not None and not args.results else "besiroglu"
+    if args.time_budget is not None and not args.results:
+        return plan_measured(args)
+    args.batch_size = args.batch_size or 16
     law = load_law(args.law)
     compute = args.compute
     if args.time_budget is not None:
-        if not args.results:
-            raise ConfigError("--time-budget needs --results DIR: a sweep run on this machine gives its FLOP/s")
         rate = measured_flops_per_second(read_results(args.results))
         compute = rate * args.time_budget
         print(f"{args.time_budget:g} s at {rate:.3g} FLOP/s (median of the sweep's runs) = {compute:.3g} FLOPs")
