@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmkit.nn import Attention, Block, Embeddings, FeedForward, KVCache, LayerNorm, RMSNorm, apply_rotary
+from lmkit.nn import Attention, Block, Embeddings, FeedForward, KVCache, LayerNorm, RMSNorm
 from lmkit.nn.ffn import activation
 from lmkit.nn.norms import rms_norm
+from lmkit.nn.positions import apply_rotary_factors, rotary_factors
 
 Norm = tuple  # (weight, bias or None, eps, is_rms)
 
@@ -205,7 +206,7 @@ class DecodePlan:
         """
         B = tokens.shape[0]
         x = self.embeddings(tokens, position_ids=position_ids)[:, 0]
-        rope = self.rotary(position_ids, x.dtype) if self.rotary is not None else None
+        rope = None if self.rotary is None else rotary_factors(*self.rotary(position_ids, x.dtype), self.interleaved)
         pre = self.placement != "post"
         exact = x.dtype in _EXACT_DTYPES and not torch.is_autocast_enabled(x.device.type)
         if exact and bias is not None:  # the boolean mask as the additive bias _attend_one adds, built once a step
@@ -214,14 +215,14 @@ class DecodePlan:
                 up, (down, down_args)) in enumerate(self.layers):
             q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
             h = _apply_norm(norm1, x) if pre else x
-            projected = qkv(h, *qkv_args)
-            v = projected[:, q_dim + kv_dim:].view(B, kv_heads, 1, head_dim)
-            qk = projected[:, :q_dim + kv_dim].view(B, heads + kv_heads, 1, head_dim)
+            qk, v = qkv(h, *qkv_args).split((q_dim + kv_dim, kv_dim), dim=-1)
+            qk = qk.view(B, heads + kv_heads, 1, head_dim)
+            v = v.view(B, kv_heads, 1, head_dim)
             if rope is not None:  # queries and keys rotated by the same angles: one rotation over both
-                qk = apply_rotary(qk, *rope, self.interleaved)
+                qk = apply_rotary_factors(qk, rope)
                 if qk.dtype != v.dtype:  # as in Attention.forward: under autocast the rotation ran in float32
                     qk = qk.to(v.dtype)
-            q, k = qk[:, :heads], qk[:, heads:]
+            q, k = qk.split((heads, kv_heads), dim=1)
             k, v = cache.update(i, k, v)
             mask, window = bias, self.windows[i]
             if window is not None and k.shape[2] > window:  # the keys the sliding mask leaves: the last W
@@ -237,9 +238,8 @@ class DecodePlan:
             if gate is None:
                 h = self.act(up[0](h, *up[1]))
             else:
-                gate_up = gate[0](h, *gate[1])
-                half = gate_up.shape[-1] // 2
-                h = self.act(gate_up[:, :half]) * gate_up[:, half:]
+                g, u = gate[0](h, *gate[1]).chunk(2, dim=-1)
+                h = self.act(g) * u
             x = _residual(x, down(h, *down_args), norm2, post2, pre)
         if self.final_norm is not None:
             x = _apply_norm(self.final_norm, x)
