@@ -264,6 +264,7 @@ class Attention(nn.Module):
             if cache is not None:
                 k, v = cache.update(layer, k, v)
             if queries is not None:
+                queries = queries.to(q.device)
                 q = q[:, :, queries]
                 bias, is_causal = _query_rows(bias, is_causal, queries, k.shape[2] - T, k.shape[2])
                 T = q.shape[2]
