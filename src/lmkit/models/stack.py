@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from lmkit.config import ModelConfig
-from lmkit.nn import (Attention, Block, Embeddings, KVCache, RelativePositionBias, RotaryEmbedding, build_attention_bias,
-                      build_norm)
+from lmkit.nn import (Attention, Block, Embeddings, KVCache, RelativePositionBias, RotaryEmbedding,
+                      build_attention_bias, build_norm)
 from lmkit.nn.masks import additive_mask, allowed_positions
 from lmkit.nn.moe import MoEFeedForward, load_balancing_loss
 

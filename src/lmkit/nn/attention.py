@@ -159,8 +159,9 @@ class KVCache:
 
 def _query_rows(bias: torch.Tensor | None, is_causal: bool, queries: torch.Tensor, past: int,
                 keys: int) -> tuple[torch.Tensor | None, bool]:
-    """The mask of the query positions `queries` (after `past` cached ones) alone: the rows of `bias`, or for a
-    causal mask SDPA would build (is_causal) key j <= past + i spelled out, None when every such query sees every key."""
+    """The mask of the query positions `queries` (after `past` cached ones) alone: the rows of `bias`, or for the
+    causal mask SDPA would build (is_causal) key j <= past + i spelled out, None when each such query sees every
+    key."""
     if bias is not None:
         return (bias if bias.shape[2] == 1 else bias[:, :, queries]), False
     if not is_causal:
