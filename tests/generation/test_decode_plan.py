@@ -143,7 +143,7 @@ def test_a_bfloat16_model_decodes_through_the_plan_too():
     assert_close_in(torch.bfloat16, got, model(ids).logits[:, -1], steps=3)
 
 
-@pytest.mark.parametrize("batch, n_threads", [(1, 1), (1, 2), (4, 2), (1, 3)])
+@pytest.mark.parametrize("batch, n_threads", [(1, 1), (1, 2), (4, 2), (1, 3), (4, 1), (9, 1)])
 @pytest.mark.parametrize("shape", [(24, 40), (40, 24), (7, 16)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_every_projection_kernel_computes_x_w_transposed_plus_b(batch, n_threads, shape, with_bias):
@@ -155,6 +155,8 @@ def test_every_projection_kernel_computes_x_w_transposed_plus_b(batch, n_threads
         got = fn(x, *args)
     if batch == 1 and n_threads > 1 and shape[0] % n_threads == 0:
         expected = decode_plan._split_matvec
+    elif batch > 1 and n_threads == 1 and batch <= decode_plan.MKL_SMALL_BATCH and decode_plan.intel_cpu():
+        expected = decode_plan._addmm_t
     elif batch > 1:
         expected = decode_plan._onednn_linear
     else:

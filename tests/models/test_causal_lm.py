@@ -118,6 +118,44 @@ def test_logits_to_keep_and_inputs_embeds():
     torch.testing.assert_close(m(inputs_embeds=embeds).logits, full)
 
 
+@pytest.mark.parametrize("name", list(VARIANTS) + ["llama-window3"])
+def test_the_last_block_run_at_the_kept_positions_alone_gives_the_full_forwards_rows(name):
+    """With logits_to_keep the last block attends and runs its FFN at the kept positions only; their logits and
+    every position's cached keys and values are those of the full forward: after a cached past, with left
+    padding, with a sliding window, for the last position and for positions listed in any order."""
+    config = dict(VARIANTS["llama"], sliding_window=3) if name == "llama-window3" else VARIANTS[name]
+    torch.manual_seed(0)
+    m = CausalLM(ModelConfig(**config))
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.2) if p.dim() > 1 else torch.nn.init.normal_(p, 1.0, 0.1)
+    m.eval()
+    seen = []
+    ffn = m.decoder.layers[-1].mlp.sublayer
+    ffn.forward = lambda x, f=ffn.forward: seen.append(x.shape[1]) or f(x)  # not a hook: hooks turn pruning off
+    ids = torch.randint(0, 53, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    for kw in (dict(), dict(attention_mask=mask, position_ids=pos)):
+        full = m(ids, **kw).logits
+        for keep in (1, 4, torch.tensor([6, 0, 8, 3]), torch.tensor([-1, 2])):
+            seen.clear()
+            got = m(ids, logits_to_keep=keep, **kw).logits
+            rows = full[:, -keep:] if isinstance(keep, int) else full[:, keep]
+            torch.testing.assert_close(got, rows, atol=1e-5, rtol=1e-5)
+            assert seen == [rows.shape[1]]  # the last FFN ran at the kept positions only
+    # after a cached past: the kept logits and the cache both as without logits_to_keep
+    whole, part = KVCache(), KVCache()
+    m(ids[:, :5], past_key_values=whole, use_cache=True)
+    m(ids[:, :5], past_key_values=part, use_cache=True)
+    full = m(ids[:, 5:], past_key_values=whole, use_cache=True).logits
+    got = m(ids[:, 5:], past_key_values=part, use_cache=True, logits_to_keep=torch.tensor([0, 2])).logits
+    torch.testing.assert_close(got, full[:, [0, 2]], atol=1e-5, rtol=1e-5)
+    for layer in whole.keys:
+        torch.testing.assert_close(part.keys[layer][:, :, :9], whole.keys[layer][:, :, :9])
+        torch.testing.assert_close(part.values[layer][:, :, :9], whole.values[layer][:, :, :9])
+
+
 def test_input_longer_than_learned_positions_raises():
     m = model("gpt2")
     with pytest.raises(GenerationError, match="positions"):

@@ -84,6 +84,16 @@ def prefill_unpadded(model, state, ids: torch.Tensor, mask: torch.Tensor) -> tor
     return logits
 
 
+def _stopped(tok, row: list[int], start: int, looks: dict[int, list[str]]) -> bool:
+    """Whether a stop string shows in the text of the row's last n columns (none before `start`), for each
+    look-back n: one decode per n, however many stops share it."""
+    for n, group in looks.items():
+        text = tok.decode(row[max(start, len(row) - n):])
+        if any(s in text for s in group):
+            return True
+    return False
+
+
 @torch.inference_mode()
 def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until: list[str], pad: int) -> torch.Tensor:
     """Greedy decoding with HFLM's stopping rule, so that the same tokens come out: a row finishes at EOS (then
@@ -93,13 +103,16 @@ def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until:
     generate does."""
     model, tok = lm.model, lm.tokenizer
     sequences, state = model._generation_start(ids, mask)
-    stops = [(s, len(tok.encode(s, add_special_tokens=False)) + 2) for s in until]
+    looks: dict[int, list[str]] = {}  # columns looked back over -> the stop strings looked for in them
+    for s in until:
+        looks.setdefault(len(tok.encode(s, add_special_tokens=False)) + 2, []).append(s)
     eos = torch.tensor(_eos_ids(model), dtype=torch.long, device=ids.device)
     rows = ids.shape[0]
     finished = torch.zeros(rows, dtype=torch.bool, device=ids.device)
     done = [False] * rows
     columns = [sequences]
     tokens = sequences
+    out = sequences.tolist()  # the output's columns as lists, to look back over
     prompt_width = ids.shape[1]  # HFLM looks back from this column of the output (for T5, the decoder's)
     for step in range(max_new):
         if step == 0 and lm.backend == "causal":
@@ -113,11 +126,11 @@ def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until:
             finished |= torch.isin(nxt, eos)
         if bool(finished.all()):
             break
-        if stops:
-            out = torch.cat(columns, dim=1)[:, prompt_width:].tolist()
-            for r in range(rows):
-                if not done[r]:
-                    done[r] = any(s in tok.decode(out[r][-n:]) for s, n in stops)
+        if looks:
+            for r, t in enumerate(nxt.tolist()):
+                row = out[r]
+                row.append(t)
+                done[r] = done[r] or _stopped(tok, row, prompt_width, looks)
             if all(done):
                 break
         tokens = nxt[:, None]

@@ -13,15 +13,18 @@ forward) return None from `DecodePlan.build` and decode through the modules.
 """
 from __future__ import annotations
 
+import functools
+import platform
 import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmkit.nn import Attention, Block, Embeddings, FeedForward, KVCache, LayerNorm, RMSNorm, apply_rotary
+from lmkit.nn import Attention, Block, Embeddings, FeedForward, KVCache, LayerNorm, RMSNorm
 from lmkit.nn.ffn import activation
 from lmkit.nn.norms import rms_norm
+from lmkit.nn.positions import apply_rotary_factors, rotary_factors
 
 Norm = tuple  # (weight, bias or None, eps, is_rms)
 
@@ -71,13 +74,31 @@ def _onednn_usable() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+@functools.cache
+def intel_cpu() -> bool:
+    """Whether the CPU is Intel's (/proc/cpuinfo's vendor_id, else what platform reports), where MKL runs its own
+    kernels for small matrix products."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return "GenuineIntel" in line
+    except OSError:
+        pass
+    return "intel" in platform.processor().lower()
+
+
+MKL_SMALL_BATCH = 8  # most rows for which MKL's products beat oneDNN's packed ones on an Intel core
+
+
 def projection(weight: torch.Tensor, bias: torch.Tensor | None, batch: int, relayout: bool) -> Projection:
     """x W^T + b for `batch` rows through the CPU kernel measured fastest for that case (bench/bench_decoder.py):
     one row on n > 1 threads: the outputs cut in n slices, one batched product (a matrix-vector product
     alone runs on one core, and at batch 1 the weights' memory traffic is the cost); one row on one
     thread, more outputs than inputs: W^T contiguous (MKL's gemv); several rows, float32 (no autocast, which
-    the packed product would bypass): W packed for oneDNN's blocked matrix product; otherwise torch's
-    linear on W as it is."""
+    the packed product would bypass): on one thread of an Intel CPU and up to MKL_SMALL_BATCH rows, W^T
+    contiguous (MKL's small products there take half the time of oneDNN's), else W packed for oneDNN's blocked
+    matrix product (on AMD's EPYC, 2-3x faster than MKL's); otherwise torch's linear on W as it is."""
     if not relayout or weight.device.type != "cpu":
         return F.linear, (weight, bias)
     n = torch.get_num_threads()
@@ -85,8 +106,11 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None, batch: int, rela
     if batch == 1 and n > 1 and out_features % n == 0:
         chunks = weight.t().reshape(in_features, n, out_features // n).permute(1, 0, 2).contiguous()
         return _split_matvec, (chunks, None if bias is None else bias.detach().reshape(n, 1, -1))
-    if batch > 1 and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and _onednn_usable():
-        return _onednn_linear, (torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch), bias)
+    if batch > 1 and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
+        if n == 1 and batch <= MKL_SMALL_BATCH and intel_cpu():
+            return _addmm_t, (weight.t().contiguous(), bias)
+        if _onednn_usable():
+            return _onednn_linear, (torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch), bias)
     if weight.shape[0] > weight.shape[1]:
         return _addmm_t, (weight.t().contiguous(), bias)
     return F.linear, (weight, bias)
@@ -130,9 +154,9 @@ class DecodePlan:
                 _norm_spec(block.self_attn.norm), _norm_spec(block.self_attn.post_norm), qkv,
                 projection(attn.o_proj.weight.detach(), attn.o_proj.bias, batch, relayout), attn.scale,
                 _norm_spec(block.mlp.norm), _norm_spec(block.mlp.post_norm),
-                None if ffn.gate_proj is None else projection(ffn.gate_proj.weight.detach(), ffn.gate_proj.bias,
-                                                              batch, relayout),
-                projection(ffn.up_proj.weight.detach(), ffn.up_proj.bias, batch, relayout),
+                None if ffn.gate_proj is None else projection(*_joined(ffn.gate_proj, ffn.up_proj), batch, relayout),
+                projection(ffn.up_proj.weight.detach(), ffn.up_proj.bias, batch, relayout) if ffn.gate_proj is None
+                else None,
                 projection(ffn.down_proj.weight.detach(), ffn.down_proj.bias, batch, relayout),
             ))
 
@@ -182,34 +206,40 @@ class DecodePlan:
         """
         B = tokens.shape[0]
         x = self.embeddings(tokens, position_ids=position_ids)[:, 0]
-        rope = self.rotary(position_ids, x.dtype) if self.rotary is not None else None
+        rope = None if self.rotary is None else rotary_factors(*self.rotary(position_ids, x.dtype), self.interleaved)
         pre = self.placement != "post"
+        exact = x.dtype in _EXACT_DTYPES and not torch.is_autocast_enabled(x.device.type)
+        if exact and bias is not None:  # the boolean mask as the additive bias _attend_one adds, built once a step
+            bias = torch.zeros(bias.shape, dtype=x.dtype, device=x.device).masked_fill_(~bias, float("-inf"))
         for i, ((heads, kv_heads, head_dim), norm1, post1, (qkv, qkv_args), (o, o_args), scale, norm2, post2, gate,
-                (up, up_args), (down, down_args)) in enumerate(self.layers):
+                up, (down, down_args)) in enumerate(self.layers):
             q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
             h = _apply_norm(norm1, x) if pre else x
-            q, k, v = qkv(h, *qkv_args).split((q_dim, kv_dim, kv_dim), dim=-1)
-            q = q.view(B, heads, 1, head_dim)
-            k = k.view(B, kv_heads, 1, head_dim)
+            qk, v = qkv(h, *qkv_args).split((q_dim + kv_dim, kv_dim), dim=-1)
+            qk = qk.view(B, heads + kv_heads, 1, head_dim)
             v = v.view(B, kv_heads, 1, head_dim)
-            if rope is not None:
-                q = apply_rotary(q, *rope, self.interleaved)
-                k = apply_rotary(k, *rope, self.interleaved)
-                if q.dtype != v.dtype:  # as in Attention.forward: under autocast the rotation ran in float32
-                    q, k = q.to(v.dtype), k.to(v.dtype)
+            if rope is not None:  # queries and keys rotated by the same angles: one rotation over both
+                qk = apply_rotary_factors(qk, rope)
+                if qk.dtype != v.dtype:  # as in Attention.forward: under autocast the rotation ran in float32
+                    qk = qk.to(v.dtype)
+            q, k = qk.split((heads, kv_heads), dim=1)
             k, v = cache.update(i, k, v)
             mask, window = bias, self.windows[i]
             if window is not None and k.shape[2] > window:  # the keys the sliding mask leaves: the last W
                 k, v = k[:, :, -window:], v[:, :, -window:]
                 mask = None if bias is None else bias[..., -window:]
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                               enable_gqa=kv_heads != heads)
+            if exact:
+                a = _attend_one(q, k, v, mask, head_dim ** -0.5 if scale is None else scale)
+            else:
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                   enable_gqa=kv_heads != heads)
             x = _residual(x, o(a.reshape(B, q_dim), *o_args), norm1, post1, pre)
             h = _apply_norm(norm2, x) if pre else x
             if gate is None:
-                h = self.act(up(h, *up_args))
+                h = self.act(up[0](h, *up[1]))
             else:
-                h = self.act(gate[0](h, *gate[1])) * up(h, *up_args)
+                g, u = gate[0](h, *gate[1]).chunk(2, dim=-1)
+                h = self.act(g) * u
             x = _residual(x, down(h, *down_args), norm2, post2, pre)
         if self.final_norm is not None:
             x = _apply_norm(self.final_norm, x)
@@ -217,6 +247,23 @@ class DecodePlan:
             x = x * self.output_scale
         head, head_args = self.lm_head
         return head(x, *head_args)
+
+
+_EXACT_DTYPES = (torch.float32, torch.float64)  # where attention written as two products is as exact as SDPA's
+
+
+def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+                scale: float) -> torch.Tensor:
+    """softmax((q scale) K^T + bias) V for one query per row, q (B, H, 1, D) against k, v (B, KV, T, D): the
+    H / KV query heads that share a key head are the rows of one product with its keys, so grouped keys are
+    never repeated. `bias` (B, 1, 1, T) is additive (-inf where masked). SDPA's CPU kernel does the same work
+    in query blocks, which for a single query costs more than the products themselves."""
+    B, H, _, D = q.shape
+    kv = k.shape[1]
+    scores = torch.matmul((q * scale).view(B, kv, H // kv, D), k.transpose(-1, -2))
+    if bias is not None:
+        scores.add_(bias)
+    return torch.matmul(torch.softmax(scores, dim=-1), v).view(B, H, 1, D)
 
 
 def _residual(x: torch.Tensor, f: torch.Tensor, norm: Norm, post_norm: Norm | None, pre: bool) -> torch.Tensor:

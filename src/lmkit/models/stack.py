@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from lmkit.config import ModelConfig
-from lmkit.nn import Block, Embeddings, KVCache, RelativePositionBias, RotaryEmbedding, build_attention_bias, build_norm
+from lmkit.nn import (Attention, Block, Embeddings, KVCache, RelativePositionBias, RotaryEmbedding,
+                      build_attention_bias, build_norm)
 from lmkit.nn.masks import additive_mask, allowed_positions
 from lmkit.nn.moe import MoEFeedForward, load_balancing_loss
 
@@ -35,7 +36,10 @@ class Stack(nn.Module):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
                 cache: KVCache | None = None, memory: torch.Tensor | None = None,
-                memory_mask: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                memory_mask: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The last hidden states (B, T, d); with `keep` (positions 0..T-1) those at `keep` alone, (B, len(keep), d),
+        the last block then attending and running its FFN at those positions only (`_prunes`)."""
         if inputs_embeds is None:
             B, T = input_ids.shape
         else:
@@ -53,13 +57,30 @@ class Stack(nn.Module):
         memory_bias = None
         if memory is not None and memory_mask is not None:
             memory_bias, _ = build_attention_bias(memory_mask, B, T, memory.shape[1], False, dtype, device)
+        last = len(self.layers) - 1
+        prune = keep is not None and self._prunes(keep)
         for i, layer in enumerate(self.layers):
             bias, is_causal = masks[windows[i]]
+            extra = {"queries": keep} if prune and i == last else {}
             h = layer(h, bias=bias, is_causal=is_causal, rope=rope, cache=cache, layer=i, memory=memory,
-                      memory_bias=memory_bias)
+                      memory_bias=memory_bias, **extra)
+        if keep is not None and not prune:
+            h = h[:, keep]
         if self.norm is not None:
             h = self.norm(h)
         return h
+
+    def _prunes(self, keep: torch.Tensor) -> bool:
+        """Whether the last block may compute its output at `keep` alone: a plain self-attention block (no
+        cross-attention, adapter or prefix wrapped around its attention, no hooks, no kept attention
+        probabilities) whose FFN is dense (a mixture's load-balancing loss counts every position)."""
+        if not self.layers or keep.dim() != 1 or self.config.n_experts:
+            return False
+        block = self.layers[-1]
+        if type(block) is not Block or block.cross_attn is not None or type(block.self_attn.sublayer) is not Attention \
+                or block.self_attn.sublayer.keep_probabilities:
+            return False
+        return not any(m._forward_hooks or m._forward_pre_hooks for m in block.modules())
 
     def _self_attention_bias(self, attention_mask: torch.Tensor | None, B: int, T: int, past: int, dtype: torch.dtype,
                              device: torch.device, window: int | None) -> tuple[torch.Tensor | None, bool]:

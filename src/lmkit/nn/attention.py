@@ -157,6 +157,21 @@ class KVCache:
             self.cross[layer] = (k.index_select(0, index), v.index_select(0, index))
 
 
+def _query_rows(bias: torch.Tensor | None, is_causal: bool, queries: torch.Tensor, past: int,
+                keys: int) -> tuple[torch.Tensor | None, bool]:
+    """The mask of the query positions `queries` (after `past` cached ones) alone: the rows of `bias`, or for the
+    causal mask SDPA would build (is_causal) key j <= past + i spelled out, None when each such query sees every
+    key."""
+    if bias is not None:
+        return (bias if bias.shape[2] == 1 else bias[:, :, queries]), False
+    if not is_causal:
+        return None, False
+    if bool((queries == keys - past - 1).all()):  # the last position sees every key
+        return None, False
+    allowed = torch.arange(keys, device=queries.device)[None] <= (past + queries)[:, None]
+    return allowed[None, None], False
+
+
 class Attention(nn.Module):
     """Self- or cross-attention with q_proj, k_proj, v_proj and o_proj projections."""
 
@@ -223,8 +238,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, is_causal: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
-                layer: int = 0, memory: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, T, d) -> (B, T, d). `memory` holds the encoder states for cross-attention."""
+                layer: int = 0, memory: torch.Tensor | None = None,
+                queries: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, d) -> (B, T, d). `memory` holds the encoder states for cross-attention. `queries` (positions
+        among the T, for self-attention) gives the output (B, len(queries), d) at those alone: every position's
+        keys and values are still computed (and cached), the rest of the queries are not attended with."""
         B, T, _ = x.shape
         if self.cross:
             q = self._heads(self.q_proj(x), self.n_heads)
@@ -246,6 +264,11 @@ class Attention(nn.Module):
                     q, k = q.to(v.dtype), k.to(v.dtype)
             if cache is not None:
                 k, v = cache.update(layer, k, v)
+            if queries is not None:
+                queries = queries.to(q.device)
+                q = q[:, :, queries]
+                bias, is_causal = _query_rows(bias, is_causal, queries, k.shape[2] - T, k.shape[2])
+                T = q.shape[2]
         gqa = self.n_kv_heads != self.n_heads
         if bias is not None and bias.dtype != torch.bool and bias.dtype != q.dtype:
             bias = bias.to(q.dtype)

@@ -42,13 +42,19 @@ class Residual(nn.Module):
     def _drop(self, h: torch.Tensor) -> torch.Tensor:
         return self.dropout(h) if self.training and self.dropout.p > 0 else h
 
-    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, queries: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        """The residual's output; with `queries` (positions, for self-attention) at those positions alone, F
+        reading every position of x."""
+        stream = x
+        if queries is not None:
+            kwargs["queries"] = queries
+            stream = x[:, queries]
         if self.placement == "post":
-            return self.norm(x + self._drop(self.sublayer(x, **kwargs)))
+            return self.norm(stream + self._drop(self.sublayer(x, **kwargs)))
         h = self.sublayer(x if self.norm is None else self.norm(x), **kwargs)
         if self.post_norm is not None:
             h = self.post_norm(h)
-        return x + self._drop(h)
+        return stream + self._drop(h)
 
 
 class Block(nn.Module):
@@ -63,8 +69,11 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, is_causal: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
                 layer: int = 0, memory: torch.Tensor | None = None,
-                memory_bias: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.self_attn(x, bias=bias, is_causal=is_causal, rope=rope, cache=cache, layer=layer)
+                memory_bias: torch.Tensor | None = None, queries: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's output; with `queries` (positions) at those positions alone: every position's keys and
+        values, then attention, cross-attention and the FFN at `queries` only (what a last block needs when
+        only some positions' outputs are read)."""
+        x = self.self_attn(x, bias=bias, is_causal=is_causal, rope=rope, cache=cache, layer=layer, queries=queries)
         if self.cross_attn is not None:
             x = self.cross_attn(x, bias=memory_bias, cache=cache, layer=layer, memory=memory)
         return self.mlp(x)

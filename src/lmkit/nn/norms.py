@@ -6,6 +6,7 @@ RMSNorm(x) = x / sqrt(mean(x^2) + eps) * gamma (no centring, no beta).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lmkit.config import ModelConfig
@@ -40,6 +41,9 @@ def widen(x: torch.Tensor) -> torch.Tensor:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * x / sqrt(mean(x^2) + eps), the mean taken in float32 and the result cast back first."""
     dtype = x.dtype
+    if dtype == torch.float32 and weight.dtype == torch.float32:
+        # torch's own composite: the same products in the same order, in one call instead of seven
+        return F.rms_norm(x, weight.shape, weight, eps)
     x32 = widen(x)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(dtype)

@@ -135,6 +135,25 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     return x * cos[:, None] + _rotate(x, interleaved) * sin[:, None]
 
 
+def rotary_factors(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(cos, s, rolled) for `apply_rotary_factors` over x (B, H, T, D), from cos/sin (B, T, D), prepared once for
+    every x rotated by the same angles. Without interleaving rotate(x) sin = roll(x, D/2) s, with s the sin whose
+    first half is negated (the same products, in one roll instead of two slices, a negation and a join)."""
+    cos, sin = cos[:, None], sin[:, None]
+    if interleaved:
+        return cos, sin, False
+    half = sin.shape[-1] // 2
+    return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1), True
+
+
+def apply_rotary_factors(x: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor, bool]) -> torch.Tensor:
+    """`apply_rotary` on factors from `rotary_factors`: x cos + rotate(x) sin."""
+    cos, s, rolled = factors
+    if rolled:
+        return x * cos + x.roll(x.shape[-1] // 2, -1) * s
+    return x * cos + _rotate(x, True) * s
+
+
 def relative_position_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> torch.Tensor:
     """T5's bucket of j - i: exact for small offsets, logarithmic up to max_distance, then clamped."""
