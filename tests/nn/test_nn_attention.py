@@ -218,35 +218,6 @@ def test_bf16_training_attention_takes_the_block_path_and_matches_fp32(monkeypat
     assert_close_in_norm(torch.bfloat16, low_grad, high_grad, steps=3)
 
 
-def test_fp32_causal_training_takes_the_block_path_and_equals_sdpa(monkeypatch):
-    """float32 causal self-attention with gradients runs BlockCausalAttention: outputs and input gradients equal
-    the SDPA path's (taken without gradients, and for grouped-query heads)."""
-    from lmkit.nn.attention import BlockCausalAttention
-
-    calls = []
-    apply = BlockCausalAttention.apply
-    monkeypatch.setattr(BlockCausalAttention, "apply", lambda *a: calls.append(a[0].dtype) or apply(*a))
-    torch.manual_seed(0)
-    att = attention(causal=True, n_kv_heads=4).train()
-    x = torch.randn(2, 70, 24, requires_grad=True)
-    out = att(x, is_causal=True)
-    assert calls == [torch.float32]
-    (grad,) = torch.autograd.grad(out.square().sum(), x)
-    with torch.no_grad():
-        assert_close_in(torch.float32, out, att(x, is_causal=True), steps=64)
-    assert calls == [torch.float32]  # no gradients: SDPA
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        ref_x = x.detach().clone().requires_grad_()
-        q, k, v = (t.view(2, 70, 4, 6).transpose(1, 2) for t in att._project(ref_x))
-        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        ref = att.o_proj(ref.transpose(1, 2).reshape(2, 70, 24))
-    (ref_grad,) = torch.autograd.grad(ref.square().sum(), ref_x)
-    assert_close_in(torch.float32, out, ref, steps=64)
-    assert_close_in(torch.float32, grad, ref_grad, steps=64)
-    attention(causal=True, n_kv_heads=2).train()(x, is_causal=True)
-    assert calls == [torch.float32]  # grouped-query heads: SDPA
-
-
 @pytest.mark.bf16
 def test_bf16_autocast_training_matches_fp32():
     att = attention(causal=True, n_kv_heads=2).train()

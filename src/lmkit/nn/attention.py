@@ -259,12 +259,6 @@ class Attention(nn.Module):
         elif q.device.type == "cpu" and q.dtype in _LOW_PRECISION and torch.is_grad_enabled() and T > 1 \
                 and B * self.n_heads * T * k.shape[2] <= _EAGER_MAX_SCORES:
             out = eager_attention(q, k, v, bias, is_causal and bias is None, self.scale, dropout)
-        elif q.device.type == "cpu" and q.dtype == torch.float32 and torch.is_grad_enabled() and is_causal \
-                and bias is None and not dropout and not gqa and T > 1 and T == k.shape[2] \
-                and B * self.n_heads * T * T <= _EAGER_MAX_SCORES:
-            # float32 causal training: SDPA's CPU flash kernel is about 12% slower forward + backward (T = 256)
-            out = BlockCausalAttention.apply(q, k, v, q.shape[-1] ** -0.5 if self.scale is None else self.scale,
-                                             _QUERY_BLOCK)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout,
                                                  is_causal=is_causal and bias is None, scale=self.scale, enable_gqa=gqa)
