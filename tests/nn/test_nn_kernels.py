@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from lmkit.nn import kernels
 from lmkit.nn.kernels import gelu_tanh
-from tolerances import assert_close_in
+from tolerances import assert_close_in, assert_close_in_norm
 
 
 def test_sigmoid_form_is_the_tanh_gelu_and_its_derivative():
@@ -85,11 +85,58 @@ def test_falls_back_to_aten_exactly(monkeypatch):
     ref = F.gelu(x, approximate="tanh")
     assert torch.equal(gelu_tanh(x.t()), F.gelu(x.t(), approximate="tanh"))  # not contiguous
     assert torch.equal(gelu_tanh(x[:2]), ref[:2])  # too small to gain
-    assert torch.equal(gelu_tanh(x.float()), F.gelu(x.float(), approximate="tanh"))  # float32 keeps ATen's numbers
+    assert torch.equal(gelu_tanh(x.double()), F.gelu(x.double(), approximate="tanh"))  # float64: ATen's
     monkeypatch.setenv("LMKIT_COMPILE_KERNELS", "0")
     monkeypatch.setattr(kernels, "_compiled", None)
     assert kernels.compiled_kernels() == ()
+    assert kernels.kernels_for(torch.float32) == ()
     assert torch.equal(gelu_tanh(x), ref)
+    assert torch.equal(gelu_tanh(x.float()), F.gelu(x.float(), approximate="tanh"))
+
+
+def test_compiled_gelu_in_float32_is_within_float32_steps_of_the_exact_value():
+    """float32 through the compiled kernel (where it passed its float32 check): values and gradients within a few
+    float32 steps of the float64 formula, on average within twice ATen's error (the backward's s (1 - s) rounds
+    where sigmoid nears 1), and the same with gradients off."""
+    if not kernels.kernels_for(torch.float32):
+        pytest.skip("no working inductor/C++ compiler for float32 here: gelu_tanh is ATen's GELU")
+    torch.manual_seed(0)
+    x = (torch.randn(3, 77, 211) * 3).requires_grad_()
+    y = gelu_tanh(x)
+    assert "GeluTanh" in type(y.grad_fn).__name__
+    grad = torch.randn_like(y)
+    (got,) = torch.autograd.grad(y, x, grad)
+    ref_x = x.detach().clone().requires_grad_()
+    ref = F.gelu(ref_x, approximate="tanh")
+    (want,) = torch.autograd.grad(ref, ref_x, grad)
+    exact_x = x.detach().double().requires_grad_()
+    exact = F.gelu(exact_x, approximate="tanh")
+    (exact_grad,) = torch.autograd.grad(exact, exact_x, grad.double())
+    for ours, aten, truth in ((y, ref, exact), (got, want, exact_grad)):
+        assert_close_in(torch.float32, ours, truth, steps=16)
+        assert_close_in_norm(torch.float32, ours, truth, steps=4)
+        assert (ours.double() - truth).abs().mean() <= 2 * (aten.double() - truth).abs().mean()
+    with torch.no_grad():
+        torch.testing.assert_close(gelu_tanh(x), y.detach(), rtol=0, atol=0)
+
+
+def test_a_dtype_whose_compiled_kernel_fails_its_check_keeps_aten(monkeypatch):
+    """Each dtype is checked on first use: a kernel wrong only in float32 leaves float32 on ATen's GELU."""
+    def broken_in_float32(fn, **_):
+        def run(*args):
+            out = fn(*args)
+            return out.masked_fill(args[-1] > 5.9, float("nan")) if out.dtype == torch.float32 else out
+        return run
+
+    monkeypatch.setenv("LMKIT_COMPILE_KERNELS", "1")
+    monkeypatch.setattr(kernels, "_compiled", None)
+    monkeypatch.setattr(torch, "compile", broken_in_float32)
+    assert len(kernels.compiled_kernels()) == 2
+    assert kernels.kernels_for(torch.float32) == ()
+    assert len(kernels.kernels_for(torch.bfloat16)) == 2
+    x = torch.randn(64, 300)
+    assert torch.equal(gelu_tanh(x), F.gelu(x, approximate="tanh"))
+    monkeypatch.setattr(kernels, "_compiled", None)  # a fresh compile checks every dtype again
 
 
 @pytest.mark.bf16

@@ -63,8 +63,10 @@ class CausalLM(PreTrainedModel, GenerationMixin):
         logits = self.lm_head(h)
         loss = None
         if labels is not None:
-            loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                                               labels[:, 1:].reshape(-1), ignore_index=-100)
+            # targets shifted left, the last position ignored: the logits are read in place, not sliced and copied
+            targets = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                                               ignore_index=-100)
         aux_loss = router_logits = None
         if self.config.n_experts:
             rows = attention_mask[:, past:past + length] if attention_mask is not None else None

@@ -1,4 +1,4 @@
-"""GELU (tanh form) as one compiled CPU kernel for bf16 and fp16 activations.
+"""GELU (tanh form) as one compiled CPU kernel for float32, bf16 and fp16 activations.
 
 gelu_tanh(x) = 0.5 x (1 + tanh(k (x + c x^3))) = x sigmoid(z),  z = 2k (x + c x^3),  k = sqrt(2/pi), c = 0.044715
 d gelu_tanh / dx = s + x s (1 - s) 2k (1 + 3 c x^2),  s = sigmoid(z).
@@ -7,8 +7,11 @@ ATen evaluates tanh in bf16 at about a nanosecond per element on CPU, a third of
 step's element-wise time. The sigmoid form, compiled by inductor into one pass (float32 inside,
 one rounding to the input's dtype), is about 2.3x faster forward and backward. For |x| < 2.5 it gives
 ATen's bf16 numbers but for the last bit of fewer than 1 in 10,000 elements; further left, where ATen's
-0.5 x (1 + tanh) cancels, it is the closer of the two to the exact value. Without a working
-compiler (or with LMKIT_COMPILE_KERNELS=0) ATen's own GELU is used.
+0.5 x (1 + tanh) cancels, it is the closer of the two to the exact value. In float32 (ATen's AVX2 GELU
+backward takes about 3 ns per element) it is within a few float32 steps of the float64 value everywhere,
+where ATen's form loses most digits in the negative tail. Each dtype's kernel is checked against the
+float64 formula the first time it is used; without a working compiler, with a kernel that fails that
+check, or with LMKIT_COMPILE_KERNELS=0, ATen's own GELU is used.
 """
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ def _backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 _compiled: tuple | None = None  # (forward, backward) once compiled, () when compiling is off or failed
+_checked: dict = {}  # dtype -> whether the compiled kernels passed the check in that dtype
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # more than _MIN_ELEMENTS and not a multiple of the vector width: the vector loop and its tail both run
 _PROBE_ELEMENTS = 4 * _MIN_ELEMENTS + 3
 
@@ -53,6 +58,15 @@ def _check(got: torch.Tensor, exact: torch.Tensor) -> None:
         raise RuntimeError("the compiled kernel's numbers differ from the formula's")
 
 
+def _probe(fwd, bwd, dtype: torch.dtype) -> None:
+    """Compile (in no-grad mode, that of every later call) and check both kernels in `dtype`."""
+    probe = torch.linspace(-6, 6, _PROBE_ELEMENTS, dtype=dtype)
+    ones = torch.ones_like(probe)
+    with torch.no_grad():
+        _check(fwd(probe), _forward(probe.double()))
+        _check(bwd(ones, probe), _backward(ones.double(), probe.double()))
+
+
 def compiled_kernels() -> tuple:
     """(forward, backward) compiled by inductor on first use; () when that is not possible here."""
     global _compiled
@@ -62,14 +76,28 @@ def compiled_kernels() -> tuple:
             try:
                 fwd = torch.compile(_forward, dynamic=True, fullgraph=True)
                 bwd = torch.compile(_backward, dynamic=True, fullgraph=True)
-                probe = torch.linspace(-6, 6, _PROBE_ELEMENTS, dtype=torch.bfloat16)
-                with torch.no_grad():  # compile now, in the grad mode of every later call
-                    _check(fwd(probe), _forward(probe.double()))
-                    _check(bwd(torch.ones_like(probe), probe), _backward(torch.ones_like(probe).double(), probe.double()))
+                _probe(fwd, bwd, torch.bfloat16)
                 _compiled = (fwd, bwd)
+                _checked.clear()
+                _checked[torch.bfloat16] = True
             except Exception as err:  # no C++ compiler, or inductor unavailable: ATen's GELU it is
                 _log.info("compiled GELU unavailable (%s); using ATen's", err)
     return _compiled
+
+
+def kernels_for(dtype: torch.dtype) -> tuple:
+    """compiled_kernels() once they passed the check in `dtype` (each dtype compiles its own code); else ()."""
+    kernels = compiled_kernels()
+    if not kernels or dtype not in _DTYPES:
+        return ()
+    if dtype not in _checked:
+        try:
+            _probe(*kernels, dtype)
+            _checked[dtype] = True
+        except Exception as err:
+            _log.info("compiled GELU unavailable in %s (%s); using ATen's", dtype, err)
+            _checked[dtype] = False
+    return kernels if _checked[dtype] else ()
 
 
 class _GeluTanh(torch.autograd.Function):
@@ -87,10 +115,10 @@ class _GeluTanh(torch.autograd.Function):
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """F.gelu(x, approximate="tanh"), through the compiled kernel for large contiguous bf16/fp16 CPU tensors."""
-    if (x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu" and x.is_contiguous()
+    """F.gelu(x, approximate="tanh"), through the compiled kernel for large contiguous float32/bf16/fp16 CPU tensors."""
+    if (x.dtype in _DTYPES and x.device.type == "cpu" and x.is_contiguous()
             and x.numel() >= _MIN_ELEMENTS and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not torch._C._functorch.is_functorch_wrapped_tensor(x) and compiled_kernels()):
+            and not torch._C._functorch.is_functorch_wrapped_tensor(x) and kernels_for(x.dtype)):
         if torch.is_grad_enabled() and x.requires_grad:
             return _GeluTanh.apply(x)
         with torch.no_grad():
