@@ -260,6 +260,8 @@ def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     in query blocks, which for a single query costs more than the products themselves."""
     B, H, _, D = q.shape
     kv = k.shape[1]
+    if kv == 0:  # every head of the layer pruned away
+        return q
     scores = torch.matmul((q * scale).view(B, kv, H // kv, D), k.transpose(-1, -2))
     if bias is not None:
         scores.add_(bias)

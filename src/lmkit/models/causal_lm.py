@@ -50,12 +50,13 @@ class CausalLM(PreTrainedModel, GenerationMixin):
         if use_cache and past_key_values is None:
             past_key_values = KVCache()
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        first = input_ids if input_ids is not None else inputs_embeds
+        length = first.shape[1]
         keep = None  # as transformers: the positions listed, in their order, or the last logits_to_keep
         if isinstance(logits_to_keep, torch.Tensor):
             keep = torch.where(logits_to_keep < 0, logits_to_keep + length, logits_to_keep)
         elif logits_to_keep:
-            keep = torch.arange(max(length - logits_to_keep, 0), length, device=self.lm_head.weight.device)
+            keep = torch.arange(max(length - logits_to_keep, 0), length, device=first.device)
         h = self.decoder(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=past_key_values, inputs_embeds=inputs_embeds, keep=keep)
         if self.config.output_scale != 1.0:

@@ -104,14 +104,17 @@ class _GeluTanh(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
-        return compiled_kernels()[0](x.view(-1)).view(x.shape)
+        # always the same guards (no grad, an input that needs none): one compiled variant per dtype, so the three
+        # dtypes stay within dynamo's recompile limit
+        with torch.no_grad():
+            return compiled_kernels()[0](x.detach().view(-1)).view(x.shape)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
         with torch.no_grad():
-            return compiled_kernels()[1](grad.contiguous().view(-1), x.view(-1)).view(x.shape)
+            return compiled_kernels()[1](grad.detach().contiguous().view(-1), x.detach().view(-1)).view(x.shape)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -122,5 +125,5 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
             return _GeluTanh.apply(x)
         with torch.no_grad():
-            return compiled_kernels()[0](x.view(-1)).view(x.shape)
+            return compiled_kernels()[0](x.detach().view(-1)).view(x.shape)
     return F.gelu(x, approximate="tanh")
