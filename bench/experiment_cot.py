@@ -4,14 +4,19 @@ on answers alone, both scored through `lmkit harness` on addition_cot_d1..d4 and
 The two corpora hold the same problems (seeded, 1 to 4 digits, the harness's test problems left out) in the
 prompt format of the harness tasks, "Question: 15+27\\nAnswer: ...", problems of a document separated by blank
 lines. In `cot.jsonl` the answer is the worked trace (`15+27 = (10+5)+(20+7) = 30+12 = 42. The answer is 42.`),
-in `direct.jsonl` it is `The answer is 42.` alone. Both runs use the same preset, steps, batch and sequence length
-(the same tokens seen, so the same compute); the direct corpus packs more problems into those tokens. Training is
-`lmkit train` on one thread (OMP_NUM_THREADS=1), untimed; the result is a function of the flags and seeds.
+in `direct.jsonl` it is `The answer is 42.` alone. One byte-level BPE fitted to both corpora, with every digit a
+token of its own (pattern "digits"), tokenizes both into shards (`lmkit data prepare`). Both runs train the same
+model (the preset's architecture at --layers x --d-model) with the same steps, batch and sequence length: the same
+tokens seen, so the same compute; the direct corpus packs more problems into those tokens. The two trainings run
+side by side, one thread each (OMP_NUM_THREADS=1), for a fixed number of steps: the result is a function of the
+flags and seeds, not of the machine's load. The harness runs with max_gen_toks raised to --max-gen-toks, as a
+4-digit trace of one-digit tokens is longer than the tasks' 64.
 
-    python bench/experiment_cot.py [--out runs/cot-experiment] [--steps 1000] [--limit 100]
+    nice -n 19 python bench/experiment_cot.py [--out runs/cot-experiment] [--steps 2000] [--limit 100]
 
 Prints the table of exact match (strict "The answer is N" and flexible last-number extraction) by digits, for each
-trained model under both prompts, and writes it to OUT/table.md with the results JSON of each harness run.
+trained model under both prompts, and writes it to OUT/table.md with the results JSON of each harness run (and the
+logs of each training and harness run). Steps already done (corpora, shards, models, results) are reused.
 """
 from __future__ import annotations
 
@@ -101,15 +106,46 @@ def train_config(args: argparse.Namespace, shards: Path, model: Path):
                        model_overrides=overrides)
 
 
+def trained_steps(model: Path) -> int:
+    """The step of the run's newest checkpoint (0: none): a folder saved mid-run already holds a model."""
+    from lmkit.train.checkpoint import latest_checkpoint
+
+    checkpoint = latest_checkpoint(model) if model.is_dir() else None
+    return json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))["step"] if checkpoint else 0
+
+
+def checkpoint_folder(model: Path, step: int, folder: Path) -> Path:
+    """The run's checkpoint at `step` as a model folder of its own (the run's config and tokenizer)."""
+    if not (folder / "model.safetensors").is_file():
+        import shutil
+
+        import lmkit
+        from lmkit.train.checkpoint import load_checkpoint
+        from lmkit.train.setup import TOKENIZER_FILES
+
+        path = model / "checkpoint" / f"step-{step:08d}"
+        if not path.is_dir():
+            sys.exit(f"experiment_cot: {path} is missing (checkpoints are kept every few hundred steps, the newest 3)")
+        net = lmkit.load_model(model)
+        load_checkpoint(path, net, None)
+        net.save_pretrained(folder)
+        for name in TOKENIZER_FILES:
+            shutil.copy(model / name, folder / name)
+    return folder
+
+
 def train_one(args: argparse.Namespace) -> None:
-    """The training of one corpus (a process of its own, so that the two runs go side by side)."""
+    """The training of one corpus (a process of its own, so that the two runs go side by side); an interrupted
+    run resumes from its newest checkpoint."""
     import torch
 
     from lmkit.train import train
 
     torch.set_num_threads(1)
     out = Path(args.out)
-    cfg = train_config(args, out / f"shards-{args.train_one}", out / f"model-{args.train_one}")
+    model = out / f"model-{args.train_one}"
+    cfg = train_config(args, out / f"shards-{args.train_one}", model)
+    cfg.resume = trained_steps(model) > 0
     print(json.dumps(train(cfg)), flush=True)
 
 
@@ -144,6 +180,8 @@ def main() -> None:
     ap.add_argument("--max-gen-toks", type=int, default=80,
                     help="generation cap of the harness (the tasks' 64 cuts a 4-digit trace of one-digit tokens)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--at-step", type=int, metavar="N",
+                    help="score the runs' checkpoints at step N (into OUT/step-N) instead of training to the end")
     ap.add_argument("--train-one", choices=("cot", "direct"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.train_one:
@@ -154,10 +192,15 @@ def main() -> None:
     for kind, corpus in corpora.items():
         prepare_shards(out / f"shards-{kind}", corpus, tokenizer)
     script = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
-    run_all([(script + ["--out", str(out), "--train-one", kind], out / f"train-{kind}.log")
-             for kind in corpora if not (out / f"model-{kind}" / "model.safetensors").is_file()])
+    models = {kind: out / f"model-{kind}" for kind in corpora}
+    if args.at_step:
+        out = out / f"step-{args.at_step}"
+        models = {kind: checkpoint_folder(model, args.at_step, out / f"model-{kind}") for kind, model in models.items()}
+    else:
+        run_all([(script + ["--out", str(out), "--train-one", kind], out / f"train-{kind}.log")
+                 for kind in corpora if trained_steps(models[kind]) < args.steps])
     tasks = ",".join(f"addition_{p}_d{d}" for p in ("cot", "direct") for d in DIGITS)
-    run_all([([sys.executable, "-m", "lmkit", "harness", "--model", str(out / f"model-{kind}"), "--tasks", tasks,
+    run_all([([sys.executable, "-m", "lmkit", "harness", "--model", str(models[kind]), "--tasks", tasks,
                "--limit", str(args.limit), "--batch-size", "16", "--gen-kwargs", f"max_gen_toks={args.max_gen_toks}",
                "--output", str(out / f"harness-{kind}.json")], out / f"harness-{kind}.log")
              for kind in corpora if not (out / f"harness-{kind}.json").is_file()])
