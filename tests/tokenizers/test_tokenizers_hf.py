@@ -182,6 +182,23 @@ def test_gpt4_pattern_bpe_trained_here_loads_in_tokenizers(tmp_path):
     assert [list(m) for m in ours.model.merges] == [list(m) for m in theirs["merges"]]
 
 
+def test_digits_pattern_bpe_keeps_every_digit_alone_as_tokenizers_does(tmp_path):
+    texts = TRAIN + ["Question: 15+27\nAnswer: 42. 1234+5678 = 6912"] * 20
+    ours = train_tokenizer(texts, "bpe", 700, pattern="digits", special_tokens=[])
+    assert not [t for t in ours.model.vocab if sum(c.isdigit() for c in t) > 1]
+    assert ours.tokenize("1234+5678 = 6912") == ["1", "2", "3", "4", "+", "5", "6", "7", "8", "Ġ=", "Ġ", "6", "9", "1", "2"]
+    hf = tokenizers.Tokenizer.from_file(ours.save(tmp_path / "tokenizer.json"))
+    _same(ours, hf, ODD + HELD_OUT)
+    theirs = tokenizers.Tokenizer(models.BPE())  # the same pipeline trained by `tokenizers`
+    theirs.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                    pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    theirs.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=700, show_progress=False,
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    model = json.loads(theirs.to_str())["model"]
+    assert ours.model.vocab == model["vocab"]
+    assert [list(m) for m in ours.model.merges] == [list(m) for m in model["merges"]]
+
+
 def test_save_pretrained_loads_in_transformers(minilm, tmp_path):
     transformers = pytest.importorskip("transformers")
     ours, _ = minilm

@@ -79,18 +79,20 @@ EVAL_ROWS = 200  # held-out pairs scored for the SFT loss
 SHOTS = 3
 
 
-def instruction_tune(base: Path, budget: float, seed: int, bos_id: int) -> dict:
-    """SFT of the demo model on pydocs-instruct, the held-out comparison table, and a few chat turns."""
+def instruction_tune(base: Path, budget: float | None, seed: int, bos_id: int, steps: int | None = None) -> dict:
+    """SFT of the demo model on pydocs-instruct, the held-out comparison table, and a few chat turns; `steps`: a
+    fixed step count in place of the time budget (with the budget's 10 warm-up steps), for a load-independent run."""
     from lmkit.chat_session import ChatSession
     from lmkit.finetune.sft import SFTConfig, evaluate_loss, resize_token_embeddings, sft
     from lmkit.finetune.sft_data import prepare
     from lmkit.finetune.sft_eval import answer_rouge
 
     tuned_dir = base / "sft"
-    print(f"\nlmkit demo: instruction-tuning on pydocs-instruct (ChatML, packed) for about {budget:.0f}s into {tuned_dir}")
-    r = sft(SFTConfig(model=str(base), train="pydocs-instruct", out=str(tuned_dir),
-                      chat_template="chatml", packing=True, batch_size=16, max_steps=100_000, time_budget=budget,
-                      lr=1e-3, seed=seed, log_every=50), log=print)
+    length = f"{steps} steps" if steps else f"about {budget:.0f}s"
+    print(f"\nlmkit demo: instruction-tuning on pydocs-instruct (ChatML, packed) for {length} into {tuned_dir}")
+    schedule = dict(max_steps=steps, warmup_ratio=10 / steps) if steps else dict(max_steps=100_000, time_budget=budget)
+    r = sft(SFTConfig(model=str(base), train="pydocs-instruct", out=str(tuned_dir), chat_template="chatml",
+                      packing=True, batch_size=16, lr=1e-3, seed=seed, log_every=50, **schedule), log=print)
     held = pydocs_instruct("validation")[:EVAL_QUESTIONS]
     shots = pydocs_instruct("train")[:: 997][:SHOTS]
     base_model, base_tok = lmkit.load_model(base), lmkit.load_tokenizer(base / "tokenizer.json")

@@ -24,7 +24,8 @@ def register(subparsers) -> None:
     t.add_argument("--out", required=True, metavar="PATH", help="tokenizer.json path, or a folder to write it in")
     t.add_argument("--special-tokens", nargs="*", default=None, metavar="TOKEN",
                    help="special tokens (default per kind, e.g. [PAD] [UNK] [CLS] [SEP] [MASK] for wordpiece)")
-    t.add_argument("--pattern", default="gpt2", choices=("gpt2", "gpt4"), help="BPE pre-tokenization regex")
+    t.add_argument("--pattern", default="gpt2", choices=("gpt2", "gpt4", "digits"),
+                   help="BPE pre-tokenization regex (digits: gpt2's with each digit a token of its own)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=run_train)
     e = sub.add_parser("encode", help="print the tokens and ids of a text", description="Print the tokens and ids of a text.")
