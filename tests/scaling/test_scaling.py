@@ -200,6 +200,9 @@ def test_plan_for_a_time_budget_times_the_shapes_here(tmp_path, small_pydocs):
     assert done.returncode == 0, done.stderr
     sized = re.search(r"sized by the pydocs scaling law for 5 s: (\d+)x(\d+)", done.stdout)
     assert sized and int(sized[2]) == 64 * int(sized[1])  # a shape of the preset's ridge
+    chosen = float(re.search(r"predicted loss ([\d.]+|inf);", done.stdout)[1])
+    others = [float(v) for v in re.findall(r"\d+x\d+ ([\d.]+|inf)[,;]", done.stdout)]
+    assert others and all(chosen <= v for v in others)  # the lowest prediction of the shapes measured
     assert f"lmkit train --time-budget 5 --batch-size 4 --seq-len 32  (trains {sized[1]}x{sized[2]})" in done.stdout
     refused = run_cli("plan", "--time-budget", "5", "--corpus", str(corpus), "--law", "nonsense")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "chinchilla" in refused.stderr

@@ -149,9 +149,8 @@ def plan_measured(args: argparse.Namespace) -> int:
     from lmkit.train.sizing import size_model
     from lmkit.train.trainer import Trainer
 
-    law = "auto" if args.law == "pydocs" else args.law
     with tempfile.TemporaryDirectory() as scratch:  # prepare_training writes nothing; --out must still be a path
-        setup = prepare_training(TrainConfig(out=f"{scratch}/run", time_budget=args.time_budget, sizing=law,
+        setup = prepare_training(TrainConfig(out=f"{scratch}/run", time_budget=args.time_budget, sizing=args.law,
                                              batch_size=args.batch_size, seq_len=args.seq_len,
                                              vocab_size=args.vocab_size, corpus=args.corpus, progress=False))
         _, sizing = size_model(setup, lambda candidate: Trainer(candidate.cfg, setup=candidate))

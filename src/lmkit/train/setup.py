@@ -100,11 +100,17 @@ def prepare_training(cfg: TrainConfig, explicit: set[str] | None = None, rank: i
         note = preset_drift(model_config, run_model_config(preset, cfg, objective, data), cfg.preset)
         if note and rank == 0:
             print(f"lmkit: note: {note}", file=sys.stderr)
-    torch.manual_seed(seed_int("init", cfg.seed))
+    model = init_model(model_config, cfg.seed, device)
+    return TrainingSetup(cfg, out, checkpoint, objective, data, model_config, model)
+
+
+def init_model(model_config: ModelConfig, seed: int, device: torch.device | str) -> torch.nn.Module:
+    """The run's model, initialised from the run's seed, checked savable, in training mode on `device`."""
+    torch.manual_seed(seed_int("init", seed))
     model = build_model(model_config).to(torch.device(device))
     check_savable(model)  # a format that cannot hold the model is refused now, not at the first save
     model.train()
-    return TrainingSetup(cfg, out, checkpoint, objective, data, model_config, model)
+    return model
 
 
 def prepare_data(cfg: TrainConfig, objective, vocab_size: int) -> tuple[RunData, Any]:

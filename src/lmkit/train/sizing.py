@@ -17,16 +17,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 
 from lmkit.config import get_preset
 from lmkit.errors import ConfigError
-from lmkit.models import build_model
 from lmkit.scaling.laws import ScalingLaw, load_law
 from lmkit.scaling.sweep import Shape, count_parameters
 from lmkit.train.config import TrainConfig
-from lmkit.train.seeds import seed_int
-from lmkit.train.setup import TrainingSetup, run_model_config
+from lmkit.train.setup import TrainingSetup, init_model, run_model_config
 
 SIZED_PRESET = "default"  # the preset whose shape a time budget sizes (the law was fitted on its recipe)
 DEFAULT_LAW = "pydocs"    # lmkit.scaling.laws.PYDOCS: fitted on the default recipe's sweep (docs/scaling.md)
@@ -86,9 +83,7 @@ def with_shape(setup: TrainingSetup, shape: Shape) -> TrainingSetup:
     overrides = shape.overrides()
     cfg = dataclasses.replace(setup.cfg, model_overrides=overrides)
     config = run_model_config(get_preset(cfg.preset, **overrides), cfg, setup.objective, setup.data)
-    torch.manual_seed(seed_int("init", cfg.seed))
-    model = build_model(config).to(next(setup.model.parameters()).device)
-    model.train()
+    model = init_model(config, cfg.seed, next(setup.model.parameters()).device)
     return dataclasses.replace(setup, cfg=cfg, model_config=config, model=model)
 
 

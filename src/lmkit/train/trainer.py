@@ -43,7 +43,10 @@ CALIBRATION_STEPS = 8  # steps timed before a --time-budget run fixes its step c
 
 
 class Trainer:
-    """Trains the model a `TrainConfig` describes; `fit()` runs it and returns the last evaluation."""
+    """Trains the model a `TrainConfig` describes; `fit()` runs it and returns the last evaluation.
+
+    `setup`, when given, is a prepared `TrainingSetup` trained as it is (its own cfg; no preparing, no sizing):
+    how sizing times each candidate shape through the trainer's own step."""
 
     def __init__(self, cfg: TrainConfig, explicit: set[str] | None = None, rank: int = 0, world_size: int = 1,
                  device: str | torch.device = "cpu", setup: TrainingSetup | None = None):
