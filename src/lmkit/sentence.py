@@ -232,8 +232,9 @@ class SentenceEncoder:
         the first dimensions (before normalize_embeddings); precision "int8"/"uint8" (bucket ranges from these
         embeddings), "binary"/"ubinary" (sign bits, packed); convert_to_tensor gives a torch tensor,
         convert_to_numpy=False a list of 1-D tensors; output_value="token_embeddings" gives each input's token
-        states, a (T_i, d) tensor. An empty list gives a (0, dim) float32 array, as DESIGN's (N, dim) contract says
-        (sentence-transformers: np.array([]), shape (0,) float64)."""
+        states, a (T_i, d) tensor of its own tokens (padding left out on either side, as in sentence-transformers
+        6.3). An empty list gives a (0, dim) float32 array, as DESIGN's (N, dim) contract says (sentence-transformers:
+        np.array([]), shape (0,) float64)."""
         single = isinstance(sentences, str)
         try:
             sentences = [sentences] if single else list(sentences)
@@ -313,8 +314,8 @@ class SentenceEncoder:
             h = self.model.encode(input_ids.to(device), attention_mask=mask.to(device)).float()
         else:
             h = self.model(input_ids.to(device), attention_mask=mask.to(device)).last_hidden_state.float()
-        if tokens:  # up to the last real token, as sentence-transformers cuts them (left padding stays)
-            return [h[i, :int(start[i]) + len(r)] for i, r in enumerate(rows)]
+        if tokens:  # the row's own tokens, padding cut on either side (sentence-transformers 6.3)
+            return [h[i, int(start[i]):int(start[i]) + len(r)] for i, r in enumerate(rows)]
         # the prompt's tokens attend and are attended to, but are not pooled
         pooled = mask * (t >= (start + skip).view(-1, 1))
         emb = pool_tokens(h, pooled.to(device), self.pooling_modes, start.to(device))
