@@ -4,9 +4,12 @@ The folder is a small LLaMA with grouped-query attention (random weights, transf
 byte-level BPE tokenizer trained on pydocs. Each task of the mix runs through lm_eval.simple_evaluate with both
 models' request methods at the same batch size (the requests as lm-eval's evaluator builds them); the bench
 prints requests per second per task and over the mix, the ratio lmkit / HFLM, and whether both gave the same
-answers (log-likelihoods within 1e-4 and the same is-greedy, the same generations).
+answers (log-likelihoods within 1e-4 and the same is-greedy, the same generations). A random model repeats one
+token, which lmkit's prompt-lookup speculation drafts perfectly; --train-steps N first trains the folder N steps on
+the tasks' own exemplars (worked sums, numbers in words), whose continuations copy the prompt only as much as a
+real model's do.
 
-    python bench/bench_harness.py [--batch-size 8] [--limit 16] [--repeats 3] [--threads 1]
+    python bench/bench_harness.py [--batch-size 8] [--limit 16] [--repeats 3] [--threads 1] [--train-steps 0]
 """
 from __future__ import annotations
 
@@ -28,7 +31,33 @@ MIX = [("pydoc_mc", 1.0), ("numbers_5shot", 0.5), ("addition_cot_d2", 0.5), ("py
 
 
 
-def build_folder(out: Path) -> str:
+def exemplar_texts() -> list[str]:
+    """The generation tasks' training rows as their prompts format them."""
+    from lmkit.evaluate.harness_tasks import lmkit_tasks
+
+    texts = [f"Question: {r['question']}\nAnswer: {r['trace']}\n\n" for r in lmkit_tasks.addition(digits=2)["train"]]
+    return texts + [f"Number: {r['number']}\nIn words: {r['words']}\n\n" for r in lmkit_tasks.numbers()["train"]]
+
+
+def train(model, tok, steps: int) -> None:
+    """AdamW on 16 windows of 256 tokens a step, cut at random from the exemplars joined in a shuffled order (so
+    that windows look like few-shot prompts)."""
+    gen = torch.Generator().manual_seed(0)
+    texts = exemplar_texts()
+    stream = torch.tensor(tok.encode("".join(texts[i] for i in torch.randperm(len(texts), generator=gen).tolist())))
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(len(stream) - 256, (16,), generator=gen)
+        windows = torch.stack([stream[s:s + 256] for s in starts.tolist()])
+        loss = model(windows, labels=windows).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(f"trained {steps} steps on the exemplars: last loss {loss.item():.3f}")
+
+
+def build_folder(out: Path, train_steps: int = 0) -> str:
     import tokenizers
     import transformers as T
     from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -46,6 +75,8 @@ def build_folder(out: Path) -> str:
     model = T.LlamaForCausalLM(T.LlamaConfig(
         vocab_size=len(tok), hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
         num_key_value_heads=4, max_position_embeddings=512, bos_token_id=0, eos_token_id=0, tie_word_embeddings=True))
+    if train_steps:
+        train(model, tok, train_steps)
     model.eval().save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
@@ -90,6 +121,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=16, help="documents of the largest task (others scaled down)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--train-steps", type=int, default=0, help="train the folder first (see above)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
@@ -99,7 +131,7 @@ def main() -> None:
 
     print(f"CPU: {machine.cpu_name()} (bf16 {'native' if machine.bf16_native() else 'emulated'}), {args.threads} threads")
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build_folder(Path(tmp) / "llama")
+        folder = build_folder(Path(tmp) / "llama", args.train_steps)
         ours = LmkitLM(pretrained=folder, batch_size=args.batch_size)
         ref = HFLM(pretrained=folder, batch_size=args.batch_size, device="cpu")
         total_ours = total_ref = 0.0

@@ -107,6 +107,38 @@ def test_a_plan_step_on_a_left_padded_batch_equals_the_masked_forward_pass(name)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", [n for n in CONFIGS if "window" not in n and "slide" not in n])
+@torch.inference_mode()
+def test_a_plan_step_over_several_tokens_with_holes_equals_the_masked_forward_pass(name, batch, n_threads):
+    """Drafted tokens checked at once (generation/prompt_lookup.py): t tokens a row, causal among them, over a
+    left-padded cache with masked columns (holes) and positions that skip them; every position's logits and
+    the cache's new keys are the modules' (the batch-1 plan on 2 threads splits its products by outputs)."""
+    model = model_for(CONFIGS[name])
+    ids = torch.randint(0, 53, (batch, 11), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[:, 4] = 0  # a hole every row has
+    if batch > 1:
+        mask[1, :3] = 0
+        mask[2, 6] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with threads(n_threads):
+        plan = DecodePlan.build(model, batch)
+        cache, ref_cache = KVCache(), KVCache()
+        for c in (cache, ref_cache):
+            model(ids[:, :7], attention_mask=mask[:, :7], position_ids=positions[:, :7], past_key_values=c,
+                  use_cache=True)
+        bias, _ = build_attention_bias(mask, batch, 4, 11, True, torch.bool, ids.device)
+        got = plan.step(ids[:, 7:], cache, positions[:, 7:], bias)
+        want = model(ids[:, 7:], attention_mask=mask, position_ids=positions[:, 7:], past_key_values=ref_cache,
+                     use_cache=True).logits
+    assert got.shape == want.shape == (batch, 4, 53)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    for layer in ref_cache.keys:  # float32 products of other shapes: rounding of keys as large as 45
+        torch.testing.assert_close(cache.keys[layer][:, :, :11], ref_cache.keys[layer][:, :, :11], atol=1e-4, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["gpt2-odd", "llama-gqa", "transformer-2017", "qwen2-qkv-bias", "mistral-window3",
                                   "qwen2-layers-0-2-of-3-slide-4"])
 @pytest.mark.parametrize("options", [dict(), dict(do_sample=True, top_k=10), dict(num_beams=3)],

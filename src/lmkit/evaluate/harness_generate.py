@@ -9,6 +9,7 @@ import torch
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 from lmkit.errors import GenerationError, TokenizerError
+from lmkit.generation.prompt_lookup import NgramIndex, accepted, keep_columns, next_budget, verify_drafts
 from lmkit.nn import KVCache
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
@@ -94,47 +95,118 @@ def _stopped(tok, row: list[int], start: int, looks: dict[int, list[str]]) -> bo
     return False
 
 
+class _Rows:
+    """Each row's new tokens under HFLM's rules, one step at a time: after EOS a row pads; a row is done once a
+    stop string shows in the decoded text of its last len(stop ids) + 2 columns (none before the prompt's end);
+    the batch ends at the first step where every row has finished, or every row is done, or at max_new."""
+
+    def __init__(self, tok, start: torch.Tensor, width: int, eos: set[int], looks: dict[int, list[str]], pad: int,
+                 max_new: int):
+        self.tok, self.eos, self.looks, self.pad, self.max_new = tok, eos, looks, pad, max_new
+        self.width = width  # HFLM looks back from this column of the output: the prompt's width (T5's too)
+        self.out = start.tolist()  # each row's output columns (prompt, or decoder start), to look back over
+        self.new: list[list[int]] = [[] for _ in self.out]
+        self.finished_at: list[int | None] = [None] * len(self.out)
+        self.done_at: list[int | None] = [None] * len(self.out)
+        self.checked = -1  # steps whose end test has run
+        self.end: int | None = None  # the batch's last step, once known
+
+    def push(self, r: int, token: int) -> None:
+        step = len(self.new[r])
+        if self.finished_at[r] is not None:
+            token = self.pad
+        self.new[r].append(token)
+        if self.finished_at[r] is None and token in self.eos:
+            self.finished_at[r] = step
+        if self.looks and self.done_at[r] is None:
+            row = self.out[r]
+            row.append(token)
+            if _stopped(self.tok, row, self.width, self.looks):
+                self.done_at[r] = step
+
+    def settle(self) -> bool:
+        """Runs the end test over the steps every row has reached; whether the batch's end is known."""
+        for step in range(self.checked + 1, min(len(n) for n in self.new)):
+            self.checked = step
+            if all(f is not None and f <= step for f in self.finished_at) or step == self.max_new - 1 or \
+                    (self.looks and all(d is not None and d <= step for d in self.done_at)):
+                self.end = step
+                break
+        return self.end is not None
+
+    def columns(self) -> torch.Tensor:
+        return torch.tensor([n[:self.end + 1] for n in self.new], dtype=torch.long)
+
+
 @torch.inference_mode()
 def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until: list[str], pad: int) -> torch.Tensor:
-    """Greedy decoding with HFLM's stopping rule, so that the same tokens come out: a row finishes at EOS (then
-    pads), a row is marked done once a stop string shows in the decoded text of its last len(stop ids) + 2 new
-    columns, and the batch ends when every row is done, every row has finished, or after `max_new` tokens.
-    Returns prompt + continuation for a decoder and decoder start + continuation for an encoder-decoder, as
-    generate does."""
+    """Greedy decoding with HFLM's stopping rule (`_Rows`), so that the same tokens come out. Returns prompt +
+    continuation for a decoder and decoder start + continuation for an encoder-decoder, as generate does.
+    A decoder without sliding windows decodes with prompt-lookup speculation, which keeps greedy's tokens."""
     model, tok = lm.model, lm.tokenizer
-    sequences, state = model._generation_start(ids, mask)
     looks: dict[int, list[str]] = {}  # columns looked back over -> the stop strings looked for in them
     for s in until:
         looks.setdefault(len(tok.encode(s, add_special_tokens=False)) + 2, []).append(s)
-    eos = torch.tensor(_eos_ids(model), dtype=torch.long, device=ids.device)
-    rows = ids.shape[0]
-    finished = torch.zeros(rows, dtype=torch.bool, device=ids.device)
-    done = [False] * rows
-    columns = [sequences]
-    tokens = sequences
-    out = sequences.tolist()  # the output's columns as lists, to look back over
-    prompt_width = ids.shape[1]  # HFLM looks back from this column of the output (for T5, the decoder's)
-    for step in range(max_new):
-        if step == 0 and lm.backend == "causal":
-            logits = prefill_unpadded(model, state, ids, mask)
+    sequences, state = model._generation_start(ids, mask)
+    rows = _Rows(tok, sequences, ids.shape[1], set(_eos_ids(model)), looks, pad, max_new)
+    if lm.backend == "causal" and model.config.sliding_window is None:
+        logits = prefill_unpadded(model, state, ids, mask)
+        _speculate(model, state, mask, rows, ids, logits.argmax(-1).tolist())
+    else:
+        tokens = sequences
+        while not rows.settle():
+            if lm.backend == "causal" and tokens is sequences:
+                logits = prefill_unpadded(model, state, ids, mask)
+            else:
+                logits = model._generation_logits(state, tokens)
+            nxt = logits.argmax(-1).tolist()
+            for r, t in enumerate(nxt):
+                rows.push(r, t)
+            tokens = torch.tensor([[n[-1]] for n in rows.new], dtype=torch.long, device=ids.device)
+    return torch.cat([sequences, rows.columns().to(sequences.device)], dim=1)
+
+
+def _speculate(model, state, mask: torch.Tensor, rows: _Rows, ids: torch.Tensor, first: list[int]) -> None:
+    """Greedy steps after the prompt, each checking every row's prompt-lookup draft in one forward (a plain
+    one-token step when no row has a draft), until the batch's end is known."""
+    state.extra["padded"] = True  # rejected drafts leave holes in the mask: every step passes mask and positions
+    state.extra["position"] = (mask.sum(-1) - 1)[:, None]
+    budget = [2] * len(first)  # each row's draft length, adapted to how much of its drafts it keeps
+    index = [NgramIndex([t for t, m in zip(row, keep) if m]) for row, keep in zip(ids.tolist(), mask.tolist())]
+    for r, t in enumerate(first):
+        rows.push(r, t)
+        index[r].append(t)
+    while not rows.settle():
+        # rows past max_new or finished need nothing more from the model: finished ones pad, the others wait
+        wanted = [rows.finished_at[r] is None and len(rows.new[r]) < rows.max_new for r in range(len(index))]
+        drafts = [index[r].draft(min(budget[r], rows.max_new - len(rows.new[r]) - 1)) if w else []
+                  for r, w in enumerate(wanted)]
+        # the batch runs until its slowest row ends, so a step gains only what every row keeps: drafts are
+        # checked when each row has one, cut to the shortest
+        lengths = [len(d) for d, w in zip(drafts, wanted) if w]
+        shortest = min(lengths) if lengths else 0
+        drafts = [d[:shortest] for d in drafts]
+        k = 1 + shortest
+        fed = torch.tensor([[index[r].tokens[-1], *d] + [rows.pad] * (k - 1 - len(d)) for r, d in enumerate(drafts)],
+                           dtype=torch.long, device=ids.device)
+        position = state.extra["position"]
+        if k == 1:
+            choices = model._generation_logits(state, fed)[:, None].argmax(-1).tolist()
         else:
-            logits = model._generation_logits(state, tokens)
-        nxt = logits.argmax(-1)
-        nxt = torch.where(finished, torch.full_like(nxt, pad), nxt)
-        columns.append(nxt[:, None])
-        if len(eos):
-            finished |= torch.isin(nxt, eos)
-        if bool(finished.all()):
-            break
-        if looks:
-            for r, t in enumerate(nxt.tolist()):
-                row = out[r]
-                row.append(t)
-                done[r] = done[r] or _stopped(tok, row, prompt_width, looks)
-            if all(done):
-                break
-        tokens = nxt[:, None]
-    return torch.cat(columns, dim=1)
+            choices = verify_drafts(model, state, fed, torch.tensor([1 + len(d) for d in drafts])).tolist()
+        kept = [accepted(d, c) if w else 0 for d, c, w in zip(drafts, choices, wanted)]
+        for r, d in enumerate(drafts):
+            budget[r] = next_budget(budget[r], len(d), kept[r] - 1 if d else None)
+        if k > 1 or not all(wanted):  # a plain step that every row keeps leaves the state as it should be
+            keep_columns(state, position, kept, k)
+        for r, n in enumerate(kept):
+            for t in choices[r][:n]:
+                rows.push(r, t)
+                index[r].append(t)
+        longest = max(len(n) for n in rows.new)
+        for r in range(len(index)):  # finished rows pad without the model
+            while rows.finished_at[r] is not None and len(rows.new[r]) < longest:
+                rows.push(r, rows.pad)
 
 
 def generate_batches(lm, requests) -> list[str]:

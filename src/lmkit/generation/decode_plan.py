@@ -59,11 +59,12 @@ def _addmm_t(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None)
 
 
 def _split_matvec(x: torch.Tensor, weight_chunks: torch.Tensor, bias_chunks: torch.Tensor | None) -> torch.Tensor:
-    """One row times W^T as n matrix products over n slices of the outputs, which torch runs on n threads."""
-    n = weight_chunks.shape[0]
-    rows = x.expand(n, 1, x.shape[-1])
-    y = torch.bmm(rows, weight_chunks) if bias_chunks is None else torch.baddbmm(bias_chunks, rows, weight_chunks)
-    return y.view(1, -1)
+    """x W^T as n matrix products over n slices of the outputs, which torch runs on n threads (made for one row;
+    a step checking drafted tokens gives it several)."""
+    n, rows = weight_chunks.shape[0], x.shape[0]
+    x = x.expand(n, rows, x.shape[-1])
+    y = torch.bmm(x, weight_chunks) if bias_chunks is None else torch.baddbmm(bias_chunks, x, weight_chunks)
+    return y.view(1, -1) if rows == 1 else y.transpose(0, 1).reshape(rows, -1)
 
 
 def _onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -201,11 +202,13 @@ class DecodePlan:
     def step(self, tokens: torch.Tensor, cache: KVCache, position_ids: torch.Tensor,
              bias: torch.Tensor | None) -> torch.Tensor:
         """Logits (B, V) of the next token after `tokens` (B, 1) at `position_ids` (B, 1); appends to `cache`.
+        With t > 1 tokens a row (drafted ones, checked at once) the logits after each, (B, t, V).
 
-        `bias` is the boolean attention mask (B, 1, 1, past + 1) of padded batches, else None.
+        `bias` is the boolean attention mask (B, 1, t, past + t) of padded batches (causal within the t new
+        tokens), else None, which t > 1 does not take: the plan's own layers do not slide then either.
         """
-        B = tokens.shape[0]
-        x = self.embeddings(tokens, position_ids=position_ids)[:, 0]
+        B, t = tokens.shape
+        x = self.embeddings(tokens, position_ids=position_ids).reshape(B * t, -1)
         rope = None if self.rotary is None else rotary_factors(*self.rotary(position_ids, x.dtype), self.interleaved)
         pre = self.placement != "post"
         exact = x.dtype in _EXACT_DTYPES and not torch.is_autocast_enabled(x.device.type)
@@ -216,8 +219,12 @@ class DecodePlan:
             q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
             h = _apply_norm(norm1, x) if pre else x
             qk, v = qkv(h, *qkv_args).split((q_dim + kv_dim, kv_dim), dim=-1)
-            qk = qk.view(B, heads + kv_heads, 1, head_dim)
-            v = v.view(B, kv_heads, 1, head_dim)
+            if t == 1:
+                qk = qk.view(B, heads + kv_heads, 1, head_dim)
+                v = v.view(B, kv_heads, 1, head_dim)
+            else:
+                qk = qk.reshape(B, t, heads + kv_heads, head_dim).transpose(1, 2)
+                v = v.reshape(B, t, kv_heads, head_dim).transpose(1, 2)
             if rope is not None:  # queries and keys rotated by the same angles: one rotation over both
                 qk = apply_rotary_factors(qk, rope)
                 if qk.dtype != v.dtype:  # as in Attention.forward: under autocast the rotation ran in float32
@@ -228,12 +235,14 @@ class DecodePlan:
             if window is not None and k.shape[2] > window:  # the keys the sliding mask leaves: the last W
                 k, v = k[:, :, -window:], v[:, :, -window:]
                 mask = None if bias is None else bias[..., -window:]
+            scale_i = head_dim ** -0.5 if scale is None else scale
             if exact:
-                a = _attend_one(q, k, v, mask, head_dim ** -0.5 if scale is None else scale)
+                a = _attend_one(q, k, v, mask, scale_i) if t == 1 else _attend_few(q, k, v, mask, scale_i)
             else:
                 a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                    enable_gqa=kv_heads != heads)
-            x = _residual(x, o(a.reshape(B, q_dim), *o_args), norm1, post1, pre)
+            a = a.reshape(B, q_dim) if t == 1 else a.transpose(1, 2).reshape(B * t, q_dim)
+            x = _residual(x, o(a, *o_args), norm1, post1, pre)
             h = _apply_norm(norm2, x) if pre else x
             if gate is None:
                 h = self.act(up[0](h, *up[1]))
@@ -246,7 +255,8 @@ class DecodePlan:
         if self.output_scale != 1.0:
             x = x * self.output_scale
         head, head_args = self.lm_head
-        return head(x, *head_args)
+        logits = head(x, *head_args)
+        return logits if t == 1 else logits.view(B, t, -1)
 
 
 _EXACT_DTYPES = (torch.float32, torch.float64)  # where attention written as two products is as exact as SDPA's
@@ -266,6 +276,19 @@ def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     if bias is not None:
         scores.add_(bias)
     return torch.matmul(torch.softmax(scores, dim=-1), v).view(B, H, 1, D)
+
+
+def _attend_few(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                scale: float) -> torch.Tensor:
+    """softmax((q scale) K^T + bias) V for t queries per row, q (B, H, t, D) against k, v (B, KV, T, D), the
+    H / KV query heads of a key head as rows of one product as in `_attend_one`; `bias` (B, 1, t, T) additive."""
+    B, H, t, D = q.shape
+    kv = k.shape[1]
+    if kv == 0:
+        return q
+    scores = torch.matmul((q * scale).reshape(B, kv, H // kv * t, D), k.transpose(-1, -2))
+    scores = scores.view(B, kv, H // kv, t, -1).add_(bias[:, :, None])
+    return torch.matmul(torch.softmax(scores, dim=-1).view(B, kv, H // kv * t, -1), v).view(B, H, t, D)
 
 
 def _residual(x: torch.Tensor, f: torch.Tensor, norm: Norm, post_norm: Norm | None, pre: bool) -> torch.Tensor:
