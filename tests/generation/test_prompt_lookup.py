@@ -49,13 +49,7 @@ def test_acceptance_and_budget():
     assert accepted([4, 5], [7, 5, 6]) == 1
     assert accepted([], [7]) == 1
     assert next_budget(2, 2, 2) == 4 and next_budget(MAX_DRAFT, MAX_DRAFT, MAX_DRAFT) == MAX_DRAFT
-    assert next_budget(6, 6, 2) == 3
-    budget, drafted = next_budget(4, 4, 0), 0  # a failed draft: no drafts for a while, then a probe of one
-    for _ in range(20):
-        if budget >= 1:
-            break
-        budget, drafted = next_budget(budget, 0, None), drafted + 1
-    assert budget == 1 and drafted == 8
+    assert next_budget(6, 6, 2) == 3 and next_budget(4, 4, 0) == -7
 
 
 def _lm(model, eos: int | None):
@@ -87,8 +81,8 @@ def test_speculative_greedy_decoding_chooses_plain_greedy_tokens(family, eos, mo
     for i, r in enumerate(rows):
         ids[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r), 1
     kept = []
-    verify = prompt_lookup.verify_drafts
-    monkeypatch.setattr(harness_generate, "verify_drafts", lambda *a: kept.append(a[2].shape[1]) or verify(*a))
+    verify = prompt_lookup._verify
+    monkeypatch.setattr(prompt_lookup, "_verify", lambda *a: kept.append(a[2].shape[1]) or verify(*a))
     got = harness_generate.greedy_until(_lm(model, eos), ids, mask, 40, [], pad=0)
     want = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0,
                           eos_token_id=eos)
@@ -97,3 +91,81 @@ def test_speculative_greedy_decoding_chooses_plain_greedy_tokens(family, eos, mo
     else:  # generate stops once every row has finished; the harness's rule stops there too
         assert torch.equal(got[:, :want.shape[1]], want) and bool((got[:, want.shape[1]:] == 0).all())
     assert kept and sum(kept) > 2 * len(kept)  # drafts of more than one token were checked
+
+
+def _repeating_batch(rows: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts of different lengths that repeat a short motif, so that drafts are found."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [(torch.randint(3, vocab, (2 + r,), generator=gen).tolist() * 6)[:8 + 3 * r] for r in range(rows)]
+    width = max(map(len, prompts))
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    return ids, mask
+
+
+OPTIONS = [dict(), dict(eos_token_id=5, pad_token_id=0), dict(repetition_penalty=1.3, no_repeat_ngram_size=4),
+           dict(eos_token_id=[5, 6], min_new_tokens=7, pad_token_id=0), dict(max_matching_ngram_size=3)]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=["plain", "eos", "processors", "min-new", "ngram3"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@torch.inference_mode()
+def test_generate_with_prompt_lookup_chooses_the_tokens_of_plain_greedy(family, options, monkeypatch):
+    """generate(prompt_lookup_num_tokens=k) on left-padded batches: the one-token loop's tokens and padding, with
+    logits processors read on each drafted position's own context, and drafts really checked."""
+    torch.manual_seed(0)
+    config = get_preset(family, d_model=32, n_layers=2, n_heads=4, vocab_size=40, max_seq_len=128,
+                        **({"n_kv_heads": 2} if family == "llama" else {}))
+    model = CausalLM(config).eval()
+    ids, mask = _repeating_batch(3, 40, 4)
+    checked = []
+    verify = prompt_lookup._verify
+    monkeypatch.setattr(prompt_lookup, "_verify", lambda *a: checked.append(a[2].shape[1]) or verify(*a))
+    for k in (1, 3, 10):
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=30, prompt_lookup_num_tokens=k, **options)
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=30, **options)
+        assert torch.equal(got, want), k
+        single = model.generate(ids[2:], max_new_tokens=30, prompt_lookup_num_tokens=k, **options)
+        assert torch.equal(single, model.generate(ids[2:], max_new_tokens=30, **options)), k
+    assert checked and max(checked) > 2
+
+
+@torch.inference_mode()
+def test_prompt_lookup_equals_transformers_prompt_lookup_and_streams(tmp_path):
+    """transformers' generate(prompt_lookup_num_tokens=...) (assisted decoding, batch 1) on the same folder gives
+    the same ids, and a TextStreamer-style streamer sees every new token once, in order."""
+    transformers = pytest.importorskip("transformers")
+    from helpers.hub_pairs import randomized, saved_pair
+
+    torch.manual_seed(0)
+    hf = randomized(transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=2)))
+    hf, ours, _ = saved_pair(hf, "llama", SimpleNamespace(mktemp=lambda name: tmp_path / name))
+    ids, _ = _repeating_batch(3, 101, 7)
+    prompt = ids[2:, (ids[2] == 0).sum():]  # the longest row has no padding
+    for k in (2, 10):
+        want = hf.generate(prompt, max_new_tokens=40, do_sample=False, prompt_lookup_num_tokens=k,
+                           eos_token_id=None, pad_token_id=0)
+        seen = []
+        streamer = SimpleNamespace(put=lambda v: seen.extend(v.reshape(-1).tolist()), end=lambda: seen.append("end"))
+        got = ours.generate(prompt, max_new_tokens=40, prompt_lookup_num_tokens=k, eos_token_id=None,
+                            streamer=streamer)
+        assert torch.equal(got, want), k
+        assert seen == got[0].tolist() + ["end"]
+
+
+def test_prompt_lookup_settings_are_checked():
+    from lmkit.errors import GenerationError
+
+    model = CausalLM(get_preset("gpt2", d_model=16, n_layers=1, n_heads=2, vocab_size=20, max_seq_len=32)).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    for bad, match in (({"prompt_lookup_num_tokens": 0}, "whole number"),
+                       ({"prompt_lookup_num_tokens": 2.5}, "whole number"),
+                       ({"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 0}, "whole number"),
+                       ({"prompt_lookup_num_tokens": 3, "do_sample": True}, "greedy"),
+                       ({"prompt_lookup_num_tokens": 3, "num_beams": 2}, "greedy")):
+        with pytest.raises(GenerationError, match=match):
+            model.generate(ids, max_new_tokens=4, **bad)

@@ -9,7 +9,7 @@ import torch
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 from lmkit.errors import GenerationError, TokenizerError
-from lmkit.generation.prompt_lookup import NgramIndex, accepted, keep_columns, next_budget, verify_drafts
+from lmkit.generation.prompt_lookup import Speculation, accepted
 from lmkit.nn import KVCache
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
@@ -167,44 +167,22 @@ def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until:
 
 
 def _speculate(model, state, mask: torch.Tensor, rows: _Rows, ids: torch.Tensor, first: list[int]) -> None:
-    """Greedy steps after the prompt, each checking every row's prompt-lookup draft in one forward (a plain
-    one-token step when no row has a draft), until the batch's end is known."""
-    state.extra["padded"] = True  # rejected drafts leave holes in the mask: every step passes mask and positions
-    state.extra["position"] = (mask.sum(-1) - 1)[:, None]
-    budget = [2] * len(first)  # each row's draft length, adapted to how much of its drafts it keeps
-    index = [NgramIndex([t for t, m in zip(row, keep) if m]) for row, keep in zip(ids.tolist(), mask.tolist())]
+    """Greedy steps after the prompt with prompt-lookup drafts (`Speculation`), until the batch's end is known."""
+    prompts = [[t for t, m in zip(row, keep) if m] for row, keep in zip(ids.tolist(), mask.tolist())]
+    spec = Speculation(model, state, prompts, first, rows.pad)
     for r, t in enumerate(first):
         rows.push(r, t)
-        index[r].append(t)
     while not rows.settle():
         # rows past max_new or finished need nothing more from the model: finished ones pad, the others wait
-        wanted = [rows.finished_at[r] is None and len(rows.new[r]) < rows.max_new for r in range(len(index))]
-        drafts = [index[r].draft(min(budget[r], rows.max_new - len(rows.new[r]) - 1)) if w else []
-                  for r, w in enumerate(wanted)]
-        # the batch runs until its slowest row ends, so a step gains only what every row keeps: drafts are
-        # checked when each row has one, cut to the shortest
-        lengths = [len(d) for d, w in zip(drafts, wanted) if w]
-        shortest = min(lengths) if lengths else 0
-        drafts = [d[:shortest] for d in drafts]
-        k = 1 + shortest
-        fed = torch.tensor([[index[r].tokens[-1], *d] + [rows.pad] * (k - 1 - len(d)) for r, d in enumerate(drafts)],
-                           dtype=torch.long, device=ids.device)
-        position = state.extra["position"]
-        if k == 1:
-            choices = model._generation_logits(state, fed)[:, None].argmax(-1).tolist()
-        else:
-            choices = verify_drafts(model, state, fed, torch.tensor([1 + len(d) for d in drafts])).tolist()
-        kept = [accepted(d, c) if w else 0 for d, c, w in zip(drafts, choices, wanted)]
-        for r, d in enumerate(drafts):
-            budget[r] = next_budget(budget[r], len(d), kept[r] - 1 if d else None)
-        if k > 1 or not all(wanted):  # a plain step that every row keeps leaves the state as it should be
-            keep_columns(state, position, kept, k)
-        for r, n in enumerate(kept):
-            for t in choices[r][:n]:
+        wanted = [rows.finished_at[r] is None and len(n) < rows.max_new for r, n in enumerate(rows.new)]
+        choices = spec.step(wanted, [rows.max_new - len(n) for n in rows.new]).argmax(-1).tolist()
+        kept = [c[:accepted(d, c)] if w else [] for d, c, w in zip(spec.drafts, choices, wanted)]
+        spec.keep(kept)
+        for r, tokens in enumerate(kept):
+            for t in tokens:
                 rows.push(r, t)
-                index[r].append(t)
         longest = max(len(n) for n in rows.new)
-        for r in range(len(index)):  # finished rows pad without the model
+        for r in range(len(rows.new)):  # finished rows pad without the model
             while rows.finished_at[r] is not None and len(rows.new[r]) < longest:
                 rows.push(r, rows.pad)
 

@@ -60,6 +60,8 @@ class GenerationConfig:
     return_dict_in_generate: bool | None = None
     output_scores: bool | None = None
     output_logits: bool | None = None
+    prompt_lookup_num_tokens: int | None = None
+    max_matching_ngram_size: int | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -134,6 +136,13 @@ class GenerationConfig:
                                   "leave it unset to get the sequences as one tensor")
         if beams > 1 and returned > beams:
             raise GenerationError(f"num_return_sequences ({returned}) must be at most num_beams ({beams})")
+        for name in ("prompt_lookup_num_tokens", "max_matching_ngram_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise GenerationError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.prompt_lookup_num_tokens and (beams > 1 or self.do_sample):
+            raise GenerationError("prompt_lookup_num_tokens speculates for greedy decoding; leave it unset to sample "
+                                  "or to search with beams")
         temperature = 1.0 if self.temperature is None else self.temperature
         if self.do_sample and not 0 < temperature < float("inf"):  # NaN too: it would fail deep inside sampling
             raise GenerationError(f"temperature must be a finite number > 0 when sampling, got {temperature}; "

@@ -12,14 +12,19 @@ tokens only, so every kept token sees the keys and positions of plain decoding.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 
+from lmkit.generation.settings import next_scores, stop_reached
 from lmkit.nn import build_attention_bias
 
 if TYPE_CHECKING:
     from lmkit.generation.mixin import DecodingState
+
+
+MAX_DRAFT = 8  # most drafted tokens a row (transformers' prompt_lookup_num_tokens is 10)
 
 
 class NgramIndex:
@@ -54,16 +59,16 @@ class NgramIndex:
         return []
 
 
-def verify_drafts(model, state: "DecodingState", fed: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
-    """Greedy choices (B, k) after each column of `fed` (B, k): each row's pending last token, then its draft,
-    the first used[r] columns, then padding (anything). Appends the k columns to the cache and the mask; `keep_columns` then masks the
-    rejected ones. The state is a padded one (its mask and per-row `position`, as after `prefill_unpadded`)."""
+def _verify(model, state: "DecodingState", fed: torch.Tensor, used: list[int]) -> torch.Tensor:
+    """Logits (B, k, V) after each column of `fed` (B, k): each row's pending last token, then its draft, the
+    first used[r] columns, then padding (anything). Appends the k columns to the cache and the mask."""
     k = fed.shape[1]
     mask = torch.cat([state.attention_mask, state.attention_mask.new_ones(fed.shape[0], k)], dim=1)
     # a short draft's padding columns become holes; they take the first column's position, so that none lies
     # past the positions the real columns reach (a learned table ends)
     steps = torch.arange(k, device=fed.device)[None, :]
-    positions = state.extra["position"] + 1 + steps.masked_fill(steps >= used.to(fed.device)[:, None], 0)
+    used_t = torch.tensor(used, device=fed.device)[:, None]
+    positions = state.extra["position"] + 1 + steps.masked_fill(steps >= used_t, 0)
     plan = state.extra.get("plan", False)
     if plan is False:
         plan = state.extra["plan"] = model._decode_plan(fed.shape[0])
@@ -75,7 +80,55 @@ def verify_drafts(model, state: "DecodingState", fed: torch.Tensor, used: torch.
         logits = model(fed, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
                        use_cache=True).logits
     state.attention_mask = mask
-    return logits.argmax(-1)
+    return logits
+
+
+class Speculation:
+    """The decoding state of a left-padded batch after its prompt, stepped with drafts: `step(wanted, room)`
+    drafts for the rows that still decode, checks them in one forward and returns each row's logits after
+    [last token, draft]; the caller chooses, and `keep(kept)` appends the kept tokens (cut from the cache's
+    point of view: the rest become holes)."""
+
+    def __init__(self, model, state: "DecodingState", prompts: list[list[int]], first: list[int], pad: int,
+                 max_draft: int = MAX_DRAFT, max_n: int = 3):
+        self.model, self.state, self.pad, self.max_draft = model, state, pad, max_draft
+        mask = state.attention_mask
+        state.extra["padded"] = True  # rejected drafts leave holes in the mask: every step passes mask and positions
+        state.extra["position"] = (mask.sum(-1) - 1)[:, None]
+        self.index = [NgramIndex([*p, t], max_n) for p, t in zip(prompts, first)]
+        self.budget = [min(2, max_draft)] * len(prompts)  # each row's draft length, adapted to what it keeps
+        self.drafts: list[list[int]] = []
+        self.position = None
+        self.k = 1
+
+    def step(self, wanted: list[bool], room: list[int]) -> torch.Tensor:
+        """Logits (B, k, V) after each row's last token and draft (k = 1: a plain one-token step). The batch runs
+        until its slowest row ends, so a step gains only what every row keeps: drafts are checked when every
+        wanted row has one, cut to the shortest. room[r]: how many more tokens row r may take."""
+        drafts = [self.index[r].draft(min(self.budget[r], room[r] - 1)) if w else [] for r, w in enumerate(wanted)]
+        lengths = [len(d) for d, w in zip(drafts, wanted) if w]
+        shortest = min(lengths) if lengths else 0
+        self.drafts = [d[:shortest] for d in drafts]
+        self.k = k = 1 + shortest
+        fed = torch.tensor([[ix.tokens[-1], *d] + [self.pad] * (k - 1 - len(d)) for ix, d in zip(self.index, self.drafts)],
+                           dtype=torch.long, device=self.state.attention_mask.device)
+        self.position, self.wanted = self.state.extra["position"], wanted
+        if k == 1:
+            return self.model._generation_logits(self.state, fed)[:, None]
+        return _verify(self.model, self.state, fed, [1 + len(d) for d in self.drafts])
+
+    def keep(self, kept: list[list[int]]) -> None:
+        """Row r's kept tokens: its choices after the first len(kept[r]) fed columns (the first len - 1 draft
+        tokens matched); none for a row not wanted."""
+        for r, (d, tokens) in enumerate(zip(self.drafts, kept)):
+            if d:
+                self.budget[r] = next_budget(self.budget[r], len(d), len(tokens) - 1, self.max_draft)
+            elif self.budget[r] < 1:
+                self.budget[r] += 1
+            for t in tokens:
+                self.index[r].append(t)
+        if self.k > 1 or not all(self.wanted):  # a plain step that every row keeps leaves the state as it is
+            keep_columns(self.state, self.position, [len(t) for t in kept], self.k)
 
 
 def keep_columns(state: "DecodingState", position: torch.Tensor, kept: list[int], k: int) -> None:
@@ -98,15 +151,72 @@ def accepted(draft: list[int], choices: list[int]) -> int:
     return n + 1
 
 
-MAX_DRAFT = 8  # most drafted tokens a row (transformers' prompt_lookup_num_tokens is 10)
-
-
-def next_budget(budget: int, drafted: int, kept: int | None) -> int:
-    """A row's next draft length: two more after a draft kept whole, one more than it kept after one cut short,
-    and after a step without a draft, a probe of one token once the budget has recovered (steps without drafts
-    count up from a negative budget), so a row whose drafts fail costs about one drafted column in eight steps."""
-    if kept is None:  # no draft this step: no earlier occurrence, or a budget below one
-        return budget + 1 if budget < 1 else budget
+def next_budget(budget: int, drafted: int, kept: int, most: int = MAX_DRAFT) -> int:
+    """A row's next draft length after a checked draft: two more after a draft kept whole (up to `most`), one
+    more than it kept after one cut short, and after a draft that failed, -7: steps without a draft count it
+    back up to a one-token probe, so a row whose drafts fail costs about one drafted column in eight steps."""
     if kept == drafted:
-        return min(MAX_DRAFT, budget + 2)
+        return min(most, budget + 2)
     return kept + 1 if kept else -7
+
+
+@torch.inference_mode()
+def lookup_greedy(model, input_ids: torch.Tensor, decoding, tokenizer, streamer, num_tokens: int,
+                  max_n: int) -> torch.Tensor:
+    """`generate`'s greedy decoding with prompt_lookup_num_tokens: the same tokens, processors, EOS, stop strings,
+    min_new_tokens and padding as the one-token loop (`GenerationMixin._sample`), drafts of up to `num_tokens`
+    found from n-grams of up to `max_n` tokens. A row runs until it finishes or has max_new_tokens; the output
+    is as wide as the longest row, the others padded, which is where the one-token loop stops too."""
+    sequences, state = model._generation_start(input_ids, decoding.attention_mask)
+    batch, start = sequences.shape
+    max_new, eos, stops, pad = decoding.max_new_tokens, set(decoding.eos), decoding.stops, decoding.pad_token_id
+    if streamer is not None:
+        streamer.put(sequences.cpu())
+    rows, mask = sequences.tolist(), state.attention_mask.tolist()
+    new: list[list[int]] = [[] for _ in rows]
+    finished = [False] * batch
+    # each row's processors read its own context: the options' per-row tensors (its left padding) cut to the row
+    per_row = [dataclasses.replace(decoding, options={
+        k: v[r:r + 1] if torch.is_tensor(v) and v.dim() and v.shape[0] == batch else v
+        for k, v in decoding.options.items()}) for r in range(batch)]
+
+    def choose(r: int, logits: torch.Tensor, draft: list[int]) -> list[int]:
+        """Row r's choices after its fed columns, each on the context before it, while they match the draft."""
+        out: list[int] = []
+        for j in range(logits.shape[0]):
+            context = torch.tensor([rows[r] + new[r] + out]) if decoding.processing else None
+            token = int(next_scores(context, logits[j:j + 1], len(new[r]) + len(out), start, per_row[r]).argmax(-1))
+            out.append(token)
+            if token in eos or (stops and stop_reached(tokenizer, new[r] + out, stops)):
+                finished[r] = True
+                break
+            if len(new[r]) + len(out) >= max_new or j >= len(draft) or draft[j] != token:
+                break
+        return out
+
+    def extend(kept: list[list[int]]) -> None:
+        for r, tokens in enumerate(kept):
+            new[r] += tokens
+        if streamer is not None and kept[0]:
+            streamer.put(torch.tensor(kept[0]))
+
+    first = [choose(r, row[None], []) for r, row in enumerate(model._generation_logits(state, sequences))]
+    extend(first)
+    prompts = [[t for t, m in zip(row, keep) if m] for row, keep in zip(rows, mask)]
+    spec = Speculation(model, state, prompts, [f[0] for f in first], pad, max_draft=num_tokens, max_n=max_n)
+    while True:
+        wanted = [not finished[r] and len(new[r]) < max_new for r in range(batch)]
+        if not any(wanted):
+            break
+        logits = spec.step(wanted, [max_new - len(n) for n in new])
+        kept = [choose(r, logits[r], spec.drafts[r]) if wanted[r] else [] for r in range(batch)]
+        spec.keep(kept)
+        extend(kept)
+    if streamer is not None:
+        streamer.end()
+    width = max(len(n) for n in new)
+    out = sequences.new_full((batch, start + width), pad)
+    out[:, :start] = sequences
+    for r, tokens in enumerate(new):
+        out[r, start:start + len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
+    return out
