@@ -44,6 +44,14 @@ def test_temperature_zero_is_greedy_beside_top_k(run_dir):
     assert runs[0].stdout == runs[1].stdout == greedy.stdout
 
 
+def test_prompt_lookup_prints_the_greedy_text(run_dir):
+    prompt = "def def def def"
+    plain = generate(run_dir, "--prompt", prompt, "--max-new-tokens", "20")
+    looked = generate(run_dir, "--prompt", prompt, "--max-new-tokens", "20", "--prompt-lookup", "4")
+    assert plain.returncode == looked.returncode == 0, looked.stderr
+    assert looked.stdout == plain.stdout
+
+
 def test_seeded_sampling_repeats_and_differs_across_seeds(run_dir):
     runs = [generate(run_dir, "--prompt", "def", "--max-new-tokens", "16", "--temperature", "1.5", "--seed", str(s))
             for s in (1, 1, 2)]
@@ -93,6 +101,8 @@ def test_default_length_fits_a_short_context(run_dir):
     (["--prompt", "hi", "--top-k", "-1"], "--top-k must be >= 0"),
     (["--prompt", "hi", "--num-beams", "0"], "--num-beams must be >= 1"),
     (["--prompt", "hi", "--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
+    (["--prompt", "hi", "--prompt-lookup", "0"], "--prompt-lookup must be >= 1"),
+    (["--prompt", "hi", "--prompt-lookup", "3", "--temperature", "1"], "greedy"),
 ])
 def test_bad_arguments_are_one_line_and_print_no_prompt(run_dir, args, message, capsys):
     from lmkit.cli import main

@@ -31,6 +31,8 @@ def register(subparsers) -> None:
     p.add_argument("--num-return-sequences", type=int, default=1, metavar="N",
                    help="N continuations (samples, or the N best beams), printed one after another")
     p.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling (repeatable output)")
+    p.add_argument("--prompt-lookup", type=int, default=None, metavar="K",
+                   help="greedy: draft up to K tokens from earlier text and check them in one step (the same output)")
     p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
                    help="put BOS before the prompt (default: when the folder holds an lmkit training run; other folders: the tokenizer's own special tokens)")
     p.set_defaults(func=run)
@@ -76,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         raise GenerationError(f"--top-k must be >= 0 (0 turns it off), got {args.top_k}")
     if args.num_beams < 1:
         raise GenerationError(f"--num-beams must be >= 1 (1: no beam search), got {args.num_beams}")
+    if args.prompt_lookup is not None and args.prompt_lookup < 1:
+        raise GenerationError(f"--prompt-lookup must be >= 1, got {args.prompt_lookup}")
     if not args.repetition_penalty > 0:
         raise GenerationError(f"--repetition-penalty must be > 0 (1: none), got {args.repetition_penalty}")
     model = lmkit.load_model(args.model)
@@ -89,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         torch.manual_seed(args.seed)
     options = dict(max_new_tokens=64 if args.max_new_tokens is None else args.max_new_tokens, do_sample=sampling,
                    num_beams=args.num_beams, temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
-                   repetition_penalty=args.repetition_penalty, num_return_sequences=args.num_return_sequences)
+                   repetition_penalty=args.repetition_penalty, num_return_sequences=args.num_return_sequences,
+                   prompt_lookup_num_tokens=args.prompt_lookup)
     n = args.num_return_sequences
     if cfg.architecture == "encoder-decoder":
         from lmkit.evaluate.seq2seq import encode_source
