@@ -9,7 +9,7 @@ import torch
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 from lmkit.errors import GenerationError, TokenizerError
-from lmkit.generation.prompt_lookup import Speculation, accepted
+from lmkit.generation.prompt_lookup import Speculation, accepted, speculates
 from lmkit.nn import KVCache
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
@@ -142,14 +142,14 @@ class _Rows:
 def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until: list[str], pad: int) -> torch.Tensor:
     """Greedy decoding with HFLM's stopping rule (`_Rows`), so that the same tokens come out. Returns prompt +
     continuation for a decoder and decoder start + continuation for an encoder-decoder, as generate does.
-    A decoder without sliding windows decodes with prompt-lookup speculation, which keeps greedy's tokens."""
+    A decoder decodes with prompt-lookup speculation (`speculates`), which keeps greedy's tokens."""
     model, tok = lm.model, lm.tokenizer
     looks: dict[int, list[str]] = {}  # columns looked back over -> the stop strings looked for in them
     for s in until:
         looks.setdefault(len(tok.encode(s, add_special_tokens=False)) + 2, []).append(s)
     sequences, state = model._generation_start(ids, mask)
     rows = _Rows(tok, sequences, ids.shape[1], set(_eos_ids(model)), looks, pad, max_new)
-    if lm.backend == "causal" and model.config.sliding_window is None:
+    if lm.backend == "causal" and speculates(model.config):
         logits = prefill_unpadded(model, state, ids, mask)
         _speculate(model, state, mask, rows, ids, logits.argmax(-1).tolist())
     else:

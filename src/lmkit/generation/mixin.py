@@ -14,7 +14,7 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
-from lmkit.generation.prompt_lookup import lookup_greedy
+from lmkit.generation.prompt_lookup import lookup_greedy, speculates
 from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, split_settings, stop_reached
 from lmkit.nn import KVCache, build_attention_bias
 
@@ -151,8 +151,8 @@ class GenerationMixin:
                     options["prompt_padding"] = options["prompt_padding"].repeat_interleave(n)
                 model_kwargs = {k: v.repeat_interleave(n, dim=0) if torch.is_tensor(v) and v.dim() and v.shape[0] == rows
                                 else v for k, v in model_kwargs.items()}
-            if cfg.prompt_lookup_num_tokens and not cfg.return_dict_in_generate and self.config.architecture == "decoder" \
-                    and self.config.sliding_window is None and (streamer is None or input_ids.shape[0] == 1):
+            if cfg.prompt_lookup_num_tokens and not cfg.return_dict_in_generate and speculates(self.config) \
+                    and (streamer is None or input_ids.shape[0] == 1):
                 return lookup_greedy(self, input_ids, decoding, tokenizer, streamer, cfg.prompt_lookup_num_tokens,
                                      cfg.max_matching_ngram_size or 2)
             record = None

@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 MAX_DRAFT = 8  # most drafted tokens a row (transformers' prompt_lookup_num_tokens is 10)
 
 
+def speculates(config) -> bool:
+    """Whether checking drafts at once gives a decoder plain decoding's numbers: not with sliding windows (the
+    holes would count in the window) nor dynamic NTK RoPE (its base follows the furthest position of a
+    forward, which a drafted column moves)."""
+    scaling = config.rope_scaling or {}
+    return config.architecture == "decoder" and config.sliding_window is None and \
+        scaling.get("rope_type", scaling.get("type")) != "dynamic"
+
+
 class NgramIndex:
     """For n = 1..max_n, the latest end e of each n-gram of `tokens` that has a token after it (e < len - 1)."""
 
