@@ -174,3 +174,22 @@ def test_prompt_lookup_settings_are_checked():
                        ({"prompt_lookup_num_tokens": 3, "num_beams": 2}, "greedy")):
         with pytest.raises(GenerationError, match=match):
             model.generate(ids, max_new_tokens=4, **bad)
+
+
+@torch.inference_mode()
+def test_models_without_a_plan_check_drafts_through_their_forward(monkeypatch):
+    """A model the lean step does not cover (here: its plan turned off) checks drafts through `forward` with the
+    holed mask and positions: the same tokens."""
+    from lmkit.generation.decode_plan import DecodePlan
+
+    torch.manual_seed(0)
+    model = CausalLM(get_preset("llama", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=40,
+                                max_seq_len=128)).eval()
+    ids, mask = _repeating_batch(3, 40, 4)
+    want = model.generate(ids, attention_mask=mask, max_new_tokens=30)
+    monkeypatch.setattr(DecodePlan, "build", classmethod(lambda cls, model, batch: None))
+    calls = []
+    forward = type(model).forward
+    monkeypatch.setattr(type(model), "forward", lambda self, *a, **k: calls.append(a[0].shape[1]) or forward(self, *a, **k))
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=30, prompt_lookup_num_tokens=5)
+    assert torch.equal(got, want) and max(calls[1:]) > 1
