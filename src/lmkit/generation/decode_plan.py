@@ -208,6 +208,8 @@ class DecodePlan:
         tokens), else None, which t > 1 does not take: the plan's own layers do not slide then either.
         """
         B, t = tokens.shape
+        if t > 1 and bias is None:
+            raise ValueError("a plan step over several tokens a row needs their mask (causal among them)")
         x = self.embeddings(tokens, position_ids=position_ids).reshape(B * t, -1)
         rope = None if self.rotary is None else rotary_factors(*self.rotary(position_ids, x.dtype), self.interleaved)
         pre = self.placement != "post"
