@@ -193,3 +193,10 @@ def test_models_without_a_plan_check_drafts_through_their_forward(monkeypatch):
     monkeypatch.setattr(type(model), "forward", lambda self, *a, **k: calls.append(a[0].shape[1]) or forward(self, *a, **k))
     got = model.generate(ids, attention_mask=mask, max_new_tokens=30, prompt_lookup_num_tokens=5)
     assert torch.equal(got, want) and max(calls[1:]) > 1
+
+
+@torch.inference_mode()
+def test_the_harness_with_no_new_tokens_returns_the_prompts():
+    model = CausalLM(get_preset("gpt2", d_model=16, n_layers=1, n_heads=2, vocab_size=40, max_seq_len=64)).eval()
+    ids, mask = _repeating_batch(2, 40, 1)
+    assert torch.equal(harness_generate.greedy_until(_lm(model, None), ids, mask, 0, ["\n"], pad=0), ids)

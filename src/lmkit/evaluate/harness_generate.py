@@ -148,6 +148,8 @@ def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until:
     for s in until:
         looks.setdefault(len(tok.encode(s, add_special_tokens=False)) + 2, []).append(s)
     sequences, state = model._generation_start(ids, mask)
+    if max_new < 1:  # nothing to generate (max_gen_toks 0)
+        return sequences
     rows = _Rows(tok, sequences, ids.shape[1], set(_eos_ids(model)), looks, pad, max_new)
     if lm.backend == "causal" and speculates(model.config):
         logits = prefill_unpadded(model, state, ids, mask)
