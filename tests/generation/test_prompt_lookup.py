@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lmkit import CausalLM, get_preset
+from lmkit.errors import GenerationError
 from lmkit.evaluate import harness_generate
 from lmkit.generation import prompt_lookup
 from lmkit.generation.prompt_lookup import MAX_DRAFT, NgramIndex, accepted, next_budget
@@ -60,9 +61,9 @@ def _lm(model, eos: int | None):
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-@pytest.mark.parametrize("eos", [None, 7])
+@pytest.mark.parametrize("with_eos", [False, True])
 @torch.inference_mode()
-def test_speculative_greedy_decoding_chooses_plain_greedy_tokens(family, eos, monkeypatch):
+def test_speculative_greedy_decoding_chooses_plain_greedy_tokens(family, with_eos, monkeypatch):
     """Left-padded rows of different lengths whose prompts repeat (so drafts are found, some kept, some
     rejected), with and without an EOS that finishes rows early: the same tokens as `generate`'s greedy loop,
     and most tokens came from checked drafts."""
@@ -80,16 +81,19 @@ def test_speculative_greedy_decoding_chooses_plain_greedy_tokens(family, eos, mo
     mask = torch.zeros_like(ids)
     for i, r in enumerate(rows):
         ids[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r), 1
+    eos = None
+    if with_eos:  # the last row's fifth new token: that row finishes early and pads while others go on
+        eos = int(model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=[])[-1, -1])
     kept = []
     verify = prompt_lookup._verify
     monkeypatch.setattr(prompt_lookup, "_verify", lambda *a: kept.append(a[2].shape[1]) or verify(*a))
     got = harness_generate.greedy_until(_lm(model, eos), ids, mask, 40, [], pad=0)
     want = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0,
                           eos_token_id=eos)
-    if eos is None:
-        assert torch.equal(got, want)
-    else:  # generate stops once every row has finished; the harness's rule stops there too
-        assert torch.equal(got[:, :want.shape[1]], want) and bool((got[:, want.shape[1]:] == 0).all())
+    # generate stops once every row has finished, and pads finished rows; the harness's rule is the same here
+    assert torch.equal(got, want)
+    if eos is not None:  # the last row met the EOS, so finishing and padding were exercised
+        assert bool((want[-1, ids.shape[1]:ids.shape[1] + 5] == eos).any())
     assert kept and sum(kept) > 2 * len(kept)  # drafts of more than one token were checked
 
 
@@ -105,8 +109,9 @@ def _repeating_batch(rows: int, vocab: int, seed: int) -> tuple[torch.Tensor, to
     return ids, mask
 
 
-OPTIONS = [dict(), dict(eos_token_id=5, pad_token_id=0), dict(repetition_penalty=1.3, no_repeat_ngram_size=4),
-           dict(eos_token_id=[5, 6], min_new_tokens=7, pad_token_id=0), dict(max_matching_ngram_size=3)]
+# "seen": the last row's fifth new token, so that a row does finish early (and pads while others go on)
+OPTIONS = [dict(), dict(eos_token_id="seen", pad_token_id=0), dict(repetition_penalty=1.3, no_repeat_ngram_size=4),
+           dict(eos_token_id=["seen", 6], min_new_tokens=7, pad_token_id=0), dict(max_matching_ngram_size=3)]
 
 
 FAMILIES = {"llama": dict(n_kv_heads=2), "gpt2": {},
@@ -125,6 +130,10 @@ def test_generate_with_prompt_lookup_chooses_the_tokens_of_plain_greedy(family, 
                         **{"max_seq_len": 128, **FAMILIES[family]})
     model = CausalLM(config).eval()
     ids, mask = _repeating_batch(3, 40, 4)
+    seen = int(model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=[])[-1, -1])
+    if "eos_token_id" in options:
+        eos = options["eos_token_id"]
+        options = {**options, "eos_token_id": [seen if e == "seen" else e for e in eos] if isinstance(eos, list) else seen}
     checked = []
     verify = prompt_lookup._verify
     monkeypatch.setattr(prompt_lookup, "_verify", lambda *a: checked.append(a[2].shape[1]) or verify(*a))
@@ -132,6 +141,8 @@ def test_generate_with_prompt_lookup_chooses_the_tokens_of_plain_greedy(family, 
         got = model.generate(ids, attention_mask=mask, max_new_tokens=30, prompt_lookup_num_tokens=k, **options)
         want = model.generate(ids, attention_mask=mask, max_new_tokens=30, **options)
         assert torch.equal(got, want), k
+        if "eos_token_id" in options and "min_new_tokens" not in options:  # the last row did finish early
+            assert want.shape[1] < ids.shape[1] + 30 or bool((want[-1, ids.shape[1] + 5:] == 0).all())
         single = model.generate(ids[2:], max_new_tokens=30, prompt_lookup_num_tokens=k, **options)
         assert torch.equal(single, model.generate(ids[2:], max_new_tokens=30, **options)), k
     assert (not checked) if "dynamic" in family else (checked and max(checked) > 2)
@@ -193,6 +204,8 @@ def test_models_without_a_plan_check_drafts_through_their_forward(monkeypatch):
     monkeypatch.setattr(type(model), "forward", lambda self, *a, **k: calls.append(a[0].shape[1]) or forward(self, *a, **k))
     got = model.generate(ids, attention_mask=mask, max_new_tokens=30, prompt_lookup_num_tokens=5)
     assert torch.equal(got, want) and max(calls[1:]) > 1
+    with pytest.raises(GenerationError, match="does not know"):  # model keywords reach the model, as without drafts
+        model.generate(ids, max_new_tokens=3, prompt_lookup_num_tokens=2, no_such_argument=1)
 
 
 @torch.inference_mode()

@@ -154,7 +154,7 @@ class GenerationMixin:
             if cfg.prompt_lookup_num_tokens and not cfg.return_dict_in_generate and speculates(self.config) \
                     and (streamer is None or input_ids.shape[0] == 1):
                 return lookup_greedy(self, input_ids, decoding, tokenizer, streamer, cfg.prompt_lookup_num_tokens,
-                                     cfg.max_matching_ngram_size or 2)
+                                     cfg.max_matching_ngram_size or 2, **model_kwargs)
             record = None
             if cfg.return_dict_in_generate:
                 record = GenerateOutput(scores=() if cfg.output_scores else None,

@@ -171,12 +171,12 @@ def next_budget(budget: int, drafted: int, kept: int, most: int = MAX_DRAFT) -> 
 
 @torch.inference_mode()
 def lookup_greedy(model, input_ids: torch.Tensor, decoding, tokenizer, streamer, num_tokens: int,
-                  max_n: int) -> torch.Tensor:
+                  max_n: int, **model_kwargs) -> torch.Tensor:
     """`generate`'s greedy decoding with prompt_lookup_num_tokens: the same tokens, processors, EOS, stop strings,
     min_new_tokens and padding as the one-token loop (`GenerationMixin._sample`), drafts of up to `num_tokens`
     found from n-grams of up to `max_n` tokens. A row runs until it finishes or has max_new_tokens; the output
     is as wide as the longest row, the others padded, which is where the one-token loop stops too."""
-    sequences, state = model._generation_start(input_ids, decoding.attention_mask)
+    sequences, state = model._generation_start(input_ids, decoding.attention_mask, **model_kwargs)
     batch, start = sequences.shape
     max_new, eos, stops, pad = decoding.max_new_tokens, set(decoding.eos), decoding.stops, decoding.pad_token_id
     if streamer is not None:
