@@ -31,19 +31,13 @@ MIX = [("pydoc_mc", 1.0), ("numbers_5shot", 0.5), ("addition_cot_d2", 0.5), ("py
 
 
 
-def exemplar_texts() -> list[str]:
-    """The generation tasks' training rows as their prompts format them."""
-    from lmkit.evaluate.harness_tasks import lmkit_tasks
-
-    texts = [f"Question: {r['question']}\nAnswer: {r['trace']}\n\n" for r in lmkit_tasks.addition(digits=2)["train"]]
-    return texts + [f"Number: {r['number']}\nIn words: {r['words']}\n\n" for r in lmkit_tasks.numbers()["train"]]
-
-
 def train(model, tok, steps: int) -> None:
     """AdamW on 16 windows of 256 tokens a step, cut at random from the exemplars joined in a shuffled order (so
     that windows look like few-shot prompts)."""
     gen = torch.Generator().manual_seed(0)
-    texts = exemplar_texts()
+    from lmkit.evaluate.harness_tasks import lmkit_tasks
+
+    texts = lmkit_tasks.exemplar_texts()
     stream = torch.tensor(tok.encode("".join(texts[i] for i in torch.randperm(len(texts), generator=gen).tolist())))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     model.train()

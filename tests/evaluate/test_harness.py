@@ -36,11 +36,21 @@ def gpt2_folder(out, n_positions=256):
     return model, tok
 
 
-def trained_texts() -> list[str]:
-    rows = lmkit_tasks.addition(digits=2)["train"]
-    texts = [f"Question: {r['question']}\nAnswer: {r['trace']}\n\n" for r in rows]
-    texts += [f"Number: {r['number']}\nIn words: {r['words']}\n\n" for r in lmkit_tasks.numbers(n_train=60)["train"]]
-    return texts
+def test_exemplar_texts_are_the_shots_lm_eval_writes():
+    """The training texts are the tasks' own few-shot layout as lm-eval renders a shot (its fewshot_config's
+    doc_to_text, target delimiter, doc_to_target and the delimiter between shots), exemplar by exemplar:
+    addition_cot_d2's (whose shots show the worked steps), then numbers'."""
+    from lm_eval.tasks import get_task_dict
+
+    names = ["addition_cot_d2", "numbers"]
+    tasks = get_task_dict(names, harness_run.task_manager(names))
+    expected = []
+    for name in names:
+        task, shot = tasks[name], tasks[name].fewshot_cfg
+        for doc in task.fewshot_docs():
+            expected.append(task.doc_to_text(doc, shot.doc_to_text) + shot.target_delimiter
+                            + task.doc_to_target(doc, shot.doc_to_target) + shot.fewshot_delimiter)
+    assert lmkit_tasks.exemplar_texts() == expected
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +69,7 @@ def folders(tmp_path_factory):
     # a GPT-2 trained for a few steps on the tasks' own exemplars: greedy continuations that match, generations
     # that stop at a newline and answers that the regexes find
     model, tok = gpt2_folder(None)
-    ids = [tok.encode(t) for t in trained_texts()]
+    ids = [tok.encode(t) for t in lmkit_tasks.exemplar_texts(n_numbers=60)]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(0)
     model.train()
@@ -128,7 +138,7 @@ def test_every_request_and_metric_equals_hflm(folders, which):
 
         # one cut per text: HFLM's one-token-continuation cache (logits_cache) mixes up requests that share
         # context + continuation but are cut at different points, and lmkit's does not
-        texts = trained_texts()[:36]
+        texts = lmkit_tasks.exemplar_texts(n_numbers=60)[:36]
         reqs = [Instance("loglikelihood", {}, (t[:cut], t[cut:]), i) for i, t in enumerate(texts)
                 for cut in [(len(t) // 3, len(t) // 2, len(t) - 4, len(t) - 2)[i % 4]]]
         mine = LmkitLM(pretrained=folders[which], batch_size=4).loglikelihood(reqs)
@@ -176,7 +186,7 @@ def test_continuations_packed_after_a_shared_context_score_as_alone(folders, whi
     sequence give each request the log-likelihood and is-greedy it gets alone in a batch of one."""
     from lm_eval.api.instance import Instance
 
-    texts = trained_texts()[:6]
+    texts = lmkit_tasks.exemplar_texts(n_numbers=60)[:6]
     conts = [" 12", " The answer is 42.", " 12", "\n", " (10+5)+(20+7) = 30+12", "é"]
     reqs = [Instance("loglikelihood", {}, (t[:len(t) // 2], c), i)
             for i, (t, c) in enumerate((t, c) for t in texts for c in conts)]

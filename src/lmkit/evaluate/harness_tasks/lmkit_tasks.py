@@ -132,3 +132,11 @@ def pydocs_validation(**_) -> object:
 
     _, validation = load_corpus("pydocs").split()
     return _dataset({"test": [{"id": d.id, "text": d.text} for d in validation]})
+
+
+# --- text to train a small model on --------------------------------------------------------------------------
+def exemplar_texts(n_numbers: int = 200) -> list[str]:
+    """The exemplars of addition_cot_d2 and numbers as their few-shot prompts lay them out (question, answer,
+    and the blank line between shots): a small model trained on these answers those tasks in their format."""
+    texts = [f"Question: {r['question']}\nAnswer: {r['trace']}\n\n" for r in addition(digits=2)["train"]]
+    return texts + [f"Number: {r['number']}\nIn words: {r['words']}\n\n" for r in numbers(n_train=n_numbers)["train"]]
