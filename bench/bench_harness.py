@@ -34,9 +34,9 @@ MIX = [("pydoc_mc", 1.0), ("numbers_5shot", 0.5), ("addition_cot_d2", 0.5), ("py
 def train(model, tok, steps: int) -> None:
     """AdamW on 16 windows of 256 tokens a step, cut at random from the exemplars joined in a shuffled order (so
     that windows look like few-shot prompts)."""
-    gen = torch.Generator().manual_seed(0)
     from lmkit.evaluate.harness_tasks import lmkit_tasks
 
+    gen = torch.Generator().manual_seed(0)
     texts = lmkit_tasks.exemplar_texts()
     stream = torch.tensor(tok.encode("".join(texts[i] for i in torch.randperm(len(texts), generator=gen).tolist())))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)

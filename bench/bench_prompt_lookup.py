@@ -28,9 +28,8 @@ from bench_harness import build_folder  # noqa: E402
 def prompt_text() -> str:
     from lmkit.evaluate.harness_tasks import lmkit_tasks
 
-    rows = lmkit_tasks.addition(digits=2)["train"]
-    shots = "".join(f"Question: {rows[i]['question']}\nAnswer: {rows[i]['trace']}\n\n" for i in range(3))
-    return shots + f"Question: {rows[5]['question']}\nAnswer:"
+    shots = "".join(lmkit_tasks.exemplar_texts()[:3])  # the first three worked sums
+    return shots + f"Question: {lmkit_tasks.addition(digits=2)['train'][5]['question']}\nAnswer:"
 
 
 @torch.inference_mode()

@@ -44,12 +44,20 @@ def test_temperature_zero_is_greedy_beside_top_k(run_dir):
     assert runs[0].stdout == runs[1].stdout == greedy.stdout
 
 
-def test_prompt_lookup_prints_the_greedy_text(run_dir):
-    prompt = "def def def def"
-    plain = generate(run_dir, "--prompt", prompt, "--max-new-tokens", "20")
-    looked = generate(run_dir, "--prompt", prompt, "--max-new-tokens", "20", "--prompt-lookup", "4")
-    assert plain.returncode == looked.returncode == 0, looked.stderr
-    assert looked.stdout == plain.stdout
+def test_prompt_lookup_prints_the_greedy_text(run_dir, capsys, monkeypatch):
+    """--prompt-lookup K reaches generate's speculative decoding with K, and the text is greedy's."""
+    from lmkit.cli import main
+    from lmkit.generation import mixin
+
+    prompt = ["--model", str(run_dir), "--prompt", "def def def def", "--max-new-tokens", "20"]
+    assert main(["generate", *prompt]) == 0
+    plain = capsys.readouterr().out
+    budgets = []
+    lookup = mixin.lookup_greedy
+    monkeypatch.setattr(mixin, "lookup_greedy", lambda *a, **k: budgets.append(a[5]) or lookup(*a, **k))
+    assert main(["generate", *prompt, "--prompt-lookup", "4"]) == 0
+    assert capsys.readouterr().out == plain
+    assert budgets == [4]
 
 
 def test_seeded_sampling_repeats_and_differs_across_seeds(run_dir):

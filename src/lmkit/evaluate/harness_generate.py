@@ -153,7 +153,7 @@ def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until:
     rows = _Rows(tok, sequences, ids.shape[1], set(_eos_ids(model)), looks, pad, max_new)
     if lm.backend == "causal" and speculates(model.config):
         logits = prefill_unpadded(model, state, ids, mask)
-        _speculate(model, state, mask, rows, ids, logits.argmax(-1).tolist())
+        _speculate(model, state, rows, ids, logits.argmax(-1).tolist())
     else:
         tokens = sequences
         while not rows.settle():
@@ -168,10 +168,9 @@ def greedy_until(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until:
     return torch.cat([sequences, rows.columns().to(sequences.device)], dim=1)
 
 
-def _speculate(model, state, mask: torch.Tensor, rows: _Rows, ids: torch.Tensor, first: list[int]) -> None:
+def _speculate(model, state, rows: _Rows, ids: torch.Tensor, first: list[int]) -> None:
     """Greedy steps after the prompt with prompt-lookup drafts (`Speculation`), until the batch's end is known."""
-    prompts = [[t for t, m in zip(row, keep) if m] for row, keep in zip(ids.tolist(), mask.tolist())]
-    spec = Speculation(model, state, prompts, first, rows.pad)
+    spec = Speculation(model, state, ids, first, rows.pad)
     for r, t in enumerate(first):
         rows.push(r, t)
     while not rows.settle():

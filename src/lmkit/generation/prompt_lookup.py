@@ -52,13 +52,13 @@ class NgramIndex:
             self.ends[n][tuple(seq[last - n + 1:last + 1])] = last
         seq.append(token)
 
-    def draft(self, k: int, min_n: int = 1) -> list[int]:
-        """k tokens that followed the latest earlier occurrence of the longest matching suffix (n >= min_n), or
-        none when no suffix occurred before."""
+    def draft(self, k: int) -> list[int]:
+        """k tokens that followed the latest earlier occurrence of the longest matching suffix, or none when no
+        suffix occurred before."""
         seq = self.tokens
         if k <= 0:
             return []
-        for n in range(min(self.max_n, len(seq)), min_n - 1, -1):
+        for n in range(min(self.max_n, len(seq)), 0, -1):
             end = self.ends[n].get(tuple(seq[-n:]))
             if end is not None:  # copied as LZ77 copies: a source that runs into the draft repeats it
                 draft = seq[end + 1:end + 1 + k]
@@ -98,13 +98,16 @@ class Speculation:
     [last token, draft]; the caller chooses, and `keep(kept)` appends the kept tokens (cut from the cache's
     point of view: the rest become holes)."""
 
-    def __init__(self, model, state: "DecodingState", prompts: list[list[int]], first: list[int], pad: int,
+    def __init__(self, model, state: "DecodingState", prompts: torch.Tensor, first: list[int], pad: int,
                  max_draft: int = MAX_DRAFT, max_n: int = 3):
+        """prompts: the (B, T) left-padded prompt ids whose attention mask the state holds; first: each row's
+        first new token."""
         self.model, self.state, self.pad, self.max_draft = model, state, pad, max_draft
         mask = state.attention_mask
         state.extra["padded"] = True  # rejected drafts leave holes in the mask: every step passes mask and positions
         state.extra["position"] = (mask.sum(-1) - 1)[:, None]
-        self.index = [NgramIndex([*p, t], max_n) for p, t in zip(prompts, first)]
+        rows = [[t for t, m in zip(row, keep) if m] for row, keep in zip(prompts.tolist(), mask.tolist())]
+        self.index = [NgramIndex([*p, t], max_n) for p, t in zip(rows, first)]
         self.budget = [min(2, max_draft)] * len(prompts)  # each row's draft length, adapted to what it keeps
         self.drafts: list[list[int]] = []
         self.position = None
@@ -181,7 +184,7 @@ def lookup_greedy(model, input_ids: torch.Tensor, decoding, tokenizer, streamer,
     max_new, eos, stops, pad = decoding.max_new_tokens, set(decoding.eos), decoding.stops, decoding.pad_token_id
     if streamer is not None:
         streamer.put(sequences.cpu())
-    rows, mask = sequences.tolist(), state.attention_mask.tolist()
+    rows = sequences.tolist()
     new: list[list[int]] = [[] for _ in rows]
     finished = [False] * batch
     # each row's processors read its own context: the options' per-row tensors (its left padding) cut to the row
@@ -211,8 +214,7 @@ def lookup_greedy(model, input_ids: torch.Tensor, decoding, tokenizer, streamer,
 
     first = [choose(r, row[None], []) for r, row in enumerate(model._generation_logits(state, sequences))]
     extend(first)
-    prompts = [[t for t, m in zip(row, keep) if m] for row, keep in zip(rows, mask)]
-    spec = Speculation(model, state, prompts, [f[0] for f in first], pad, max_draft=num_tokens, max_n=max_n)
+    spec = Speculation(model, state, sequences, [f[0] for f in first], pad, max_draft=num_tokens, max_n=max_n)
     while True:
         wanted = [not finished[r] and len(new[r]) < max_new for r in range(batch)]
         if not any(wanted):
