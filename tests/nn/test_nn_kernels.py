@@ -158,3 +158,65 @@ def test_a_compiled_kernel_with_wrong_numbers_is_not_used(monkeypatch):
     monkeypatch.setattr(kernels, "_compiled", None)
     monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)  # the formula itself passes the check
     assert len(kernels.compiled_kernels()) == 2
+
+
+def graph_nodes(t: torch.Tensor) -> set[str]:
+    seen, todo, names = set(), [t.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        todo.extend(n for n, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("shape", [(3, 101, 40), (7000, 13)])  # rows of no vector multiple; many short rows
+def test_gelu_of_a_linear_layer_with_its_bias_in_the_kernel_matches_float64(shape):
+    """gelu_tanh(x W^T + b) with b added inside the compiled GELU: value and the gradients of x, W and b."""
+    if not kernels.bias_kernels():
+        pytest.skip("no working inductor/C++ compiler here")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(shape[-1], 300 if shape[-1] > 20 else 17)
+    x = torch.randn(*shape, requires_grad=True)
+    y = kernels.gelu_tanh_linear(x, linear)
+    assert "_GeluTanhBiasBackward" in graph_nodes(y)
+    grad = torch.randn_like(y)
+    got = torch.autograd.grad(y, [x, linear.weight, linear.bias], grad)
+    x64 = x.detach().double().requires_grad_(True)
+    w64, b64 = (p.detach().double().requires_grad_(True) for p in (linear.weight, linear.bias))
+    want = F.gelu(F.linear(x64, w64, b64), approximate="tanh")
+    want_grads = torch.autograd.grad(want, [x64, w64, b64], grad.double())
+    assert_close_in(torch.float32, y, want, steps=16)
+    for g, w in zip(got, want_grads):
+        assert_close_in(torch.float32, g, w, steps=64 * shape[-2])  # sums over the rows
+
+
+def test_gelu_of_a_linear_layer_keeps_the_plain_path_where_the_kernel_does_not_apply():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(40, 300)
+    x = torch.randn(4, 50, 40, requires_grad=True)
+    with torch.no_grad():
+        assert torch.equal(kernels.gelu_tanh_linear(x, linear), gelu_tanh(linear(x)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "_GeluTanhBiasBackward" not in graph_nodes(kernels.gelu_tanh_linear(x, linear))
+    hooked = torch.nn.Linear(40, 300)
+    hooked.register_forward_hook(lambda m, i, o: o * 2)
+    assert torch.equal(kernels.gelu_tanh_linear(x, hooked), gelu_tanh(hooked(x)))  # the hook runs
+    no_bias = torch.nn.Linear(40, 300, bias=False)
+    assert "_GeluTanhBiasBackward" not in graph_nodes(kernels.gelu_tanh_linear(x, no_bias))
+
+
+def test_a_gelu_with_bias_kernel_with_wrong_numbers_is_not_used(monkeypatch):
+    real = kernels._forward_bias
+    monkeypatch.setattr(kernels, "_bias_compiled", None)
+    monkeypatch.setattr(kernels, "_forward_bias", lambda x, b: real(x, b) * 1.01)
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
+    monkeypatch.setattr(kernels, "_compiled", None)
+    assert kernels.bias_kernels() == ()
+    linear = torch.nn.Linear(40, 300)
+    x = torch.randn(4, 50, 40, requires_grad=True)
+    assert "_GeluTanhBiasBackward" not in graph_nodes(kernels.gelu_tanh_linear(x, linear))
+    monkeypatch.setattr(kernels, "_bias_compiled", None)
+    monkeypatch.setattr(kernels, "_compiled", None)

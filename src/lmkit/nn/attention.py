@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmkit.config import ModelConfig
+from lmkit.nn import cpu_attention
 from lmkit.nn.positions import apply_rotary
 
 
@@ -221,10 +222,7 @@ class Attention(nn.Module):
         if torch.is_grad_enabled():
             if not self._plain_qkv():
                 return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            mods = (self.q_proj, self.k_proj, self.v_proj)
-            weight = torch.cat([m.weight for m in mods])
-            bias = torch.cat([m.bias for m in mods]) if self.q_proj.bias is not None else None
-            return F.linear(x, weight, bias).split((q_dim, kv_dim, kv_dim), dim=-1)
+            return self._joined_projection(x).split((q_dim, kv_dim, kv_dim), dim=-1)
         fused = self._fused_qkv()
         if fused is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -232,6 +230,13 @@ class Attention(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         qkv = flat @ weight_t if bias is None else torch.addmm(bias, flat, weight_t)
         return qkv.view(x.shape[0], x.shape[1], -1).split((q_dim, kv_dim, kv_dim), dim=-1)
+
+    def _joined_projection(self, x: torch.Tensor) -> torch.Tensor:
+        """x [W_q; W_k; W_v]^T + [b_q; b_k; b_v] (B, T, q + 2 kv), joined each call so gradients reach each weight."""
+        mods = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([m.weight for m in mods])
+        bias = torch.cat([m.bias for m in mods]) if self.q_proj.bias is not None else None
+        return F.linear(x, weight, bias)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
@@ -244,6 +249,13 @@ class Attention(nn.Module):
         among the T, for self-attention) gives the output (B, len(queries), d) at those alone: every position's
         keys and values are still computed (and cached), the rest of the queries are not attended with."""
         B, T, _ = x.shape
+        dropout = self.dropout if self.training else 0.0
+        if (not self.cross and rope is None and cache is None and queries is None and bias is None and is_causal
+                and not dropout and not self.keep_probabilities and T > 1 and self.n_heads > 0 and self.head_dim > 0
+                and self._plain_qkv() and cpu_attention.applies(x, torch.is_grad_enabled())):
+            scale = self.head_dim ** -0.5 if self.scale is None else self.scale
+            return self.o_proj(cpu_attention.JoinedCausalAttention.apply(
+                self._joined_projection(x), self.n_heads, self.n_kv_heads, scale))
         if self.cross:
             q = self._heads(self.q_proj(x), self.n_heads)
             if cache is not None and layer in cache.cross:
@@ -272,13 +284,16 @@ class Attention(nn.Module):
         gqa = self.n_kv_heads != self.n_heads
         if bias is not None and bias.dtype != torch.bool and bias.dtype != q.dtype:
             bias = bias.to(q.dtype)
-        dropout = self.dropout if self.training else 0.0
         if self.keep_probabilities:
             kq, vq = (k.repeat_interleave(self.n_heads // k.shape[1], 1), v.repeat_interleave(self.n_heads // v.shape[1], 1)) \
                 if gqa else (k, v)
             scale = q.shape[-1] ** -0.5 if self.scale is None else self.scale
             self.probabilities = attention_probabilities(q, kq, bias, is_causal and bias is None, scale)
             out = torch.matmul(F.dropout(self.probabilities, p=dropout) if dropout else self.probabilities, vq)
+        elif is_causal and bias is None and not dropout and T > 1 and T == k.shape[2] and k.shape[1] > 0 \
+                and q.dtype == k.dtype == v.dtype and cpu_attention.applies(q, torch.is_grad_enabled()):
+            q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+            out = cpu_attention.CausalAttention.apply(q, k, v, q.shape[-1] ** -0.5 if self.scale is None else self.scale)
         elif q.device.type == "cpu" and q.dtype in _LOW_PRECISION and torch.is_grad_enabled() and T > 1 \
                 and B * self.n_heads * T * k.shape[2] <= _EAGER_MAX_SCORES:
             out = eager_attention(q, k, v, bias, is_causal and bias is None, self.scale, dropout)

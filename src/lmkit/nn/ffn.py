@@ -11,7 +11,7 @@ from torch import nn
 
 from lmkit.config import ModelConfig
 from lmkit.nn.dropout import Dropout
-from lmkit.nn.kernels import gelu_tanh
+from lmkit.nn.kernels import gelu_tanh, gelu_tanh_linear
 
 _ACT = {
     "relu": F.relu, "reglu": F.relu,
@@ -41,6 +41,8 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_proj is not None:
             h = self.act(self.gate_proj(x)) * self.up_proj(x)
+        elif self.act is gelu_tanh:
+            h = gelu_tanh_linear(x, self.up_proj)
         else:
             h = self.act(self.up_proj(x))
         if self.training and self.dropout.p > 0:

@@ -42,6 +42,14 @@ def _backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (widen(grad) * (s + f * s * (1 - s) * (_TWO_K + 3 * _TWO_KC * f2))).to(grad.dtype)
 
 
+def _forward_bias(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _forward(x + b)
+
+
+def _backward_bias(grad: torch.Tensor, x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _backward(grad, x + b)
+
+
 _compiled: tuple | None = None  # (forward, backward) once compiled, () when compiling is off or failed
 _checked: dict = {}  # dtype -> whether the compiled kernels passed the check in that dtype
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -115,6 +123,63 @@ class _GeluTanh(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         with torch.no_grad():
             return compiled_kernels()[1](grad.detach().contiguous().view(-1), x.detach().view(-1)).view(x.shape)
+
+
+_bias_compiled: tuple | None = None  # (forward, backward) of gelu_tanh(x + b) in float32, () when unavailable
+
+
+def bias_kernels() -> tuple:
+    """gelu_tanh(x + b) and its x-gradient for float32 (x (N, F), b (F,)), compiled and checked on first use."""
+    global _bias_compiled
+    if _bias_compiled is None:
+        _bias_compiled = ()
+        if kernels_for(torch.float32):
+            try:
+                fwd = torch.compile(_forward_bias, dynamic=True, fullgraph=True)
+                bwd = torch.compile(_backward_bias, dynamic=True, fullgraph=True)
+                x = torch.linspace(-6, 6, 35 * 1871).view(-1, 35)[:, :-1].contiguous()  # rows of 34: no vector multiple
+                b = torch.linspace(-1, 1, x.shape[1])
+                ones = torch.ones_like(x)
+                with torch.no_grad():
+                    _check(fwd(x, b), _forward(x.double() + b.double()))
+                    _check(bwd(ones, x, b), _backward(ones.double(), x.double() + b.double()))
+                _bias_compiled = (fwd, bwd)
+            except Exception as err:
+                _log.info("compiled GELU with bias unavailable (%s); using ATen's", err)
+    return _bias_compiled
+
+
+class _GeluTanhBias(torch.autograd.Function):
+    """gelu_tanh(x + b) for x (N, F): the bias of the preceding linear layer added inside the compiled kernel,
+    so the layer's product need not first copy the broadcast bias into its output (addmm does)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, b)
+        with torch.no_grad():
+            return bias_kernels()[0](x.detach(), b.detach())
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, b = ctx.saved_tensors
+        with torch.no_grad():
+            dx = bias_kernels()[1](grad.detach().contiguous(), x.detach(), b.detach())
+        return dx, dx.sum(0)
+
+
+def gelu_tanh_linear(x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
+    """gelu_tanh(linear(x)); in float32 training on CPU the bias goes into the compiled GELU (one pass less)."""
+    weight, bias = linear.weight, linear.bias
+    if (bias is not None and type(linear) is torch.nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks)
+            and x.dtype == weight.dtype == bias.dtype == torch.float32 and x.device.type == "cpu"
+            and torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+            and x.numel() // max(x.shape[-1], 1) * weight.shape[0] >= _MIN_ELEMENTS
+            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and not torch._C._functorch.is_functorch_wrapped_tensor(x) and bias_kernels()):
+        h = F.linear(x, weight)
+        return _GeluTanhBias.apply(h.view(-1, h.shape[-1]), bias).view(h.shape)
+    return gelu_tanh(linear(x))
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
