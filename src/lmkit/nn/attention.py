@@ -13,6 +13,7 @@ from torch import nn
 from lmkit.config import ModelConfig
 from lmkit.nn import cpu_attention
 from lmkit.nn.positions import apply_rotary
+from lmkit.nn.training_linear import linear
 
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -236,7 +237,7 @@ class Attention(nn.Module):
         mods = (self.q_proj, self.k_proj, self.v_proj)
         weight = torch.cat([m.weight for m in mods])
         bias = torch.cat([m.bias for m in mods]) if self.q_proj.bias is not None else None
-        return F.linear(x, weight, bias)
+        return linear(x, weight, bias)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)

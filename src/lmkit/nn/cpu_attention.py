@@ -5,8 +5,9 @@ softmax(Q K^T * scale + causal mask) V, forward and backward, per (batch, head) 
 MKL's sgemm. SDPA's flash kernel computes every key block of a query block at these lengths and moves q, k,
 v and the output through head transposes; this kernel reads q, k and v where they lie (strided views of the
 joined projection) and writes the output in the (batch, position, head) order the output projection takes.
-softmax(Q K^T) is kept for the backward when it is small (at most as many entries as q, k and v together),
-and recomputed from the log-sum-exp otherwise. Forward + backward at batch 16, 4 heads, 256 positions, head
+softmax(Q K^T) is kept for the backward when it is small (T <= 4 x head size), which also lets the backward
+form dK and dV one key block at a time over every query that sees it; otherwise it is recomputed from the
+log-sum-exp. Forward + backward at batch 16, 4 heads, 256 positions, head
 size 64, one AVX2 core: about 29 ms against SDPA's 52 (docs/portability.md).
 
 The library is compiled on first use with the system's C++ compiler and OpenMP (the ones inductor uses),
@@ -73,8 +74,6 @@ def _load() -> ctypes.CDLL:
         raise RuntimeError("libtorch_cpu has no sgemm_ (a torch build without MKL)")
     lib = ctypes.CDLL(str(_build()))
     i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-    lib.lmkit_causal_attention_probs_size.argtypes = [i64, i64]
-    lib.lmkit_causal_attention_probs_size.restype = i64
     lib.lmkit_causal_attention_forward.argtypes = [i64] * 5 + [ptr] * 10 + [f32, i64, i32]
     lib.lmkit_causal_attention_backward.argtypes = [i64] * 5 + [ptr] * 18 + [f32, i64, i32]
     return lib
@@ -104,9 +103,10 @@ def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p | None:
     return None if t is None else ctypes.c_void_p(t.data_ptr())
 
 
-def stores_probabilities(t: int, head_dim: int, block: int = _BLOCK) -> bool:
-    """Keep softmax(Q K^T) for the backward when a head's stored triangle is no larger than its q, k and v."""
-    return library().lmkit_causal_attention_probs_size(t, block) <= 3 * t * head_dim
+def stores_probabilities(t: int, head_dim: int) -> bool:
+    """Keep softmax(Q K^T) (T x T a head) for the backward while it is at most 4/3 of the head's q, k and v
+    (T <= 4 x head size: 256 positions at head size 64); longer sequences recompute it from the log-sum-exp."""
+    return t <= 4 * head_dim
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, block: int = _BLOCK,
@@ -116,10 +116,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     lib = library()
     _validate(q, k, v)
     B, H, T, D = q.shape
-    store = stores_probabilities(T, D, block) if store is None else store
+    store = stores_probabilities(T, D) if store is None else store
     out = q.new_empty(B, T, H, D)
     lse = q.new_empty(B, H, T)
-    probs = q.new_empty(B * H * lib.lmkit_causal_attention_probs_size(T, block)) if store else None
+    probs = q.new_empty(B, H, T, T) if store else None  # only the causal triangle's blocks are written
     o = out.transpose(1, 2)
     lib.lmkit_causal_attention_forward(B, H, k.shape[1], T, D, _ptr(q), _strides(q), _ptr(k), _strides(k), _ptr(v),
                                        _strides(v), _ptr(o), _strides(o), _ptr(lse), _ptr(probs), scale, block,

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from lmkit.nn.norms import widen
+from lmkit.nn.training_linear import linear as training_linear
 
 _TWO_K = 2 * math.sqrt(2 / math.pi)
 _TWO_KC = _TWO_K * 0.044715
@@ -177,7 +178,7 @@ def gelu_tanh_linear(x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
             and x.numel() // max(x.shape[-1], 1) * weight.shape[0] >= _MIN_ELEMENTS
             and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
             and not torch._C._functorch.is_functorch_wrapped_tensor(x) and bias_kernels()):
-        h = F.linear(x, weight)
+        h = training_linear(x, weight)
         return _GeluTanhBias.apply(h.view(-1, h.shape[-1]), bias).view(h.shape)
     return gelu_tanh(linear(x))
 

@@ -6,6 +6,8 @@
 // recomputed as exp(S - L) and D = rowsum(dO * O):
 //   dV_{<e} += P^T dO_s,  dP = dO_s V_{<e}^T,  dS = P * (dP - D),
 //   dQ_s = scale dS K_{<e},  dK_{<e} += scale dS^T Q_s.
+// When the caller keeps P (a T x T buffer a head), the backward reads it instead, and forms dK and dV per
+// key block over all the queries that see it (stored_head_backward).
 // A (batch, head)'s keys, values, scores and gradients (about 400 KB at 256 positions and head size 64)
 // stay in the core's cache from one product to the next; the products are MKL's sgemm (linked from
 // libtorch_cpu, sequential inside the OpenMP loop). Tensors are addressed by (batch, head, position)
@@ -127,22 +129,39 @@ View view(const float* data, const int64_t* strides) {
   return View{const_cast<float*>(data), strides[0], strides[1], strides[2]};
 }
 
-// Where block [s, s + block) of a head's probabilities starts in the stored triangle: the blocks before it are
-// full, block j holding block x (j + 1) block entries.
-int64_t block_offset(int64_t s, int64_t block) {
-  const int64_t i = s / block;
-  return block * block * (i * (i + 1) / 2);
+// One head's backward from its stored P (T x T, rows valid up to the end of their block). Row blocks first:
+// dS_s = P_s * (dO_s V^T - D) into the head's T x T dS, dQ_s = scale dS_s K. Then per key block [c, c + w),
+// one product over every query that sees it: dV_c (+)= P_{>=c, c}^T dO_{>=c}, dK_c (+)= scale dS_{>=c, c}^T Q_{>=c}
+// (a long inner dimension, and each dK/dV row written once instead of once per query block).
+void stored_head_backward(const View& Q, const View& K, const View& V, const View& O, const View& dO, const View& dQ,
+                          int64_t b, int64_t h, int64_t g, int64_t T, int64_t D, const float* P, float* dS,
+                          float* delta, float scale, int64_t block, float beta, const View& dK, const View& dV) {
+  const float* k0 = K.at(b, g, 0);
+  const float* v0 = V.at(b, g, 0);
+  for (int64_t s = 0; s < T; s += block) {
+    const int64_t e = std::min(s + block, T), rows = e - s;
+    const float* do_s = dO.at(b, h, s);
+    for (int64_t i = 0; i < rows; ++i) delta[i] = dot(O.at(b, h, s + i), do_s + i * dO.st, D);
+    float* d_s = dS + s * T;
+    gemm(false, true, rows, e, D, 1.0f, do_s, dO.st, v0, V.st, 0.0f, d_s, T);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* p = P + (s + i) * T;
+      float* d = d_s + i * T;
+      const float di = delta[i];
+      for (int64_t j = 0; j < e; ++j) d[j] = p[j] * (d[j] - di);
+    }
+    gemm(false, false, rows, D, e, scale, d_s, T, k0, K.st, 0.0f, dQ.at(b, h, s), dQ.st);
+  }
+  for (int64_t c = 0; c < T; c += block) {
+    const int64_t w = std::min(block, T - c), n = T - c;
+    gemm(true, false, w, D, n, 1.0f, P + c * T + c, T, dO.at(b, h, c), dO.st, beta, dV.at(b, g, c), dV.st);
+    gemm(true, false, w, D, n, scale, dS + c * T + c, T, Q.at(b, h, c), Q.st, beta, dK.at(b, g, c), dK.st);
+  }
 }
 
 }  // namespace
 
 extern "C" {
-
-// Entries a head's stored probabilities take: every block's rows against its key prefix.
-int64_t lmkit_causal_attention_probs_size(int64_t T, int64_t block) {
-  const int64_t last = (T - 1) / block * block;
-  return block_offset(last, block) + (T - last) * T;
-}
 
 // o = attention(q, k, v); lse (batch, heads, T) contiguous gets each query's log-sum-exp of its scaled scores.
 int lmkit_causal_attention_forward(int64_t batch, int64_t heads, int64_t kv_heads, int64_t T, int64_t D,
@@ -151,7 +170,7 @@ int lmkit_causal_attention_forward(int64_t batch, int64_t heads, int64_t kv_head
                                    const int64_t* o_strides, float* lse, float* stored, float scale,
                                    int64_t block, int threads) {
   const View Q = view(q, q_strides), K = view(k, k_strides), V = view(v, v_strides), O = view(o, o_strides);
-  const int64_t group = heads / kv_heads, per_head = lmkit_causal_attention_probs_size(T, block);
+  const int64_t group = heads / kv_heads;
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> scores(stored ? 0 : (size_t)(block * T)), inverse((size_t)block);
@@ -163,10 +182,12 @@ int lmkit_causal_attention_forward(int64_t batch, int64_t heads, int64_t kv_head
       float* row_lse = lse + task * T;
       for (int64_t s = 0; s < T; s += block) {
         const int64_t e = std::min(s + block, T), rows = e - s;
-        float* S = stored ? stored + task * per_head + block_offset(s, block) : scores.data();
-        gemm(false, true, rows, e, D, scale, Q.at(b, h, s), Q.st, k0, K.st, 0.0f, S, e);
+        // stored: rows s .. e of the head's T x T matrix (columns from e on are never written or read)
+        float* S = stored ? stored + task * T * T + s * T : scores.data();
+        const int64_t ld = stored ? T : e;
+        gemm(false, true, rows, e, D, scale, Q.at(b, h, s), Q.st, k0, K.st, 0.0f, S, ld);
         for (int64_t i = 0; i < rows; ++i) {
-          float* r = S + i * e;
+          float* r = S + i * ld;
           const int64_t n = s + i + 1;  // query s + i sees keys 0 .. s + i
           const float mx = row_max(r, n);
           const float sum = exp_shifted(r, n, mx);
@@ -177,11 +198,11 @@ int lmkit_causal_attention_forward(int64_t batch, int64_t heads, int64_t kv_head
         float* o_s = O.at(b, h, s);
         if (stored) {  // the backward reads P itself
           for (int64_t i = 0; i < rows; ++i) {
-            float* r = S + i * e;
+            float* r = S + i * ld;
             const float inv = inverse[i];
             for (int64_t j = 0; j <= s + i; ++j) r[j] *= inv;
           }
-          gemm(false, false, rows, D, e, 1.0f, S, e, v0, V.st, 0.0f, o_s, O.st);
+          gemm(false, false, rows, D, e, 1.0f, S, ld, v0, V.st, 0.0f, o_s, O.st);
         } else {  // P V unnormalised, its rows scaled after: D entries a row instead of e
           gemm(false, false, rows, D, e, 1.0f, S, e, v0, V.st, 0.0f, o_s, O.st);
           for (int64_t i = 0; i < rows; ++i) {
@@ -207,10 +228,11 @@ int lmkit_causal_attention_backward(int64_t batch, int64_t heads, int64_t kv_hea
   const View Q = view(q, q_strides), K = view(k, k_strides), V = view(v, v_strides), O = view(o, o_strides);
   const View dO = view(dout, dout_strides), dQ = view(dq, dq_strides), dK = view(dk, dk_strides),
              dV = view(dv, dv_strides);
-  const int64_t group = heads / kv_heads, per_head = lmkit_causal_attention_probs_size(T, block);
+  const int64_t group = heads / kv_heads;
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> probs(stored ? 0 : (size_t)(block * T)), dscores((size_t)(block * T)), delta((size_t)block);
+    std::vector<float> probs(stored ? 0 : (size_t)(block * T)), dscores((size_t)((stored ? T : block) * T)),
+        delta((size_t)block);
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < batch * kv_heads; ++task) {
       const int64_t b = task / kv_heads, g = task % kv_heads;
@@ -219,6 +241,11 @@ int lmkit_causal_attention_backward(int64_t batch, int64_t heads, int64_t kv_hea
       float* dk0 = dK.at(b, g, 0);
       float* dv0 = dV.at(b, g, 0);
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        if (stored) {
+          stored_head_backward(Q, K, V, O, dO, dQ, b, h, g, T, D, stored + (b * heads + h) * T * T,
+                               dscores.data(), delta.data(), scale, block, h == g * group ? 0.0f : 1.0f, dK, dV);
+          continue;
+        }
         const float* row_lse = lse + (b * heads + h) * T;
         // the last block sees every key: going backwards, the group's first one writes dK and dV whole
         for (int64_t s = (T - 1) / block * block; s >= 0; s -= block) {
@@ -230,19 +257,13 @@ int lmkit_causal_attention_backward(int64_t batch, int64_t heads, int64_t kv_hea
           for (int64_t i = 0; i < rows; ++i) {
             delta[i] = dot(O.at(b, h, s + i), do_s + i * dO.st, D);
           }
-          const float* P;
-          if (stored) {
-            P = stored + (b * heads + h) * per_head + block_offset(s, block);
-          } else {  // P = exp(S - L), recomputed
-            float* R = probs.data();
-            gemm(false, true, rows, e, D, scale, q_s, Q.st, k0, K.st, 0.0f, R, e);
-            for (int64_t i = 0; i < rows; ++i) {
-              float* r = R + i * e;
-              const int64_t n = s + i + 1;
-              exp_shifted(r, n, row_lse[s + i]);
-              std::fill(r + n, r + e, 0.0f);
-            }
-            P = R;
+          float* P = probs.data();  // P = exp(S - L), recomputed
+          gemm(false, true, rows, e, D, scale, q_s, Q.st, k0, K.st, 0.0f, P, e);
+          for (int64_t i = 0; i < rows; ++i) {
+            float* r = P + i * e;
+            const int64_t n = s + i + 1;
+            exp_shifted(r, n, row_lse[s + i]);
+            std::fill(r + n, r + e, 0.0f);
           }
           gemm(true, false, e, D, rows, 1.0f, P, e, do_s, dO.st, first, dv0, dV.st);
           gemm(false, true, rows, e, D, 1.0f, do_s, dO.st, v0, V.st, 0.0f, dS, e);
