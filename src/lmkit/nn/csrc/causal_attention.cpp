@@ -152,6 +152,7 @@ void stored_head_backward(const View& Q, const View& K, const View& V, const Vie
     }
     gemm(false, false, rows, D, e, scale, d_s, T, k0, K.st, 0.0f, dQ.at(b, h, s), dQ.st);
   }
+  // key blocks line up with the query blocks: a diagonal block's rows hold P and dS up to their block's end only
   for (int64_t c = 0; c < T; c += block) {
     const int64_t w = std::min(block, T - c), n = T - c;
     gemm(true, false, w, D, n, 1.0f, P + c * T + c, T, dO.at(b, h, c), dO.st, beta, dV.at(b, g, c), dV.st);
