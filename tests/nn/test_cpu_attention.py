@@ -200,3 +200,12 @@ def test_inputs_the_kernel_cannot_address_are_refused_not_read(kernel):
             cpu_attention.attention_forward(bad, q, q, 0.5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not cpu_attention.applies(q, True)  # the projections give bf16 there: the eager/SDPA paths serve it
+
+
+def test_probabilities_are_kept_only_while_they_are_small():
+    assert cpu_attention.stores_probabilities(16, 4, 256, 64)  # the benchmark's layer: 16.7 MB
+    assert not cpu_attention.stores_probabilities(16, 4, 257, 64)  # longer than 4 x the head size
+    assert cpu_attention.stores_probabilities(64, 4, 256, 64)  # 64 MB: the limit
+    assert not cpu_attention.stores_probabilities(65, 4, 256, 64)
+    q, k, v = cpu_attention._split_heads(joined(2, 300, 2, 2, 64, seed=0), 2, 2)
+    assert cpu_attention.attention_forward(q, k, v, 0.1)[2] is None

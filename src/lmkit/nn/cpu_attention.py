@@ -5,7 +5,7 @@ softmax(Q K^T * scale + causal mask) V, forward and backward, per (batch, head) 
 MKL's sgemm. SDPA's flash kernel computes every key block of a query block at these lengths and moves q, k,
 v and the output through head transposes; this kernel reads q, k and v where they lie (strided views of the
 joined projection) and writes the output in the (batch, position, head) order the output projection takes.
-softmax(Q K^T) is kept for the backward when it is small (T <= 4 x head size), which also lets the backward
+softmax(Q K^T) is kept for the backward when it is small (T <= 4 x head size, 64 MB a call), which also lets the backward
 form dK and dV one key block at a time over every query that sees it; otherwise it is recomputed from the
 log-sum-exp. Forward + backward at batch 16, 4 heads, 256 positions, head
 size 64, one AVX2 core: about 29 ms against SDPA's 52 (docs/portability.md).
@@ -103,10 +103,14 @@ def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p | None:
     return None if t is None else ctypes.c_void_p(t.data_ptr())
 
 
-def stores_probabilities(t: int, head_dim: int) -> bool:
-    """Keep softmax(Q K^T) (T x T a head) for the backward while it is at most 4/3 of the head's q, k and v
-    (T <= 4 x head size: 256 positions at head size 64); longer sequences recompute it from the log-sum-exp."""
-    return t <= 4 * head_dim
+_STORE_LIMIT = 64 << 20  # bytes of kept probabilities per layer call, at most
+
+
+def stores_probabilities(batch: int, heads: int, t: int, head_dim: int) -> bool:
+    """Keep softmax(Q K^T) (T x T a head) for the backward while it is at most 4/3 of the heads' q, k and v
+    (T <= 4 x head size: 256 positions at head size 64) and 64 MB a call; otherwise the backward recomputes it
+    from the log-sum-exp."""
+    return t <= 4 * head_dim and batch * heads * t * t * 4 <= _STORE_LIMIT
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, block: int = _BLOCK,
@@ -116,7 +120,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     lib = library()
     _validate(q, k, v)
     B, H, T, D = q.shape
-    store = stores_probabilities(T, D) if store is None else store
+    store = stores_probabilities(B, H, T, D) if store is None else store
     out = q.new_empty(B, T, H, D)
     lse = q.new_empty(B, H, T)
     probs = q.new_empty(B, H, T, T) if store else None  # only the causal triangle's blocks are written

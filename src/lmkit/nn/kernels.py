@@ -171,9 +171,10 @@ class _GeluTanhBias(torch.autograd.Function):
 
 def gelu_tanh_linear(x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
     """gelu_tanh(linear(x)); in float32 training on CPU the bias goes into the compiled GELU (one pass less)."""
+    if type(linear) is not torch.nn.Linear or linear._forward_hooks or linear._forward_pre_hooks:
+        return gelu_tanh(linear(x))  # adapters, quantized layers and hooks keep their own forward
     weight, bias = linear.weight, linear.bias
-    if (bias is not None and type(linear) is torch.nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks)
-            and x.dtype == weight.dtype == bias.dtype == torch.float32 and x.device.type == "cpu"
+    if (bias is not None and x.dtype == weight.dtype == bias.dtype == torch.float32 and x.device.type == "cpu"
             and torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
             and x.numel() // max(x.shape[-1], 1) * weight.shape[0] >= _MIN_ELEMENTS
             and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
