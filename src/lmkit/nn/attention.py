@@ -1,8 +1,9 @@
 """Multi-head, grouped-query and multi-query attention with a KV cache.
 
 Attention(Q, K, V) = softmax(Q K^T * scale + bias) V per head, through
-torch.nn.functional.scaled_dot_product_attention; n_kv_heads < n_heads shares each key/value
-head among n_heads / n_kv_heads query heads (GQA; MQA when it is 1).
+torch.nn.functional.scaled_dot_product_attention, except in CPU training: causal float32 attention goes
+through the compiled kernel of `cpu_attention`, low precision through `eager_attention`. n_kv_heads < n_heads
+shares each key/value head among n_heads / n_kv_heads query heads (GQA; MQA when it is 1).
 """
 from __future__ import annotations
 
