@@ -18,13 +18,16 @@ def kernel():
     return lib
 
 
-def exact_attention(q, k, v, scale):
-    """softmax(Q K^T * scale + causal mask) V in float64, key/value heads repeated for grouped queries."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+def exact_scores(q, k, scale):
+    """Q K^T * scale with the causal mask as -inf, key heads repeated for grouped queries (float64 in, out)."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
     t = q.shape[2]
-    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-    return scores.softmax(-1) @ v
+    return (q @ k.transpose(-1, -2) * scale).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+
+
+def exact_attention(q, k, v, scale):
+    """softmax(Q K^T * scale + causal mask) V, written out."""
+    return exact_scores(q, k, scale).softmax(-1) @ v.repeat_interleave(q.shape[1] // v.shape[1], 1)
 
 
 def joined(B, T, H, H_kv, D, seed):
@@ -51,15 +54,9 @@ def test_forward_and_backward_match_the_float64_formula(kernel, B, T, H, H_kv, D
     # float32 products over at most T keys and D features: a few dozen roundings at the largest magnitude
     assert_close_in(torch.float32, out.transpose(1, 2), want, steps=64)
     assert_close_in(torch.float32, d_qkv, exact.grad, steps=256)
-    want_lse = torch.logsumexp((exact_attention_scores(qkv, H, H_kv, scale)), -1)
+    q64, k64, _ = cpu_attention._split_heads(qkv.double(), H, H_kv)
+    want_lse = torch.logsumexp(exact_scores(q64, k64, scale), -1)
     assert_close_in(torch.float32, lse, want_lse, steps=64)
-
-
-def exact_attention_scores(qkv, H, H_kv, scale):
-    q, k, _ = cpu_attention._split_heads(qkv.double(), H, H_kv)
-    k = k.repeat_interleave(H // H_kv, 1)
-    t = q.shape[2]
-    return (q @ k.transpose(-1, -2) * scale).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -120,7 +117,7 @@ def test_attention_layer_training_goes_through_the_kernel_and_matches_sdpa(kerne
     assert expected in graph_nodes(out)
     grads = torch.autograd.grad(out.square().sum(), [x, *att.parameters()])
     monkeypatch.setattr(cpu_attention, "_library", False)  # the SDPA path
-    assert not cpu_attention.applies(x, True)
+    assert not cpu_attention.applies(x)
     want = att(x, is_causal=True, rope=rope)
     want_grads = torch.autograd.grad(want.square().sum(), [x, *att.parameters()])
     assert_close_in(torch.float32, out, want, steps=64)
@@ -132,9 +129,10 @@ def test_attention_layer_training_goes_through_the_kernel_and_matches_sdpa(kerne
 
 def test_inference_padding_dropout_and_low_precision_keep_their_paths(kernel):
     x = torch.randn(2, 9, 8)
-    assert cpu_attention.applies(x, True)
-    assert not cpu_attention.applies(x, False)  # no gradients: SDPA's forward
-    assert not cpu_attention.applies(x.bfloat16(), True)
+    assert cpu_attention.applies(x)
+    with torch.no_grad():
+        assert not cpu_attention.applies(x)  # no gradients: SDPA's forward
+    assert not cpu_attention.applies(x.bfloat16())
     torch.manual_seed(0)
     att = Attention(model_config(attention_dropout=0.1), causal=True).train()
     out = att(torch.randn(2, 9, 48, requires_grad=True), is_causal=True)
@@ -153,7 +151,7 @@ def test_without_a_compiler_attention_falls_back_to_sdpa(monkeypatch, tmp_path, 
     with caplog.at_level(logging.INFO, logger="lmkit.nn.cpu_attention"):
         assert cpu_attention.library() is None
     assert "using SDPA" in caplog.text
-    assert not cpu_attention.applies(torch.randn(2, 3), True)
+    assert not cpu_attention.applies(torch.randn(2, 3))
     torch.manual_seed(0)
     att = Attention(model_config(), causal=True).train()
     x = torch.randn(2, 9, 48, requires_grad=True)
@@ -199,7 +197,7 @@ def test_inputs_the_kernel_cannot_address_are_refused_not_read(kernel):
         with pytest.raises(ValueError, match="float32 CPU"):
             cpu_attention.attention_forward(bad, q, q, 0.5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not cpu_attention.applies(q, True)  # the projections give bf16 there: the eager/SDPA paths serve it
+        assert not cpu_attention.applies(q)  # the projections give bf16 there: the eager/SDPA paths serve it
 
 
 def test_probabilities_are_kept_only_while_they_are_small():

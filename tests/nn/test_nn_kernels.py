@@ -5,6 +5,7 @@ import torch.nn.functional as F
 
 from lmkit.nn import kernels
 from lmkit.nn.kernels import gelu_tanh
+from test_cpu_attention import graph_nodes  # noqa: E402
 from tolerances import assert_close_in, assert_close_in_norm
 
 
@@ -159,17 +160,6 @@ def test_a_compiled_kernel_with_wrong_numbers_is_not_used(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)  # the formula itself passes the check
     assert len(kernels.compiled_kernels()) == 2
 
-
-def graph_nodes(t: torch.Tensor) -> set[str]:
-    seen, todo, names = set(), [t.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.add(type(node).__name__)
-        todo.extend(n for n, _ in node.next_functions)
-    return names
 
 
 @pytest.mark.parametrize("shape", [(3, 101, 40), (7000, 13)])  # rows of no vector multiple; many short rows

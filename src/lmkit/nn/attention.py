@@ -254,7 +254,7 @@ class Attention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         if (not self.cross and rope is None and cache is None and queries is None and bias is None and is_causal
                 and not dropout and not self.keep_probabilities and T > 1 and self.n_heads > 0 and self.head_dim > 0
-                and self._plain_qkv() and cpu_attention.applies(x, torch.is_grad_enabled())):
+                and self._plain_qkv() and cpu_attention.applies(x)):
             scale = self.head_dim ** -0.5 if self.scale is None else self.scale
             return self.o_proj(cpu_attention.JoinedCausalAttention.apply(
                 self._joined_projection(x), self.n_heads, self.n_kv_heads, scale))
@@ -293,7 +293,7 @@ class Attention(nn.Module):
             self.probabilities = attention_probabilities(q, kq, bias, is_causal and bias is None, scale)
             out = torch.matmul(F.dropout(self.probabilities, p=dropout) if dropout else self.probabilities, vq)
         elif is_causal and bias is None and not dropout and T > 1 and T == k.shape[2] and k.shape[1] > 0 \
-                and q.dtype == k.dtype == v.dtype and cpu_attention.applies(q, torch.is_grad_enabled()):
+                and q.dtype == k.dtype == v.dtype and cpu_attention.applies(q):
             q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
             out = cpu_attention.CausalAttention.apply(q, k, v, q.shape[-1] ** -0.5 if self.scale is None else self.scale)
         elif q.device.type == "cpu" and q.dtype in _LOW_PRECISION and torch.is_grad_enabled() and T > 1 \

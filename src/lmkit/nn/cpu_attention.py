@@ -5,12 +5,12 @@ softmax(Q K^T * scale + causal mask) V, forward and backward, per (batch, head) 
 MKL's sgemm. SDPA's flash kernel computes every key block of a query block at these lengths and moves q, k,
 v and the output through head transposes; this kernel reads q, k and v where they lie (strided views of the
 joined projection) and writes the output in the (batch, position, head) order the output projection takes.
-softmax(Q K^T) is kept for the backward when it is small (T <= 4 x head size, 64 MB a call), which also lets the backward
-form dK and dV one key block at a time over every query that sees it; otherwise it is recomputed from the
-log-sum-exp. Forward + backward at batch 16, 4 heads, 256 positions, head
-size 64, one AVX2 core: about 29 ms against SDPA's 52 (docs/portability.md).
+softmax(Q K^T) is kept for the backward when it is small (T <= 4 x head size, 64 MB a call), which also lets
+the backward form dK and dV one key block at a time over every query that sees it; otherwise it is recomputed
+from the log-sum-exp. Forward + backward at batch 16, 4 heads, 256 positions, head size 64, one AVX2 core:
+about 29 ms against SDPA's 52 (docs/portability.md).
 
-The library is compiled on first use with the system's C++ compiler and OpenMP (the ones inductor uses),
+The library is compiled on first use with g++ (or CXX) and OpenMP, running on torch's own OpenMP threads,
 linked against libtorch_cpu for sgemm and cached under ~/.cache/lmkit (LMKIT_CACHE). Its numbers are checked
 against the float64 formula before first use; without a compiler, without MKL's sgemm in libtorch_cpu, with
 a kernel that fails the check, or with LMKIT_COMPILE_KERNELS=0, attention goes through SDPA.
@@ -28,7 +28,11 @@ from pathlib import Path
 
 import torch
 
-_BLOCK = 32  # query rows per block: 32 and 64 were within 2% forward + backward, 32 the faster (AVX2, T=256)
+from lmkit.nn.eager import float32_cpu_training
+
+# query rows per block, and key columns per block of the stored backward (the two must be equal): 32 and 64
+# were within 2% forward + backward, 32 the faster (AVX2, T=256)
+_BLOCK = 32
 _SOURCE = Path(__file__).with_name("csrc") / "causal_attention.cpp"
 _log = logging.getLogger(__name__)
 _library: ctypes.CDLL | None | bool = None  # False once loading or checking failed
@@ -113,7 +117,7 @@ def stores_probabilities(batch: int, heads: int, t: int, head_dim: int) -> bool:
     return t <= 4 * head_dim and batch * heads * t * t * 4 <= _STORE_LIMIT
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, block: int = _BLOCK,
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                       store: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(out (B, T, H, D) contiguous, log-sum-exp (B, H, T), stored probabilities or None) for q (B, H, T, D) and
     k, v (B, H_kv, T, D), each with unit stride along D."""
@@ -126,7 +130,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     probs = q.new_empty(B, H, T, T) if store else None  # only the causal triangle's blocks are written
     o = out.transpose(1, 2)
     lib.lmkit_causal_attention_forward(B, H, k.shape[1], T, D, _ptr(q), _strides(q), _ptr(k), _strides(k), _ptr(v),
-                                       _strides(v), _ptr(o), _strides(o), _ptr(lse), _ptr(probs), scale, block,
+                                       _strides(v), _ptr(o), _strides(o), _ptr(lse), _ptr(probs), scale, _BLOCK,
                                        torch.get_num_threads())
     return out, lse, probs
 
@@ -142,7 +146,7 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 def attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        lse: torch.Tensor, probs: torch.Tensor | None, scale: float, dq: torch.Tensor,
-                       dk: torch.Tensor, dv: torch.Tensor, block: int = _BLOCK) -> None:
+                       dk: torch.Tensor, dv: torch.Tensor) -> None:
     """Write dq, dk, dv ((B, H, T, D) / (B, H_kv, T, D) views, unit stride along D) from grad (B, H, T, D)."""
     B, H, T, D = q.shape
     if grad.stride(-1) != 1:
@@ -151,7 +155,7 @@ def attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     library().lmkit_causal_attention_backward(
         B, H, k.shape[1], T, D, _ptr(q), _strides(q), _ptr(k), _strides(k), _ptr(v), _strides(v), _ptr(o),
         _strides(o), _ptr(grad), _strides(grad), _ptr(lse), _ptr(probs), _ptr(dq), _strides(dq), _ptr(dk),
-        _strides(dk), _ptr(dv), _strides(dv), scale, block, torch.get_num_threads())
+        _strides(dk), _ptr(dv), _strides(dv), scale, _BLOCK, torch.get_num_threads())
 
 
 class CausalAttention(torch.autograd.Function):
@@ -207,35 +211,30 @@ class JoinedCausalAttention(torch.autograd.Function):
         return d_qkv, None, None, None
 
 
-def applies(x: torch.Tensor, grad_enabled: bool) -> bool:
-    """Whether the compiled kernel serves this call: a non-empty float32 CPU tensor with gradients enabled
-    (training), outside autocast, torch.compile, tracing and functorch, with the kernel available."""
-    return (grad_enabled and x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() > 0
-            and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not torch._C._functorch.is_functorch_wrapped_tensor(x) and library() is not None)
-
-
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
-    v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
-    scores = (q @ k.transpose(-1, -2)) * scale
-    t = q.shape[2]
-    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(scores, -1) @ v
+def applies(x: torch.Tensor) -> bool:
+    """Whether the compiled kernel serves this call: float32 CPU training (eager.float32_cpu_training) on a
+    non-empty tensor, with the kernel available."""
+    return x.numel() > 0 and float32_cpu_training(x) and library() is not None
 
 
 def _check() -> None:
     """Forward and backward against the float64 formula: grouped heads, a length that is no multiple of the block
     or of the vector width, both ways of feeding the backward, q/k/v as views of one joined projection."""
+    from lmkit.nn.attention import attention_probabilities  # attention.py imports this module
+
+    def reference(q, k, v, scale):
+        group = q.shape[1] // k.shape[1]
+        probs = attention_probabilities(q, k.repeat_interleave(group, 1), None, True, scale)
+        return probs @ v.repeat_interleave(group, 1)
+
     gen = torch.Generator().manual_seed(0)
     B, H, H_kv, T, D = 2, 4, 2, 2 * _BLOCK + 7, 12
     qkv = torch.randn(B, T, (H + 2 * H_kv) * D, generator=gen, dtype=torch.float64)
     grad = torch.randn(B, H, T, D, generator=gen, dtype=torch.float64)
     exact = qkv.clone().requires_grad_(True)
     q64, k64, v64 = _split_heads(exact, H, H_kv)
-    _reference(q64, k64, v64, 0.3).backward(grad)
-    want_out = _reference(*_split_heads(qkv, H, H_kv), 0.3)
+    reference(q64, k64, v64, 0.3).backward(grad)
+    want_out = reference(*_split_heads(qkv, H, H_kv), 0.3)
     q, k, v = _split_heads(qkv.float(), H, H_kv)
     for store in (False, True):
         out, lse, probs = attention_forward(q, k, v, 0.3, store=store)

@@ -22,6 +22,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from lmkit.nn.eager import float32_cpu_training, plain_eager
 from lmkit.nn.norms import widen
 from lmkit.nn.training_linear import linear as training_linear
 
@@ -174,11 +175,8 @@ def gelu_tanh_linear(x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
     if type(linear) is not torch.nn.Linear or linear._forward_hooks or linear._forward_pre_hooks:
         return gelu_tanh(linear(x))  # adapters, quantized layers and hooks keep their own forward
     weight, bias = linear.weight, linear.bias
-    if (bias is not None and x.dtype == weight.dtype == bias.dtype == torch.float32 and x.device.type == "cpu"
-            and torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-            and x.numel() // max(x.shape[-1], 1) * weight.shape[0] >= _MIN_ELEMENTS
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not torch._C._functorch.is_functorch_wrapped_tensor(x) and bias_kernels()):
+    if (bias is not None and x.dtype == weight.dtype == bias.dtype and float32_cpu_training(x)
+            and x.numel() // max(x.shape[-1], 1) * weight.shape[0] >= _MIN_ELEMENTS and bias_kernels()):
         h = training_linear(x, weight)
         return _GeluTanhBias.apply(h.view(-1, h.shape[-1]), bias).view(h.shape)
     return gelu_tanh(linear(x))
@@ -187,8 +185,7 @@ def gelu_tanh_linear(x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """F.gelu(x, approximate="tanh"), through the compiled kernel for large contiguous float32/bf16/fp16 CPU tensors."""
     if (x.dtype in _DTYPES and x.device.type == "cpu" and x.is_contiguous()
-            and x.numel() >= _MIN_ELEMENTS and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not torch._C._functorch.is_functorch_wrapped_tensor(x) and kernels_for(x.dtype)):
+            and x.numel() >= _MIN_ELEMENTS and plain_eager(x) and kernels_for(x.dtype)):
         if torch.is_grad_enabled() and x.requires_grad:
             return _GeluTanh.apply(x)
         with torch.no_grad():

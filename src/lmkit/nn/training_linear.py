@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lmkit.nn.eager import float32_cpu_training
+
 
 class _WideLinear(torch.autograd.Function):
     @staticmethod
@@ -30,10 +32,8 @@ class _WideLinear(torch.autograd.Function):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias); the same numbers, its weight gradient transposed where that is faster."""
-    if (weight.shape[0] > weight.shape[1] and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
-            and torch.is_grad_enabled() and weight.requires_grad and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not torch._C._functorch.is_functorch_wrapped_tensor(x)):
+    """F.linear(x, weight, bias): the same forward; for a layer wider out than in, in float32 CPU training, the weight
+    gradient is the same product formed transposed (equal but for the order of float32 sums)."""
+    if weight.shape[0] > weight.shape[1] and weight.requires_grad and weight.dtype == x.dtype and float32_cpu_training(x):
         return _WideLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)
