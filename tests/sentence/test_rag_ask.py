@@ -1,7 +1,9 @@
 """`lmkit rag ask`: numbered sources in the prompt (through the folder's chat template when it has one), sources
-dropped from the lowest rank when the context is short, citations read from the answer."""
+dropped from the lowest rank when the context is short and the best one cut to fit, an answer with no source
+left refused (or marked ungrounded when allowed), messages that add up the room, citations read from the answer."""
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 
@@ -11,7 +13,8 @@ import lmkit
 from lmkit.data.corpus import Document
 from lmkit.errors import GenerationError
 from lmkit.rag import RagIndex, retrieve
-from lmkit.rag.answer import answer, citations, grounded_prompt, user_message
+from lmkit.rag.answer import INSTRUCTION, answer, citations, grounded_prompt, user_message
+from lmkit.rag.fit import MIN_SOURCE_TOKENS, UngroundedError, default_answer_tokens
 
 minilm = pytest.importorskip("all_minilm_l6_v2")
 transformers = pytest.importorskip("transformers")
@@ -90,8 +93,76 @@ def test_short_context_drops_sources_from_the_lowest_rank(index, tmp_path):
     assert len(grounded_prompt(tok, question, result.sources)[1]) <= 256 - 16
     assert len(grounded_prompt(tok, question, hits[:len(result.sources) + 1])[1]) > 256 - 16
     assert "source 6" in result.notices[0]
-    with pytest.raises(GenerationError, match="question alone"):
-        answer(index, folder, "why " * 400, k=2, max_new_tokens=16)
+    question = "why " * 400
+    with pytest.raises(GenerationError, match="without any source") as caught:
+        answer(index, folder, question, k=2, max_new_tokens=16)
+    # the message adds up: the parts it names sum to the bare prompt, and the room is 256 - 16
+    total, q, i, t = map(int, re.search(r"takes (\d+) tokens \(the question (\d+), the instruction (\d+), "
+                                        r"the template (\d+)\)", str(caught.value)).groups())
+    assert total == q + i + t == len(grounded_prompt(tok, question, [])[1])
+    assert i == len(tok.encode(INSTRUCTION, add_special_tokens=False)) and q > 400 and t >= 0
+    assert "256 positions, 16 of them kept for the answer" in str(caught.value) and "leaving 240" in str(caught.value)
+
+
+def _sizes(index, tmp_path, question: str, template=None):
+    """(tokenizer, bare prompt length, each hit's cost in prompt tokens, hits) of the test decoder's tokenizer."""
+    tok = lmkit.load_tokenizer(_decoder(tmp_path / "probe", 1024, template))
+    hits = retrieve(index, question, 6)
+    bare = len(grounded_prompt(tok, question, [])[1])
+    return tok, bare, [len(grounded_prompt(tok, question, [h])[1]) - bare for h in hits], hits
+
+
+def test_the_best_source_is_cut_to_fit_rather_than_dropped(index, tmp_path):
+    question = "Which tower stands in Lima?"
+    tok, bare, sizes, hits = _sizes(index, tmp_path, question)
+    positions = 16 + bare + sizes[0] - 4  # the whole best source misses by 4 tokens
+    folder = _decoder(tmp_path / "dec", positions, None)
+    result = answer(index, folder, question, k=6, max_new_tokens=16)
+    assert len(result.sources) == 1 and result.grounded and result.sources[0].chunk == hits[0].chunk
+    cut = result.sources[0].text
+    assert hits[0].text.startswith(cut) and len(cut) < len(hits[0].text)
+    kept = len(tok.encode(cut, add_special_tokens=False))
+    assert kept >= MIN_SOURCE_TOKENS and len(grounded_prompt(tok, question, result.sources)[1]) <= positions - 16
+    assert "cut to its first" in result.notices[-1] and len(result.notices) == 6
+
+
+def test_no_source_left_is_refused_or_marked_ungrounded(index, tmp_path, capsys):
+    from lmkit.cli import main
+
+    question = "Which tower stands in Lima?"
+    tok, bare, sizes, _ = _sizes(index, tmp_path, question, TEMPLATE)
+    positions = 16 + bare + 20  # 20 tokens are left for sources: no header and 16 tokens of text fit
+    folder = _decoder(tmp_path / "dec", positions, TEMPLATE)
+    with pytest.raises(UngroundedError) as caught:
+        answer(index, folder, question, k=6, max_new_tokens=16)
+    message = str(caught.value)
+    assert f"take {', '.join(map(str, sizes))}" in message and "leaving 20 tokens for sources" in message
+    assert "--chunk-tokens" in message and "--max-new-tokens" in message
+    result = answer(index, folder, question, k=6, max_new_tokens=16, allow_ungrounded=True)
+    assert not result.grounded and result.cited == [] and "ungrounded" in result.notices[-1]
+    assert "[1]" not in result.prompt and INSTRUCTION not in result.prompt and question in result.prompt
+    index.save(tmp_path / "ix")
+    argv = ["rag", "ask", "--index", str(tmp_path / "ix"), "--model", str(folder), "--question", question,
+            "--max-new-tokens", "16"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no retrieved source fits" in err
+    assert main(argv + ["--allow-ungrounded"]) == 0
+    out = capsys.readouterr().out
+    assert "sources: none (ungrounded" in out and "[1]" not in out
+
+
+def test_answer_tokens_default_to_a_quarter_of_a_short_context(index, tmp_path):
+    assert [default_answer_tokens(n) for n in (2048, 512, 128, 3)] == [128, 128, 32, 1]
+    question = "Which tower stands in Lima?"
+    tok, bare, sizes, _ = _sizes(index, tmp_path, question)
+    positions = 4 * (bare + sizes[0] + 4) // 3  # fits one source beside a quarter of the context
+    folder = _decoder(tmp_path / "dec", positions, None)
+    result = answer(index, folder, question, k=6)
+    assert result.grounded and len(grounded_prompt(tok, question, result.sources)[1]) <= positions - positions // 4
+    with pytest.raises(GenerationError, match=f"leaves no room for the prompt in the model's {positions} positions"):
+        answer(index, folder, question, max_new_tokens=positions)
 
 
 def test_citations():

@@ -41,7 +41,7 @@ def index_dir(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("positions", [1024, 200])
+@pytest.mark.parametrize("positions", [1024, 260])
 def test_chat_answers_from_sources(tmp_path, index_dir, positions):
     from lmkit.rag import RagIndex, retrieve
     from lmkit.rag.answer import grounded_messages
@@ -60,8 +60,34 @@ def test_chat_answers_from_sources(tmp_path, index_dir, positions):
         tok = lmkit.load_tokenizer(folder)
         text = tok.apply_chat_template(grounded_messages(messages, kept), add_generation_prompt=True, tokenize=False)
         assert body["usage"]["prompt_tokens"] == len(tok.encode(text, add_special_tokens=False))
-        assert (len(kept) < 5) == (positions == 200) and len(body["notices"]) == 5 - len(kept)
+        assert (0 < len(kept) < 5) == (positions == 260) and len(body["notices"]) == 5 - len(kept)
         with httpx.stream("POST", served.url + "/v1/chat/completions", timeout=60,
                           json={"messages": messages, "max_tokens": 3, "stream": True}) as s:
             first = next(line for line in s.iter_lines() if line.startswith("data: "))
         assert json.loads(first[6:])["sources"] == body["sources"]
+
+
+def test_no_source_left_is_a_400_naming_the_room(tmp_path, index_dir):
+    """A grounded chat with no source fitting beside the turn and max_tokens is refused, never answered bare."""
+    from lmkit.rag import RagIndex, retrieve
+    from lmkit.rag.answer import grounded_messages
+
+    messages = [{"role": "user", "content": "Where is the blue tower?"}]
+    probe = lmkit.load_tokenizer(make_folder(tmp_path / "probe", "gpt2"))
+
+    def length(kept):
+        text = probe.apply_chat_template(grounded_messages(messages, kept), add_generation_prompt=True, tokenize=False)
+        return len(probe.encode(text, add_special_tokens=False))
+
+    bare = length([])
+    hits = retrieve(RagIndex.open(index_dir), messages[0]["content"], 5)
+    assert min(length([h]) for h in hits) - bare > 10  # a header and 16 tokens of text do not fit in 10
+    folder = make_folder(tmp_path / "m", "gpt2", n_positions=bare + 4 + 10)
+    with RunningServer(folder, rag=str(index_dir)) as served:
+        r = httpx.post(served.url + "/v1/chat/completions", timeout=60,
+                       json={"messages": messages, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "no_source_fits" and error["param"] == "messages"
+    assert f"{bare + 14} positions, 4 of them kept for the answer (max_tokens)" in error["message"]
+    assert ", ".join(str(length([h]) - bare) for h in hits) in error["message"]

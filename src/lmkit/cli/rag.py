@@ -3,7 +3,7 @@
   lmkit rag index  --encoder DIR --corpus NAME|PATH ... --out INDEX [--chunk-tokens N --overlap N]
   lmkit rag remove --index INDEX --source ID ...
   lmkit rag query  --index INDEX --query TEXT [--k 5] [--mode dense|bm25|hybrid] [--json]
-  lmkit rag ask    --index INDEX --model DIR --question TEXT [--k 5]
+  lmkit rag ask    --index INDEX --model DIR --question TEXT [--k 5] [--allow-ungrounded]
 
 `index` into an existing INDEX updates it in place: new documents are added, documents whose text
 changed are replaced, unchanged ones are skipped (nothing is embedded twice).
@@ -56,7 +56,11 @@ def register(subparsers) -> None:
     a.add_argument("--question", required=True, metavar="TEXT")
     a.add_argument("--k", type=int, default=5, metavar="K", help="chunks to put in the prompt (default 5)")
     a.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="hybrid")
-    a.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    a.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help="answer tokens, kept free of the context (default 128, or a quarter of a shorter context)")
+    a.add_argument("--allow-ungrounded", action="store_true",
+                   help="when no retrieved source fits the context, answer the bare question marked ungrounded "
+                        "(default: refuse with an error naming the room)")
     a.add_argument("--show-prompt", action="store_true", help="print the grounded prompt before the answer")
     a.set_defaults(func=run_ask)
 
@@ -139,7 +143,7 @@ def run_ask(args: argparse.Namespace) -> int:
 
     utf8(args.question, "--question")
     result = answer(RagIndex.open(args.index), args.model, args.question, k=args.k, mode=args.mode,
-                    max_new_tokens=args.max_new_tokens)
+                    max_new_tokens=args.max_new_tokens, allow_ungrounded=args.allow_ungrounded)
     import sys
 
     for notice in result.notices:
@@ -149,6 +153,9 @@ def run_ask(args: argparse.Namespace) -> int:
         print("---")
     print(result.answer)
     print()
+    if not result.grounded:
+        print("sources: none (ungrounded answer: not drawn from the index)")
+        return 0
     print("sources:")
     for number, hit in enumerate(result.sources, 1):
         mark = "*" if number in result.cited else " "

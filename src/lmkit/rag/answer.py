@@ -3,8 +3,10 @@
 The prompt is one user turn: an instruction, the sources "[n] (document id)" then their text, and the
 question. A folder with a chat template renders it through `apply_chat_template(add_generation_prompt=True)`;
 one without gets the plain text ending in "Answer:". When the prompt and the answer's tokens do not fit
-the model's context, sources are dropped from the lowest rank first, each drop reported in `notices`.
-Citations are the "[n]" marks of the answer that name a source given.
+the model's context, sources are dropped from the lowest rank first, the best one cut to fit when it alone
+is too long, each step reported in `notices` (`lmkit.rag.fit`); with no source left the answer is refused
+unless allowed, then asked without sources and marked ungrounded. Citations are the "[n]" marks of the answer
+that name a source given.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 import lmkit
 from lmkit.errors import GenerationError
+from lmkit.rag.fit import Room, default_answer_tokens, fit_sources
 from lmkit.rag.retrieve import Hit, retrieve
 
 INSTRUCTION = ("Answer the question using only the numbered sources below. Cite the sources you use by their "
@@ -27,6 +30,11 @@ class Answer:
     sources: list[Hit]
     cited: list[int]
     notices: list[str] = field(default_factory=list)
+
+    @property
+    def grounded(self) -> bool:
+        """Whether any source was in the prompt (False only when the caller allowed an ungrounded answer)."""
+        return bool(self.sources)
 
 
 def user_message(question: str, sources: list[Hit], instruction: str = INSTRUCTION) -> str:
@@ -69,39 +77,37 @@ def grounded_messages(messages: list[dict], sources: list[Hit]) -> list[dict]:
             *messages[last + 1:]]
 
 
-def fit_sources(render, hits: list[Hit], room: int) -> tuple[object, list[int], list[Hit], list[str]]:
-    """render(kept) -> (prompt, ids) with as many of the best hits as fit in `room` tokens, dropping from the
-    lowest rank; returns (prompt, ids, kept, notices)."""
-    notices, kept = [], list(hits)
-    while True:
-        prompt, ids = render(kept)
-        if len(ids) <= room:
-            return prompt, ids, kept, notices
-        if not kept:
-            raise GenerationError(f"the question alone takes {len(ids)} tokens, more than the {room} the model's "
-                                  "context leaves beside the answer; ask a shorter question or lower --max-new-tokens")
-        dropped = kept.pop()
-        notices.append(f"source {len(kept) + 1} ({dropped.source}) dropped: the prompt did not fit the model's "
-                       f"context ({len(ids)} tokens for {room})")
+def prompt_parts(tokenizer, question: str, instruction: str = INSTRUCTION) -> dict[str, int]:
+    """Token counts of the named pieces of a grounded prompt (for messages about room)."""
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    return {"the question": count(f"Question: {question}"), "the instruction": count(instruction)}
 
 
-def answer(index, model_dir, question: str, k: int = 5, mode: str = "hybrid", max_new_tokens: int = 128,
-           model=None, tokenizer=None) -> Answer:
-    """Retrieve k chunks from `index` (a RagIndex), prompt the decoder in model_dir with them, decode greedily."""
+def answer(index, model_dir, question: str, k: int = 5, mode: str = "hybrid", max_new_tokens: int | None = None,
+           model=None, tokenizer=None, allow_ungrounded: bool = False) -> Answer:
+    """Retrieve k chunks from `index` (a RagIndex), prompt the decoder in model_dir with them, decode greedily.
+
+    max_new_tokens defaults to `default_answer_tokens` of the model's context (128, or a quarter of a short
+    context). With no source fitting, UngroundedError unless allow_ungrounded (then the bare question is asked).
+    """
     import torch
 
-
-    if max_new_tokens < 1:
-        raise GenerationError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     model = model if model is not None else lmkit.load_model(model_dir)
     tokenizer = tokenizer if tokenizer is not None else lmkit.load_tokenizer(model_dir)
     if model.config.architecture != "decoder":
         raise GenerationError(f"{model_dir} is not a decoder-only model; `lmkit rag ask` answers with a decoder")
+    context = model.config.max_seq_len
+    room = Room(context, default_answer_tokens(context) if max_new_tokens is None else max_new_tokens)
+    room.check()
     hits = retrieve(index, question, k, mode)
-    room = model.config.max_seq_len - max_new_tokens
-    text, ids, kept, notices = fit_sources(lambda kept: grounded_prompt(tokenizer, question, kept), hits, room)
+    fitted = fit_sources(lambda kept: grounded_prompt(tokenizer, question, kept), hits, room, tokenizer,
+                         parts=prompt_parts(tokenizer, question), allow_ungrounded=allow_ungrounded,
+                         ungrounded=lambda: grounded_prompt(tokenizer, question, [], instruction=""))
+    ids = fitted.ids
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
-    out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+    out = model.generate(torch.tensor([ids]), max_new_tokens=room.answer, do_sample=False, eos_token_id=eos,
                          pad_token_id=model.config.pad_token_id if model.config.pad_token_id is not None else eos)
     reply = tokenizer.decode(out[0, len(ids):].tolist(), skip_special_tokens=True).strip()
-    return Answer(text, reply, kept, citations(reply, len(kept)), notices)
+    return Answer(fitted.prompt, reply, fitted.sources, citations(reply, len(fitted.sources)), fitted.notices)

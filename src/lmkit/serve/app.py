@@ -342,17 +342,23 @@ async def _generate(server: Server, http: Request, body, chat: bool):
 
 def _ground(server: Server, messages: list[dict], max_tokens: int | None) -> tuple[list[dict], dict]:
     """(messages with the last user turn grounded, {"sources", "notices"}); sources dropped from the lowest rank
-    until the prompt leaves max_tokens (at least one) of the context."""
-    from lmkit.rag.answer import fit_sources, grounded_messages
+    (the best one cut to fit) until the prompt leaves max_tokens (at least one) of the context; with no source
+    left, a 400 (code no_source_fits) naming the room, never an answer without sources."""
+    from lmkit.rag.answer import grounded_messages, prompt_parts
+    from lmkit.rag.fit import Room, UngroundedError, fit_sources
     from lmkit.rag.retrieve import retrieve
 
     question = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
     hits = retrieve(server.rag, str(question), 5) if isinstance(question, str) and question.strip() else []
-    room = server.context - max(max_tokens or 1, 1)
-    grounded, _, kept, notices = fit_sources(lambda kept: (grounded_messages(messages, kept), _chat_prompt(
-        server, grounded_messages(messages, kept))), hits, room)
-    sources = [{"number": n, **hit.to_json()} for n, hit in enumerate(kept, 1)]
-    return grounded, {"sources": sources, "notices": notices}
+    room = Room(server.context, max(max_tokens or 1, 1), "max_tokens")
+    try:
+        fitted = fit_sources(lambda kept: (grounded_messages(messages, kept), _chat_prompt(
+            server, grounded_messages(messages, kept))), hits, room, server.tokenizer,
+            parts=prompt_parts(server.tokenizer, str(question)), rest="the template and the other turns")
+    except UngroundedError as exc:
+        raise APIError(400, str(exc), param="messages", code="no_source_fits") from exc
+    sources = [{"number": n, **hit.to_json()} for n, hit in enumerate(fitted.sources, 1)]
+    return fitted.prompt, {"sources": sources, "notices": fitted.notices}
 
 
 async def _with_sources(stream, sources: dict):
