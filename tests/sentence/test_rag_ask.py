@@ -13,7 +13,7 @@ import lmkit
 from lmkit.data.corpus import Document
 from lmkit.errors import GenerationError
 from lmkit.rag import RagIndex, retrieve
-from lmkit.rag.answer import INSTRUCTION, answer, citations, grounded_prompt, user_message
+from lmkit.rag.answer import INSTRUCTION, SHORT_INSTRUCTION, answer, citations, grounded_prompt, user_message
 from lmkit.rag.fit import MIN_SOURCE_TOKENS, UngroundedError, default_answer_tokens
 
 minilm = pytest.importorskip("all_minilm_l6_v2")
@@ -96,20 +96,21 @@ def test_short_context_drops_sources_from_the_lowest_rank(index, tmp_path):
     question = "why " * 400
     with pytest.raises(GenerationError, match="without any source") as caught:
         answer(index, folder, question, k=2, max_new_tokens=16)
-    # the message adds up: the parts it names sum to the bare prompt, and the room is 256 - 16
+    # the message adds up (for the short instruction, tried last): the parts it names sum to the bare prompt,
+    # and the room is 256 - 16
     total, q, i, t = map(int, re.search(r"takes (\d+) tokens \(the question (\d+), the instruction (\d+), "
                                         r"the template (\d+)\)", str(caught.value)).groups())
-    assert total == q + i + t == len(grounded_prompt(tok, question, [])[1])
-    assert i == len(tok.encode(INSTRUCTION, add_special_tokens=False)) and q > 400 and t >= 0
+    assert total == q + i + t == len(grounded_prompt(tok, question, [], SHORT_INSTRUCTION)[1])
+    assert i == len(tok.encode(SHORT_INSTRUCTION, add_special_tokens=False)) and q > 400 and t >= 0
     assert "256 positions, 16 of them kept for the answer" in str(caught.value) and "leaving 240" in str(caught.value)
 
 
-def _sizes(index, tmp_path, question: str, template=None):
+def _sizes(index, tmp_path, question: str, template=None, instruction=INSTRUCTION):
     """(tokenizer, bare prompt length, each hit's cost in prompt tokens, hits) of the test decoder's tokenizer."""
     tok = lmkit.load_tokenizer(_decoder(tmp_path / "probe", 1024, template))
     hits = retrieve(index, question, 6)
-    bare = len(grounded_prompt(tok, question, [])[1])
-    return tok, bare, [len(grounded_prompt(tok, question, [h])[1]) - bare for h in hits], hits
+    bare = len(grounded_prompt(tok, question, [], instruction)[1])
+    return tok, bare, [len(grounded_prompt(tok, question, [h], instruction)[1]) - bare for h in hits], hits
 
 
 def test_the_best_source_is_cut_to_fit_rather_than_dropped(index, tmp_path):
@@ -130,8 +131,8 @@ def test_no_source_left_is_refused_or_marked_ungrounded(index, tmp_path, capsys)
     from lmkit.cli import main
 
     question = "Which tower stands in Lima?"
-    tok, bare, sizes, _ = _sizes(index, tmp_path, question, TEMPLATE)
-    positions = 16 + bare + 20  # 20 tokens are left for sources: no header and 16 tokens of text fit
+    tok, bare, sizes, _ = _sizes(index, tmp_path, question, TEMPLATE, SHORT_INSTRUCTION)
+    positions = 16 + bare + 20  # even with the short instruction, no header and 16 tokens of text fit in 20
     folder = _decoder(tmp_path / "dec", positions, TEMPLATE)
     with pytest.raises(UngroundedError) as caught:
         answer(index, folder, question, k=6, max_new_tokens=16)
@@ -140,7 +141,7 @@ def test_no_source_left_is_refused_or_marked_ungrounded(index, tmp_path, capsys)
     assert "--chunk-tokens" in message and "--max-new-tokens" in message
     result = answer(index, folder, question, k=6, max_new_tokens=16, allow_ungrounded=True)
     assert not result.grounded and result.cited == [] and "ungrounded" in result.notices[-1]
-    assert "[1]" not in result.prompt and INSTRUCTION not in result.prompt and question in result.prompt
+    assert "[1]" not in result.prompt and "cite" not in result.prompt and question in result.prompt
     index.save(tmp_path / "ix")
     argv = ["rag", "ask", "--index", str(tmp_path / "ix"), "--model", str(folder), "--question", question,
             "--max-new-tokens", "16"]
@@ -151,6 +152,16 @@ def test_no_source_left_is_refused_or_marked_ungrounded(index, tmp_path, capsys)
     assert main(argv + ["--allow-ungrounded"]) == 0
     out = capsys.readouterr().out
     assert "sources: none (ungrounded" in out and "[1]" not in out
+
+
+def test_a_short_context_gets_the_short_instruction(index, tmp_path):
+    question = "Which tower stands in Lima?"
+    tok, bare, sizes, hits = _sizes(index, tmp_path, question, None, SHORT_INSTRUCTION)
+    positions = 16 + bare + sizes[0]  # the best source whole beside the short instruction, not the long one
+    folder = _decoder(tmp_path / "dec", positions, None)
+    result = answer(index, folder, question, k=6, max_new_tokens=16)
+    assert [h.text for h in result.sources] == [hits[0].text] and "shortened" in result.notices[-1]
+    assert result.prompt == grounded_prompt(tok, question, hits[:1], SHORT_INSTRUCTION)[0]
 
 
 def test_answer_tokens_default_to_a_quarter_of_a_short_context(index, tmp_path):

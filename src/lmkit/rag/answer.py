@@ -20,6 +20,8 @@ from lmkit.rag.retrieve import Hit, retrieve
 
 INSTRUCTION = ("Answer the question using only the numbered sources below. Cite the sources you use by their "
                "number in brackets, like [1]. If the sources do not contain the answer, say so.")
+# for a short context: where the full instruction leaves no room for a source, this one may
+SHORT_INSTRUCTION = "Answer from the numbered sources; cite them like [1]."
 CITATION = re.compile(r"\[(\d+)\]")
 
 
@@ -90,7 +92,8 @@ def answer(index, model_dir, question: str, k: int = 5, mode: str = "hybrid", ma
     """Retrieve k chunks from `index` (a RagIndex), prompt the decoder in model_dir with them, decode greedily.
 
     max_new_tokens defaults to `default_answer_tokens` of the model's context (128, or a quarter of a short
-    context). With no source fitting, UngroundedError unless allow_ungrounded (then the bare question is asked).
+    context). Where the full instruction leaves no source room, SHORT_INSTRUCTION is tried; with no source
+    fitting even then, UngroundedError unless allow_ungrounded (then the bare question is asked).
     """
     import torch
 
@@ -102,9 +105,18 @@ def answer(index, model_dir, question: str, k: int = 5, mode: str = "hybrid", ma
     room = Room(context, default_answer_tokens(context) if max_new_tokens is None else max_new_tokens)
     room.check()
     hits = retrieve(index, question, k, mode)
-    fitted = fit_sources(lambda kept: grounded_prompt(tokenizer, question, kept), hits, room, tokenizer,
-                         parts=prompt_parts(tokenizer, question), allow_ungrounded=allow_ungrounded,
-                         ungrounded=lambda: grounded_prompt(tokenizer, question, [], instruction=""))
+    for instruction in (INSTRUCTION, SHORT_INSTRUCTION):
+        try:
+            fitted = fit_sources(lambda kept: grounded_prompt(tokenizer, question, kept, instruction), hits, room,
+                                 tokenizer, parts=prompt_parts(tokenizer, question, instruction),
+                                 allow_ungrounded=allow_ungrounded and instruction == SHORT_INSTRUCTION,
+                                 ungrounded=lambda: grounded_prompt(tokenizer, question, [], instruction=""))
+            break
+        except GenerationError:
+            if instruction == SHORT_INSTRUCTION:
+                raise
+    if instruction == SHORT_INSTRUCTION and fitted.sources:
+        fitted.notices.append("the instruction was shortened to leave room for a source")
     ids = fitted.ids
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
     out = model.generate(torch.tensor([ids]), max_new_tokens=room.answer, do_sample=False, eos_token_id=eos,

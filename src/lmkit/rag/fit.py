@@ -108,8 +108,14 @@ def fit_sources(render: Callable[[list[Hit]], tuple[object, list[int]]], hits: S
     where = (f"the model has {room.context} positions, {room.answer} of them kept for the answer "
              f"({room.answer_flag}), leaving {room.left} for the prompt")
     if len(bare_ids) > room.left:
-        raise GenerationError(f"the prompt without any source takes {describe(len(bare_ids), parts or {}, rest)}, "
-                              f"more than fits: {where}; ask a shorter question or lower {room.answer_flag}")
+        reason = f"the prompt without any source takes {describe(len(bare_ids), parts or {}, rest)}, more than fits"
+        if allow_ungrounded and ungrounded is not None:
+            prompt, ids = ungrounded()
+            if len(ids) <= room.left:
+                return Fitted(prompt, ids, [], [*notices, f"{reason} ({room.left} tokens): the answer is ungrounded "
+                                                           "(no source, no instruction)"])
+        raise GenerationError(f"{reason}: {where}; ask a shorter question, use a model with more context, or lower "
+                              f"{room.answer_flag}")
     if kept:
         cut = _truncated(render, tokenizer, kept[0], room.left)
         if cut is not None:
@@ -121,7 +127,7 @@ def fit_sources(render: Callable[[list[Hit]], tuple[object, list[int]]], hits: S
         sizes = ", ".join(str(len(render([h])[1]) - len(bare_ids)) for h in hits)
         reason = (f"no retrieved source fits beside the question: {where}; the prompt without sources takes "
                   f"{describe(len(bare_ids), parts or {}, rest)}, leaving {room.left - len(bare_ids)} tokens for "
-                  f"sources (at least {MIN_SOURCE_TOKENS} of one are needed), and the {len(hits)} retrieved chunks "
+                  f"sources (a source needs its header and {MIN_SOURCE_TOKENS} tokens of its text), and the {len(hits)} retrieved chunks "
                   f"take {sizes}")
         advice = (f"index with a smaller --chunk-tokens, use a model with more context, or lower "
                   f"{room.answer_flag}")
