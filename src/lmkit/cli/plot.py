@@ -13,6 +13,7 @@ import lmkit
 from lmkit.cli import utf8
 from lmkit.cli.lens import add_arguments, draw, read
 from lmkit.errors import ConfigError
+from lmkit.plots import model_name, quoted
 
 
 def register(subparsers) -> None:
@@ -89,9 +90,9 @@ def run_attention(args: argparse.Namespace) -> int:
         heads = [h - 1 for h in select(list(range(1, n_heads + 1)), args.heads, "--heads")]
         arrays = {l: a[heads] for l, a in arrays.items()}
     labels = {l: axes(l) for l in arrays}
-    name = Path(args.model).resolve().name
-    png = plot_attention_grid(arrays, labels, args.out, title=f"attention of {name}")
-    page = attention_html(arrays, labels, args.html or Path(args.out).with_suffix(".html"), title=f"attention of {name}")
+    title = f"attention of {model_name(args.model)} on {quoted(args.text)}"
+    png = plot_attention_grid(arrays, labels, args.out, title=title)
+    page = attention_html(arrays, labels, args.html or Path(args.out).with_suffix(".html"), title=title)
     print(f"wrote {png} and {page}")
     return 0
 

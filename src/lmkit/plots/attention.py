@@ -10,32 +10,49 @@ from typing import Sequence
 import numpy as np
 
 from lmkit.atomic import atomic_write_text
-from lmkit.plots import new_figure, save
+from lmkit.plots import new_figure, save, token_label
+
+
+MAX_TICKS = 24  # token labels per axis; past it every n-th is labelled
+
+
+def _ticks(ax, axis: str, tokens: Sequence[str]) -> None:
+    step = -(-len(tokens) // MAX_TICKS)
+    where = list(range(0, len(tokens), step))
+    labels = [token_label(tokens[i]) for i in where]
+    if axis == "x":
+        ax.set_xticks(where, labels, rotation=90, fontsize=6)
+    else:
+        ax.set_yticks(where, labels, fontsize=6)
 
 
 def plot_attention_grid(maps: dict[str, np.ndarray], tokens: dict[str, tuple[Sequence[str], Sequence[str]]],
                         out: str | Path, title: str = "") -> Path:
     """maps[label]: (H, T_q, T_k) probabilities of one layer (each row sums to one); tokens[label]: its
-    (query tokens, key tokens)."""
+    (query tokens, key tokens). Rows of a panel are queries, columns keys, one colour scale [0, 1] for all."""
     labels = list(maps)
     heads = max(m.shape[0] for m in maps.values())
-    fig = new_figure(2.2 * heads + 1, 2.2 * len(labels) + 1)
-    small = max(len(q) for q, _ in tokens.values()) <= 16
+    longest = max(max(len(q), len(k)) for q, k in tokens.values())
+    side = 2.2 if longest <= 12 else 3.2
+    fig = new_figure(side * heads + 1.5, side * len(labels) + 1)
+    fig.set_layout_engine("constrained")  # places the colour bar shared by every panel
+    image, panels = None, []
     for r, label in enumerate(labels):
         queries, key_tokens = tokens[label]
         for h in range(maps[label].shape[0]):
             ax = fig.add_subplot(len(labels), heads, r * heads + h + 1)
-            ax.imshow(maps[label][h], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_title(f"{label} · head {h + 1}", fontsize=7)
-            if small:
-                ax.set_xticks(range(len(key_tokens)), [repr(t)[1:-1] for t in key_tokens], rotation=90, fontsize=5)
-                ax.set_yticks(range(len(queries)), [repr(t)[1:-1] for t in queries], fontsize=5)
-            else:
-                ax.set_xticks([])
-                ax.set_yticks([])
-    if title:
-        fig.suptitle(title)
-    return save(fig, out, _data(maps, tokens, 6))
+            image = ax.imshow(maps[label][h], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+            ax.set_title(f"{label} \u00b7 head {h + 1}", fontsize=7)
+            _ticks(ax, "x", key_tokens)
+            _ticks(ax, "y", queries)
+            if r == len(labels) - 1:
+                ax.set_xlabel("key", fontsize=7)
+            if h == 0:
+                ax.set_ylabel("query", fontsize=7)
+            panels.append(ax)
+    fig.suptitle(title or "attention maps")
+    fig.colorbar(image, ax=panels, label="attention probability", shrink=0.8, fraction=0.03, pad=0.02)
+    return save(fig, out, _data(maps, tokens, 6), layout=False)
 
 
 def _data(maps: dict[str, np.ndarray], tokens: dict, digits: int) -> dict:
