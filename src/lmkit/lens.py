@@ -22,6 +22,7 @@ class LensReading:
     logits: torch.Tensor  # (L + 1, T, V)
     nearest: torch.Tensor  # (L + 1, T)
     names: list[str]
+    tied: bool = False  # the output head is W_E: the embeddings row reads back the input token itself
 
     def top(self, k: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
         """(probabilities, ids) of the k most likely next tokens, each (L + 1, T, k)."""
@@ -70,4 +71,6 @@ def logit_lens(model, input_ids: torch.Tensor) -> LensReading:
     logits = torch.stack([lens_logits(model, h)[0] for h in states])
     nearest = torch.stack([nearest_embedding(h[0].detach(), E) for h in states])
     names = ["embeddings"] + [f"layer {i + 1}" for i in range(len(states) - 1)]
-    return LensReading(ids[0], logits, nearest, names)
+    _, head = _causal_parts(model)
+    tied = getattr(head, "weight", None) is not None and head.weight.data_ptr() == E.data_ptr()
+    return LensReading(ids[0], logits, nearest, names, tied)

@@ -24,6 +24,9 @@ def add_arguments(p) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="a causal model folder (config.json, tokenizer.json)")
     p.add_argument("--prompt", required=True, metavar="TEXT")
     p.add_argument("--out", default="lens.png", metavar="PNG", help="the grid picture (default lens.png; JSON beside it)")
+    p.add_argument("--embeddings-row", action="store_true",
+                   help="draw the embeddings row of a model whose output head is its input embedding (default: left "
+                        "out, as it predicts each input token itself at about 1.0 and flattens the colour scale)")
 
 
 def read(model_dir: str, prompt: str):
@@ -42,10 +45,20 @@ def read(model_dir: str, prompt: str):
     return reading, [tok.decode([i]) for i in ids], tok
 
 
-def draw(reading, inputs, tok, out: str):
+def draw(reading, inputs, tok, out: str, model: str = "", prompt: str = "", embeddings_row: bool = False):
+    """The lens grid PNG; a tied model's embeddings row is left out unless embeddings_row, and the title says so."""
+    from lmkit.plots import model_name, quoted
+
     probs, ids = reading.top(1)
     tokens = [[tok.decode([int(i)]) for i in row[:, 0]] for row in ids]
-    return plot_lens(reading.names, inputs, tokens, probs[:, :, 0].tolist(), out)
+    names, probs = list(reading.names), probs[:, :, 0].tolist()
+    title = "logit lens" + (f" of {model_name(model)}" if model else "") + (f" on {quoted(prompt)}" if prompt else "")
+    title += ": top next token per layer"
+    if reading.tied and not embeddings_row:
+        names, tokens, probs = names[1:], tokens[1:], probs[1:]
+        title += ("\n(embeddings row left out: tied to the output head, it predicts the input token itself; "
+                  "--embeddings-row draws it)")
+    return plot_lens(names, inputs, tokens, probs, out, title)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,5 +70,5 @@ def run(args: argparse.Namespace) -> int:
         last = ", ".join(f"{show(i)} {p:.3f}" for p, i in zip(probs[l, -1].tolist(), ids[l, -1].tolist()))
         print(f"{name:>11}: top-1 {' '.join(show(i) for i in ids[l, :, 0])} | last: {last} | "
               f"nearest input embedding {show(reading.nearest[l, -1])}")
-    print(f"wrote {draw(reading, inputs, tok, args.out)}")
+    print(f"wrote {draw(reading, inputs, tok, args.out, args.model, args.prompt, args.embeddings_row)}")
     return 0

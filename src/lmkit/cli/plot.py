@@ -143,5 +143,5 @@ def run_embeddings(args: argparse.Namespace) -> int:
 
 def run_lens(args: argparse.Namespace) -> int:
     reading, inputs, tok = read(args.model, args.prompt)
-    print(f"wrote {draw(reading, inputs, tok, args.out)}")
+    print(f"wrote {draw(reading, inputs, tok, args.out, args.model, args.prompt, args.embeddings_row)}")
     return 0

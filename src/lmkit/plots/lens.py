@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from lmkit.plots import new_figure, save
+from lmkit.plots import new_figure, save, token_label
 
 
 def plot_lens(names: Sequence[str], inputs: Sequence[str], top_tokens: Sequence[Sequence[str]],
@@ -15,17 +15,18 @@ def plot_lens(names: Sequence[str], inputs: Sequence[str], top_tokens: Sequence[
 
     probs = np.asarray(top_probs, dtype=np.float64)
     L, T = probs.shape
-    fig = new_figure(max(6, 1.1 * T + 2), max(3, 0.45 * L + 1.5))
+    fig = new_figure(max(6, 1.1 * T + 2), max(3.5, 0.5 * L + 2))
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(probs, aspect="auto", cmap="Blues", vmin=0, vmax=1, origin="lower", interpolation="nearest")
     for l in range(L):
         for t in range(T):
-            ax.text(t, l, repr(top_tokens[l][t])[1:-1], ha="center", va="center", fontsize=7,
+            ax.text(t, l, token_label(top_tokens[l][t]), ha="center", va="center", fontsize=7,
                     color="white" if probs[l, t] > 0.6 else "black")
-    ax.set_xticks(range(T), [repr(s)[1:-1] for s in inputs], rotation=45, ha="right", fontsize=7)
+    ax.set_xticks(range(T), [token_label(s) for s in inputs], rotation=45, ha="right", fontsize=7)
     ax.set_yticks(range(L), names, fontsize=7)
     ax.set_xlabel("input token (the cell predicts the next one)")
-    ax.set_title(title or "logit lens: top next token per layer")
-    fig.colorbar(im, ax=ax, label="probability")
+    ax.set_ylabel("stream read after")
+    ax.set_title(title or "logit lens: top next token per layer", fontsize=10)
+    fig.colorbar(im, ax=ax, label="probability of the top token")
     return save(fig, out, {"layers": list(names), "inputs": list(inputs), "tokens": [list(r) for r in top_tokens],
                            "probabilities": probs.tolist()})
