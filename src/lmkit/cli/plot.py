@@ -12,6 +12,7 @@ import argparse
 import lmkit
 from lmkit.cli import utf8
 from lmkit.cli.lens import add_arguments, draw, read
+from lmkit.data import load_corpus
 from lmkit.errors import ConfigError
 from lmkit.plots import model_name, quoted
 
@@ -38,8 +39,12 @@ def register(subparsers) -> None:
     src = emb.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", metavar="DIR", help="a model folder: its input token embeddings")
     src.add_argument("--vectors", metavar="DIR", help="word vectors from `lmkit embed train`, or a word2vec text file")
-    emb.add_argument("--words", nargs="+", metavar="WORD", help="the words or tokens to show (default: the first --count)")
-    emb.add_argument("--count", type=int, default=100, help="how many to show without --words (default 100)")
+    emb.add_argument("--words", nargs="+", metavar="WORD",
+                     help="the words or tokens to show (default: the --count most frequent whole words; see --corpus)")
+    emb.add_argument("--count", type=int, default=100, metavar="N", help="how many to show without --words (default 100)")
+    emb.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
+                     help="with --model, rank words by their count in this corpus (default: the corpus the run was "
+                          "trained on, from its checkpoint or its parent run's; else the tokenizer's first word pieces)")
     emb.add_argument("--out", default="embeddings.png", metavar="PNG")
     emb.set_defaults(func=run_embeddings)
     lens = sub.add_parser("lens", help="the logit-lens grid")
@@ -108,36 +113,82 @@ def select(items: list, numbers: list[int] | None, flag: str) -> list:
     return [items[n - 1] for n in numbers]
 
 
-def run_embeddings(args: argparse.Namespace) -> int:
-    from lmkit.plots.embeddings import plot_embeddings
+SAMPLE_CHARS = 1_000_000  # words are counted in the corpus' first million characters: enough to rank 100
 
+
+def trained_corpus(folder: str) -> list[str] | None:
+    """The corpus names a training run in `folder` (or in its parent: a tuned stage such as runs/demo/sft) was
+    trained on, read from its newest checkpoint's state.json; None when neither says."""
+    import json
+    from pathlib import Path
+
+    for run in (Path(folder), Path(folder).resolve().parent):
+        states = sorted((run / "checkpoint").glob("step-*/state.json"))
+        if states:
+            try:
+                corpus = json.loads(states[-1].read_text(encoding="utf-8")).get("train_config", {}).get("corpus")
+            except (OSError, ValueError):
+                continue
+            if corpus:
+                return [corpus] if isinstance(corpus, str) else list(corpus)
+    return None
+
+
+def _sample(corpus: list[str]) -> list[str]:
+    texts, size = [], 0
+    for doc in load_corpus(corpus).documents:
+        texts.append(doc.text)
+        size += len(doc.text)
+        if size >= SAMPLE_CHARS:
+            break
+    return texts
+
+
+def run_embeddings(args: argparse.Namespace) -> int:
+    from lmkit.plots.embeddings import first_words, frequent_words, plot_embeddings
+
+    if args.count < 2:
+        raise ConfigError(f"--count must be at least 2 (a PCA needs two vectors), got {args.count}")
     if args.vectors:
         from lmkit.embed import WordVectors
 
+        if args.corpus:
+            raise ConfigError("--corpus ranks a model's tokens; word vectors are already in frequency order")
         vectors = WordVectors.load(args.vectors)
         labels = args.words or vectors.words[:args.count]
         missing = [w for w in labels if w not in vectors]
         if missing:
             raise ConfigError(f"not in the vocabulary: {' '.join(missing)}")
         matrix = vectors.vectors[[vectors.index[w] for w in labels]]
+        title = f"word vectors of {model_name(args.vectors)}: PCA of {len(labels)} words"
     else:
-
         model = lmkit.load_model(args.model)
         tok = lmkit.load_tokenizer(args.model)
         E = model.get_input_embeddings().weight.detach().float().numpy()
+        name = model_name(args.model)
         if args.words:
             ids = [tok.encode(w, add_special_tokens=False) for w in args.words]
             bad = [w for w, i in zip(args.words, ids) if len(i) != 1]
             if bad:
                 raise ConfigError(f"not single tokens of this tokenizer: {' '.join(bad)}; give words it keeps whole")
             ids = [i[0] for i in ids]
+            title = f"token embeddings of {name}: PCA of {len(ids)} chosen tokens"
         else:
-            ids = list(range(min(args.count, E.shape[0])))
+            corpus = args.corpus or trained_corpus(args.model)
+            ids = frequent_words(tok, _sample(corpus), args.count) if corpus else []
+            if len(ids) >= 2:
+                title = f"token embeddings of {name}: PCA of the {len(ids)} most frequent words of {' '.join(corpus)} (each a word-start token)"
+            else:
+                ids = first_words(tok, args.count)
+                title = f"token embeddings of {name}: PCA of its first {len(ids)} word tokens (earliest merges)"
+        ids = [i for i in ids if i < E.shape[0]]
         labels = [tok.decode([i]) for i in ids]
+        if not args.words:  # word-start pieces all begin with the space that marks a word: say it once, in the title
+            labels = [label.strip() for label in labels]
         matrix = E[ids]
     if len(labels) < 2:
         raise ConfigError("a PCA needs at least two vectors; give more --words or a larger --count")
-    print(f"wrote {plot_embeddings(labels, matrix, args.out)}")
+    print(f"wrote {plot_embeddings(labels, matrix, args.out, title)}")
     return 0
 
 
