@@ -38,9 +38,10 @@ def model_name(folder: str | Path) -> str:
 
 def figure_summary(fig) -> dict[str, Any]:
     """{"title": the figure's title (its suptitle, else its first panel's), "panels": [{"title", "xlabel",
-    "ylabel", "colorbar"}]}: what a reader looks for first, kept in the PNG so that a test can check it."""
+    "ylabel", "colorbar", "xticklabels", "yticklabels"}]}: what a reader looks for first, kept in the PNG."""
     panels = [{"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
-               "colorbar": hasattr(ax, "_colorbar")} for ax in fig.axes]
+               "colorbar": hasattr(ax, "_colorbar"), "xticklabels": [t.get_text() for t in ax.get_xticklabels()],
+               "yticklabels": [t.get_text() for t in ax.get_yticklabels()]} for ax in fig.axes]
     title = fig._suptitle.get_text() if fig._suptitle is not None else ""
     return {"title": title or next((p["title"] for p in panels if p["title"]), ""), "panels": panels}
 
