@@ -31,9 +31,12 @@ def quoted(text: str, limit: int = 60) -> str:
 
 
 def model_name(folder: str | Path) -> str:
-    """The folder's own name for titles (runs/demo/sft -> 'demo/sft': the run and the stage)."""
-    path = Path(folder).resolve()
-    return f"{path.parent.name}/{path.name}" if path.parent.name not in ("", "/") else path.name
+    """A model folder's name for titles: the path as given when it is relative and short (runs/demo/sft),
+    else the folder's own name."""
+    path = Path(folder)
+    if not path.is_absolute() and ".." not in path.parts and len(path.as_posix()) <= 40:
+        return path.as_posix()
+    return path.resolve().name
 
 
 def figure_summary(fig) -> dict[str, Any]:

@@ -17,11 +17,12 @@ def plot_lens(names: Sequence[str], inputs: Sequence[str], top_tokens: Sequence[
     L, T = probs.shape
     fig = new_figure(max(6, 1.1 * T + 2), max(3.5, 0.5 * L + 2))
     ax = fig.add_subplot(1, 1, 1)
-    im = ax.imshow(probs, aspect="auto", cmap="Blues", vmin=0, vmax=1, origin="lower", interpolation="nearest")
+    top = min(1.0, max(0.1, np.ceil(probs.max() * 10) / 10))  # the scale ends at the drawn maximum, in tenths
+    im = ax.imshow(probs, aspect="auto", cmap="Blues", vmin=0, vmax=top, origin="lower", interpolation="nearest")
     for l in range(L):
         for t in range(T):
             ax.text(t, l, token_label(top_tokens[l][t]), ha="center", va="center", fontsize=7,
-                    color="white" if probs[l, t] > 0.6 else "black")
+                    color="white" if probs[l, t] > 0.6 * top else "black")
     ax.set_xticks(range(T), [token_label(s) for s in inputs], rotation=45, ha="right", fontsize=7)
     ax.set_yticks(range(L), names, fontsize=7)
     ax.set_xlabel("input token (the cell predicts the next one)")
