@@ -177,7 +177,8 @@ def run_embeddings(args: argparse.Namespace) -> int:
             corpus = args.corpus or trained_corpus(args.model)
             ids = frequent_words(tok, _sample(corpus), args.count) if corpus else []
             if len(ids) >= 2:
-                title = f"token embeddings of {name}: PCA of the {len(ids)} most frequent words of {' '.join(corpus)} (each a word-start token)"
+                title = (f"token embeddings of {name}: PCA of the {len(ids)} most frequent words of "
+                         f"{' '.join(corpus)} (each a word-start token)")
             else:
                 ids = first_words(tok, args.count)
                 title = f"token embeddings of {name}: PCA of its first {len(ids)} word tokens (earliest merges)"

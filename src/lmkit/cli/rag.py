@@ -57,7 +57,8 @@ def register(subparsers) -> None:
     a.add_argument("--k", type=int, default=5, metavar="K", help="chunks to put in the prompt (default 5)")
     a.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="hybrid")
     a.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
-                   help="answer tokens, kept free of the context (default 128, or a quarter of a shorter context)")
+                   help="answer tokens, kept free of the context (default 128, or a quarter of the model's context "
+                        "when that is less)")
     a.add_argument("--allow-ungrounded", action="store_true",
                    help="when no retrieved source fits the context, answer the bare question marked ungrounded "
                         "(default: refuse with an error naming the room)")

@@ -127,8 +127,8 @@ def fit_sources(render: Callable[[list[Hit]], tuple[object, list[int]]], hits: S
         sizes = ", ".join(str(len(render([h])[1]) - len(bare_ids)) for h in hits)
         reason = (f"no retrieved source fits beside the question: {where}; the prompt without sources takes "
                   f"{describe(len(bare_ids), parts or {}, rest)}, leaving {room.left - len(bare_ids)} tokens for "
-                  f"sources (a source needs its header and {MIN_SOURCE_TOKENS} tokens of its text), and the {len(hits)} retrieved chunks "
-                  f"take {sizes}")
+                  f"sources (a source needs its header and {MIN_SOURCE_TOKENS} tokens of its text), and the "
+                  f"{len(hits)} retrieved chunks take {sizes}")
         advice = (f"index with a smaller --chunk-tokens, use a model with more context, or lower "
                   f"{room.answer_flag}")
     else:
