@@ -68,15 +68,17 @@ def test_chat_answers_from_sources(tmp_path, index_dir, positions):
 
 
 def test_no_source_left_is_a_400_naming_the_room(tmp_path, index_dir):
-    """A grounded chat with no source fitting beside the turn and max_tokens is refused, never answered bare."""
+    """A grounded chat with no source fitting beside the turn and max_tokens, even under the short instruction, is
+    refused, never answered bare."""
     from lmkit.rag import RagIndex, retrieve
-    from lmkit.rag.answer import grounded_messages
+    from lmkit.rag.answer import SHORT_INSTRUCTION, grounded_messages
 
     messages = [{"role": "user", "content": "Where is the blue tower?"}]
     probe = lmkit.load_tokenizer(make_folder(tmp_path / "probe", "gpt2"))
 
     def length(kept):
-        text = probe.apply_chat_template(grounded_messages(messages, kept), add_generation_prompt=True, tokenize=False)
+        text = probe.apply_chat_template(grounded_messages(messages, kept, SHORT_INSTRUCTION), add_generation_prompt=True,
+                                         tokenize=False)
         return len(probe.encode(text, add_special_tokens=False))
 
     bare = length([])
@@ -91,3 +93,13 @@ def test_no_source_left_is_a_400_naming_the_room(tmp_path, index_dir):
     assert error["code"] == "no_source_fits" and error["param"] == "messages"
     assert f"{bare + 14} positions, 4 of them kept for the answer (max_tokens)" in error["message"]
     assert ", ".join(str(length([h]) - bare) for h in hits) in error["message"]
+    # one position short of the best source whole beside the short instruction: that source is cut to fit
+    folder = make_folder(tmp_path / "m2", "gpt2", n_positions=length(hits[:1]) + 4 - 1)
+    with RunningServer(folder, rag=str(index_dir)) as served:
+        r = httpx.post(served.url + "/v1/chat/completions", timeout=60,
+                       json={"messages": messages, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [s["source"] for s in body["sources"]] == [hits[0].source] and hits[0].text.startswith(body["sources"][0]["text"])
+    assert "cut to its first" in body["notices"][-2] and "shortened" in body["notices"][-1]
+    assert body["usage"]["prompt_tokens"] <= length(hits[:1]) - 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import lmkit
 from lmkit.errors import GenerationError
-from lmkit.rag.fit import Room, default_answer_tokens, fit_sources
+from lmkit.rag.fit import Fitted, Room, default_answer_tokens, fit_sources
 from lmkit.rag.retrieve import Hit, retrieve
 
 INSTRUCTION = ("Answer the question using only the numbered sources below. Cite the sources you use by their "
@@ -69,13 +69,13 @@ def citations(answer: str, n_sources: int) -> list[int]:
     return seen
 
 
-def grounded_messages(messages: list[dict], sources: list[Hit]) -> list[dict]:
+def grounded_messages(messages: list[dict], sources: list[Hit], instruction: str = INSTRUCTION) -> list[dict]:
     """A chat with its last user turn replaced by that question grounded in the numbered sources."""
     last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
     if last is None:
         return list(messages)
     question = messages[last].get("content")
-    return [*messages[:last], {**messages[last], "content": user_message(str(question), sources)},
+    return [*messages[:last], {**messages[last], "content": user_message(str(question), sources, instruction)},
             *messages[last + 1:]]
 
 
@@ -85,6 +85,26 @@ def prompt_parts(tokenizer, question: str, instruction: str = INSTRUCTION) -> di
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     return {"the question": count(f"Question: {question}"), "the instruction": count(instruction)}
+
+
+def fit_grounded(render, hits: list[Hit], room: Room, tokenizer, question: str, rest: str = "the template",
+                 allow_ungrounded: bool = False) -> Fitted:
+    """`fit_sources` for render(sources, instruction) -> (prompt, ids): with INSTRUCTION, and where that leaves
+    no room for a source, with SHORT_INSTRUCTION (noted); allowed ungrounded, the question alone is asked."""
+    for instruction in (INSTRUCTION, SHORT_INSTRUCTION):
+        last = instruction == SHORT_INSTRUCTION
+        try:
+            fitted = fit_sources(lambda kept: render(kept, instruction), hits, room, tokenizer,
+                                 parts=prompt_parts(tokenizer, question, instruction), rest=rest,
+                                 allow_ungrounded=allow_ungrounded and last, ungrounded=lambda: render([], ""))
+        except GenerationError:
+            if last:
+                raise
+            continue
+        if last and fitted.sources:
+            fitted.notices.append("the instruction was shortened to leave room for a source")
+        return fitted
+    raise AssertionError("unreachable")
 
 
 def answer(index, model_dir, question: str, k: int = 5, mode: str = "hybrid", max_new_tokens: int | None = None,
@@ -105,18 +125,8 @@ def answer(index, model_dir, question: str, k: int = 5, mode: str = "hybrid", ma
     room = Room(context, default_answer_tokens(context) if max_new_tokens is None else max_new_tokens)
     room.check()
     hits = retrieve(index, question, k, mode)
-    for instruction in (INSTRUCTION, SHORT_INSTRUCTION):
-        try:
-            fitted = fit_sources(lambda kept: grounded_prompt(tokenizer, question, kept, instruction), hits, room,
-                                 tokenizer, parts=prompt_parts(tokenizer, question, instruction),
-                                 allow_ungrounded=allow_ungrounded and instruction == SHORT_INSTRUCTION,
-                                 ungrounded=lambda: grounded_prompt(tokenizer, question, [], instruction=""))
-            break
-        except GenerationError:
-            if instruction == SHORT_INSTRUCTION:
-                raise
-    if instruction == SHORT_INSTRUCTION and fitted.sources:
-        fitted.notices.append("the instruction was shortened to leave room for a source")
+    fitted = fit_grounded(lambda kept, instruction: grounded_prompt(tokenizer, question, kept, instruction), hits,
+                          room, tokenizer, question, allow_ungrounded=allow_ungrounded)
     ids = fitted.ids
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
     out = model.generate(torch.tensor([ids]), max_new_tokens=room.answer, do_sample=False, eos_token_id=eos,

@@ -342,19 +342,23 @@ async def _generate(server: Server, http: Request, body, chat: bool):
 
 def _ground(server: Server, messages: list[dict], max_tokens: int | None) -> tuple[list[dict], dict]:
     """(messages with the last user turn grounded, {"sources", "notices"}); sources dropped from the lowest rank
-    (the best one cut to fit) until the prompt leaves max_tokens (at least one) of the context; with no source
-    left, a 400 (code no_source_fits) naming the room, never an answer without sources."""
-    from lmkit.rag.answer import grounded_messages, prompt_parts
-    from lmkit.rag.fit import Room, UngroundedError, fit_sources
+    (the best one cut to fit) until the prompt leaves max_tokens of the context (without it, what `rag ask`
+    keeps: 128 or a quarter of the context); with no source left, a 400 (code no_source_fits) naming the room."""
+    from lmkit.rag.answer import fit_grounded, grounded_messages
+    from lmkit.rag.fit import Room, UngroundedError, default_answer_tokens
     from lmkit.rag.retrieve import retrieve
 
     question = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
     hits = retrieve(server.rag, str(question), 5) if isinstance(question, str) and question.strip() else []
-    room = Room(server.context, max(max_tokens or 1, 1), "max_tokens")
+    room = Room(server.context, max_tokens or default_answer_tokens(server.context), "max_tokens")
+
+    def render(kept, instruction):
+        grounded = grounded_messages(messages, kept, instruction)
+        return grounded, _chat_prompt(server, grounded)
+
     try:
-        fitted = fit_sources(lambda kept: (grounded_messages(messages, kept), _chat_prompt(
-            server, grounded_messages(messages, kept))), hits, room, server.tokenizer,
-            parts=prompt_parts(server.tokenizer, str(question)), rest="the template and the other turns")
+        fitted = fit_grounded(render, hits, room, server.tokenizer, str(question),
+                              rest="the template and the other turns")
     except UngroundedError as exc:
         raise APIError(400, str(exc), param="messages", code="no_source_fits") from exc
     sources = [{"number": n, **hit.to_json()} for n, hit in enumerate(fitted.sources, 1)]
