@@ -77,8 +77,8 @@ def test_no_source_left_is_a_400_naming_the_room(tmp_path, index_dir):
     probe = lmkit.load_tokenizer(make_folder(tmp_path / "probe", "gpt2"))
 
     def length(kept):
-        text = probe.apply_chat_template(grounded_messages(messages, kept, SHORT_INSTRUCTION), add_generation_prompt=True,
-                                         tokenize=False)
+        grounded = grounded_messages(messages, kept, SHORT_INSTRUCTION)
+        text = probe.apply_chat_template(grounded, add_generation_prompt=True, tokenize=False)
         return len(probe.encode(text, add_special_tokens=False))
 
     bare = length([])
@@ -100,6 +100,7 @@ def test_no_source_left_is_a_400_naming_the_room(tmp_path, index_dir):
                        json={"messages": messages, "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert [s["source"] for s in body["sources"]] == [hits[0].source] and hits[0].text.startswith(body["sources"][0]["text"])
+    assert [s["source"] for s in body["sources"]] == [hits[0].source]
+    assert hits[0].text.startswith(body["sources"][0]["text"])
     assert "cut to its first" in body["notices"][-2] and "shortened" in body["notices"][-1]
     assert body["usage"]["prompt_tokens"] <= length(hits[:1]) - 1
