@@ -112,8 +112,8 @@ def fit_sources(render: Callable[[list[Hit]], tuple[object, list[int]]], hits: S
         if allow_ungrounded and ungrounded is not None:
             prompt, ids = ungrounded()
             if len(ids) <= room.left:
-                return Fitted(prompt, ids, [], [*notices, f"{reason} ({room.left} tokens): the answer is ungrounded "
-                                                           "(no source, no instruction)"])
+                return Fitted(prompt, ids, [], [f"{reason} ({room.left} tokens): the answer is ungrounded "
+                                                "(no source, no instruction)"])
         raise GenerationError(f"{reason}: {where}; ask a shorter question, use a model with more context, or lower "
                               f"{room.answer_flag}")
     if kept:
@@ -136,4 +136,5 @@ def fit_sources(render: Callable[[list[Hit]], tuple[object, list[int]]], hits: S
     if not allow_ungrounded:
         raise UngroundedError(f"{reason}; {advice}")
     prompt, ids = ungrounded() if ungrounded is not None else (bare_prompt, bare_ids)
-    return Fitted(prompt, ids, [], [*notices, f"{reason}: the answer is ungrounded (no source)"])
+    # one notice: the reason names every chunk's size, which says more than a drop notice per source
+    return Fitted(prompt, ids, [], [f"{reason}: the answer is ungrounded (no source)"])
