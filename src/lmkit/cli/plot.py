@@ -145,6 +145,8 @@ def _sample(corpus: list[str]) -> list[str]:
 
 
 def run_embeddings(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from lmkit.plots.embeddings import first_words, frequent_words, plot_embeddings
 
     if args.count < 2:
@@ -178,10 +180,10 @@ def run_embeddings(args: argparse.Namespace) -> int:
             ids = frequent_words(tok, _sample(corpus), args.count) if corpus else []
             if len(ids) >= 2:
                 title = (f"token embeddings of {name}: PCA of the {len(ids)} most frequent words of "
-                         f"{' '.join(corpus)} (each a word-start token)")
+                         f"{', '.join(Path(c).name for c in corpus)}")
             else:
                 ids = first_words(tok, args.count)
-                title = f"token embeddings of {name}: PCA of its first {len(ids)} word tokens (earliest merges)"
+                title = f"token embeddings of {name}: PCA of its first {len(ids)} word tokens (lowest ids)"
         ids = [i for i in ids if i < E.shape[0]]
         labels = [tok.decode([i]) for i in ids]
         if not args.words:  # word-start pieces all begin with the space that marks a word: say it once, in the title

@@ -8,6 +8,7 @@ in that order and one that would overlap a placed one is tried at three other co
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -30,8 +31,8 @@ def word_pieces(tokenizer) -> dict[int, str]:
 
 def frequent_words(tokenizer, texts: Iterable[str], count: int) -> list[int]:
     """The `count` ids seen most often in `texts` as a whole word, most frequent first (ties by id): a word
-    piece followed by the end or by a token that does not go on the word (one not starting with a letter or
-    digit)."""
+    piece followed by the end or by a token that does not go on the word (one starting with neither a letter,
+    a digit nor WordPiece's "##")."""
     words, continues, seen = word_pieces(tokenizer), {}, {}
     for text in texts:
         ids = tokenizer.encode(text, add_special_tokens=False)
@@ -39,8 +40,8 @@ def frequent_words(tokenizer, texts: Iterable[str], count: int) -> list[int]:
             if a not in words:
                 continue
             if b is not None and b not in continues:
-                piece = tokenizer.decode([b])
-                continues[b] = bool(piece) and piece[0].isalnum()
+                piece = tokenizer.decode([b])  # WordPiece marks a piece inside a word by "##"
+                continues[b] = bool(piece) and (piece[0].isalnum() or piece.startswith("##"))
             if b is None or not continues[b]:
                 seen[a] = seen.get(a, 0) + 1
     return [i for i, _ in sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))[:count]]
@@ -94,7 +95,7 @@ def plot_embeddings(labels: Sequence[str], vectors: np.ndarray, out: str | Path,
     ax.scatter(coords[:, 0], coords[:, 1], s=10, alpha=0.6)
     ax.set_xlabel(f"PC 1 ({share[0]:.1%} of the variance)")
     ax.set_ylabel(f"PC 2 ({share[1]:.1%} of the variance)")
-    ax.set_title(title or f"PCA of {len(labels)} vectors", fontsize=10)
+    ax.set_title("\n".join(textwrap.wrap(title or f"PCA of {len(labels)} vectors", 100)), fontsize=10)
     ax.margins(0.08)
     fig.tight_layout()  # before placing: label boxes are measured in the final layout's pixels
     shown = [token_label(label) for label in labels]
