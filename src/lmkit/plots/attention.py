@@ -3,6 +3,7 @@ viewer (the maps as JSON inside the page, drawn by its own script: no network, n
 from __future__ import annotations
 
 import html
+import textwrap
 import json
 from pathlib import Path
 from typing import Sequence
@@ -34,7 +35,7 @@ def plot_attention_grid(maps: dict[str, np.ndarray], tokens: dict[str, tuple[Seq
     heads = max(m.shape[0] for m in maps.values())
     longest = max(max(len(q), len(k)) for q, k in tokens.values())
     side = 2.2 if longest <= 12 else 3.2
-    fig = new_figure(side * heads + 1.5, side * len(labels) + 1)
+    fig = new_figure(side * heads + 1.5, side * len(labels) + 1.2)
     fig.set_layout_engine("constrained")  # places the colour bar shared by every panel
     image, panels = None, []
     for r, label in enumerate(labels):
@@ -50,7 +51,8 @@ def plot_attention_grid(maps: dict[str, np.ndarray], tokens: dict[str, tuple[Seq
             if h == 0:
                 ax.set_ylabel("query", fontsize=7)
             panels.append(ax)
-    fig.suptitle(title or "attention maps")
+    width = side * heads + 1.5
+    fig.suptitle("\n".join(textwrap.wrap(title or "attention maps", max(30, int(width * 9)))), fontsize=11)
     fig.colorbar(image, ax=panels, label="attention probability", shrink=0.8, fraction=0.03, pad=0.02)
     return save(fig, out, _data(maps, tokens, 6), layout=False)
 

@@ -17,7 +17,10 @@ def plot_lens(names: Sequence[str], inputs: Sequence[str], top_tokens: Sequence[
     L, T = probs.shape
     fig = new_figure(max(6, 1.1 * T + 2), max(3.5, 0.5 * L + 2))
     ax = fig.add_subplot(1, 1, 1)
-    top = min(1.0, max(0.1, np.ceil(probs.max() * 10) / 10))  # the scale ends at the drawn maximum, in tenths
+    # the scale ends at the drawn maximum rounded up to one significant digit (0.0047 -> 0.005, 0.93 -> 1)
+    peak = max(float(probs.max()), 1e-6)
+    unit = 10.0 ** np.floor(np.log10(peak))
+    top = min(1.0, float(np.ceil(peak / unit - 1e-9) * unit))
     im = ax.imshow(probs, aspect="auto", cmap="Blues", vmin=0, vmax=top, origin="lower", interpolation="nearest")
     for l in range(L):
         for t in range(T):
