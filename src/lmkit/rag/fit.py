@@ -117,12 +117,13 @@ def fit_sources(render: Callable[[list[Hit]], tuple[object, list[int]]], hits: S
         raise GenerationError(f"{reason}: {where}; ask a shorter question, use a model with more context, or lower "
                               f"{room.answer_flag}")
     if kept:
+        whole = len(ids)  # the prompt with the best source alone, uncut
         cut = _truncated(render, tokenizer, kept[0], room.left)
         if cut is not None:
             hit, prompt, ids, total = cut
             kept_tokens = len(tokenizer.encode(hit.text, add_special_tokens=False))
             notices.append(f"source 1 ({hit.source}) cut to its first {kept_tokens} of {total} tokens: the whole "
-                           f"of it did not fit the model's context ({len(ids)} tokens for {room.left})")
+                           f"of it did not fit the model's context ({whole} tokens for {room.left})")
             return Fitted(prompt, ids, [hit], notices)
         sizes = ", ".join(str(len(render([h])[1]) - len(bare_ids)) for h in hits)
         reason = (f"no retrieved source fits beside the question: {where}; the prompt without sources takes "
