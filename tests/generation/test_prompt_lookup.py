@@ -87,7 +87,7 @@ def test_speculative_greedy_decoding_chooses_plain_greedy_tokens(family, with_eo
     kept = []
     verify = prompt_lookup._verify
     monkeypatch.setattr(prompt_lookup, "_verify", lambda *a: kept.append(a[2].shape[1]) or verify(*a))
-    got = harness_generate.greedy_until(_lm(model, eos), ids, mask, 40, [], pad=0)
+    got = harness_generate.generate_rows(_lm(model, eos), ids, mask, 40, [], pad=0)
     want = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0,
                           eos_token_id=eos)
     # generate stops once every row has finished, and pads finished rows; the harness's rule is the same here
@@ -212,4 +212,4 @@ def test_models_without_a_plan_check_drafts_through_their_forward(monkeypatch):
 def test_the_harness_with_no_new_tokens_returns_the_prompts():
     model = CausalLM(get_preset("gpt2", d_model=16, n_layers=1, n_heads=2, vocab_size=40, max_seq_len=64)).eval()
     ids, mask = _repeating_batch(2, 40, 1)
-    assert torch.equal(harness_generate.greedy_until(_lm(model, None), ids, mask, 0, ["\n"], pad=0), ids)
+    assert torch.equal(harness_generate.generate_rows(_lm(model, None), ids, mask, 0, ["\n"], pad=0), ids)

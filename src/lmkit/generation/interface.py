@@ -1,0 +1,125 @@
+"""The models' public decoding interface: what `generate`, beam search, prompt lookup, the serving `Engine` and the
+harness call on a model, declared once here with the decoder-only behaviour; an encoder-decoder (`Seq2SeqLM`) or
+XLNet overrides the hooks it does differently.
+
+A loop calls `prepare_generation` once (the sequences the output starts from, and a `DecodingState`), then
+`generation_logits(state, tokens)` per step (the first step feeds all the start sequences, later ones the new
+tokens), and `reorder_generation` where rows change places (beams); `default_new_tokens` and `check_context`
+resolve and check the lengths first, and `decode_plan` offers a lean one-token step where the model has one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lmkit.errors import GenerationError
+from lmkit.nn import KVCache, build_attention_bias
+
+
+@dataclass
+class DecodingState:
+    """What a model carries from one decoding step to the next."""
+
+    cache: Any
+    attention_mask: torch.Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class DecodingInterface:
+    """The decoding hooks every family offers (see the module docstring); the defaults are a decoder-only model's."""
+
+    def prepare_generation(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                           **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
+        """(sequences the output starts from (B, S), state); the first `generation_logits` consumes all of them."""
+        if model_kwargs:
+            raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        return input_ids, DecodingState(cache=KVCache(), attention_mask=attention_mask)
+
+    def generation_prompt_length(self, input_ids: torch.Tensor, model_kwargs: dict) -> int:
+        """Length S of what the output starts from, which max_length and min_length count: the prompt here
+        (an encoder-decoder model's decoder prompt instead)."""
+        return input_ids.shape[-1]
+
+    def decode_plan(self, batch: int):
+        """A lean one-token step for `batch` rows (a `DecodePlan`), or None to decode through forward."""
+        return None
+
+    def generation_logits(self, state: DecodingState, tokens: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (B, V) after feeding `tokens` (B, t), updating the cache and mask.
+
+        Without padding the model's defaults (positions past..past+t-1, a causal mask SDPA builds
+        itself) are exact, so each step passes neither mask nor positions: the lean path. With left padding,
+        each real token's position is its index among the row's real tokens, as transformers places it.
+        """
+        past = state.cache.get_seq_length()
+        mask = state.attention_mask
+        padded = state.extra.get("padded")
+        if padded is None:
+            padded = state.extra["padded"] = mask is not None and not bool(mask.all())
+        plan = None
+        if past and tokens.shape[1] == 1:
+            plan = self.state_plan(state, tokens.shape[0])
+        if not padded:
+            if plan is not None:
+                return plan.step(tokens, state.cache, tokens.new_full(tokens.shape, past), None)
+            out = self(tokens, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1]
+        if past:  # as transformers 5: new tokens go on from the last position (the prompt's, if it ends padded)
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], tokens.shape[1])], dim=1)
+            state.attention_mask = mask
+            positions = state.extra["position"] + 1 + torch.arange(tokens.shape[1], device=tokens.device)
+        else:  # the prompt: each real token's index among the real ones, padding at 0
+            positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        state.extra["position"] = positions[:, -1:]
+        if plan is not None:
+            bias, _ = build_attention_bias(mask, tokens.shape[0], 1, past + 1, True, torch.bool, tokens.device)
+            return plan.step(tokens, state.cache, positions, bias)
+        out = self(tokens, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
+                   use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def state_plan(self, state: DecodingState, batch: int):
+        """The `decode_plan` of this decoding, built once and kept in the state."""
+        plan = state.extra.get("plan", False)
+        if plan is False:
+            plan = state.extra["plan"] = self.decode_plan(batch)
+        return plan
+
+    def reorder_generation(self, state: DecodingState, index: torch.Tensor) -> None:
+        """Make row i of the state what row index[i] was (beam search's parents)."""
+        state.cache.reorder(index)
+        if state.attention_mask is not None:
+            state.attention_mask = state.attention_mask.index_select(0, index)
+        if "position" in state.extra:
+            state.extra["position"] = state.extra["position"].index_select(0, index)
+
+    def default_new_tokens(self, start: int, max_length: int | None) -> int:
+        """transformers' length when max_new_tokens is unset: max_length tokens in all (the `start` tokens of the
+        prompt, or decoder prompt, included), else 20 new ones, capped at max_position_embeddings in all where the
+        model has positions."""
+        if max_length is None:
+            max_length = start + 20
+            if self.config.architecture == "decoder" or self.config.position == "learned":
+                max_length = min(max_length, self.config.max_seq_len)
+        if max_length <= start:
+            raise GenerationError(f"the prompt has {start} tokens but generation stops at max_length {max_length} "
+                                  f"tokens in all; pass max_new_tokens=N (or shorten the prompt)")
+        return max_length - start
+
+    def check_context(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
+        """Refuse a prompt, or prompt + max_new_tokens, that the model's positions cannot hold."""
+        limit = self.config.max_seq_len
+        if self.config.architecture != "decoder":
+            return
+        scaling = self.config.rope_scaling or {}
+        dynamic = self.config.position == "rope" and scaling.get("rope_type", scaling.get("type")) == "dynamic"
+        if input_ids.shape[1] > limit and not dynamic:  # dynamic NTK RoPE grows its base past the context instead
+            raise GenerationError(f"the prompt has {input_ids.shape[1]} tokens but the model's context is {limit}; "
+                                  f"shorten the prompt")
+        if self.config.position in ("learned", "sinusoidal") and input_ids.shape[1] + max_new_tokens > limit:
+            raise GenerationError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                                  f"model's {limit} positions; lower max_new_tokens to {limit - input_ids.shape[1]}")
