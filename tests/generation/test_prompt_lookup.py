@@ -213,3 +213,61 @@ def test_the_harness_with_no_new_tokens_returns_the_prompts():
     model = CausalLM(get_preset("gpt2", d_model=16, n_layers=1, n_heads=2, vocab_size=40, max_seq_len=64)).eval()
     ids, mask = _repeating_batch(2, 40, 1)
     assert torch.equal(harness_generate.generate_rows(_lm(model, None), ids, mask, 0, ["\n"], pad=0), ids)
+
+
+def _window_end(rows: list[list[int]], width: int, stops: list[str], decode, max_new: int) -> int:
+    """lm-eval's stop rule by its definition (one token a character here): the first step by which every row's last
+    len(stop) + 2 columns (none before the prompt's end) have decoded to a text holding a stop; else the last step."""
+    def shown(row, step):
+        end = width + step + 1
+        return any(s in decode(row[max(width, end - len(s) - 2):end]) for s in stops)
+
+    for step in range(max_new):
+        if all(any(shown(row, s) for s in range(step + 1)) for row in rows):
+            return step
+    return max_new - 1
+
+
+@pytest.mark.parametrize("lookup", [False, True], ids=["one-token", "prompt-lookup"])
+@torch.inference_mode()
+def test_the_harness_stop_rule_ends_the_batch_where_every_row_has_stopped(lookup):
+    """generate with lm-eval's stop rule (a whole-batch StopWindow): rows that have shown a stop string decode on
+    until every row has, then the batch ends; with prompt-lookup drafts (rows running ahead of each other) too."""
+    from lmkit.generation.stopping import StopWindow
+
+    torch.manual_seed(0)
+    model = CausalLM(get_preset("llama", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=40,
+                                max_seq_len=128)).eval()
+    ids, mask = _repeating_batch(3, 40, 2)
+    lm = _lm(model, [])
+    width = ids.shape[1]
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])[:, width:].tolist()
+    stops = [lm.tokenizer.decode([free[r][3 + 4 * r]]) for r in range(3)]  # rows meet them at different steps
+    full = model.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[]).tolist()
+    end = _window_end(full, width, stops, lm.tokenizer.decode, 24)
+    assert 3 <= end < 23
+    extra = dict(prompt_lookup_num_tokens=MAX_DRAFT, max_matching_ngram_size=3) if lookup else {}
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[],
+                         stopping_criteria=[StopWindow(lm.tokenizer, stops, width)], **extra)
+    assert got.tolist() == [row[:width + end + 1] for row in full]
+    if lookup:  # the harness decodes this way
+        assert torch.equal(harness_generate.generate_rows(lm, ids, mask, 24, stops, pad=0), got)
+
+
+@torch.inference_mode()
+def test_the_harness_stops_a_row_at_any_id_of_an_end_id_list():
+    """A folder whose generation_config.json lists several end ids: the harness's rows stop at whichever comes."""
+    torch.manual_seed(0)
+    model = CausalLM(get_preset("gpt2", d_model=32, n_layers=2, n_heads=4, vocab_size=40, max_seq_len=96)).eval()
+    ids, mask = _repeating_batch(3, 40, 3)
+    width = ids.shape[1]
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[])[:, width:].tolist()
+    ends = [free[0][2], free[2][6]]
+    got = harness_generate.generate_rows(_lm(model, ends), ids, mask, 20, [], pad=0)
+    assert torch.equal(got, model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=ends,
+                                           pad_token_id=0))
+    for r, row in enumerate(got[:, width:].tolist()):
+        hits = [i for i, t in enumerate(free[r]) if t in ends]
+        if hits:  # the row stopped at its first end id, whichever of the list it was, and padded after it
+            assert row[:hits[0] + 1] == free[r][:hits[0] + 1] and set(row[hits[0] + 1:]) <= {0}
+    assert any(t in ends for t in got[0, width:width + 3].tolist())

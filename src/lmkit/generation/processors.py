@@ -14,7 +14,9 @@ from __future__ import annotations
 import torch
 
 from lmkit.errors import GenerationError
-from lmkit.generation import logits as F
+from lmkit.generation.logits import (count_penalties, epsilon_filter, eta_filter, force_tokens, id_list, min_p_filter,
+                                     no_repeat_ngram, repetition_penalty, suppress, top_k_filter, top_p_filter,
+                                     typical_filter)
 
 NEG_INF = -float("inf")
 
@@ -89,7 +91,7 @@ class RepetitionPenalty(LogitsProcessor):
         self.penalty, self.padding = penalty, padding
 
     def __call__(self, input_ids, scores):
-        return F.repetition_penalty(input_ids, scores, self.penalty, self.padding)
+        return repetition_penalty(input_ids, scores, self.penalty, self.padding)
 
     def select(self, index):
         return self if self.padding is None else RepetitionPenalty(self.penalty, self.padding[index])
@@ -102,7 +104,7 @@ class NoRepeatNGram(LogitsProcessor):
         self.n = n
 
     def __call__(self, input_ids, scores):
-        return F.no_repeat_ngram(input_ids, scores, self.n)
+        return no_repeat_ngram(input_ids, scores, self.n)
 
     def acts_at(self, length):
         return length + 1 >= self.n
@@ -160,7 +162,7 @@ class ForcedBOS(LogitsProcessor):
         self.bos = bos
 
     def __call__(self, input_ids, scores):
-        return F.force_tokens(scores, [self.bos])
+        return force_tokens(scores, [self.bos])
 
     def acts_at(self, length):
         return length == 1
@@ -173,7 +175,7 @@ class ForcedEOS(LogitsProcessor):
         self.eos, self.max_length = eos, max_length
 
     def __call__(self, input_ids, scores):
-        return F.force_tokens(scores, self.eos)
+        return force_tokens(scores, self.eos)
 
     def acts_at(self, length):
         return length == self.max_length - 1
@@ -187,7 +189,7 @@ class SuppressTokens(LogitsProcessor):
         self.tokens, self.at = torch.tensor(tokens, dtype=torch.long), at
 
     def __call__(self, input_ids, scores):
-        return F.suppress(scores, self.tokens)
+        return suppress(scores, self.tokens)
 
     def acts_at(self, length):
         return self.at is None or length == self.at
@@ -218,7 +220,7 @@ class CountPenalties(LogitsProcessor):
         self.start, self.presence, self.frequency = start, presence, frequency
 
     def __call__(self, input_ids, scores):
-        return torch.cat([F.count_penalties(scores[r:r + 1], row[self.start:], self.presence, self.frequency)
+        return torch.cat([count_penalties(scores[r:r + 1], row[self.start:], self.presence, self.frequency)
                           for r, row in enumerate(input_ids.tolist())])
 
 
@@ -233,7 +235,8 @@ def _token_lists(value, name: str, vocab_size: int) -> list[tuple[int, ...]]:
 
 
 def sequence_bias_table(value, vocab_size: int) -> SequenceBias:
-    """generate's sequence_bias, [[ids, bias], ...] or {tuple(ids): bias} (a later duplicate wins, as in transformers)."""
+    """generate's sequence_bias, [[ids, bias], ...] or {tuple(ids): bias} (a later duplicate wins, as in
+    transformers)."""
     pairs = list(value.items()) if isinstance(value, dict) else value
     if not isinstance(pairs, (list, tuple)) or not pairs or any(
             not isinstance(p, (list, tuple)) or len(p) != 2 or isinstance(p[1], bool)
@@ -265,7 +268,7 @@ def _check(cfg) -> None:
                                   or any(isinstance(t, bool) or not isinstance(t, int) for t in value)):
             raise GenerationError(f"{name} must be a list of token ids, got {value!r}")
     for name, tokens in (("forced_bos_token_id", [] if cfg.forced_bos_token_id is None else [cfg.forced_bos_token_id]),
-                         ("forced_eos_token_id", F.id_list(cfg.forced_eos_token_id))):
+                         ("forced_eos_token_id", id_list(cfg.forced_eos_token_id))):
         if tokens and cfg.suppress_tokens is not None and set(tokens) <= set(cfg.suppress_tokens):
             raise GenerationError(f"every token of {name} ({sorted(set(tokens))}) is also in suppress_tokens, which "
                                   f"leaves no token at the forced step; remove it from one of them")
@@ -281,8 +284,9 @@ def build_processors(cfg, vocab_size: int, eos: list[int], *, start: int, max_le
     """The processors a resolved config asks for, in transformers' order (see the module docstring).
 
     `start`: the sequences' length before the first new token; `max_length`: the length they stop at (forced
-    EOS); `min_new_tokens`: how many new tokens come before an EOS may; `prompts`: the ids whose n-grams encoder_no_repeat_ngram_size bans; `prompt_padding`: each row's left
-    padding, which the repetition penalty skips; `keep`: the fewest tokens a truncation filter keeps."""
+    EOS); `min_new_tokens`: how many new tokens come before an EOS may; `prompts`: the ids whose n-grams
+    encoder_no_repeat_ngram_size bans; `prompt_padding`: each row's left padding, which the repetition penalty
+    skips; `keep`: the fewest tokens a truncation filter keeps."""
     _check(cfg)
     out = LogitsProcessorList()
     if cfg.sequence_bias is not None:
@@ -303,8 +307,8 @@ def build_processors(cfg, vocab_size: int, eos: list[int], *, start: int, max_le
     begin = start if start > 1 or cfg.forced_bos_token_id is None else start + 1
     if cfg.forced_bos_token_id is not None:
         out.append(ForcedBOS(cfg.forced_bos_token_id))
-    if F.id_list(cfg.forced_eos_token_id):
-        out.append(ForcedEOS(F.id_list(cfg.forced_eos_token_id), max_length))
+    if id_list(cfg.forced_eos_token_id):
+        out.append(ForcedEOS(id_list(cfg.forced_eos_token_id), max_length))
     if cfg.suppress_tokens is not None:
         out.append(SuppressTokens(list(cfg.suppress_tokens)))
     if cfg.begin_suppress_tokens is not None:
@@ -314,15 +318,15 @@ def build_processors(cfg, vocab_size: int, eos: list[int], *, start: int, max_le
         if cfg.temperature != 1.0:
             out.append(Temperature(cfg.temperature))
         if top_k:
-            out.append(Truncation(F.top_k_filter, top_k, keep))
+            out.append(Truncation(top_k_filter, top_k, keep))
         if cfg.top_p is not None and cfg.top_p < 1.0:
-            out.append(Truncation(F.top_p_filter, cfg.top_p, keep))
+            out.append(Truncation(top_p_filter, cfg.top_p, keep))
         if cfg.min_p is not None:
-            out.append(Truncation(F.min_p_filter, cfg.min_p, keep))
+            out.append(Truncation(min_p_filter, cfg.min_p, keep))
         if cfg.typical_p is not None and cfg.typical_p < 1.0:
-            out.append(Truncation(F.typical_filter, cfg.typical_p, keep))
+            out.append(Truncation(typical_filter, cfg.typical_p, keep))
         if cfg.epsilon_cutoff:
-            out.append(Truncation(F.epsilon_filter, cfg.epsilon_cutoff, keep))
+            out.append(Truncation(epsilon_filter, cfg.epsilon_cutoff, keep))
         if cfg.eta_cutoff:
-            out.append(Truncation(F.eta_filter, cfg.eta_cutoff, keep))
+            out.append(Truncation(eta_filter, cfg.eta_cutoff, keep))
     return out

@@ -187,8 +187,9 @@ def lookup_greedy(model, input_ids: torch.Tensor, decoding: Decoding, criteria: 
         """Row r's choices after its fed columns, each on the context before it, while they match the draft."""
         out: list[int] = []
         for j in range(logits.shape[0]):
-            length = start + len(rows.new[r])
-            context = torch.tensor([rows.rows[r]], device=sequences.device) if decoding.processors.acts_at(length) else None
+            context = None
+            if decoding.processors.acts_at(start + len(rows.new[r])):
+                context = torch.tensor([rows.rows[r]], device=sequences.device)
             token = int(next_scores(context, logits[j:j + 1], per_row[r]).argmax(-1))
             out.append(token)
             rows.push(r, token)

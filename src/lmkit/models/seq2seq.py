@@ -122,7 +122,7 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
         return ModelOutput(logits=logits, last_hidden_state=h, past_key_values=past_key_values,
                            aux_loss=sum(aux) if aux else None, encoder_last_hidden_state=memory, loss=loss)
 
-    # --- the decoding interface (generation/interface.py) ------------------------------------------------------
+    # --- the decoding interface (generation/interface.py) --------------------------------------------
     def _decoder_prompt(self, batch: int, device: torch.device, decoder_input_ids: torch.Tensor | None = None,
                         decoder_start_token_id=None) -> torch.Tensor:
         """What the decoder output starts from, as transformers builds it: decoder_start_token_id (an id, or one
@@ -150,8 +150,8 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
                                     **{k: model_kwargs[k] for k in keys if k in model_kwargs}).shape[1]
 
     def prepare_generation(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                          decoder_input_ids: torch.Tensor | None = None, decoder_start_token_id=None,
-                          **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
+                           decoder_input_ids: torch.Tensor | None = None, decoder_start_token_id=None,
+                           **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
         """Encode the source once; the output starts from the decoder prompt (see `_decoder_prompt`)."""
         if model_kwargs:
             raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")

@@ -198,7 +198,7 @@ class XLNet(PreTrainedModel, GenerationMixin):
 
     # --- generation: transformers' XLNetLMHeadModel scheme ------------------------------------------------
     def prepare_generation(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, use_mems=None,
-                          **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
+                           **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
         """Each step appends a dummy token that the whole sequence is hidden from (perm_mask) and predicts it through
         the query stream (target_mapping). With memory (use_mems, default config.use_mems_eval) a step after the
         first feeds the last two tokens and the dummy over the memory less its last two positions (transformers'
