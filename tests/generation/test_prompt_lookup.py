@@ -10,7 +10,6 @@ import torch
 from lmkit import CausalLM, get_preset
 from lmkit.errors import GenerationError
 from lmkit.evaluate import harness_generate
-from lmkit.generation import prompt_lookup
 from lmkit.generation.prompt_lookup import MAX_DRAFT, NgramIndex, accepted, next_budget
 
 
@@ -85,8 +84,8 @@ def test_speculative_greedy_decoding_chooses_plain_greedy_tokens(family, with_eo
     if with_eos:  # the last row's fifth new token: that row finishes early and pads while others go on
         eos = int(model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=[])[-1, -1])
     kept = []
-    verify = prompt_lookup._verify
-    monkeypatch.setattr(prompt_lookup, "_verify", lambda *a: kept.append(a[2].shape[1]) or verify(*a))
+    verify = CausalLM.draft_logits
+    monkeypatch.setattr(CausalLM, "draft_logits", lambda self, *a: kept.append(a[1].shape[1]) or verify(self, *a))
     got = harness_generate.generate_rows(_lm(model, eos), ids, mask, 40, [], pad=0)
     want = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0,
                           eos_token_id=eos)
@@ -135,8 +134,8 @@ def test_generate_with_prompt_lookup_chooses_the_tokens_of_plain_greedy(family, 
         eos = options["eos_token_id"]
         options = {**options, "eos_token_id": [seen if e == "seen" else e for e in eos] if isinstance(eos, list) else seen}
     checked = []
-    verify = prompt_lookup._verify
-    monkeypatch.setattr(prompt_lookup, "_verify", lambda *a: checked.append(a[2].shape[1]) or verify(*a))
+    verify = CausalLM.draft_logits
+    monkeypatch.setattr(CausalLM, "draft_logits", lambda self, *a: checked.append(a[1].shape[1]) or verify(self, *a))
     for k in (1, 3, 10):
         got = model.generate(ids, attention_mask=mask, max_new_tokens=30, prompt_lookup_num_tokens=k, **options)
         want = model.generate(ids, attention_mask=mask, max_new_tokens=30, **options)

@@ -4,8 +4,9 @@ XLNet overrides the hooks it does differently.
 
 A loop calls `prepare_generation` once (the sequences the output starts from, and a `DecodingState`), then
 `generation_logits(state, tokens)` per step (the first step feeds all the start sequences, later ones the new
-tokens), and `reorder_generation` where rows change places (beams); `default_new_tokens` and `check_context`
-resolve and check the lengths first, and `decode_plan` offers a lean one-token step where the model has one.
+tokens), `draft_logits` where prompt lookup checks drafted tokens, and `reorder_generation` where rows change
+places (beams); `default_new_tokens` and `check_context` resolve and check the lengths first, and `decode_plan`
+offers a lean step where the model has one.
 """
 from __future__ import annotations
 
@@ -81,6 +82,28 @@ class DecodingInterface:
         out = self(tokens, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
                    use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
+
+    def draft_logits(self, state: DecodingState, fed: torch.Tensor, used: list[int]) -> torch.Tensor:
+        """Prompt lookup's check: logits (B, k, V) after each column of `fed` (B, k), each row's pending last token
+        then its draft, the first used[r] columns, then padding (anything). Appends the k columns to the cache
+        and the mask (the caller turns rejected ones into holes); a left-padded decoder-only state only."""
+        k = fed.shape[1]
+        mask = torch.cat([state.attention_mask, state.attention_mask.new_ones(fed.shape[0], k)], dim=1)
+        # a short draft's padding columns become holes; they take the first column's position, so that none lies
+        # past the positions the real columns reach (a learned table ends)
+        steps = torch.arange(k, device=fed.device)[None, :]
+        used_t = torch.tensor(used, device=fed.device)[:, None]
+        positions = state.extra["position"] + 1 + steps.masked_fill(steps >= used_t, 0)
+        plan = self.state_plan(state, fed.shape[0])
+        if plan is not None:  # the lean step, k tokens a row, causal among them
+            past = state.cache.get_seq_length()
+            bias, _ = build_attention_bias(mask, fed.shape[0], k, past + k, True, torch.bool, fed.device)
+            logits = plan.step(fed, state.cache, positions, bias)
+        else:
+            logits = self(fed, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
+                          use_cache=True).logits
+        state.attention_mask = mask
+        return logits
 
     def state_plan(self, state: DecodingState, batch: int):
         """The `decode_plan` of this decoding, built once and kept in the state."""

@@ -17,7 +17,6 @@ import torch
 from lmkit.generation.interface import DecodingState
 from lmkit.generation.step import Decoding, next_scores
 from lmkit.generation.stopping import Rows, StopCriterion
-from lmkit.nn import build_attention_bias
 
 
 MAX_DRAFT = 8  # most drafted tokens a row (transformers' prompt_lookup_num_tokens is 10)
@@ -64,28 +63,6 @@ class NgramIndex:
         return []
 
 
-def _verify(model, state: DecodingState, fed: torch.Tensor, used: list[int]) -> torch.Tensor:
-    """Logits (B, k, V) after each column of `fed` (B, k): each row's pending last token, then its draft, the
-    first used[r] columns, then padding (anything). Appends the k columns to the cache and the mask."""
-    k = fed.shape[1]
-    mask = torch.cat([state.attention_mask, state.attention_mask.new_ones(fed.shape[0], k)], dim=1)
-    # a short draft's padding columns become holes; they take the first column's position, so that none lies
-    # past the positions the real columns reach (a learned table ends)
-    steps = torch.arange(k, device=fed.device)[None, :]
-    used_t = torch.tensor(used, device=fed.device)[:, None]
-    positions = state.extra["position"] + 1 + steps.masked_fill(steps >= used_t, 0)
-    plan = model.state_plan(state, fed.shape[0])
-    if plan is not None:  # the lean step, k tokens a row, causal among them
-        past = state.cache.get_seq_length()
-        bias, _ = build_attention_bias(mask, fed.shape[0], k, past + k, True, torch.bool, fed.device)
-        logits = plan.step(fed, state.cache, positions, bias)
-    else:
-        logits = model(fed, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
-                       use_cache=True).logits
-    state.attention_mask = mask
-    return logits
-
-
 class Speculation:
     """The decoding state of a left-padded batch after its prompt, stepped with drafts: `step(wanted, room)`
     drafts for the rows that still decode, checks them in one forward and returns each row's logits after
@@ -121,7 +98,7 @@ class Speculation:
         self.position, self.wanted = self.state.extra["position"], wanted
         if k == 1:
             return self.model.generation_logits(self.state, fed)[:, None]
-        return _verify(self.model, self.state, fed, [1 + len(d) for d in self.drafts])
+        return self.model.draft_logits(self.state, fed, [1 + len(d) for d in self.drafts])
 
     def keep(self, kept: list[list[int]]) -> None:
         """Row r's kept tokens: its choices after the first len(kept[r]) fed columns (the first len - 1 draft
