@@ -270,3 +270,25 @@ def test_the_harness_stops_a_row_at_any_id_of_an_end_id_list():
         if hits:  # the row stopped at its first end id, whichever of the list it was, and padded after it
             assert row[:hits[0] + 1] == free[r][:hits[0] + 1] and set(row[hits[0] + 1:]) <= {0}
     assert any(t in ends for t in got[0, width:width + 3].tolist())
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@torch.inference_mode()
+def test_prompts_read_without_their_padding_decode_the_same_tokens(family):
+    """generate(prefill_unpadded=True), the harness's prefill: prompts of each length read together without padding,
+    then the same tokens as the padded prefill, with and without prompt lookup, and the same next-token logits."""
+    torch.manual_seed(0)
+    config = get_preset(family, d_model=32, n_layers=2, n_heads=4, vocab_size=40, max_seq_len=96,
+                        **({"n_kv_heads": 2} if family == "llama" else {}))
+    model = CausalLM(config).eval()
+    ids, mask = _repeating_batch(4, 40, 5)
+    for extra in (dict(), dict(prompt_lookup_num_tokens=4)):
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[], **extra)
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[], prefill_unpadded=True,
+                             **extra)
+        assert torch.equal(got, want), extra
+    padded = model.prepare_generation(ids, mask)
+    unpadded = model.prepare_generation(ids, mask, prefill_unpadded=True)
+    first = model.generation_logits(padded[1], ids)
+    torch.testing.assert_close(model.generation_logits(unpadded[1], ids), first, atol=1e-5, rtol=1e-5)
+    assert unpadded[1].cache.get_seq_length() == padded[1].cache.get_seq_length() == ids.shape[1]

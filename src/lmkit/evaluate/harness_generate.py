@@ -49,17 +49,20 @@ def generate_rows(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until
                   sampling: dict | None = None) -> torch.Tensor:
     """HFLM's `generate` call through lmkit's decoding core: its stop rule (lm-eval's MultiTokenEOSCriteria, a
     `StopWindow` looking back from the prompt's width, T5's too) beside the EOS ids, so that the same tokens come
-    out. Greedy decoding on a decoder drafts with prompt lookup (`speculates`), which keeps greedy's tokens.
+    out. A decoder reads the prompts without their padding, and greedy decoding there drafts with prompt lookup
+    (`speculates`), which keeps greedy's tokens.
     Returns prompt + continuation for a decoder and decoder start + continuation for an encoder-decoder."""
     model, sampling = lm.model, sampling or {}
     if max_new < 1:  # nothing to generate (max_gen_toks 0)
         return model.prepare_generation(ids, mask)[0]
-    lookup = {}
-    if not sampling.get("do_sample") and lm.backend == "causal" and speculates(model.config):
-        lookup = dict(prompt_lookup_num_tokens=MAX_DRAFT, max_matching_ngram_size=3)
+    extra = {}
+    if lm.backend == "causal" and model.config.position != "xl":  # a KV-cached decoder
+        extra["prefill_unpadded"] = True
+    if lm.backend == "causal" and speculates(model.config) and not sampling.get("do_sample"):
+        extra.update(prompt_lookup_num_tokens=MAX_DRAFT, max_matching_ngram_size=3)
     stop = StopWindow(lm.tokenizer, until, ids.shape[1]) if until else None
     return model.generate(ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
-                          stopping_criteria=[stop] if stop else None, **lookup, **sampling)
+                          stopping_criteria=[stop] if stop else None, **extra, **sampling)
 
 
 def generate_batches(lm, requests) -> list[str]:

@@ -32,13 +32,18 @@ class DecodingInterface:
     """The decoding hooks every family offers (see the module docstring); the defaults are a decoder-only model's."""
 
     def prepare_generation(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                           **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
-        """(sequences the output starts from (B, S), state); the first `generation_logits` consumes all of them."""
+                           prefill_unpadded: bool = False, **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
+        """(sequences the output starts from (B, S), state); the first `generation_logits` consumes all of them.
+        prefill_unpadded: read left-padded prompts without their padding (`prefill_unpadded`), as the harness
+        does; the same keys at the same positions, so the same tokens up to float rounding."""
         if model_kwargs:
             raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        return input_ids, DecodingState(cache=KVCache(), attention_mask=attention_mask)
+        state = DecodingState(cache=KVCache(), attention_mask=attention_mask)
+        if prefill_unpadded:
+            state.extra["unpadded"] = True
+        return input_ids, state
 
     def generation_prompt_length(self, input_ids: torch.Tensor, model_kwargs: dict) -> int:
         """Length S of what the output starts from, which max_length and min_length count: the prompt here
@@ -64,6 +69,8 @@ class DecodingInterface:
         plan = None
         if past and tokens.shape[1] == 1:
             plan = self.state_plan(state, tokens.shape[0])
+        if not past and padded and state.extra.get("unpadded"):
+            return prefill_unpadded(self, state, tokens)
         if not padded:
             if plan is not None:
                 return plan.step(tokens, state.cache, tokens.new_full(tokens.shape, past), None)
@@ -146,3 +153,34 @@ class DecodingInterface:
         if self.config.position in ("learned", "sinusoidal") and input_ids.shape[1] + max_new_tokens > limit:
             raise GenerationError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                                   f"model's {limit} positions; lower max_new_tokens to {limit - input_ids.shape[1]}")
+
+
+def prefill_unpadded(model, state: DecodingState, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token logits (B, V) after left-padded prompts, with the KV cache `state` then decodes from, computed
+    without the padding: the prompts of each length are read together, unpadded, and their keys and values are
+    placed right-aligned in one cache whose padding columns the mask hides. Every real token sees what it sees
+    in the padded forward (the same keys, at the same positions), and no column is spent on padding."""
+    mask = state.attention_mask
+    lengths = mask.sum(-1)
+    width = ids.shape[1]
+    logits = None
+    cache = state.cache
+    for length in sorted(set(lengths.tolist())):
+        rows = (lengths == length).nonzero()[:, 0]
+        part = KVCache()
+        out = model(ids[rows, width - length:], past_key_values=part, use_cache=True, logits_to_keep=1).logits[:, -1]
+        if logits is None:
+            logits = out.new_empty(ids.shape[0], out.shape[-1])
+        logits[rows] = out
+        for layer in part.keys:
+            if layer not in cache.keys:  # room for the decoding steps too, so the buffers need not grow
+                k, v = part.keys[layer], part.values[layer]
+                cache.keys[layer] = k.new_zeros(ids.shape[0], k.shape[1], 2 * width, k.shape[3])
+                cache.values[layer] = v.new_zeros(ids.shape[0], v.shape[1], 2 * width, v.shape[3])
+                cache.lengths[layer] = width
+            cache.keys[layer][rows, :, width - length:width] = part.keys[layer][:, :, :length]
+            cache.values[layer][rows, :, width - length:width] = part.values[layer][:, :, :length]
+    # what generation_logits keeps after a padded prompt: the mask, and each row's last position
+    state.extra["padded"] = True
+    state.extra["position"] = (lengths - 1)[:, None]
+    return logits

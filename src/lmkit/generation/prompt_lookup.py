@@ -25,9 +25,9 @@ MAX_DRAFT = 8  # most drafted tokens a row (transformers' prompt_lookup_num_toke
 def speculates(config) -> bool:
     """Whether checking drafts at once gives a decoder plain decoding's numbers: not with sliding windows (the
     holes would count in the window) nor dynamic NTK RoPE (its base follows the furthest position of a
-    forward, which a drafted column moves)."""
+    forward, which a drafted column moves), nor for XLNet, which keeps no KV cache."""
     scaling = config.rope_scaling or {}
-    return config.architecture == "decoder" and config.sliding_window is None and \
+    return config.architecture == "decoder" and config.position != "xl" and config.sliding_window is None and \
         scaling.get("rope_type", scaling.get("type")) != "dynamic"
 
 
