@@ -68,8 +68,8 @@ class GenerationMixin(DecodingInterface):
         if decoding.stops and tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: pass tokenizer=... to generate")
         if (decoding.stops or criteria) and cfg.num_beams > 1:  # beam search would otherwise decode on past them
-            raise GenerationError("stop_strings are not supported with beam search (num_beams > 1); use "
-                                  "eos_token_id, or num_beams=1")
+            raise GenerationError("stop_strings (and stopping_criteria) are not supported with beam search "
+                                  "(num_beams > 1); use eos_token_id, or num_beams=1")
         if decoding.stops:
             criteria.append(StopStrings(tokenizer, decoding.stops, start))
         was_training = self.training
