@@ -132,3 +132,21 @@ def test_a_group_larger_than_the_batch_is_refused(loaded):
     members = [Request(prompt=[1, 2], config=GenerationConfig(do_sample=True)) for _ in range(3)]
     with pytest.raises(GenerationError, match="lower n"):
         engine.prepare_group(members)
+
+
+def test_a_list_of_end_ids_stops_a_request_at_any_of_them(loaded):
+    """generation_config.json lists, or a server's stop ids (its EOS and the chat template's end of turn): a request
+    stops at the first of its output's tokens that is in the list, as generate stops, whichever id it is."""
+    model, tok = loaded
+    prompt = [5, 9, 13, 2, 7]
+    free = model.generate(torch.tensor([prompt]), max_new_tokens=12, eos_token_id=[])[0, len(prompt):].tolist()
+    for ends in ([free[6], free[2]], [free[2], free[6]], [model.config.vocab_size + 5, free[4]]):
+        first = min(free.index(e) for e in ends if e in free)
+        config = GenerationConfig(max_new_tokens=12, eos_token_id=ends)
+        engine = Engine(model, max_batch=2)
+        request, other = engine.run_all([Request(prompt=prompt, config=config),
+                                         Request(prompt=prompt[:3], config=GenerationConfig(max_new_tokens=12))])
+        assert request.output == free[:first + 1] and request.finish_reason == "stop", ends
+        alone = model.generate(torch.tensor([prompt]), generation_config=config)
+        assert request.output == alone[0, len(prompt):].tolist()
+        assert len(other.output) == 12 or other.finish_reason == "stop"  # its own (the folder's) end ids only

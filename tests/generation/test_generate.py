@@ -315,12 +315,42 @@ def test_no_repeat_ngram_matches_transformers(n):
     assert torch.equal(processors.no_repeat_ngram(seqs, scores, n), expected)
 
 
+def _processors(**settings):
+    from lmkit.generation.config import GenerationConfig
+    from lmkit.generation.processors import build_processors
+
+    cfg = GenerationConfig(**settings).resolved()
+    ids = torch.zeros(4, 3, dtype=torch.long)
+    return build_processors(cfg, 50, [2, 5], start=3, max_length=12, min_new_tokens=settings.get("min_new_tokens", 0),
+                            prompts=ids)
+
+
 def test_temperature_divides_the_logits():
     seqs, scores = scores_and_sequences()
-    out = processors.process(seqs, scores, do_sample=True, temperature=0.5, top_k=0, top_p=None, repetition=1.0,
-                             no_repeat_ngram_size=0)
+    out = _processors(do_sample=True, temperature=0.5, top_k=0)(seqs, scores)
     assert torch.equal(out, hf_proc.TemperatureLogitsWarper(0.5)(seqs, scores.clone()))
     # greedy ignores the sampling filters, as transformers does
-    same = processors.process(seqs, scores, do_sample=False, temperature=0.5, top_k=3, top_p=0.5, repetition=1.0,
-                              no_repeat_ngram_size=0)
-    assert torch.equal(same, scores)
+    greedy = _processors(do_sample=False, temperature=0.5, top_k=3, top_p=0.5)
+    assert len(greedy) == 0 and torch.equal(greedy(seqs, scores), scores)
+
+
+def test_the_processor_list_from_a_config_equals_transformers_list():
+    """One config asking for most processors: the list built from it, step by step, equals transformers' list of
+    the same processors in its order (`_get_logits_processor`)."""
+    settings = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, min_p=0.02, repetition_penalty=1.3,
+                    no_repeat_ngram_size=2, sequence_bias=[[[4], 1.5]], bad_words_ids=[[7, 8]], min_new_tokens=2,
+                    suppress_tokens=[11], begin_suppress_tokens=[12], forced_eos_token_id=[5])
+    ours = _processors(**settings)
+    theirs = hf_proc.LogitsProcessorList([
+        hf_proc.SequenceBiasLogitsProcessor({(4,): 1.5}), hf_proc.RepetitionPenaltyLogitsProcessor(1.3),
+        hf_proc.NoRepeatNGramLogitsProcessor(2), hf_proc.NoBadWordsLogitsProcessor([[7, 8]], eos_token_id=[2, 5]),
+        hf_proc.MinNewTokensLengthLogitsProcessor(3, 2, [2, 5]), hf_proc.ForcedEOSTokenLogitsProcessor(12, [5]),
+        hf_proc.SuppressTokensLogitsProcessor([11]), hf_proc.SuppressTokensAtBeginLogitsProcessor([12], 3),
+        hf_proc.TemperatureLogitsWarper(0.7), hf_proc.TopKLogitsWarper(20), hf_proc.TopPLogitsWarper(0.9),
+        hf_proc.MinPLogitsWarper(0.02)])
+    g = torch.Generator().manual_seed(3)
+    for length in range(3, 12):
+        seqs = torch.randint(0, 50, (4, length), generator=g)
+        seqs[:, -1] = 7  # bad word [7, 8] is one token away
+        scores = torch.randn(4, 50, generator=g) * 3
+        assert torch.equal(ours(seqs, scores.clone()), theirs(seqs, scores.clone())), length

@@ -9,6 +9,7 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation import logits as processors
+from lmkit.generation.processors import bad_words_table, sequence_bias_table
 
 transformers = pytest.importorskip("transformers")
 from transformers.generation import logits_process as hf_proc  # noqa: E402
@@ -143,10 +144,10 @@ def test_sequence_bias_and_bad_words_match_transformers():
     scores = torch.randn(6, 12, generator=g)
     table = [[[1], -2.0], [[2, 3], 1.5], [[0, 2, 3], 4.0], [[3, 3], -1.0], [[1, 3], 0.5], [[7, 0, 1, 2, 3, 1], 9.0]]
     expected = hf_proc.SequenceBiasLogitsProcessor(table)(seqs, scores.clone())
-    assert torch.equal(processors.sequence_bias_table(table, 12)(seqs, scores.clone()), expected)
+    assert torch.equal(sequence_bias_table(table, 12)(seqs, scores.clone()), expected)
     words = [s for s, _ in table]
     expected = hf_proc.NoBadWordsLogitsProcessor(words, eos_token_id=[1])(seqs, scores.clone())
-    assert torch.equal(processors.bad_words_table(words, [1], 12)(seqs, scores.clone()), expected)
+    assert torch.equal(bad_words_table(words, [1], 12)(seqs, scores.clone()), expected)
 
 
 @pytest.mark.parametrize("mode", [dict(), dict(do_sample=True, top_k=6, num_return_sequences=2),

@@ -10,7 +10,6 @@ import torch
 from lmkit import CausalLM, get_preset
 from lmkit.errors import GenerationError
 from lmkit.evaluate import harness_generate
-from lmkit.generation import prompt_lookup
 from lmkit.generation.prompt_lookup import MAX_DRAFT, NgramIndex, accepted, next_budget
 
 
@@ -85,9 +84,9 @@ def test_speculative_greedy_decoding_chooses_plain_greedy_tokens(family, with_eo
     if with_eos:  # the last row's fifth new token: that row finishes early and pads while others go on
         eos = int(model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=[])[-1, -1])
     kept = []
-    verify = prompt_lookup._verify
-    monkeypatch.setattr(prompt_lookup, "_verify", lambda *a: kept.append(a[2].shape[1]) or verify(*a))
-    got = harness_generate.greedy_until(_lm(model, eos), ids, mask, 40, [], pad=0)
+    verify = CausalLM.draft_logits
+    monkeypatch.setattr(CausalLM, "draft_logits", lambda self, *a: kept.append(a[1].shape[1]) or verify(self, *a))
+    got = harness_generate.generate_rows(_lm(model, eos), ids, mask, 40, [], pad=0)
     want = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0,
                           eos_token_id=eos)
     # generate stops once every row has finished, and pads finished rows; the harness's rule is the same here
@@ -135,8 +134,8 @@ def test_generate_with_prompt_lookup_chooses_the_tokens_of_plain_greedy(family, 
         eos = options["eos_token_id"]
         options = {**options, "eos_token_id": [seen if e == "seen" else e for e in eos] if isinstance(eos, list) else seen}
     checked = []
-    verify = prompt_lookup._verify
-    monkeypatch.setattr(prompt_lookup, "_verify", lambda *a: checked.append(a[2].shape[1]) or verify(*a))
+    verify = CausalLM.draft_logits
+    monkeypatch.setattr(CausalLM, "draft_logits", lambda self, *a: checked.append(a[1].shape[1]) or verify(self, *a))
     for k in (1, 3, 10):
         got = model.generate(ids, attention_mask=mask, max_new_tokens=30, prompt_lookup_num_tokens=k, **options)
         want = model.generate(ids, attention_mask=mask, max_new_tokens=30, **options)
@@ -212,4 +211,84 @@ def test_models_without_a_plan_check_drafts_through_their_forward(monkeypatch):
 def test_the_harness_with_no_new_tokens_returns_the_prompts():
     model = CausalLM(get_preset("gpt2", d_model=16, n_layers=1, n_heads=2, vocab_size=40, max_seq_len=64)).eval()
     ids, mask = _repeating_batch(2, 40, 1)
-    assert torch.equal(harness_generate.greedy_until(_lm(model, None), ids, mask, 0, ["\n"], pad=0), ids)
+    assert torch.equal(harness_generate.generate_rows(_lm(model, None), ids, mask, 0, ["\n"], pad=0), ids)
+
+
+def _window_end(rows: list[list[int]], width: int, stops: list[str], decode, max_new: int) -> int:
+    """lm-eval's stop rule by its definition (one token a character here): the first step by which every row's last
+    len(stop) + 2 columns (none before the prompt's end) have decoded to a text holding a stop; else the last step."""
+    def shown(row, step):
+        end = width + step + 1
+        return any(s in decode(row[max(width, end - len(s) - 2):end]) for s in stops)
+
+    for step in range(max_new):
+        if all(any(shown(row, s) for s in range(step + 1)) for row in rows):
+            return step
+    return max_new - 1
+
+
+@pytest.mark.parametrize("lookup", [False, True], ids=["one-token", "prompt-lookup"])
+@torch.inference_mode()
+def test_the_harness_stop_rule_ends_the_batch_where_every_row_has_stopped(lookup):
+    """generate with lm-eval's stop rule (a whole-batch StopWindow): rows that have shown a stop string decode on
+    until every row has, then the batch ends; with prompt-lookup drafts (rows running ahead of each other) too."""
+    from lmkit.generation.stopping import StopWindow
+
+    torch.manual_seed(0)
+    model = CausalLM(get_preset("llama", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=40,
+                                max_seq_len=128)).eval()
+    ids, mask = _repeating_batch(3, 40, 2)
+    lm = _lm(model, [])
+    width = ids.shape[1]
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])[:, width:].tolist()
+    stops = [lm.tokenizer.decode([free[r][3 + 4 * r]]) for r in range(3)]  # rows meet them at different steps
+    full = model.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[]).tolist()
+    end = _window_end(full, width, stops, lm.tokenizer.decode, 24)
+    assert 3 <= end < 23
+    extra = dict(prompt_lookup_num_tokens=MAX_DRAFT, max_matching_ngram_size=3) if lookup else {}
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[],
+                         stopping_criteria=[StopWindow(lm.tokenizer, stops, width)], **extra)
+    assert got.tolist() == [row[:width + end + 1] for row in full]
+    if lookup:  # the harness decodes this way
+        assert torch.equal(harness_generate.generate_rows(lm, ids, mask, 24, stops, pad=0), got)
+
+
+@torch.inference_mode()
+def test_the_harness_stops_a_row_at_any_id_of_an_end_id_list():
+    """A folder whose generation_config.json lists several end ids: the harness's rows stop at whichever comes."""
+    torch.manual_seed(0)
+    model = CausalLM(get_preset("gpt2", d_model=32, n_layers=2, n_heads=4, vocab_size=40, max_seq_len=96)).eval()
+    ids, mask = _repeating_batch(3, 40, 3)
+    width = ids.shape[1]
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[])[:, width:].tolist()
+    ends = [free[0][2], free[2][6]]
+    got = harness_generate.generate_rows(_lm(model, ends), ids, mask, 20, [], pad=0)
+    assert torch.equal(got, model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=ends,
+                                           pad_token_id=0))
+    for r, row in enumerate(got[:, width:].tolist()):
+        hits = [i for i, t in enumerate(free[r]) if t in ends]
+        if hits:  # the row stopped at its first end id, whichever of the list it was, and padded after it
+            assert row[:hits[0] + 1] == free[r][:hits[0] + 1] and set(row[hits[0] + 1:]) <= {0}
+    assert any(t in ends for t in got[0, width:width + 3].tolist())
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@torch.inference_mode()
+def test_prompts_read_without_their_padding_decode_the_same_tokens(family):
+    """generate(prefill_unpadded=True), the harness's prefill: prompts of each length read together without padding,
+    then the same tokens as the padded prefill, with and without prompt lookup, and the same next-token logits."""
+    torch.manual_seed(0)
+    config = get_preset(family, d_model=32, n_layers=2, n_heads=4, vocab_size=40, max_seq_len=96,
+                        **({"n_kv_heads": 2} if family == "llama" else {}))
+    model = CausalLM(config).eval()
+    ids, mask = _repeating_batch(4, 40, 5)
+    for extra in (dict(), dict(prompt_lookup_num_tokens=4)):
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[], **extra)
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[], prefill_unpadded=True,
+                             **extra)
+        assert torch.equal(got, want), extra
+    padded = model.prepare_generation(ids, mask)
+    unpadded = model.prepare_generation(ids, mask, prefill_unpadded=True)
+    first = model.generation_logits(padded[1], ids)
+    torch.testing.assert_close(model.generation_logits(unpadded[1], ids), first, atol=1e-5, rtol=1e-5)
+    assert unpadded[1].cache.get_seq_length() == padded[1].cache.get_seq_length() == ids.shape[1]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lmkit.generation.logits import block_eos, process
+from lmkit.generation.step import Decoding
 
 _NEG = -1.0e9
 
@@ -26,23 +26,23 @@ def _gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.take_along_dim(tensor, index, dim=1)
 
 
-def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, max_new_tokens: int,
-                num_beams: int, length_penalty: float, early_stopping: bool | str, eos: list[int],
-                pad_token_id: int | None, min_new_tokens: int, options: dict, forced: tuple = (None, []),
-                num_return_sequences: int = 1, **model_kwargs) -> torch.Tensor:
-    """The n = num_return_sequences best hypotheses per row, best first (B * n, prompt + generated); the model
-    supplies the three decoding hooks."""
-    start, state = model._generation_start(input_ids, attention_mask, **model_kwargs)
+def beam_search(model, input_ids: torch.Tensor, decoding: Decoding, **model_kwargs) -> torch.Tensor:
+    """The n = num_return_sequences best hypotheses per row, best first (B * n, prompt + generated); the model is
+    called through its `DecodingInterface`, the scores through the decoding's processors."""
+    cfg, eos = decoding.config, decoding.eos
+    num_beams, length_penalty, early_stopping = cfg.num_beams, cfg.length_penalty, cfg.early_stopping
+    pad_token_id = decoding.pad_token_id
+    start, state = model.prepare_generation(input_ids, decoding.attention_mask, **model_kwargs)
     B, prompt_len = start.shape
     k, device = num_beams, start.device
-    model._generation_reorder(state, torch.arange(B, device=device).repeat_interleave(k))
-    max_length = prompt_len + max_new_tokens
+    beams = torch.arange(B, device=device).repeat_interleave(k)
+    model.reorder_generation(state, beams)
+    processors = decoding.processors.select(beams)  # one row per beam
+    max_length = prompt_len + decoding.max_new_tokens
     fill = (pad_token_id if pad_token_id else eos[0]) if eos else -1
     keep = max(2, 1 + len(eos)) * k
     top_k_mask = torch.arange(keep, device=device) < k
     eos_t = torch.tensor(eos, device=device) if eos else None
-    if options.get("prompt_padding") is not None:  # one entry per beam
-        options = {**options, "prompt_padding": options["prompt_padding"].repeat_interleave(k)}
 
     running = torch.full((B, k, max_length), fill, dtype=torch.long, device=device)
     running[:, :, :prompt_len] = start[:, None]
@@ -58,16 +58,13 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     tokens, cur_len = start.repeat_interleave(k, dim=0), prompt_len
 
     while True:
-        log_probs = F.log_softmax(model._generation_logits(state, tokens).float(), dim=-1)
-        flat_running = running[:, :, :cur_len].reshape(B * k, cur_len)
-        if cur_len - prompt_len < min_new_tokens:
-            block_eos(log_probs, eos)
-        log_probs = process(flat_running, log_probs, start=prompt_len, max_length=max_length, forced=forced, **options)
+        log_probs = F.log_softmax(model.generation_logits(state, tokens).float(), dim=-1)
+        log_probs = processors(running[:, :, :cur_len].reshape(B * k, cur_len), log_probs)
         V = log_probs.shape[-1]
         total = (log_probs.view(B, k, V) + running_scores[:, :, None]).view(B, k * V)
 
         # the K best continuations over all beams (or K sampled without replacement)
-        if options.get("do_sample"):
+        if cfg.do_sample:
             index = torch.multinomial(total.softmax(-1), num_samples=keep)
             cand_scores, order = torch.gather(total, 1, index).sort(dim=-1, descending=True)
             index = index.gather(-1, order)
@@ -103,7 +100,7 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         final_lengths = _gather(torch.cat((final_lengths, cand_lengths), dim=1), best)
         finished = _gather(torch.cat((finished, just_finished), dim=1), best)
 
-        model._generation_reorder(state, parents.reshape(-1))
+        model.reorder_generation(state, parents.reshape(-1))
         tokens = running[:, :, cur_len].reshape(B * k, 1)
         cur_len += 1
 
@@ -119,6 +116,6 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         if not bool(improvable.any()) or all_full or bool(hits.all()):
             break
 
-    n = num_return_sequences
+    n = cfg.num_return_sequences
     length = prompt_len + int(final_lengths[:, :n].max())
     return finals[:, :n, :length].reshape(B * n, length)

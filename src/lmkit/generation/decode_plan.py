@@ -166,7 +166,7 @@ class DecodePlan:
         """The plan for `batch` rows, or None when the model has a part the plan does not reproduce exactly.
 
         `model` is a decoder-only model whose forward is its `decoder` stack's then `lm_head` (the model checks
-        that of its own class and subclasses: `CausalLM._decode_plan`); this checks every module below them.
+        that of its own class and subclasses: `CausalLM.decode_plan`); this checks every module below them.
         A model keeps its latest plan until its weights change (in place or replaced) or the batch
         size, thread count, autocast setting or sliding windows do."""
         config = model.config

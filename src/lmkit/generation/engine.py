@@ -5,7 +5,7 @@ Each request owns a slot of `SlotCache` (its keys and values, at its own length)
 of at most `prefill_chunk` tokens in all (so a long prompt delays the others by one chunk, not by its length),
 then runs one decoding step for every request past its prompt as one batch: new token i attends to its own slot's
 keys 0..L_i through a per-row mask, at position L_i. The next token comes from the same per-step core as
-`model.generate` (`settings.next_scores` and `settings.pick`), so greedy and seeded requests give the ids
+`model.generate` (`step.next_scores` and `step.pick`), so greedy and seeded requests give the ids
 `model.generate` gives run alone (with torch.manual_seed(seed) before it), whatever else runs beside them.
 
 A `Group` is n requests continuing one prompt as the n rows of `generate(num_return_sequences=n)`: one of them
@@ -31,8 +31,9 @@ import torch
 
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
-from lmkit.generation.logits import count_penalties
-from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, stop_reached
+from lmkit.generation.processors import CountPenalties
+from lmkit.generation.step import Decoding, decoding_for, next_scores, pick
+from lmkit.generation.stopping import stop_reached
 from lmkit.generation.slots import DecodeView, PrefillView, SlotCache
 
 
@@ -48,7 +49,7 @@ class Request:
     logprobs: int | None = None  # this many alternatives per new token (0: the chosen token's log-probability only)
     prompt_logprobs: int | None = None  # the same for each prompt token after the first
     score_only: bool = False  # prefill and score the prompt, generate nothing
-    presence_penalty: float = 0.0  # OpenAI's penalties over the output's tokens (logits.count_penalties)
+    presence_penalty: float = 0.0  # OpenAI's penalties over the output's tokens (processors.CountPenalties)
     frequency_penalty: float = 0.0
     on_event: Callable[["Request"], None] | None = None
     group: "Group | None" = None  # set by Engine.prepare_group
@@ -131,6 +132,9 @@ class Engine:
                                   "prepare n requests as a group (Engine.prepare_group)")
         if decoding.stops and request.tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: set Request.tokenizer")
+        if request.presence_penalty or request.frequency_penalty:  # the request's own processor, before the config's
+            decoding.processors.insert(0, CountPenalties(len(request.prompt), request.presence_penalty,
+                                                         request.frequency_penalty))
         request.decoding = decoding
         if cfg.do_sample:
             seed = request.seed if request.seed is not None else int(torch.randint(0, 2 ** 62, ()).item())
@@ -330,7 +334,7 @@ class Engine:
         """The lean one-token step `generate` takes too, where the model has one (None: decode via modules)."""
         several = rows > 1
         if several not in self._plans:
-            self._plans[several] = self.model._decode_plan(max(rows, 2) if several else 1)
+            self._plans[several] = self.model.decode_plan(max(rows, 2) if several else 1)
         return self._plans[several]
 
     def _choose(self, request: Request, logits: torch.Tensor, token: int | None = None) -> None:
@@ -338,10 +342,9 @@ class Engine:
         greedy row), record it and check its stop criteria."""
         decoding, prompt = request.decoding, request.prompt
         if token is None:
-            step = len(request.output)
-            sequence = torch.tensor([prompt + request.output], device=self.device) if decoding.processing else None
-            scores = count_penalties(logits, request.output, request.presence_penalty, request.frequency_penalty)
-            scores = next_scores(sequence, scores, step, len(prompt), decoding)
+            acts = decoding.processors.acts_at(len(prompt) + len(request.output))
+            sequence = torch.tensor([prompt + request.output], device=self.device) if acts else None
+            scores = next_scores(sequence, logits, decoding)
             token = int(pick(scores, decoding.config.do_sample, request.generator)[0])
         raw = logits
         request.output.append(token)
@@ -371,8 +374,7 @@ class Engine:
 
 
 def _plain_greedy(request: Request) -> bool:
-    """Whether the next token of `request` is the argmax of its raw logits: greedy, no processor or penalty
-    changes the scores, and min_new_tokens no longer blocks EOS."""
+    """Whether the next token of `request` is the argmax of its raw logits: greedy, and no processor (penalties,
+    min_new_tokens's EOS ban ...) changes the scores at this step."""
     decoding = request.decoding
-    return (not decoding.config.do_sample and not decoding.processing and not request.presence_penalty
-            and not request.frequency_penalty and len(request.output) >= decoding.min_new_tokens)
+    return not decoding.config.do_sample and not decoding.processors.acts_at(len(request.prompt) + len(request.output))

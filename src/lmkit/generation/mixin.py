@@ -4,28 +4,21 @@ Arguments mean what transformers' `generate` makes them mean: top_k defaults to 
 (top_k=0 turns it off), pad_token_id defaults to eos_token_id, finished rows are padded, and a
 decoder-only model returns prompt + continuation with left-padded prompts positioned as if alone.
 Arguments left unset (token ids, sampling and beam settings) come from the loaded folder's generation_config.json.
+The loops here call the model only through its `DecodingInterface` and score each step through `step.py`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from lmkit.errors import GenerationError
+from lmkit.generation.beam import beam_search
 from lmkit.generation.config import GenerationConfig
+from lmkit.generation.interface import DecodingInterface
 from lmkit.generation.prompt_lookup import lookup_greedy, speculates
-from lmkit.generation.settings import Decoding, decoding_for, next_scores, pick, split_settings, stop_reached
-from lmkit.nn import KVCache, build_attention_bias
-
-
-@dataclass
-class DecodingState:
-    """What a model carries from one decoding step to the next."""
-
-    cache: Any
-    attention_mask: torch.Tensor | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+from lmkit.generation.step import Decoding, decoding_for, next_scores, pick, split_settings
+from lmkit.generation.stopping import StopCriterion, StopStrings
 
 
 @dataclass
@@ -41,71 +34,14 @@ class GenerateOutput:
         return getattr(self, key)
 
 
-class GenerationMixin:
-    """Decoding loops shared by every family; the model supplies start, step and reorder."""
-
-    # --- what a decoder-only model does (encoder-decoder models override these three) ----------
-    def _generation_start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                          **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
-        """(sequences the output starts from, state); the first step consumes all of `sequences`."""
-
-        if model_kwargs:
-            raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        return input_ids, DecodingState(cache=KVCache(), attention_mask=attention_mask)
-
-    def _decode_plan(self, batch: int):
-        """A lean one-token step for `batch` rows (a `DecodePlan`), or None to decode through forward."""
-        return None
-
-    def _generation_logits(self, state: DecodingState, tokens: torch.Tensor) -> torch.Tensor:
-        """Next-token logits (B, V) after feeding `tokens` (B, t), updating the cache and mask.
-
-        Without padding the model's defaults (positions past..past+t-1, a causal mask SDPA builds
-        itself) are exact, so each step passes neither mask nor positions: the lean path.
-        """
-        past = state.cache.get_seq_length()
-        mask = state.attention_mask
-        padded = state.extra.get("padded")
-        if padded is None:
-            padded = state.extra["padded"] = mask is not None and not bool(mask.all())
-        plan = None
-        if past and tokens.shape[1] == 1:
-            plan = state.extra.get("plan", False)
-            if plan is False:
-                plan = state.extra["plan"] = self._decode_plan(tokens.shape[0])
-        if not padded:
-            if plan is not None:
-                return plan.step(tokens, state.cache, tokens.new_full(tokens.shape, past), None)
-            out = self(tokens, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
-            return out.logits[:, -1]
-        if past:  # as transformers 5: new tokens go on from the last position (the prompt's, if it ends padded)
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], tokens.shape[1])], dim=1)
-            state.attention_mask = mask
-            positions = state.extra["position"] + 1 + torch.arange(tokens.shape[1], device=tokens.device)
-        else:  # the prompt: each real token's index among the real ones, padding at 0
-            positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        state.extra["position"] = positions[:, -1:]
-        if plan is not None:
-            bias, _ = build_attention_bias(mask, tokens.shape[0], 1, past + 1, True, torch.bool, tokens.device)
-            return plan.step(tokens, state.cache, positions, bias)
-        out = self(tokens, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
-                   use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1]
-
-    def _generation_reorder(self, state: DecodingState, index: torch.Tensor) -> None:
-        state.cache.reorder(index)
-        if state.attention_mask is not None:
-            state.attention_mask = state.attention_mask.index_select(0, index)
-        if "position" in state.extra:
-            state.extra["position"] = state.extra["position"].index_select(0, index)
+class GenerationMixin(DecodingInterface):
+    """`generate` for every family: its loops call the model's `DecodingInterface` hooks only."""
 
     # --- the public entry point ----------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  generation_config: GenerationConfig | None = None, tokenizer=None, streamer=None,
-                 **kwargs) -> "torch.Tensor | GenerateOutput":
+                 stopping_criteria: list[StopCriterion] | None = None, **kwargs) -> "torch.Tensor | GenerateOutput":
         """Continue each row of `input_ids`; the settings are `generation_config` with any GenerationConfig field
         given as a keyword argument written over it, and mean what transformers' `generate` makes them mean.
 
@@ -115,51 +51,47 @@ class GenerationMixin:
         start token and decoder_input_ids), and max_new_tokens / min_new_tokens, even when smaller, win over them,
         as in transformers. With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
         continue prompt i: n samples, or the n best beams (best first). Other keyword arguments go to the model
-        (an encoder-decoder's decoder_input_ids, for one)."""
+        (an encoder-decoder's decoder_input_ids, for one). `stopping_criteria` are lmkit's `StopCriterion`s
+        (generation/stopping.py), checked beside eos_token_id and stop_strings."""
         settings, model_kwargs = split_settings(kwargs)
         config = GenerationConfig.build(generation_config, **settings)
         if config.decoder_start_token_id is not None:  # the encoder-decoder's start builds the decoder prompt
             model_kwargs["decoder_start_token_id"] = config.decoder_start_token_id
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
-        decoding = decoding_for(self, input_ids, attention_mask, config, self._prompt_length(input_ids, model_kwargs))
-        cfg, attention_mask, options = decoding.config, decoding.attention_mask, decoding.options
+        start = self.generation_prompt_length(input_ids, model_kwargs)
+        decoding = decoding_for(self, input_ids, attention_mask, config, start)
+        cfg, attention_mask = decoding.config, decoding.attention_mask
+        criteria = list(stopping_criteria or [])
         if streamer is not None and cfg.num_beams > 1:
             raise GenerationError("a streamer cannot follow beam search (as in transformers); use num_beams=1")
         if decoding.stops and tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: pass tokenizer=... to generate")
-        if decoding.stops and cfg.num_beams > 1:  # beam search would otherwise decode on past them
-            raise GenerationError("stop_strings are not supported with beam search (num_beams > 1); use "
-                                  "eos_token_id, or num_beams=1")
+        if (decoding.stops or criteria) and cfg.num_beams > 1:  # beam search would otherwise decode on past them
+            raise GenerationError("stop_strings (and stopping_criteria) are not supported with beam search "
+                                  "(num_beams > 1); use eos_token_id, or num_beams=1")
+        if decoding.stops:
+            criteria.append(StopStrings(tokenizer, decoding.stops, start))
         was_training = self.training
         self.eval()
         try:
             if cfg.num_beams > 1:
-                from lmkit.generation.beam import beam_search
-
-                return beam_search(self, input_ids, attention_mask, max_new_tokens=decoding.max_new_tokens,
-                                   num_beams=cfg.num_beams, length_penalty=cfg.length_penalty,
-                                   early_stopping=cfg.early_stopping, eos=decoding.eos,
-                                   pad_token_id=decoding.pad_token_id, min_new_tokens=decoding.min_new_tokens,
-                                   options=options, forced=decoding.forced,
-                                   num_return_sequences=cfg.num_return_sequences, **model_kwargs)
+                return beam_search(self, input_ids, decoding, **model_kwargs)
             if cfg.num_return_sequences > 1:  # n samples of each prompt: its row repeated n times, as transformers does
                 n, rows = cfg.num_return_sequences, input_ids.shape[0]
                 input_ids = input_ids.repeat_interleave(n, dim=0)
-                decoding.attention_mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
-                if options["prompt_padding"] is not None:
-                    options["prompt_padding"] = options["prompt_padding"].repeat_interleave(n)
+                decoding = decoding.rows(torch.arange(rows, device=input_ids.device).repeat_interleave(n))
                 model_kwargs = {k: v.repeat_interleave(n, dim=0) if torch.is_tensor(v) and v.dim() and v.shape[0] == rows
                                 else v for k, v in model_kwargs.items()}
             if cfg.prompt_lookup_num_tokens and not cfg.return_dict_in_generate and speculates(self.config) \
                     and (streamer is None or input_ids.shape[0] == 1):
-                return lookup_greedy(self, input_ids, decoding, tokenizer, streamer, cfg.prompt_lookup_num_tokens,
+                return lookup_greedy(self, input_ids, decoding, criteria, streamer, cfg.prompt_lookup_num_tokens,
                                      cfg.max_matching_ngram_size or 2, **model_kwargs)
             record = None
             if cfg.return_dict_in_generate:
                 record = GenerateOutput(scores=() if cfg.output_scores else None,
                                         logits=() if cfg.output_logits else None)
-            sequences = self._sample(input_ids, decoding, tokenizer, streamer, record=record, **model_kwargs)
+            sequences = self._sample(input_ids, decoding, criteria, streamer, record=record, **model_kwargs)
             if record is None:
                 return sequences
             record.sequences = sequences
@@ -167,44 +99,15 @@ class GenerationMixin:
         finally:
             self.train(was_training)
 
-    def _prompt_length(self, input_ids: torch.Tensor, model_kwargs: dict) -> int:
-        """Length of what the output starts from, which max_length and min_length count: the prompt here
-        (an encoder-decoder model's decoder prompt instead)."""
-        return input_ids.shape[-1]
-
-    def _default_new_tokens(self, start: int, max_length: int | None) -> int:
-        """transformers' length when max_new_tokens is unset: max_length tokens in all (the `start` tokens of the
-        prompt, or decoder prompt, included), else 20 new ones, capped at max_position_embeddings in all where the
-        model has positions."""
-        if max_length is None:
-            max_length = start + 20
-            if self.config.architecture == "decoder" or self.config.position == "learned":
-                max_length = min(max_length, self.config.max_seq_len)
-        if max_length <= start:
-            raise GenerationError(f"the prompt has {start} tokens but generation stops at max_length {max_length} "
-                                  f"tokens in all; pass max_new_tokens=N (or shorten the prompt)")
-        return max_length - start
-
-    def _check_context(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
-        limit = self.config.max_seq_len
-        if self.config.architecture != "decoder":
-            return
-        scaling = self.config.rope_scaling or {}
-        dynamic = self.config.position == "rope" and scaling.get("rope_type", scaling.get("type")) == "dynamic"
-        if input_ids.shape[1] > limit and not dynamic:  # dynamic NTK RoPE grows its base past the context instead
-            raise GenerationError(f"the prompt has {input_ids.shape[1]} tokens but the model's context is {limit}; "
-                                  f"shorten the prompt")
-        if self.config.position in ("learned", "sinusoidal") and input_ids.shape[1] + max_new_tokens > limit:
-            raise GenerationError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                                  f"model's {limit} positions; lower max_new_tokens to {limit - input_ids.shape[1]}")
-
-    def _sample(self, input_ids, decoding: Decoding, tokenizer, streamer, record: "GenerateOutput | None" = None,
-                **model_kwargs) -> torch.Tensor:
-        """Greedy decoding, or sampling from the processed distribution when do_sample;
-        `record` collects each step's raw logits and processed scores where asked."""
-        sequences, state = self._generation_start(input_ids, decoding.attention_mask, **model_kwargs)
+    def _sample(self, input_ids, decoding: Decoding, criteria: list[StopCriterion], streamer,
+                record: "GenerateOutput | None" = None, **model_kwargs) -> torch.Tensor:
+        """Greedy decoding, or sampling from the processed distribution when do_sample, until every row has
+        stopped (`stopping.py`'s rules); `record` collects each step's raw logits and processed scores where asked."""
+        sequences, state = self.prepare_generation(input_ids, decoding.attention_mask, **model_kwargs)
         batch, start = sequences.shape
-        max_new_tokens, eos, stops = decoding.max_new_tokens, decoding.eos, decoding.stops
+        max_new_tokens, eos = decoding.max_new_tokens, decoding.eos
+        own = [c for c in criteria if not c.whole_batch]
+        whole = [c for c in criteria if c.whole_batch]
         if streamer is not None:
             streamer.put(sequences.cpu())
         # the output is written in place into one buffer instead of a torch.cat per step
@@ -212,15 +115,16 @@ class GenerationMixin:
         out[:, :start] = sequences
         length = start
         unfinished = torch.ones(batch, dtype=torch.bool, device=sequences.device)
+        done = [False] * batch  # rows that met a whole-batch criterion
         eos_tensor = torch.tensor(eos, device=sequences.device) if eos else None
         pad = torch.tensor(decoding.pad_token_id, device=sequences.device, dtype=sequences.dtype)
-        track = eos_tensor is not None or bool(stops)  # else every row runs to max_new_tokens
+        track = eos_tensor is not None or bool(criteria)  # else every row runs to max_new_tokens
         tokens = sequences
-        for step in range(max_new_tokens):
-            scores = self._generation_logits(state, tokens)
+        for _ in range(max_new_tokens):
+            scores = self.generation_logits(state, tokens)
             if record is not None and record.logits is not None:
                 record.logits += (scores.float().clone(),)
-            scores = next_scores(out[:, :length], scores, step, start, decoding)
+            scores = next_scores(out[:, :length], scores, decoding)
             if record is not None and record.scores is not None:
                 record.scores += (scores,)
             next_tokens = pick(scores, decoding.config.do_sample)
@@ -233,10 +137,13 @@ class GenerationMixin:
                 streamer.put(next_tokens.cpu())
             if eos_tensor is not None:
                 unfinished &= ~torch.isin(next_tokens, eos_tensor)
-            if stops:
-                for row in range(batch):
-                    if stop_reached(tokenizer, out[row, start:length].tolist(), stops):
-                        unfinished[row] = False
+            for row in range(batch):
+                if own and bool(unfinished[row]) and any(c.done(out[row, :length]) for c in own):
+                    unfinished[row] = False
+                if whole and not done[row]:
+                    done[row] = any(c.done(out[row, :length]) for c in whole)
+            if whole and all(done):
+                break
             if track and not bool(unfinished.any()):
                 break
         if streamer is not None:

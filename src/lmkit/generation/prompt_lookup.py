@@ -12,16 +12,11 @@ tokens only, so every kept token sees the keys and positions of plain decoding.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING
-
 import torch
 
-from lmkit.generation.settings import next_scores, stop_reached
-from lmkit.nn import build_attention_bias
-
-if TYPE_CHECKING:
-    from lmkit.generation.mixin import DecodingState
+from lmkit.generation.interface import DecodingState
+from lmkit.generation.step import Decoding, next_scores
+from lmkit.generation.stopping import Rows, StopCriterion
 
 
 MAX_DRAFT = 8  # most drafted tokens a row (transformers' prompt_lookup_num_tokens is 10)
@@ -30,9 +25,9 @@ MAX_DRAFT = 8  # most drafted tokens a row (transformers' prompt_lookup_num_toke
 def speculates(config) -> bool:
     """Whether checking drafts at once gives a decoder plain decoding's numbers: not with sliding windows (the
     holes would count in the window) nor dynamic NTK RoPE (its base follows the furthest position of a
-    forward, which a drafted column moves)."""
+    forward, which a drafted column moves), nor for XLNet, which keeps no KV cache."""
     scaling = config.rope_scaling or {}
-    return config.architecture == "decoder" and config.sliding_window is None and \
+    return config.architecture == "decoder" and config.position != "xl" and config.sliding_window is None and \
         scaling.get("rope_type", scaling.get("type")) != "dynamic"
 
 
@@ -68,37 +63,13 @@ class NgramIndex:
         return []
 
 
-def _verify(model, state: "DecodingState", fed: torch.Tensor, used: list[int]) -> torch.Tensor:
-    """Logits (B, k, V) after each column of `fed` (B, k): each row's pending last token, then its draft, the
-    first used[r] columns, then padding (anything). Appends the k columns to the cache and the mask."""
-    k = fed.shape[1]
-    mask = torch.cat([state.attention_mask, state.attention_mask.new_ones(fed.shape[0], k)], dim=1)
-    # a short draft's padding columns become holes; they take the first column's position, so that none lies
-    # past the positions the real columns reach (a learned table ends)
-    steps = torch.arange(k, device=fed.device)[None, :]
-    used_t = torch.tensor(used, device=fed.device)[:, None]
-    positions = state.extra["position"] + 1 + steps.masked_fill(steps >= used_t, 0)
-    plan = state.extra.get("plan", False)
-    if plan is False:
-        plan = state.extra["plan"] = model._decode_plan(fed.shape[0])
-    if plan is not None:  # the lean step, k tokens a row, causal among them
-        past = state.cache.get_seq_length()
-        bias, _ = build_attention_bias(mask, fed.shape[0], k, past + k, True, torch.bool, fed.device)
-        logits = plan.step(fed, state.cache, positions, bias)
-    else:
-        logits = model(fed, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
-                       use_cache=True).logits
-    state.attention_mask = mask
-    return logits
-
-
 class Speculation:
     """The decoding state of a left-padded batch after its prompt, stepped with drafts: `step(wanted, room)`
     drafts for the rows that still decode, checks them in one forward and returns each row's logits after
     [last token, draft]; the caller chooses, and `keep(kept)` appends the kept tokens (cut from the cache's
     point of view: the rest become holes)."""
 
-    def __init__(self, model, state: "DecodingState", prompts: torch.Tensor, first: list[int], pad: int,
+    def __init__(self, model, state: DecodingState, prompts: torch.Tensor, first: list[int], pad: int,
                  max_draft: int = MAX_DRAFT, max_n: int = 3):
         """prompts: the (B, T) left-padded prompt ids whose attention mask the state holds; first: each row's
         first new token."""
@@ -126,8 +97,8 @@ class Speculation:
                            dtype=torch.long, device=self.state.attention_mask.device)
         self.position, self.wanted = self.state.extra["position"], wanted
         if k == 1:
-            return self.model._generation_logits(self.state, fed)[:, None]
-        return _verify(self.model, self.state, fed, [1 + len(d) for d in self.drafts])
+            return self.model.generation_logits(self.state, fed)[:, None]
+        return self.model.draft_logits(self.state, fed, [1 + len(d) for d in self.drafts])
 
     def keep(self, kept: list[list[int]]) -> None:
         """Row r's kept tokens: its choices after the first len(kept[r]) fed columns (the first len - 1 draft
@@ -143,7 +114,7 @@ class Speculation:
             keep_columns(self.state, self.position, [len(t) for t in kept], self.k)
 
 
-def keep_columns(state: "DecodingState", position: torch.Tensor, kept: list[int], k: int) -> None:
+def keep_columns(state: DecodingState, position: torch.Tensor, kept: list[int], k: int) -> None:
     """After a step that appended k columns: row r keeps the first kept[r] of them (the rest become holes), and
     its position moves on from `position` (the rows' positions before the step) by kept[r]."""
     mask = state.attention_mask
@@ -173,61 +144,55 @@ def next_budget(budget: int, drafted: int, kept: int, most: int = MAX_DRAFT) -> 
 
 
 @torch.inference_mode()
-def lookup_greedy(model, input_ids: torch.Tensor, decoding, tokenizer, streamer, num_tokens: int,
-                  max_n: int, **model_kwargs) -> torch.Tensor:
-    """`generate`'s greedy decoding with prompt_lookup_num_tokens: the same tokens, processors, EOS, stop strings,
-    min_new_tokens and padding as the one-token loop (`GenerationMixin._sample`), drafts of up to `num_tokens`
-    found from n-grams of up to `max_n` tokens. A row runs until it finishes or has max_new_tokens; the output
-    is as wide as the longest row, the others padded, which is where the one-token loop stops too."""
-    sequences, state = model._generation_start(input_ids, decoding.attention_mask, **model_kwargs)
+def lookup_greedy(model, input_ids: torch.Tensor, decoding: Decoding, criteria: list[StopCriterion], streamer,
+                  num_tokens: int, max_n: int, **model_kwargs) -> torch.Tensor:
+    """`generate`'s greedy decoding with prompt_lookup_num_tokens: the same tokens, processors, EOS ids, stop
+    criteria, min_new_tokens and padding as the one-token loop (`GenerationMixin._sample`), drafts of up to
+    `num_tokens` found from n-grams of up to `max_n` tokens. The batch stops where the one-token loop stops
+    (`stopping.Rows`); the output is as wide as the batch ran, finished rows padded."""
+    sequences, state = model.prepare_generation(input_ids, decoding.attention_mask, **model_kwargs)
     batch, start = sequences.shape
-    max_new, eos, stops, pad = decoding.max_new_tokens, set(decoding.eos), decoding.stops, decoding.pad_token_id
+    max_new = decoding.max_new_tokens
     if streamer is not None:
         streamer.put(sequences.cpu())
-    rows = sequences.tolist()
-    new: list[list[int]] = [[] for _ in rows]
-    finished = [False] * batch
-    # each row's processors read its own context: the options' per-row tensors (its left padding) cut to the row
-    per_row = [dataclasses.replace(decoding, options={
-        k: v[r:r + 1] if torch.is_tensor(v) and v.dim() and v.shape[0] == batch else v
-        for k, v in decoding.options.items()}) for r in range(batch)]
+    prompts = sequences.tolist()
+    rows = Rows(prompts, decoding.eos, criteria, decoding.pad_token_id, max_new)
+    # each row's processors read its own context: per-row state (its left padding) cut to the row
+    per_row = [decoding.rows(torch.tensor([r], device=sequences.device)) for r in range(batch)]
 
     def choose(r: int, logits: torch.Tensor, draft: list[int]) -> list[int]:
         """Row r's choices after its fed columns, each on the context before it, while they match the draft."""
         out: list[int] = []
         for j in range(logits.shape[0]):
-            context = torch.tensor([rows[r] + new[r] + out]) if decoding.processing else None
-            token = int(next_scores(context, logits[j:j + 1], len(new[r]) + len(out), start, per_row[r]).argmax(-1))
+            context = None
+            if decoding.processors.acts_at(start + len(rows.new[r])):
+                context = torch.tensor([rows.rows[r]], device=sequences.device)
+            token = int(next_scores(context, logits[j:j + 1], per_row[r]).argmax(-1))
             out.append(token)
-            if token in eos or (stops and stop_reached(tokenizer, new[r] + out, stops)):
-                finished[r] = True
-                break
-            if len(new[r]) + len(out) >= max_new or j >= len(draft) or draft[j] != token:
+            rows.push(r, token)
+            if rows.finished_at[r] is not None or len(rows.new[r]) >= max_new or j >= len(draft) or draft[j] != token:
                 break
         return out
 
-    def extend(kept: list[list[int]]) -> None:
-        for r, tokens in enumerate(kept):
-            new[r] += tokens
+    def advance(kept: list[list[int]]) -> None:
         if streamer is not None and kept[0]:
             streamer.put(torch.tensor(kept[0]))
+        rows.pad_finished()
 
-    first = [choose(r, row[None], []) for r, row in enumerate(model._generation_logits(state, sequences))]
-    extend(first)
-    spec = Speculation(model, state, sequences, [f[0] for f in first], pad, max_draft=num_tokens, max_n=max_n)
-    while True:
-        wanted = [not finished[r] and len(new[r]) < max_new for r in range(batch)]
-        if not any(wanted):
-            break
-        logits = spec.step(wanted, [max_new - len(n) for n in new])
+    first = [choose(r, row[None], []) for r, row in enumerate(model.generation_logits(state, sequences))]
+    advance(first)
+    spec = Speculation(model, state, sequences, [f[0] for f in first], decoding.pad_token_id, max_draft=num_tokens,
+                       max_n=max_n)
+    while not rows.settle():
+        wanted = [rows.wanted(r) for r in range(batch)]
+        logits = spec.step(wanted, [max_new - len(n) for n in rows.new])
         kept = [choose(r, logits[r], spec.drafts[r]) if wanted[r] else [] for r in range(batch)]
         spec.keep(kept)
-        extend(kept)
+        advance(kept)
     if streamer is not None:
         streamer.end()
-    width = max(len(n) for n in new)
-    out = sequences.new_full((batch, start + width), pad)
+    columns = rows.columns()
+    out = sequences.new_full((batch, start + len(columns[0])), decoding.pad_token_id)
     out[:, :start] = sequences
-    for r, tokens in enumerate(new):
-        out[r, start:start + len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
+    out[:, start:] = torch.tensor(columns, dtype=out.dtype, device=out.device)
     return out

@@ -30,7 +30,7 @@ class CausalLM(PreTrainedModel, GenerationMixin):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.decoder.embeddings.tokens
 
-    def _decode_plan(self, batch: int) -> DecodePlan | None:
+    def decode_plan(self, batch: int) -> DecodePlan | None:
         """The plan reproduces this class's forward over a plain Stack; a subclass's own forward decodes as written."""
         if type(self).forward is not CausalLM.forward or type(self.decoder) is not Stack:
             return None

@@ -122,7 +122,7 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
         return ModelOutput(logits=logits, last_hidden_state=h, past_key_values=past_key_values,
                            aux_loss=sum(aux) if aux else None, encoder_last_hidden_state=memory, loss=loss)
 
-    # --- decoding hooks of GenerationMixin ------------------------------------------------------
+    # --- the decoding interface (generation/interface.py) --------------------------------------------
     def _decoder_prompt(self, batch: int, device: torch.device, decoder_input_ids: torch.Tensor | None = None,
                         decoder_start_token_id=None) -> torch.Tensor:
         """What the decoder output starts from, as transformers builds it: decoder_start_token_id (an id, or one
@@ -144,14 +144,14 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
             decoder_input_ids = torch.cat([start, decoder_input_ids], dim=1)
         return decoder_input_ids
 
-    def _prompt_length(self, input_ids: torch.Tensor, model_kwargs: dict) -> int:
+    def generation_prompt_length(self, input_ids: torch.Tensor, model_kwargs: dict) -> int:
         keys = ("decoder_input_ids", "decoder_start_token_id")
         return self._decoder_prompt(input_ids.shape[0], input_ids.device,
                                     **{k: model_kwargs[k] for k in keys if k in model_kwargs}).shape[1]
 
-    def _generation_start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                          decoder_input_ids: torch.Tensor | None = None, decoder_start_token_id=None,
-                          **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
+    def prepare_generation(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                           decoder_input_ids: torch.Tensor | None = None, decoder_start_token_id=None,
+                           **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
         """Encode the source once; the output starts from the decoder prompt (see `_decoder_prompt`)."""
         if model_kwargs:
             raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")
@@ -161,12 +161,12 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
         state = DecodingState(cache=KVCache(), attention_mask=attention_mask, extra={"memory": memory})
         return decoder_input_ids, state
 
-    def _generation_logits(self, state: DecodingState, tokens: torch.Tensor) -> torch.Tensor:
+    def generation_logits(self, state: DecodingState, tokens: torch.Tensor) -> torch.Tensor:
         out = self(attention_mask=state.attention_mask, decoder_input_ids=tokens, encoder_outputs=state.extra["memory"],
                    past_key_values=state.cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
 
-    def _generation_reorder(self, state: DecodingState, index: torch.Tensor) -> None:
+    def reorder_generation(self, state: DecodingState, index: torch.Tensor) -> None:
         state.cache.reorder(index)
         state.extra["memory"] = state.extra["memory"].index_select(0, index)
         if state.attention_mask is not None:

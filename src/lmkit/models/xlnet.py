@@ -21,7 +21,7 @@ from torch import nn
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError, GenerationError
 from lmkit.generation import GenerationMixin
-from lmkit.generation.mixin import DecodingState
+from lmkit.generation.interface import DecodingState
 from lmkit.models.base import PreTrainedModel
 from lmkit.models.encoder import IGNORE_INDEX, Encoder, flatten_choices
 from lmkit.models.output import ModelOutput
@@ -197,8 +197,8 @@ class XLNet(PreTrainedModel, GenerationMixin):
         return out
 
     # --- generation: transformers' XLNetLMHeadModel scheme ------------------------------------------------
-    def _generation_start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, use_mems=None,
-                          **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
+    def prepare_generation(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, use_mems=None,
+                           **model_kwargs) -> tuple[torch.Tensor, DecodingState]:
         """Each step appends a dummy token that the whole sequence is hidden from (perm_mask) and predicts it through
         the query stream (target_mapping). With memory (use_mems, default config.use_mems_eval) a step after the
         first feeds the last two tokens and the dummy over the memory less its last two positions (transformers'
@@ -210,7 +210,7 @@ class XLNet(PreTrainedModel, GenerationMixin):
             raise GenerationError(f"generate() got arguments it does not know: {', '.join(sorted(model_kwargs))}")
         return input_ids, DecodingState(cache=None, extra={"sequence": input_ids[:, :0], "use_mems": use_mems})
 
-    def _generation_logits(self, state: DecodingState, tokens: torch.Tensor) -> torch.Tensor:
+    def generation_logits(self, state: DecodingState, tokens: torch.Tensor) -> torch.Tensor:
         sequence = state.extra["sequence"] = torch.cat([state.extra["sequence"], tokens], dim=1)
         offset, mems = 2, state.cache
         inputs = sequence[:, -offset:] if mems else sequence
@@ -225,10 +225,10 @@ class XLNet(PreTrainedModel, GenerationMixin):
         state.cache = out.mems
         return out.logits[:, -1]
 
-    def _generation_reorder(self, state: DecodingState, index: torch.Tensor) -> None:
+    def reorder_generation(self, state: DecodingState, index: torch.Tensor) -> None:
         state.extra["sequence"] = state.extra["sequence"].index_select(0, index)
         if state.cache:
             state.cache = tuple(m.index_select(1, index) for m in state.cache)
 
-    def _check_context(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
+    def check_context(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
         """XLNet has no position table: any length fits."""
