@@ -56,6 +56,7 @@ class RunningServer:
     def __init__(self, folder, **options):
         from lmkit.serve import build_app
 
+        options.setdefault("model_name", "m")  # the name the tests' requests give
         self.app = build_app(folder, **options)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
