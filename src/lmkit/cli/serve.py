@@ -71,8 +71,7 @@ def _bind(host: str, port: int):
     import socket
 
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)  # as uvicorn
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses a port in TIME_WAIT
         sock.bind((host, port))
         sock.listen(2048)
