@@ -77,10 +77,27 @@ def test_page_reply_equals_the_api_and_markup_shows_as_text(browser, tmp_path):
         assert not browser.find_elements(By.CSS_SELECTOR, ".message")
 
 
+def _endless(folder):
+    """`folder` with no end token anywhere (config, generation_config.json, tokenizer, a template of plain text): a
+    reply runs to max_tokens whatever is sampled, so only Stop ends it early."""
+    import json
+
+    for name, keys in (("config.json", ("eos_token_id", "bos_token_id")), ("generation_config.json",
+                                                                          ("eos_token_id", "bos_token_id")),
+                       ("tokenizer_config.json", ("eos_token", "bos_token"))):
+        raw = json.loads((folder / name).read_text())
+        raw.update({k: None for k in keys})
+        if name == "tokenizer_config.json":
+            raw["chat_template"] = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                                    "{% if add_generation_prompt %}assistant: {% endif %}")
+        (folder / name).write_text(json.dumps(raw))
+    return folder
+
+
 def test_stop_button_stops_the_stream(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    with RunningServer(make_folder(tmp_path / "long", "llama", n_positions=4096), max_concurrency=2) as server:
+    with RunningServer(_endless(make_folder(tmp_path / "long", "llama", n_positions=4096)), max_concurrency=2) as server:
         engine = server.state.engine
         browser.get(server.url + "/")
         reply = _send(browser, "tell me everything", temperature="1", max_tokens="3000")

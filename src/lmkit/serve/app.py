@@ -144,7 +144,7 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
 
     @app.exception_handler(405)
     async def wrong_method(request, exc):
-        allow = (getattr(exc, "headers", None) or {}).get("Allow") or (getattr(exc, "headers", None) or {}).get("allow")
+        allow = {k.lower(): v for k, v in (getattr(exc, "headers", None) or {}).items()}.get("allow")
         return error_response(APIError(405, f"{request.method} is not allowed on {request.url.path}"
                                             + (f"; use {allow}" if allow else ""), code="method_not_allowed",
                                        headers={"Allow": allow} if allow else None))
