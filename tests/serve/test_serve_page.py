@@ -78,8 +78,8 @@ def test_page_reply_equals_the_api_and_markup_shows_as_text(browser, tmp_path):
 
 
 def _endless(folder):
-    """`folder` with no end token anywhere (config, generation_config.json, tokenizer, a template of plain text): a
-    reply runs to max_tokens whatever is sampled, so only Stop ends it early."""
+    """`folder` with as few end tokens as it can have (none in generation_config.json or the tokenizer, a template
+    of plain text, no end-of-turn token): a sampled reply runs on long enough for Stop to end it."""
     import json
 
     for name, keys in (("config.json", ("eos_token_id", "bos_token_id")), ("generation_config.json",
