@@ -49,10 +49,10 @@ def end_ids(model, tok) -> list[int]:
 
 def sampling_defaults(model) -> dict:
     """The folder's generation_config.json sampling values (SAMPLING_KEYS), as vLLM's `--generation-config auto`
-    reads them; a greedy file (do_sample false) is temperature 0."""
+    reads them; a file that says do_sample false means greedy, as transformers reads it: temperature 0."""
     defaults = getattr(model, "generation_defaults", {}) or {}
     out = {k: defaults[k] for k in SAMPLING_KEYS if defaults.get(k) is not None}
-    if defaults.get("do_sample") is False and "temperature" in out:
+    if defaults.get("do_sample") is False:
         out["temperature"] = 0.0
     return out
 
@@ -76,9 +76,9 @@ class ChatSession:
         self.model, self.tok, self.system = model, tok, system
         self.context = model.config.max_seq_len
         folder = sampling_defaults(model)
-        pick = lambda given, key, fallback: given if given is not None else folder.get(key, fallback)  # noqa: E731
-        self.temperature, self.top_p = pick(temperature, "temperature", 1.0), pick(top_p, "top_p", None)
-        self.top_k = pick(top_k, "top_k", None)
+        self.temperature = temperature if temperature is not None else folder.get("temperature", 1.0)
+        self.top_p = top_p if top_p is not None else folder.get("top_p")
+        self.top_k = top_k if top_k is not None else folder.get("top_k")
         self.max_new_tokens = reply_room(self.context) if max_new_tokens is None else max_new_tokens
         self.stops = end_ids(model, tok)
         if self.max_new_tokens >= self.context:

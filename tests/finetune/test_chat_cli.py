@@ -182,4 +182,6 @@ def test_defaults_fit_a_short_context_and_the_folder_sets_the_sampling(tmp_path)
     model.generation_defaults = {**model.generation_defaults, **CHAT_SAMPLING}  # as `finetune --task sft` writes
     session = ChatSession(model, tok)
     assert (session.temperature, session.top_p, session.max_new_tokens) == (0.7, 0.9, 24)
-    assert ChatSession(model, tok, temperature=0).temperature == 0  # a flag still wins
+    assert ChatSession(model, tok, temperature=1.2).temperature == 1.2  # a flag still wins
+    model.generation_defaults = {"do_sample": False, "temperature": 0.7}  # greedy, as transformers reads the file
+    assert ChatSession(model, tok).temperature == 0
