@@ -56,6 +56,7 @@ class RunningServer:
     def __init__(self, folder, **options):
         from lmkit.serve import build_app
 
+        options.setdefault("model_name", "m")  # the name the tests' requests give
         self.app = build_app(folder, **options)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -89,16 +90,19 @@ class RunningServer:
         self.thread.join(timeout=30)
 
 
-def make_scripted_folder(path, messages: list[dict], reply: str):
-    """A GPT-2 folder whose greedy reply to `messages` (through the chat template) is `reply` then EOS: blocks that
-    add nothing, and an untied head that reads the answer off one-hot position embeddings."""
+def make_scripted_folder(path, messages: list[dict], reply: str, end: str = "<|endoftext|>", after: str = ""):
+    """A GPT-2 folder whose greedy reply to `messages` (through the chat template) is `reply`, the token `end`, then
+    `after` and EOS: blocks that add nothing, and an untied head that reads the answer off one-hot position
+    embeddings."""
     import transformers
 
     make_folder(path, "gpt2", n_positions=128, width=64)
     tok = lmkit.load_tokenizer(path)
     prompt = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
                         add_special_tokens=False)
-    target = tok.encode(reply, add_special_tokens=False) + [tok.token_to_id("<|endoftext|>")]
+    target = tok.encode(reply, add_special_tokens=False) + [tok.token_to_id(end)]
+    if after:
+        target += tok.encode(after, add_special_tokens=False) + [tok.token_to_id("<|endoftext|>")]
     cfg = transformers.GPT2Config.from_pretrained(path)
     cfg.tie_word_embeddings = False
     model = transformers.GPT2LMHeadModel(cfg)

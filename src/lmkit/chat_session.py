@@ -5,13 +5,21 @@
 
 Before each reply the conversation is rendered with add_generation_prompt; when prompt + max_new_tokens would pass
 the model's positions, the oldest exchanges (a user turn and what follows it, the system prompt kept) are dropped
-and `dropped` counts them. The reply stops at EOS or at the template's end-of-turn token.
+and `dropped` counts them. The reply stops at every end token the model declares (`end_ids`). The sampling
+defaults of every chat surface (this, the chat page, the API) are the folder's generation_config.json values, which
+`finetune --task sft` writes as CHAT_SAMPLING.
 """
 from __future__ import annotations
 
 import torch
 
 from lmkit.errors import GenerationError
+
+# the sampling `finetune --task sft` writes into generation_config.json, so that every chat surface reads the same
+CHAT_SAMPLING = {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
+# generation_config.json keys that set a chat surface's sampling default when a request or flag leaves them unset
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+DEFAULT_REPLY_TOKENS = 256
 
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "</s>", "<|eot|>")
 
@@ -27,21 +35,56 @@ def stop_ids(tok) -> list[int]:
     return ids
 
 
+def end_ids(model, tok) -> list[int]:
+    """Every id a reply stops at, as transformers and vLLM stop: generation_config.json's eos_token_id (an id or a
+    list), the model config's, the tokenizer's EOS and the chat template's end-of-turn token."""
+    ids: list[int] = []
+    for value in (getattr(model, "generation_defaults", {}).get("eos_token_id"), model.config.eos_token_id):
+        for i in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    ids += [i for i in stop_ids(tok) if i not in ids]
+    return ids
+
+
+def sampling_defaults(model) -> dict:
+    """The folder's generation_config.json sampling values (SAMPLING_KEYS), as vLLM's `--generation-config auto`
+    reads them; a file that says do_sample false means greedy, as transformers reads it: temperature 0."""
+    defaults = getattr(model, "generation_defaults", {}) or {}
+    out = {k: defaults[k] for k in SAMPLING_KEYS if defaults.get(k) is not None}
+    if defaults.get("do_sample") is False:
+        out["temperature"] = 0.0
+    return out
+
+
+def reply_room(context: int, default: int = DEFAULT_REPLY_TOKENS) -> int:
+    """The default reply length within a context of `context` positions: `default`, at most half the context (the
+    other half holds the conversation)."""
+    return max(1, min(default, context // 2))
+
+
 class ChatSession:
-    def __init__(self, model, tok, system: str | None = None, max_new_tokens: int = 256, temperature: float = 0.7,
-                 top_p: float | None = 0.9, top_k: int | None = None):
+    def __init__(self, model, tok, system: str | None = None, max_new_tokens: int | None = None,
+                 temperature: float | None = None, top_p: float | None = None, top_k: int | None = None):
+        """Unset settings: max_new_tokens `reply_room(context)`, sampling the folder's `sampling_defaults`
+        (else temperature 1, as generate's)."""
         if tok.chat_template is None:
             raise GenerationError("this model's tokenizer has no chat template; fine-tune it with `lmkit finetune "
                                   "--task sft --chat-template chatml`, or add a chat_template.jinja to the folder")
         if model.config.architecture != "decoder":
             raise GenerationError("lmkit chat talks to causal language models (decoder-only)")
         self.model, self.tok, self.system = model, tok, system
-        self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
-        self.stops = stop_ids(tok)
         self.context = model.config.max_seq_len
-        if max_new_tokens >= self.context:
-            raise GenerationError(f"--max-new-tokens {max_new_tokens} leaves no room for the conversation in the "
-                                  f"model's {self.context} positions; use fewer")
+        folder = sampling_defaults(model)
+        self.temperature = temperature if temperature is not None else folder.get("temperature", 1.0)
+        self.top_p = top_p if top_p is not None else folder.get("top_p")
+        self.top_k = top_k if top_k is not None else folder.get("top_k")
+        self.max_new_tokens = reply_room(self.context) if max_new_tokens is None else max_new_tokens
+        self.stops = end_ids(model, tok)
+        if self.max_new_tokens >= self.context:
+            raise GenerationError(f"--max-new-tokens {self.max_new_tokens} leaves no room for the conversation: the "
+                                  f"model has {self.context} positions; use at most {self.context - 1} (the default, "
+                                  f"{reply_room(self.context)}, leaves half of them to the conversation)")
         self.reset()
 
     def reset(self) -> None:
@@ -58,8 +101,8 @@ class ChatSession:
                                              return_dict=False)
         if len(alone) + self.max_new_tokens > self.context:  # refused before any history is given up for it
             self.messages.pop()
-            raise GenerationError(f"the message does not fit the model's {self.context} positions with "
-                                  f"{self.max_new_tokens} new tokens; send a shorter one or lower --max-new-tokens")
+            raise GenerationError(f"the message takes {len(alone)} of the model's {self.context} positions and the "
+                                  f"reply {self.max_new_tokens} more; send a shorter one or lower --max-new-tokens")
         ids = self._prompt()
         while len(ids) + self.max_new_tokens > self.context:
             users = [i for i, m in enumerate(self.messages) if m["role"] == "user" and i >= first]

@@ -199,3 +199,26 @@ def test_continuations_packed_after_a_shared_context_score_as_alone(folders, whi
     assert packed
     for a, b in zip(batched, alone, strict=True):
         assert abs(a[0] - b[0]) < 1e-4 and a[1] == b[1]
+
+
+def test_requests_past_the_context_are_cut_as_hflm_cuts_them_and_said_once(folders, capsys):
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    texts = lmkit_tasks.exemplar_texts(n_numbers=60)[:6]
+    reqs = [Instance("loglikelihood", {}, (t * 3, " 12"), i) for i, t in enumerate(texts)]
+    reqs.append(Instance("loglikelihood", {}, ("short", " 12"), len(reqs)))
+    ours = LmkitLM(pretrained=folders["gpt2"], batch_size=4, max_length=32)
+    mine = ours.loglikelihood(reqs)
+    theirs = HFLM(pretrained=folders["gpt2"], batch_size=4, device="cpu", max_length=32).loglikelihood(reqs)
+    assert all(abs(a[0] - b[0]) < 1e-4 and a[1] == b[1] for a, b in zip(mine, theirs))  # HFLM's numbers still
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lmkit harness")]
+    read = [len(ours.tok_encode(t * 3)) + len(ours.tok_encode(" 12")) - 33 for t in texts]
+    assert lines == [f"lmkit harness: warning: 6 of 7 loglikelihood requests do not fit the model's 32 positions and "
+                     f"lose their first tokens (up to {max(read)}, {sum(read) / 6:.0f} on average), as lm-eval's HFLM "
+                     "cuts them; their scores suffer (fewer --num-fewshot shots, or a model with a longer context)"]
+    gen = [Instance("generate_until", {}, (texts[0] * 3, {"until": ["\n"], "max_gen_toks": 8}), 0)]
+    ours.generate_until(gen)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lmkit harness")]
+    assert len(lines) == 1 and "1 of 1 generate_until requests" in lines[0]
+    assert f"up to {len(ours.tok_encode(texts[0] * 3)) - 24}," in lines[0]

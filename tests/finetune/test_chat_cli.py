@@ -17,7 +17,7 @@ from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 import lmkit  # noqa: E402
-from lmkit.chat_session import ChatSession, stop_ids  # noqa: E402
+from lmkit.chat_session import CHAT_SAMPLING, ChatSession, end_ids, stop_ids  # noqa: E402
 from lmkit.errors import GenerationError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,8 +157,31 @@ def test_session_keeps_history_stops_at_end_of_turn_and_refuses_what_cannot_fit(
     assert session.send("hi", Sink()) == ""  # ended on <|done|> at once, which the reply does not show
     assert len(streamed) == 3 and streamed[1] == [tok.token_to_id("<|done|>")]
     assert [m["role"] for m in session.messages] == ["system", "user", "assistant"] and streamed[-1] == "end"
-    with pytest.raises(GenerationError, match="does not fit"):
+    with pytest.raises(GenerationError, match=r"the message takes \d+ of the model's 48 positions and the reply 8 more"):
         session.send("hello there, how are you? " * 10)
     assert [m["role"] for m in session.messages] == ["system", "user", "assistant"]
     session.reset()
     assert session.messages == [{"role": "system", "content": "be brief"}]
+
+
+def test_defaults_fit_a_short_context_and_the_folder_sets_the_sampling(tmp_path):
+    folder = _folder(tmp_path / "short", 48, eos=True)
+    term = Terminal("chat", "--model", folder)  # default flags on a short context: it starts, within the context
+    try:
+        banner = term.expect(r"you> ")
+        assert "48 positions, replies up to 24 tokens, temperature 1" in banner
+        term.send("/exit\n")
+        assert term.close() == 0
+    finally:
+        term.kill()
+    model, tok = lmkit.load_model(folder), lmkit.load_tokenizer(folder)
+    assert end_ids(model, tok)[-1] == tok.token_to_id("<|done|>") and model.config.eos_token_id in end_ids(model, tok)
+    with pytest.raises(GenerationError, match=r"--max-new-tokens 48 leaves no room .* the model has 48 positions; "
+                                              r"use at most 47 \(the default, 24,"):
+        ChatSession(model, tok, max_new_tokens=48)
+    model.generation_defaults = {**model.generation_defaults, **CHAT_SAMPLING}  # as `finetune --task sft` writes
+    session = ChatSession(model, tok)
+    assert (session.temperature, session.top_p, session.max_new_tokens) == (0.7, 0.9, 24)
+    assert ChatSession(model, tok, temperature=1.2).temperature == 1.2  # a flag still wins
+    model.generation_defaults = {"do_sample": False, "temperature": 0.7}  # greedy, as transformers reads the file
+    assert ChatSession(model, tok).temperature == 0

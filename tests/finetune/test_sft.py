@@ -271,3 +271,11 @@ def test_chatml_adds_tokens_resizes_and_trains_the_new_rows(folders, tmp_path, p
     if peft == "lora":
         assert torch.equal(emb1[:V], emb0)  # under LoRA the old rows stay as they were
     assert (out / "sft.json").is_file() and (out / "chat_template.jinja").is_file()
+    # every chat surface reads the same sampling and stops at the turn's end, as transformers' generate would
+    written = json.loads((out / "generation_config.json").read_text())
+    assert written["do_sample"] is True and written["temperature"] == 0.7 and written["top_p"] == 0.9
+    ends = written["eos_token_id"]
+    assert tok3.token_to_id("<|im_end|>") in (ends if isinstance(ends, list) else [ends])
+    from transformers import GenerationConfig
+
+    assert GenerationConfig.from_pretrained(out).eos_token_id == ends

@@ -153,3 +153,27 @@ def test_a_reader_that_goes_away_stops_generation_quietly(run_dir):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) in (0, 141)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_rope_model_defaults_within_its_context_and_warns_once_past_it(tmp_path, capsys):
+    """A RoPE model can run past its positions: the default stops at the context's end, an asked length past it
+    goes on with one warning naming the numbers."""
+    from serving_folders import make_folder
+
+    from lmkit.cli import main
+
+    folder = make_folder(tmp_path / "rope", "llama", n_positions=16)
+    model, tok = lmkit.load_model(folder), lmkit.load_tokenizer(folder)
+    ids = tok.encode("hello world", add_special_tokens=True)
+    assert main(["generate", "--model", str(folder), "--prompt", "hello world"]) == 0
+    captured = capsys.readouterr()
+    out = model.generate(torch.tensor([ids]), max_new_tokens=16 - len(ids), do_sample=False)
+    expected = "hello world" + tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True)
+    # (the terminal streamer holds back a last byte-level piece that is not a whole character yet)
+    assert captured.out.rstrip("\n").rstrip("\ufffd") == expected.rstrip("\ufffd")
+    assert "warning" not in captured.err
+    assert main(["generate", "--model", str(folder), "--prompt", "hello world", "--max-new-tokens", "40"]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"lmkit generate: warning: the prompt ({len(ids)} tokens) and --max-new-tokens 40 run "
+                     f"{40 - 16 + len(ids)} tokens past the model's 16 positions; it goes on, but it was never trained "
+                     f"past them (--max-new-tokens {16 - len(ids)} stays within)"]

@@ -182,7 +182,7 @@ def test_errors_are_openai_error_bodies(served, client):
 def test_auth_cors_queue_limit_and_no_template(tmp_path, folder):
     bare = make_folder(tmp_path / "bare", "gpt2", chat=False)
     bare.mkdir(exist_ok=True)
-    with RunningServer(bare, api_key="sekret", max_concurrency=1, max_queue=0,
+    with RunningServer(bare, api_key="sekret", max_concurrency=1, max_queue=0, model_name=None,
                        cors_origins=["http://ui.test"]) as server:
         assert httpx.get(server.url + "/health").status_code == 200  # open without the key
         with pytest.raises(openai.AuthenticationError):
@@ -190,18 +190,18 @@ def test_auth_cors_queue_limit_and_no_template(tmp_path, folder):
         good = openai.OpenAI(base_url=server.url + "/v1", api_key="sekret", max_retries=0, timeout=60)
         assert good.models.list().data[0].id == "bare"
         with pytest.raises(openai.BadRequestError, match="chat template"):
-            good.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            good.chat.completions.create(model="bare", messages=[{"role": "user", "content": "hi"}])
         preflight = httpx.options(server.url + "/v1/completions", headers={
             "Origin": "http://ui.test", "Access-Control-Request-Method": "POST"})
         assert preflight.headers.get("access-control-allow-origin") == "http://ui.test"
-        long = threading.Thread(target=lambda: good.completions.create(model="m", prompt="x", max_tokens=120,
+        long = threading.Thread(target=lambda: good.completions.create(model="bare", prompt="x", max_tokens=120,
                                                                        temperature=0))
         long.start()
         deadline = time.monotonic() + 30
         while server.state.engine.counts()[0] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(openai.RateLimitError) as caught:
-            good.completions.create(model="m", prompt="y", max_tokens=2)
+            good.completions.create(model="bare", prompt="y", max_tokens=2)
         assert caught.value.response.headers["retry-after"] == "1"
         long.join()
 

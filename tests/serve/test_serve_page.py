@@ -67,7 +67,7 @@ def test_page_reply_equals_the_api_and_markup_shows_as_text(browser, tmp_path):
         assert api == SCRIPT + " & <b>bold</b>"
         browser.get(server.url + "/")
         assert browser.title == "lmkit chat"
-        _wait(lambda: browser.find_element(By.ID, "model").text == "scripted")
+        _wait(lambda: browser.find_element(By.ID, "model").text == "m")
         reply = _send(browser, "hi")
         _wait(lambda: reply.get_attribute("data-done") == "true")
         assert reply.text == api  # shown as text: the markup is visible, not parsed
@@ -77,10 +77,27 @@ def test_page_reply_equals_the_api_and_markup_shows_as_text(browser, tmp_path):
         assert not browser.find_elements(By.CSS_SELECTOR, ".message")
 
 
+def _endless(folder):
+    """`folder` with as few end tokens as it can have (none in generation_config.json or the tokenizer, a template
+    of plain text, no end-of-turn token): a sampled reply runs on long enough for Stop to end it."""
+    import json
+
+    for name, keys in (("config.json", ("eos_token_id", "bos_token_id")), ("generation_config.json",
+                                                                          ("eos_token_id", "bos_token_id")),
+                       ("tokenizer_config.json", ("eos_token", "bos_token"))):
+        raw = json.loads((folder / name).read_text())
+        raw.update({k: None for k in keys})
+        if name == "tokenizer_config.json":
+            raw["chat_template"] = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                                    "{% if add_generation_prompt %}assistant: {% endif %}")
+        (folder / name).write_text(json.dumps(raw))
+    return folder
+
+
 def test_stop_button_stops_the_stream(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    with RunningServer(make_folder(tmp_path / "long", "llama", n_positions=4096), max_concurrency=2) as server:
+    with RunningServer(_endless(make_folder(tmp_path / "long", "llama", n_positions=4096)), max_concurrency=2) as server:
         engine = server.state.engine
         browser.get(server.url + "/")
         reply = _send(browser, "tell me everything", temperature="1", max_tokens="3000")
@@ -92,3 +109,75 @@ def test_stop_button_stops_the_stream(browser, tmp_path):
         shown = reply.text
         time.sleep(0.3)
         assert reply.text == shown and browser.find_element(By.ID, "stop").get_property("disabled")
+
+
+def _turn(browser, text, max_tokens="40"):
+    """Send `text` at temperature 0 and wait for its reply (or for the error it gets); the reply's element or None."""
+    from selenium.webdriver.common.by import By
+
+    before = len(browser.find_elements(By.CSS_SELECTOR, ".message.assistant"))
+    for field, value in (("temperature", "0"), ("max-tokens", max_tokens)):
+        box = browser.find_element(By.ID, field)
+        box.clear()
+        box.send_keys(value)
+    browser.find_element(By.ID, "prompt").send_keys(text)
+    browser.find_element(By.ID, "send").click()
+
+    def settled():
+        replies = browser.find_elements(By.CSS_SELECTOR, ".message.assistant")
+        if len(replies) > before and replies[-1].get_attribute("data-done") == "true":
+            return replies[-1]
+        return browser.find_element(By.ID, "error").text and not browser.find_element(By.ID, "send").get_property(
+            "disabled") and "failed"
+
+    outcome = _wait(settled)
+    return None if outcome == "failed" else outcome
+
+
+def test_three_turns_on_a_128_position_model_trim_the_history_and_keep_working(browser, tmp_path):
+    import json
+
+    from selenium.webdriver.common.by import By
+
+    from lmkit.chat_session import CHAT_SAMPLING
+
+    folder = make_folder(tmp_path / "small", "llama", n_positions=128)
+    defaults = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**defaults, **CHAT_SAMPLING}))
+    with RunningServer(folder) as server:
+        browser.get(server.url + "/")
+        _wait(lambda: browser.find_element(By.ID, "model").text == "m")
+        value = lambda field: browser.find_element(By.ID, field).get_property("value")  # noqa: E731
+        # the defaults fit the model: half its 128 positions for a reply, the folder's sampling (the API's too)
+        _wait(lambda: value("max-tokens") == "64")
+        assert value("temperature") == "0.7" and value("top-p") == "0.9"
+        replies = [_turn(browser, text) for text in ("hello there", "what is a fox?", "and the lazy dog?")]
+        assert all(r is not None and r.text.strip() for r in replies), browser.find_element(By.ID, "error").text
+        notices = browser.find_elements(By.CSS_SELECTOR, ".message.notice")
+        assert notices and "dropped the oldest" in notices[0].text and "128 positions" in notices[0].text
+        first_user = browser.find_elements(By.CSS_SELECTOR, ".message.user")[0]
+        assert "dropped" in first_user.get_attribute("class")
+        count = len(browser.find_elements(By.CSS_SELECTOR, ".message"))
+        long = "the quick brown fox " * 40  # cannot fit with its reply even alone: refused, not kept
+        assert _turn(browser, long) is None
+        assert "positions" in browser.find_element(By.ID, "error").text
+        assert len(browser.find_elements(By.CSS_SELECTOR, ".message")) == count
+        assert browser.find_element(By.ID, "prompt").get_property("value") == long
+        browser.find_element(By.ID, "prompt").clear()
+        assert _turn(browser, "one more?") is not None  # the conversation goes on
+        assert not browser.find_element(By.ID, "error").text
+
+
+def test_replies_render_markdown_as_text_nodes(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    messages = [{"role": "user", "content": "md"}]
+    reply = "**hi** `a<b`\n```\n<i>x</i>\n```"
+    with RunningServer(make_scripted_folder(tmp_path / "md", messages, reply)) as server:
+        browser.get(server.url + "/")
+        _wait(lambda: browser.find_element(By.ID, "model").text == "m")
+        shown = _turn(browser, "md", max_tokens="60")
+        assert shown.find_element(By.TAG_NAME, "strong").text == "hi"
+        assert shown.find_element(By.CSS_SELECTOR, "p code").text == "a<b"
+        assert shown.find_element(By.CSS_SELECTOR, "pre code").text == "<i>x</i>"
+        assert not shown.find_elements(By.TAG_NAME, "i") and not shown.find_elements(By.TAG_NAME, "script")

@@ -18,10 +18,14 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="model folder with a chat template (e.g. from "
                    "`lmkit finetune --task sft`)")
     p.add_argument("--system", metavar="TEXT", help="system prompt, kept for the whole conversation")
-    p.add_argument("--temperature", type=float, default=0.7, metavar="T", help="sampling temperature (default 0.7; 0: greedy)")
-    p.add_argument("--top-p", type=float, default=0.9, metavar="P", help="nucleus sampling mass (default 0.9)")
-    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="longest reply in tokens (default 256, "
-                   "within the model's context)")
+    p.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="sampling temperature (default: the folder's generation_config.json, 0.7 after `finetune "
+                        "--task sft`, else 1; 0: greedy)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="nucleus sampling mass (default: the folder's generation_config.json, 0.9 after `finetune "
+                        "--task sft`, else 1)")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help="longest reply in tokens (default 256, at most half the model's context)")
     p.add_argument("--seed", type=int, metavar="N", help="seed for sampling (repeatable replies)")
     p.set_defaults(func=run)
 
@@ -31,16 +35,17 @@ def run(args: argparse.Namespace) -> int:
 
     from lmkit.chat_session import ChatSession
 
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise GenerationError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
+    if (args.temperature is not None and args.temperature < 0) or (args.top_p is not None and not 0 < args.top_p <= 1):
         raise GenerationError("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.seed is not None:
         torch.manual_seed(args.seed)
     model, tok = lmkit.load_model(args.model), lmkit.load_tokenizer(args.model)
     session = ChatSession(model, tok, args.system, args.max_new_tokens, args.temperature, args.top_p)
     out = sys.stdout
-    out.write(f"lmkit chat: {args.model} ({model.config.max_seq_len} positions). /reset, /exit; Ctrl-C stops a reply.\n")
+    out.write(f"lmkit chat: {args.model} ({model.config.max_seq_len} positions, replies up to {session.max_new_tokens} "
+              f"tokens, temperature {session.temperature:g}). /reset, /exit; Ctrl-C stops a reply.\n")
     out.flush()
     while True:
         try:

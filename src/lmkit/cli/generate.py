@@ -120,9 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if not ids:
         raise GenerationError("the prompt is empty and no BOS token starts it; give --prompt some text"
                               + (", or pass --bos" if cfg.bos_token_id is not None else ""))
-    if args.max_new_tokens is None and cfg.position in ("learned", "sinusoidal") and len(ids) < cfg.max_seq_len:
-        # the default stops where the position table ends (RoPE models may run past their training context)
-        options["max_new_tokens"] = min(options["max_new_tokens"], cfg.max_seq_len - len(ids))
+    _fit_context(cfg, len(ids), args.max_new_tokens, options)
     ids_tensor = torch.tensor([ids], dtype=torch.long)
     if n > 1:  # several continuations: printed whole, one after another
         out = model.generate(ids_tensor, **options)
@@ -134,6 +132,21 @@ def run(args: argparse.Namespace) -> int:
     if streamer is None:
         print(args.prompt + tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True))
     return 0
+
+
+def _fit_context(cfg, prompt: int, asked: int | None, options: dict) -> None:
+    """The default length stops where the model's context ends; an asked length past it is refused where the
+    positions end (generate's own check, learned or sinusoidal tables) and said once where they go on (RoPE)."""
+    if prompt >= cfg.max_seq_len:
+        return  # generate's own check names the prompt's length
+    room = cfg.max_seq_len - prompt
+    if asked is None:
+        options["max_new_tokens"] = min(options["max_new_tokens"], room)
+    elif asked > room and cfg.position not in ("learned", "sinusoidal"):
+        sys.stderr.write(f"lmkit generate: warning: the prompt ({prompt} tokens) and --max-new-tokens {asked} run "
+                         f"{asked - room} tokens past the model's {cfg.max_seq_len} positions; it goes on, but it was "
+                         f"never trained past them (--max-new-tokens {room} stays within)\n")
+        sys.stderr.flush()
 
 
 def _heading(i: int, n: int) -> str:

@@ -24,6 +24,8 @@ def register(subparsers) -> None:
                    help="allow browser pages from these origins (default: no CORS headers)")
     p.add_argument("--max-body", type=int, default=4 << 20, metavar="BYTES", help="largest request body (413 past it)")
     p.add_argument("--model-name", default=None, help="the model id /v1/models reports (default: the folder's name)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no access log (default: one line per request on stderr with status and seconds)")
     p.add_argument("--rag", default=None, metavar="INDEX",
                    help="answer chat turns from an `lmkit rag index` folder: sources returned beside the message")
     p.set_defaults(func=run)
@@ -41,11 +43,49 @@ def run(args) -> int:
         raise ConfigError(f"--model {args.model} is not a folder; give a model folder (config.json, weights, tokenizer)")
     if args.max_concurrency < 1 or args.max_queue < 0 or args.prefill_chunk < 1:
         raise ConfigError("--max-concurrency and --prefill-chunk must be >= 1 and --max-queue >= 0")
+    app = build_app(args.model, api_key=args.api_key, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
+                    cors_origins=args.cors_origins, max_body=args.max_body, prefill_chunk=args.prefill_chunk,
+                    model_name=args.model_name, rag=args.rag, access_log=None if args.quiet else sys.stderr)
+    server = app.state.server
+    server.load()  # before the port opens: a folder that cannot serve is one line and exit 2, not 503s
+    if server.load_error:
+        if server.engine is not None:
+            server.engine.shutdown()
+        raise ConfigError(f"cannot serve {args.model}: {server.load_error}")
+    sock = _bind(args.host, args.port)
     # the engine's thread re-takes the GIL after every torch call; with the default 5 ms switch interval a busy event
     # loop (many streams) would keep it waiting up to that long each time
     sys.setswitchinterval(0.0002)
-    app = build_app(args.model, api_key=args.api_key, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
-                    cors_origins=args.cors_origins, max_body=args.max_body, prefill_chunk=args.prefill_chunk,
-                    model_name=args.model_name, rag=args.rag)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    port = sock.getsockname()[1]
+    print(f"lmkit serve: {_describe(server)} as {server.model_name!r} at http://{host}:{port}/v1 (chat page: "
+          f"http://{host}:{port}/){'; requests are logged (--quiet: off)' if not args.quiet else ''}; Ctrl-C stops",
+          flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
     return 0
+
+
+def _bind(host: str, port: int):
+    """A listening socket on host:port; a ConfigError naming the port when it is taken or not this machine's."""
+    import errno
+    import socket
+
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)  # as uvicorn
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses a port in TIME_WAIT
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is already in use (another server?); stop it or choose "
+                              "another with --port") from None
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); check --host and --port") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _describe(server) -> str:
+    """The served folder in a few words: its kind and context."""
+    if server.model is None:
+        return f"{server.folder} (embeddings)"
+    return f"{server.folder} ({server.model.config.max_seq_len} positions)"

@@ -9,11 +9,13 @@ disjoint windows, and greedy generation until a stop string. Tokenization follow
 (the same context/continuation split, the prefix token for an empty context, left truncation), so the numbers are
 HFLM's. What differs is how the work is batched: requests are sorted so that those sharing a context sit together,
 each distinct context is read once (its KV cache, or its encoder output, is copied to every continuation) and
-generation runs on lmkit's own decoding loop.
+generation runs on lmkit's own decoding loop. Requests longer than the context lose their oldest tokens as HFLM's do,
+and each kind of request says so once per call on stderr (how many, and by how much), where HFLM says nothing.
 """
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -21,11 +23,22 @@ import torch.nn.functional as F
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
+from lm_eval.models.utils import normalize_gen_kwargs
 
 import lmkit
 from lmkit.errors import ConfigError, TokenizerError
 from lmkit.evaluate.harness_generate import generate_batches, render_chat
 from lmkit.nn import KVCache
+
+def warn_truncated(kind: str, cuts: list[int], total: int, limit: int, out=None) -> None:
+    """One line on stderr when some of `total` requests lost cuts[i] > 0 of their first tokens to the context."""
+    cuts = [c for c in cuts if c > 0]
+    if cuts:
+        (out or sys.stderr).write(
+            f"lmkit harness: warning: {len(cuts)} of {total} {kind} requests do not fit the model's {limit} positions "
+            f"and lose their first tokens (up to {max(cuts)}, {sum(cuts) / len(cuts):.0f} on average), as lm-eval's "
+            "HFLM cuts them; their scores suffer (fewer --num-fewshot shots, or a model with a longer context)\n")
+
 
 DEFAULT_MAX_LENGTH = 2048  # HFLM's when neither config nor tokenizer names a context length
 TOKENIZER_INFINITY = 1000000000000000019884624838656  # transformers' "no model_max_length"
@@ -160,6 +173,9 @@ class LmkitLM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """(sum log p(continuation), is-greedy) per (key, context ids, continuation ids), batch by batch."""
         split = [self._split(ctx, cont) for _, ctx, cont in requests]
+        warn_truncated("loglikelihood", [len(ctx) + len(cont) - sum(map(len, part[:2])) - (self.backend == "causal")
+                                         for (_, ctx, cont), part in zip(requests, split)], len(requests),
+                       self.max_length)
         for (_, ctx, cont), (shared, _, _) in zip(requests, split):
             if not ctx or not cont or not shared:
                 raise ValueError("loglikelihood requests need a non-empty context and continuation")
@@ -318,7 +334,13 @@ class LmkitLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy (or sampled, where the task asks) continuations, cut at the first stop string; the EOS text is
         always a stop, as in HFLM."""
-
+        cuts = []
+        for context, settings in (req.args for req in requests):
+            gen = normalize_gen_kwargs(dict(settings), self.max_gen_toks) if isinstance(settings, dict) else {}
+            room = self.max_length - int(gen.get("max_gen_toks", self.max_gen_toks)) if self.backend == "causal" \
+                else self.max_length
+            cuts.append(len(self.tok_encode(context)) - room)
+        warn_truncated("generate_until", cuts, len(requests), self.max_length)
         return generate_batches(self, requests)
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:

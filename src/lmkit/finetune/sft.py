@@ -308,6 +308,14 @@ def _train(c: SFTConfig, run: dict, ctx, log) -> dict:
 
 
 def _save(model: nn.Module, tok, out, report: dict, history: list[dict]) -> None:
+    if tok.chat_template is not None:  # every chat surface stops at the turn's end and samples alike
+        from lmkit.chat_session import CHAT_SAMPLING, end_ids
+
+        defaults = {**getattr(model, "generation_defaults", {}), **CHAT_SAMPLING}
+        ends = end_ids(model, tok)
+        if ends:
+            defaults["eos_token_id"] = ends if len(ends) > 1 else ends[0]
+        model.generation_defaults = defaults
     with staged_folder(out) as folder:
         model.save_pretrained(folder)
         tok.save_pretrained(folder)

@@ -1,27 +1,29 @@
 """The OpenAI-compatible HTTP server: `build_app(folder, ...)` returns a FastAPI app.
 
-The model loads in a thread after start-up (/health answers 503 until it is ready); a decoder folder decodes
-through one continuous-batching `Engine` in its own thread; an encoder or sentence-transformers folder answers
-/v1/embeddings with SentenceEncoder's numbers. Every error is OpenAI's error body; bad input is a 4xx.
+The model loads in a thread after start-up unless it was loaded before (`lmkit serve` loads it first, so that a
+folder that cannot load is refused before the port opens; /health answers 503 until it is ready); a decoder folder
+decodes through one continuous-batching `Engine` in its own thread and stops at every end token the folder declares
+(`chat_session.end_ids`); a request that leaves a sampling field unset takes the folder's generation_config.json value,
+as vLLM's `--generation-config auto` does. An encoder or sentence-transformers folder answers /v1/embeddings with
+SentenceEncoder's numbers. Every error is OpenAI's error body; bad input is a 4xx.
 """
 from __future__ import annotations
 
-import asyncio
 import base64
-import hmac
 import json
 import threading
-import time
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 import lmkit
 from lmkit.errors import LmkitError
+from lmkit.chat_session import end_ids, sampling_defaults
 from lmkit.generation.engine import Engine
 from lmkit.serve.completions import Generation, check_context
+from lmkit.serve.http import AccessLog, BearerGuard, error_response, read_json
 from lmkit.serve.metrics import Metrics
 from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_logprobs,
                                   parse_messages, parse_prompts, parse_sampling)
@@ -42,9 +44,15 @@ class Server:
         self.engine = self.encoder = self.model = self.tokenizer = None
         self.waker = None  # completions.Waker: wakes the loop's streams from the engine thread
         self.special_ids: set[int] = set()
+        self.end_ids: list[int] = []  # every token a reply stops at
+        self.sampling_defaults: dict = {}  # generation_config.json's values for unset request fields
+        self.loading = threading.Lock()  # held by the one load (start-up's or the lifespan's)
         self.metrics = Metrics(lambda: self.engine.counts() if self.engine is not None else (0, 0))
 
     def load(self) -> None:
+        """Load the folder once (a second call returns at once); a failure is kept in `load_error`."""
+        if not self.loading.acquire(blocking=False):
+            return
         try:
             if self.rag_path is not None:
                 from lmkit.rag.store import RagIndex
@@ -58,6 +66,7 @@ class Server:
                 self.model = model
                 self.tokenizer = lmkit.load_tokenizer(self.folder)
                 self.special_ids = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+                self.end_ids, self.sampling_defaults = end_ids(model, self.tokenizer), sampling_defaults(model)
                 self.engine = Engine(self.model, max_batch=self.max_concurrency, prefill_chunk=self.prefill_chunk)
                 threading.Thread(target=self.engine.serve_forever, name="lmkit-engine", daemon=True).start()
         except (LmkitError, OSError) as exc:
@@ -70,6 +79,16 @@ class Server:
                            headers={"Retry-After": "1"})
         if self.load_error:
             raise APIError(503, f"the model failed to load: {self.load_error}", code="load_failed")
+
+    def check_model(self, body: dict) -> None:
+        """A request naming another model gets OpenAI's 404 (model_not_found), as vLLM answers it."""
+        name = body.get("model")
+        if name is not None and not isinstance(name, str):
+            raise APIError(400, "model: must be a string", param="model", code="invalid_value")
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}` "
+                                "(GET /v1/models lists it)", param="model", code="model_not_found",
+                           kind="invalid_request_error")
 
     @property
     def context(self) -> int:
@@ -85,29 +104,15 @@ class Server:
                            code="queue_full", headers={"Retry-After": "1"})
 
 
-async def read_json(request: Request, limit: int):
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the request body is over {limit} bytes", code="body_too_large")
-    size, parts = 0, []
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise APIError(413, f"the request body is over {limit} bytes", code="body_too_large")
-        parts.append(part)
-    try:
-        return json.loads(b"".join(parts) or b"null")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-
-
 def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: int = 16, max_queue: int = 256,
               cors_origins: list[str] | None = None, max_body: int = 4 << 20, prefill_chunk: int = 256,
-              model_name: str | None = None, rag: str | Path | None = None) -> FastAPI:
+              model_name: str | None = None, rag: str | Path | None = None, access_log=None) -> FastAPI:
+    """`access_log`: a text stream that gets one line per request (None: no log)."""
     server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag)
 
     async def lifespan(app):
-        threading.Thread(target=server.load, name="lmkit-load", daemon=True).start()
+        if not server.ready.is_set():
+            threading.Thread(target=server.load, name="lmkit-load", daemon=True).start()
         yield
         if server.engine is not None:
             server.engine.shutdown()
@@ -122,6 +127,8 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
 
     if api_key:
         app.add_middleware(BearerGuard, api_key=api_key)
+    if access_log is not None:
+        app.add_middleware(AccessLog, out=access_log)  # the outermost: it times and logs 401s too
 
     @app.exception_handler(APIError)
     async def api_error(_request, exc: APIError):
@@ -136,9 +143,11 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
         return error_response(APIError(404, f"no route {request.url.path}", code="not_found"))
 
     @app.exception_handler(405)
-    async def wrong_method(request, _exc):
-        return error_response(APIError(400, f"{request.method} is not allowed on {request.url.path}",
-                                       code="method_not_allowed"))
+    async def wrong_method(request, exc):
+        allow = {k.lower(): v for k, v in (getattr(exc, "headers", None) or {}).items()}.get("allow")
+        return error_response(APIError(405, f"{request.method} is not allowed on {request.url.path}"
+                                            + (f"; use {allow}" if allow else ""), code="method_not_allowed",
+                                       headers={"Allow": allow} if allow else None))
 
     @app.get("/health")
     async def health():
@@ -153,7 +162,8 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
     async def models():
         server.check_ready()
         return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": 0,
-                                            "owned_by": "lmkit", "max_model_len": _max_len(server)}]}
+                                            "owned_by": "lmkit", "max_model_len": _max_len(server),
+                                            "sampling_defaults": server.sampling_defaults}]}
 
     @app.get("/")
     async def page():
@@ -178,6 +188,7 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
     async def embeddings(request: Request):
         body = check_fields(await read_json(request, max_body), {"input", "model", "encoding_format", "user"})
         server.check_ready()
+        server.check_model(body)
         if server.encoder is None:
             raise APIError(400, "this server holds a generative model; serve an encoder or sentence-transformers "
                                 "folder for embeddings", param="model", code="not_an_encoder")
@@ -229,28 +240,6 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
     return app
 
 
-class BearerGuard:
-    """401 on /v1/* without `Authorization: Bearer KEY`. A plain ASGI middleware: Starlette's BaseHTTPMiddleware
-    would carry every streamed event through a memory stream and a task of its own."""
-
-    def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS":
-            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected):
-                response = error_response(APIError(401, "a valid API key is needed: Authorization: Bearer KEY",
-                                                   code="invalid_api_key"))
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-
 def _max_len(server: Server) -> int | None:
     return server.model.config.max_seq_len if server.model is not None else None
 
@@ -291,13 +280,14 @@ def _chat_prompt(server: Server, messages: list[dict], add_generation_prompt: bo
 async def _generate(server: Server, http: Request, body, chat: bool):
     body = check_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
     server.check_ready()
+    server.check_model(body)
     if server.engine is None:
         raise APIError(400, "this server holds an encoder; it answers /v1/embeddings only", code="not_generative")
     vocab, sources = server.model.config.vocab_size, None
     if chat:
         if body.get("max_completion_tokens") is not None:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
-        sampling = parse_sampling(body, vocab, None)
+        sampling = parse_sampling(body, vocab, None, server.sampling_defaults, min_tokens=1)
         messages, sources = parse_messages(body), None
         if server.rag is not None:  # the last user turn answered from numbered sources of the index
             messages, sources = await run_in_threadpool(_ground, server, messages, sampling.max_tokens)
@@ -306,7 +296,7 @@ async def _generate(server: Server, http: Request, body, chat: bool):
     else:
         if body.get("suffix") is not None:
             raise APIError(400, "suffix is not supported", param="suffix")
-        sampling = parse_sampling(body, vocab, 16)
+        sampling = parse_sampling(body, vocab, 16, server.sampling_defaults)
         best_of = body.get("best_of")
         if best_of is not None and best_of != sampling.n:
             raise APIError(400, "best_of must equal n when given", param="best_of")
@@ -316,8 +306,6 @@ async def _generate(server: Server, http: Request, body, chat: bool):
     lengths = []
     for prompt in prompts:
         wanted = sampling.max_tokens if sampling.max_tokens is not None else server.context - len(prompt)
-        if chat and sampling.max_tokens == 0:
-            raise APIError(400, "max_tokens: must be at least 1", param="max_tokens", code="invalid_value")
         if chat and wanted <= 0:
             raise APIError(400, f"the prompt ({len(prompt)} tokens) fills the model's context of {server.context}",
                            param="messages", code="context_length_exceeded")

@@ -77,7 +77,8 @@ class Generation:
             for _ in range(sampling.n):
                 score_only = max_new_tokens[p] == 0
                 seed = None if sampling.seed is None else sampling.seed % 2 ** 63
-                request = Request(prompt=prompt, config=sampling.generation_config(max(max_new_tokens[p], 1)),
+                request = Request(prompt=prompt, config=sampling.generation_config(max(max_new_tokens[p], 1),
+                                                                                  server.end_ids),
                                   seed=seed, tokenizer=server.tokenizer, logprobs=logprobs,
                                   prompt_logprobs=logprobs if echo and logprobs is not None else None,
                                   score_only=score_only, presence_penalty=sampling.presence_penalty,

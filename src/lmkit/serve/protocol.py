@@ -18,12 +18,14 @@ class APIError(Exception):
              413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict | None = None):
+                 headers: dict | None = None, kind: str | None = None):
+        """`kind`: the error's type where it is not the status's usual one."""
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers or {}
+        self.kind = kind or self.TYPES.get(status, "invalid_request_error")
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
+        return {"error": {"message": self.message, "type": self.kind,
                           "param": self.param, "code": self.code}}
 
 
@@ -32,6 +34,7 @@ SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_
                    "stream_options", "user"}
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+ROLES = ("system", "developer", "user", "assistant", "tool")  # the chat roles OpenAI's API (and vLLM) take
 MAX_N = 16
 MAX_LOGPROBS = 20
 
@@ -48,7 +51,8 @@ def _number(body: dict, name: str, default, low=None, high=None, integer=False):
     if isinstance(value, bool) or not isinstance(value, kind) or (not integer and not math.isfinite(value)):
         raise _bad(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
-        raise _bad(name, f"must lie in [{low}, {high}], got {value!r}")
+        bounds = f"at least {low}" if high is None else f"at most {high}" if low is None else f"in [{low}, {high}]"
+        raise _bad(name, f"must be {bounds}, got {value!r}")
     return value
 
 
@@ -81,14 +85,15 @@ class Sampling:
     include_usage: bool
     extra: dict = field(default_factory=dict)
 
-    def generation_config(self, max_new_tokens: int) -> GenerationConfig:
-        """OpenAI's meanings in generate's terms: temperature 0 is greedy, no top-k unless asked."""
+    def generation_config(self, max_new_tokens: int, eos: list[int] | None = None) -> GenerationConfig:
+        """OpenAI's meanings in generate's terms: temperature 0 is greedy, no top-k unless asked; `eos`: every id
+        the reply stops at."""
         bias = [[[token], value] for token, value in self.logit_bias.items()] or None
         return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=self.temperature > 0,
                                 temperature=self.temperature if self.temperature > 0 else None, top_k=self.top_k,
                                 top_p=self.top_p if self.top_p < 1 else None, min_p=self.min_p or None,
                                 repetition_penalty=self.repetition_penalty, stop_strings=self.stop or None,
-                                sequence_bias=bias)
+                                sequence_bias=bias, eos_token_id=list(eos) if eos else None)
 
 
 def check_fields(body, allowed: set[str]) -> dict:
@@ -100,7 +105,11 @@ def check_fields(body, allowed: set[str]) -> dict:
     return body
 
 
-def parse_sampling(body: dict, vocab_size: int, default_max_tokens: int | None) -> Sampling:
+def parse_sampling(body: dict, vocab_size: int, default_max_tokens: int | None, defaults: dict | None = None,
+                   min_tokens: int = 0) -> Sampling:
+    """The checked sampling fields; one left unset takes `defaults` (the folder's generation_config.json values),
+    else OpenAI's default. `min_tokens`: the least max_tokens (a completion may ask for 0 to score its prompt)."""
+    defaults = defaults or {}
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -132,14 +141,15 @@ def parse_sampling(body: dict, vocab_size: int, default_max_tokens: int | None) 
     if model is not None and not isinstance(model, str):
         raise _bad("model", "must be a string")
     return Sampling(
-        max_tokens=_number(body, "max_tokens", default_max_tokens, low=0, integer=True),
-        temperature=float(_number(body, "temperature", 1.0, 0, 2)), top_p=float(_number(body, "top_p", 1.0, 0, 1)),
-        top_k=_number(body, "top_k", 0, -1, integer=True) if body.get("top_k") != -1 else 0,
-        min_p=float(_number(body, "min_p", 0.0, 0, 1)), n=_number(body, "n", 1, 1, MAX_N, integer=True), stop=stop,
+        max_tokens=_number(body, "max_tokens", default_max_tokens, low=min_tokens, integer=True),
+        temperature=float(_number(body, "temperature", defaults.get("temperature", 1.0), 0, 2)),
+        top_p=float(_number(body, "top_p", defaults.get("top_p", 1.0), 0, 1)),
+        top_k=_number(body, "top_k", defaults.get("top_k", 0), -1, integer=True) if body.get("top_k") != -1 else 0,
+        min_p=float(_number(body, "min_p", defaults.get("min_p", 0.0), 0, 1)), n=_number(body, "n", 1, 1, MAX_N, integer=True), stop=stop,
         seed=_number(body, "seed", None, -2 ** 63, 2 ** 64 - 1, integer=True),
         presence_penalty=float(_number(body, "presence_penalty", 0.0, -2, 2)),
         frequency_penalty=float(_number(body, "frequency_penalty", 0.0, -2, 2)),
-        repetition_penalty=float(_number(body, "repetition_penalty", 1.0, 0.01, 10)),
+        repetition_penalty=float(_number(body, "repetition_penalty", defaults.get("repetition_penalty", 1.0), 0.01, 10)),
         logit_bias=logit_bias, stream=stream, include_usage=include_usage)
 
 
@@ -183,6 +193,8 @@ def parse_messages(body: dict) -> list[dict]:
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise _bad("messages", f"each message needs a string role, got {message!r}")
+        if message["role"] not in ROLES:
+            raise _bad("messages", f"role {message['role']!r} is not one of {', '.join(ROLES)}")
         content = message.get("content")
         if isinstance(content, list):  # content parts: the text ones, joined
             if any(not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str)
