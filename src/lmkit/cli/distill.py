@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.cli.helptext import add_command
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("distill", help="distil a causal LM into one with half the layers", description=__doc__)
+    p = add_command(subparsers, "distill", help="distil a causal LM into one with half the layers", description=__doc__,
+                    example_lines=("lmkit distill --teacher runs/demo --out runs/demo-small",
+                                   "lmkit distill --teacher runs/demo --out runs/demo-small --max-steps 500 --temperature 4"))
     p.add_argument("--teacher", required=True, metavar="DIR", help="teacher folder (from `lmkit train`)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the student is written")
     p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH", help="training text (default pydocs)")
-    p.add_argument("--max-steps", type=int, default=200, metavar="N")
-    p.add_argument("--batch-size", type=int, default=16, metavar="N")
+    p.add_argument("--max-steps", type=int, default=200, metavar="N", help="optimizer steps of the student")
+    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="sequences per step")
     p.add_argument("--seq-len", type=int, metavar="N", help="default: the teacher's context, at most 256")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--every", type=int, default=2, help="keep layers 0, every, 2*every, ... (default 2)")
-    p.add_argument("--alpha", type=float, default=2.0, help="weight of the cross-entropy with the labels")
-    p.add_argument("--beta", type=float, default=5.0, help="weight of T^2 KL(teacher || student)")
-    p.add_argument("--gamma", type=float, default=1.0, help="weight of 1 - cos(hidden states)")
-    p.add_argument("--temperature", type=float, default=2.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3, metavar="X", help="peak learning rate (warm-up, then cosine decay)")
+    p.add_argument("--every", type=int, default=2, metavar="N", help="keep layers 0, N, 2N, ... of the teacher")
+    p.add_argument("--alpha", type=float, default=2.0, metavar="X", help="weight of the cross-entropy with the labels")
+    p.add_argument("--beta", type=float, default=5.0, metavar="X", help="weight of T^2 KL(teacher || student)")
+    p.add_argument("--gamma", type=float, default=1.0, metavar="X", help="weight of 1 - cos(hidden states)")
+    p.add_argument("--temperature", type=float, default=2.0, metavar="T", help="softmax temperature of the soft targets")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed")
     p.set_defaults(func=run)
 
 

@@ -1,9 +1,9 @@
 """`lmkit plot`: pictures of the math as PNG (with their numbers as JSON beside them).
 
-positions            the sinusoidal encoding heatmap and RoPE's q.k against the offset m - n
-attention            attention maps per layer and head of a model on a text (PNG grid and an offline HTML viewer)
-embeddings           2-D PCA of a model's token embeddings or of word vectors, labelled
-lens                 the logit-lens grid of a causal model on a prompt
+  positions    the sinusoidal encoding heatmap and RoPE's q.k against the offset m - n
+  attention    attention maps per layer and head of a model on a text (PNG grid and an offline HTML viewer)
+  embeddings   2-D PCA of a model's token embeddings or of word vectors, labelled
+  lens         the logit-lens grid of a causal model on a prompt
 """
 from __future__ import annotations
 
@@ -11,37 +11,56 @@ import argparse
 
 import lmkit
 from lmkit.cli import utf8
+from lmkit.cli.helptext import add_command, hidden_alias
 from lmkit.cli.lens import add_arguments, draw, read
 from lmkit.errors import ConfigError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("plot", help="pictures: positions, attention, embeddings, lens", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "plot", help="pictures: positions, attention, embeddings, lens", description=__doc__,
+                    example_lines=("lmkit plot positions", "lmkit plot attention --model runs/demo --text 'def f(x):'"))
     sub = p.add_subparsers(dest="plot_command", metavar="PICTURE")
-    pos = sub.add_parser("positions", help="sinusoidal heatmap and RoPE score against the offset")
-    pos.add_argument("--out", default="positions.png", metavar="PNG")
-    pos.add_argument("--positions", type=int, default=128)
-    pos.add_argument("--dim", type=int, default=128)
-    pos.add_argument("--base", type=float, default=10000.0)
+    pos = add_command(sub, "positions", help="sinusoidal heatmap and RoPE score against the offset",
+                      description="The sinusoidal position encoding as a heatmap (position x dimension), and RoPE's "
+                                  "q.k against the offset m - n at two key positions: the curves coincide, since "
+                                  "RoPE scores depend only on the offset.", example_lines=(
+                          "lmkit plot positions", "lmkit plot positions --positions 512 --dim 64 --out pos.png"))
+    pos.add_argument("--out", default="positions.png", metavar="PNG", help="the picture (JSON of the numbers beside it)")
+    pos.add_argument("--positions", type=int, default=128, metavar="N", help="positions (rows) of the heatmap")
+    pos.add_argument("--dim", type=int, default=128, metavar="N", help="encoding dimensions (columns), an even number")
+    pos.add_argument("--base", type=float, default=10000.0, metavar="X",
+                     help="wavelength base of the sinusoids (Vaswani et al.'s 10000)")
     pos.set_defaults(func=run_positions)
-    att = sub.add_parser("attention", help="attention maps per layer and head")
-    att.add_argument("--model", required=True, metavar="DIR")
-    att.add_argument("--text", required=True, metavar="TEXT")
-    att.add_argument("--out", default="attention.png", metavar="PNG")
+    att = add_command(sub, "attention", help="attention maps per layer and head",
+                      description="The attention probabilities of every layer and head of a model on a text, as a "
+                                  "PNG grid and an offline HTML viewer (query rows, key columns).", example_lines=(
+                          "lmkit plot attention --model runs/demo --text 'def add(a, b): return a + b'",
+                          "lmkit plot attention --model runs/demo --text 'x = 1' --layers 1 2 --heads 1 --out a.png"))
+    att.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, weights, tokenizer)")
+    att.add_argument("--text", required=True, metavar="TEXT", help="the text the model reads")
+    att.add_argument("--out", default="attention.png", metavar="PNG", help="the grid picture")
     att.add_argument("--html", default=None, metavar="FILE", help="the offline viewer (default: the PNG's name, .html)")
     att.add_argument("--layers", type=int, nargs="+", metavar="N", help="only these attention layers (1 = the first; all by default)")
     att.add_argument("--heads", type=int, nargs="+", metavar="H", help="only these heads (1 = the first; all by default)")
     att.set_defaults(func=run_attention)
-    emb = sub.add_parser("embeddings", help="2-D PCA of token embeddings or word vectors")
+    emb = add_command(sub, "embeddings", help="2-D PCA of token embeddings or word vectors",
+                      description="The first two principal components of a model's input token embeddings, or of "
+                                  "word vectors, each point labelled.", example_lines=(
+                          "lmkit plot embeddings --model runs/demo",
+                          "lmkit plot embeddings --vectors vectors/ --words list dict tuple set int str"))
     src = emb.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", metavar="DIR", help="a model folder: its input token embeddings")
     src.add_argument("--vectors", metavar="DIR", help="word vectors from `lmkit embed train`, or a word2vec text file")
-    emb.add_argument("--words", nargs="+", metavar="WORD", help="the words or tokens to show (default: the first --count)")
-    emb.add_argument("--count", type=int, default=100, help="how many to show without --words (default 100)")
-    emb.add_argument("--out", default="embeddings.png", metavar="PNG")
+    emb.add_argument("--words", nargs="+", metavar="WORD", help="the words or tokens to show (default: the first --k)")
+    emb.add_argument("--k", type=int, default=100, dest="count", metavar="K",
+                     help="how many to show without --words (default 100)")
+    hidden_alias(emb, "--count", dest="count", type=int)
+    emb.add_argument("--out", default="embeddings.png", metavar="PNG", help="the picture")
     emb.set_defaults(func=run_embeddings)
-    lens = sub.add_parser("lens", help="the logit-lens grid")
+    lens = add_command(sub, "lens", help="the logit-lens grid",
+                       description="The logit-lens grid of a causal model on a prompt: each layer's top next token "
+                                   "at each position, coloured by its probability (`lmkit lens` prints it too).",
+                       example_lines=("lmkit plot lens --model runs/demo --prompt 'Return the number of'",))
 
     add_arguments(lens)
     lens.set_defaults(func=run_lens)
