@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 from lmkit.cli.helptext import add_command
 from lmkit.config import PRESETS
@@ -76,11 +78,14 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 def run(args: argparse.Namespace) -> int:
     ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
+    started: dict = {}  # the run's folder and trainer once set up, for the message of a Ctrl-C
 
     def body():
         with distributed.agree_on_setup(ctx):  # every rank learns whether set-up succeeded on all of them
             cfg, explicit = config_from_args(args)
+            started["out"] = cfg.out
             trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
+            started["trainer"] = trainer
         c = trainer.cfg
         if ctx.is_main and trainer.sizing is not None:
             print(f"lmkit train: {trainer.sizing.describe()}")
@@ -94,7 +99,31 @@ def run(args: argparse.Namespace) -> int:
         if ctx.is_main:
             print(summary(result, c.out))
 
-    return distributed.run_ranks(ctx, body)[1]
+    try:
+        return distributed.run_ranks(ctx, body)[1]
+    except KeyboardInterrupt:
+        if ctx.is_main:
+            print(interrupted(started.get("out"), getattr(started.get("trainer"), "step", None)), file=sys.stderr)
+        return 130
+
+
+def interrupted(out: str | None, step: int | None) -> str:
+    """What a Ctrl-C of `lmkit train` leaves: the last save in `out` and the command that resumes from it."""
+    from lmkit.errors import LmkitError
+    from lmkit.train.checkpoint import STEP_DIR, latest_checkpoint
+
+    at = f" at step {step}" if step else ""
+    if out is None:
+        return "lmkit: interrupted before training began; nothing was saved"
+    try:
+        last = latest_checkpoint(out, warn=lambda message: None)
+    except LmkitError:  # every checkpoint damaged: its own error says so on --resume
+        last = None
+    if last is None:
+        return f"lmkit: interrupted{at}, before the first save; nothing to resume: run the command again"
+    saved = int(STEP_DIR.fullmatch(last.name).group(1))
+    return (f"lmkit: interrupted{at}; the last save is step {saved} in {out}: `lmkit train --out {shlex.quote(out)} --resume` "
+            "continues from it")
 
 
 def summary(result: dict, out: str) -> str:
