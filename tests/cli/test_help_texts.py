@@ -73,7 +73,7 @@ def test_help_prints_the_examples_as_written(capsys):
         build_parser().parse_args(["rag", "query", "--help"])
     out = capsys.readouterr().out
     assert "\nexamples:\n  lmkit rag query --index " in out
-    assert "--k K" in out and "(default: 5)" in out
+    assert "--k K" in out and "(default 5)" in out
 
 
 @pytest.mark.parametrize("command, flag", [

@@ -26,6 +26,7 @@ import lmkit
 from lmkit.errors import ConfigError, TokenizerError
 from lmkit.evaluate.harness_generate import generate_batches, render_chat
 from lmkit.nn import KVCache
+from lmkit.progress import progress_bar
 
 DEFAULT_MAX_LENGTH = 2048  # HFLM's when neither config nor tokenizer names a context length
 TOKENIZER_INFINITY = 1000000000000000019884624838656  # transformers' "no model_max_length"
@@ -166,14 +167,17 @@ class LmkitLM(TemplateLM):
         # longest first; requests with the same shared part next to each other, so a batch reads it once
         order = sorted(range(len(requests)), key=lambda i: (-len(split[i][0]), split[i][0], -len(split[i][1])))
         results: list[tuple[float, bool] | None] = [None] * len(requests)
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
-            conts = [requests[i][2] for i in batch]
-            scored = self._score_batch([split[i] for i in batch], conts)
-            for i, answer in zip(batch, scored):
-                results[i] = answer
-                if requests[i][0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
+        with progress_bar(not disable_tqdm, total=len(requests), desc="loglikelihood", unit="request",
+                          dynamic_ncols=True) as bar:  # stderr, on a terminal only
+            for start in range(0, len(order), self.batch_size):
+                batch = order[start:start + self.batch_size]
+                conts = [requests[i][2] for i in batch]
+                scored = self._score_batch([split[i] for i in batch], conts)
+                for i, answer in zip(batch, scored):
+                    results[i] = answer
+                    if requests[i][0] is not None:
+                        self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
+                bar.update(len(batch))
         return results
 
     @torch.inference_mode()
