@@ -28,16 +28,30 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from lmkit.compress.distill import DistillWeights
     from lmkit.compress.recipes import distill_folder
+    from lmkit.progress import progress_bar
+
+    bar = progress_bar(total=args.max_steps, desc="distill", unit="step", dynamic_ncols=True)  # stderr, terminal only
 
     def log(row):
-        if row["step"] % 20 == 0 or row["step"] == args.max_steps:
-            print(f"step {row['step']:5d}  loss {row['loss']:.4f}  ce {row['ce']:.4f}  kl {row['kl']:.4f}  cos {row['cos']:.4f}")
+        bar.update(1)
+        bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)
+        if row["step"] % 20 == 0 or row["step"] == args.max_steps:  # above the bar, which stays at the bottom
+            bar.write(f"step {row['step']:5d}  loss {row['loss']:.4f}  ce {row['ce']:.4f}  kl {row['kl']:.4f}  "
+                      f"cos {row['cos']:.4f}")
+        if row["step"] == args.max_steps:
+            bar.close()
+            print("lmkit distill: scoring teacher and student on the validation split", file=sys.stderr, flush=True)
 
     w = DistillWeights(args.alpha, args.beta, args.gamma, args.temperature)
-    r = distill_folder(args.teacher, args.out, args.corpus, args.max_steps, args.batch_size, args.seq_len, args.lr,
-                       args.every, w, args.seed, log=log)
+    try:
+        r = distill_folder(args.teacher, args.out, args.corpus, args.max_steps, args.batch_size, args.seq_len,
+                           args.lr, args.every, w, args.seed, log=log)
+    finally:
+        bar.close()
     for who in ("teacher", "student"):
         m = r[who]
         print(f"{who:8s} {m['layers']} layers, {m['parameters']:,} parameters: loss {m['loss']:.4f}, "

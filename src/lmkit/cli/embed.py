@@ -67,8 +67,16 @@ def run_train(args: argparse.Namespace) -> int:
                          min_count=args.min_count, sample=args.sample, epochs=args.epochs, alpha=args.alpha,
                          seed=args.seed, threads=args.threads)
     cfg.check()
+    from lmkit.progress import progress_bar
+
     sentences = list(sentences_of(load_corpus(args.corpus).texts()))
-    vectors, report = Word2Vec(cfg).train(sentences)
+    with progress_bar(desc="word2vec", unit="word", unit_scale=True, dynamic_ncols=True) as bar:  # stderr, terminal only
+
+        def progress(done: int, total: int, lr: float) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        vectors, report = Word2Vec(cfg).train(sentences, progress=progress)
     vectors.save(args.out)
     print(f"{len(vectors)} words x {vectors.dim} dims, {report.words:,} words trained in {report.seconds:.1f} s "
           f"({report.words_per_second:,.0f} words/s); wrote {args.out}")

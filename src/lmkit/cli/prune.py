@@ -19,9 +19,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from lmkit.compress.recipes import prune_folder
 
-    r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches)
+    r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches, progress=True,
+                     stage=lambda text: print(f"lmkit prune: {text}", file=sys.stderr, flush=True))
     print(f"pruned {r['heads_pruned']} heads: {r['parameters_before']:,} -> {r['parameters_after']:,} parameters")
     for layer, heads in r["pruned"].items():
         print(f"  {layer}: {heads}")
