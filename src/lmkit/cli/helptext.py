@@ -13,7 +13,7 @@ import textwrap
 
 class Formatter(argparse.HelpFormatter):
     """Descriptions refilled paragraph by paragraph (an indented paragraph kept as written), the epilog (the
-    examples) kept as written, and ' (default: X)' after an option whose help does not name its default."""
+    examples) kept as written, and ' (default X)' after an option whose help does not name its default."""
 
     def _fill_text(self, text, width, indent):
         if text.startswith("examples:"):  # command lines must not be refilled
@@ -35,7 +35,7 @@ class Formatter(argparse.HelpFormatter):
                 or default is argparse.SUPPRESS or action.nargs == 0):
             return text
         shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
-        return f"{text} (default: {shown.replace('%', '%%')})" if text else f"default: {shown.replace('%', '%%')}"
+        return f"{text} (default {shown.replace('%', '%%')})" if text else f"default {shown.replace('%', '%%')}"
 
 
 def examples(*lines: str) -> str:

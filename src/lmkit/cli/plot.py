@@ -25,11 +25,11 @@ def register(subparsers) -> None:
                                   "q.k against the offset m - n at two key positions: the curves coincide, since "
                                   "RoPE scores depend only on the offset.", example_lines=(
                           "lmkit plot positions", "lmkit plot positions --positions 512 --dim 64 --out pos.png"))
-    pos.add_argument("--out", default="positions.png", metavar="PNG", help="the picture (JSON of the numbers beside it)")
+    pos.add_argument("--out", default="positions.png", metavar="PNG", help="the picture; the numbers go to a JSON file beside it")
     pos.add_argument("--positions", type=int, default=128, metavar="N", help="positions (rows) of the heatmap")
     pos.add_argument("--dim", type=int, default=128, metavar="N", help="encoding dimensions (columns), an even number")
     pos.add_argument("--base", type=float, default=10000.0, metavar="X",
-                     help="wavelength base of the sinusoids (Vaswani et al.'s 10000)")
+                     help="wavelength base of the sinusoids, as in Vaswani et al.")
     pos.set_defaults(func=run_positions)
     att = add_command(sub, "attention", help="attention maps per layer and head",
                       description="The attention probabilities of every layer and head of a model on a text, as a "
