@@ -51,14 +51,14 @@ def register(subparsers) -> None:
     cl.add_argument("--max-bad", type=float, default=0.001, metavar="X",
                     help="largest share of control/unassigned/U+FFFD characters")
     cl.add_argument("--boilerplate-min-docs", type=int, default=5, metavar="N",
-                    help="a line in at least N documents is boilerplate (0: keep all lines)")
+                    help="a line in at least N documents is boilerplate; 0 keeps all lines")
     cl.add_argument("--boilerplate-min-chars", type=int, default=20, metavar="N",
                     help="only lines of at least N characters count as boilerplate")
     cl.add_argument("--near-threshold", type=float, default=0.8, metavar="X",
                     help="estimated Jaccard similarity of a near duplicate")
     cl.add_argument("--no-near-dedup", action="store_true", help="skip MinHash near-duplicate removal (done by default)")
     cl.add_argument("--shingle", type=int, default=5, metavar="N", help="words per shingle")
-    cl.add_argument("--num-perm", type=int, default=128, metavar="N", help="MinHash permutations (a multiple of --bands)")
+    cl.add_argument("--num-perm", type=int, default=128, metavar="N", help="MinHash permutations, a multiple of --bands")
     cl.add_argument("--bands", type=int, default=16, metavar="N", help="LSH bands the permutations are split into")
     cl.set_defaults(func=run_clean)
 

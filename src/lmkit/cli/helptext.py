@@ -1,8 +1,10 @@
 """One look for every `lmkit ... --help`: descriptions refilled to the terminal, examples kept as written,
 each option's default shown, old flag spellings accepted but hidden.
 
-The vocabulary of metavars: N a count, X a real number, K how many results (or tokens) to keep, T a temperature,
-P a probability mass, SECONDS a duration, DIR a folder, FILE a file, PATH either, TEXT free text, NAME a name.
+The vocabulary of metavars: N a count, X a real number, F a fraction, K how many results (or tokens) to keep,
+T a temperature, P a probability mass, B beams, C FLOPs, SECONDS a duration, DIR a folder, FILE a file, PATH
+either, TEXT free text, NAME a name. How many results is `--k` everywhere (as `rag query --k`), compute type
+`--precision fp32|bf16`.
 """
 from __future__ import annotations
 
