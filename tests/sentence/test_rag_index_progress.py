@@ -47,7 +47,7 @@ def test_bars_count_documents_then_every_chunk_embedded(tiny, tmp_path, capsys, 
     assert main(["rag", "index", "--encoder", str(tiny), "--corpus", str(corpus), "--out", str(tmp_path / "ix"),
                  "--precision", "fp32", "--chunk-tokens", "8", "--overlap", "2", "--batch-size", "2"]) == 0
     index = RagIndex.open(tmp_path / "ix")
-    assert len(index) > 16  # more chunks than one slice of 8 batches of 2: the bar moves several times
+    assert len(index) > 8  # more chunks than one slice of 4 batches of 2: the bar moves several times
     (chunk_settings, chunk_bar), (embed_settings, embed_bar) = bars
     assert chunk_settings["desc"] == "chunk" and chunk_bar.total == chunk_bar.n == len(TEXTS)
     assert embed_settings["desc"] == "embed" and embed_bar.total == embed_bar.n == len(index)

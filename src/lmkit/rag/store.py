@@ -31,7 +31,7 @@ from lmkit.rag.lexical import Lexical
 FORMAT = "lmkit-rag-index"
 VERSION = 1
 APPROXIMATE_ABOVE = 200_000
-EMBED_SLICE_BATCHES = 8  # encoder batches per progress update: each slice is still length-sorted within itself
+EMBED_SLICE_BATCHES = 4  # encoder batches per progress update: each slice is still length-sorted within itself
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "spiece.model", "sentencepiece.bpe.model")
 
