@@ -93,12 +93,13 @@ def test_one_visible_spelling_per_idea(command, flag):
     ("embed similar --vectors v w --topn 4", "topn", 4),
     ("lens --model m --prompt p --top 2", "top", 2),
     ("plot embeddings --model m --count 7", "count", 7),
+    ("plot attention --model m --text t", "text", "t"),
 ])
 def test_old_spellings_still_parse_and_stay_hidden(argv, dest, value):
     args = build_parser().parse_args(shlex.split(argv))
     assert getattr(args, dest) == value
-    old = next((w for w in argv.split() if w in ("--top-k", "--bf16", "--topn", "--top", "--count")), None)
+    old = next((w for w in argv.split() if w in ("--top-k", "--bf16", "--topn", "--top", "--count", "--text")), None)
     if old:
-        command = " ".join(w for w in argv.split()[:2] if not w.startswith("-") and w not in ("m", "q"))
+        command = " ".join(w for w in argv.split()[:2] if not w.startswith("-"))
         parser = dict(zip(IDS, (p for _, p in ALL)))[command]
         assert f"{old} " not in parser.format_help() and f"{old}\n" not in parser.format_help()

@@ -30,6 +30,14 @@ class Formatter(argparse.HelpFormatter):
                 out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent, subsequent_indent=indent))
         return "\n\n".join(out)
 
+    def _format_action_invocation(self, action):
+        hidden = getattr(action, "old_spellings", ())
+        if not hidden:
+            return super()._format_action_invocation(action)
+        shown = argparse.Action([s for s in action.option_strings if s not in hidden], action.dest,
+                                nargs=action.nargs, metavar=action.metavar, choices=action.choices)
+        return super()._format_action_invocation(shown)
+
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
@@ -55,3 +63,10 @@ def add_command(subparsers, name: str, *, help: str, description: str, example_l
 def hidden_alias(parser, *flags: str, dest: str, **kwargs) -> None:
     """Accept `flags` (an old spelling) for `dest` without showing them in --help or the usage line."""
     parser.add_argument(*flags, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+
+def old_spellings(action: argparse.Action, *flags: str) -> argparse.Action:
+    """Hide `flags`, further option strings of `action` (after the visible one), from --help; they still parse.
+    For a required option, where a separate hidden argument would leave the visible one missing."""
+    action.old_spellings = flags
+    return action

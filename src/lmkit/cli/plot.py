@@ -11,14 +11,14 @@ import argparse
 
 import lmkit
 from lmkit.cli import utf8
-from lmkit.cli.helptext import add_command, hidden_alias
+from lmkit.cli.helptext import add_command, hidden_alias, old_spellings
 from lmkit.cli.lens import add_arguments, draw, read
 from lmkit.errors import ConfigError
 
 
 def register(subparsers) -> None:
     p = add_command(subparsers, "plot", help="pictures: positions, attention, embeddings, lens", description=__doc__,
-                    example_lines=("lmkit plot positions", "lmkit plot attention --model runs/demo --text 'def f(x):'"))
+                    example_lines=("lmkit plot positions", "lmkit plot attention --model runs/demo --prompt 'def f(x):'"))
     sub = p.add_subparsers(dest="plot_command", metavar="PICTURE")
     pos = add_command(sub, "positions", help="sinusoidal heatmap and RoPE score against the offset",
                       description="The sinusoidal position encoding as a heatmap (position x dimension), and RoPE's "
@@ -34,10 +34,11 @@ def register(subparsers) -> None:
     att = add_command(sub, "attention", help="attention maps per layer and head",
                       description="The attention probabilities of every layer and head of a model on a text, as a "
                                   "PNG grid and an offline HTML viewer (query rows, key columns).", example_lines=(
-                          "lmkit plot attention --model runs/demo --text 'def add(a, b): return a + b'",
-                          "lmkit plot attention --model runs/demo --text 'x = 1' --layers 1 2 --heads 1 --out a.png"))
+                          "lmkit plot attention --model runs/demo --prompt 'def add(a, b): return a + b'",
+                          "lmkit plot attention --model runs/demo --prompt 'x = 1' --layers 1 2 --heads 1 --out a.png"))
     att.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, weights, tokenizer)")
-    att.add_argument("--text", required=True, metavar="TEXT", help="the text the model reads")
+    old_spellings(att.add_argument("--prompt", "--text", dest="text", required=True, metavar="TEXT",
+                                   help="the text the model reads"), "--text")
     att.add_argument("--out", default="attention.png", metavar="PNG", help="the grid picture")
     att.add_argument("--html", default=None, metavar="FILE", help="the offline viewer (default: the PNG's name, .html)")
     att.add_argument("--layers", type=int, nargs="+", metavar="N", help="only these attention layers (1 = the first; all by default)")
@@ -83,12 +84,12 @@ def run_attention(args: argparse.Namespace) -> int:
     from lmkit.attention_maps import attention_maps
     from lmkit.plots.attention import attention_html, plot_attention_grid
 
-    utf8(args.text, "--text")
+    utf8(args.text, "--prompt")
     model = lmkit.load_model(args.model)
     tok = lmkit.load_tokenizer(args.model)
     ids = tok.encode(args.text)
     if not ids:
-        raise ConfigError("--text encodes to no tokens; give some text")
+        raise ConfigError("--prompt encodes to no tokens; give some text")
     input_ids = torch.tensor([ids])
     maps = attention_maps(model, input_ids)
     tokens = [tok.decode([i]) for i in ids]
