@@ -117,7 +117,7 @@ def run_fit(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (results if results.is_dir() else results.parent)
     out.mkdir(parents=True, exist_ok=True)
     n, d, l, c = ([r[k] for r in rows] for k in ("n_params", "n_tokens", "val_loss", "compute"))
-    law_fit = bootstrap_fit(n, d, l, samples=args.bootstrap, seed=args.seed)
+    law_fit = bootstrap_fit(n, d, l, samples=args.bootstrap, seed=args.seed, progress=True)
     try:
         iso = isoflop_fit(c, n, l, rows[0]["flops_per_token"], samples=args.bootstrap, seed=args.seed)
     except ConfigError as exc:
