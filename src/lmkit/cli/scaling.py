@@ -74,8 +74,8 @@ def register(subparsers) -> None:
                    help="chinchilla, besiroglu, pydocs (this project's sweep) or a fit.json written by `lmkit scaling "
                         "fit`; default besiroglu, and pydocs for --time-budget without --results")
     q.add_argument("--results", metavar="PATH",
-                   help="a sweep folder: its median FLOP/s for --time-budget; without it, --time-budget times the "
-                        "candidate shapes here, as `lmkit train --time-budget` does")
+                   help="a sweep folder: its median FLOP/s for --time-budget; without it (the default), --time-budget "
+                        "times the candidate shapes here, as `lmkit train --time-budget` does")
     q.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
                    help="the text the measuring steps read (--time-budget without --results; default pydocs)")
     q.add_argument("--batch-size", type=int, metavar="N",
