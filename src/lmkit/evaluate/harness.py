@@ -14,6 +14,7 @@ generation runs on lmkit's own decoding loop.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -131,6 +132,11 @@ class LmkitLM(TemplateLM):
         return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
 
     # --- log-likelihoods ----------------------------------------------------------------------------------
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """TemplateLM's, with its bars (tokenizing, then scoring) drawn on a terminal only: redirected, every
+        redraw would land in the file as a line."""
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not sys.stderr.isatty())
+
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Sum of log p over each string's tokens, read in lm-eval's disjoint windows of max_length (the first
         after the prefix token), each window a loglikelihood request of its own."""
@@ -142,7 +148,7 @@ class LmkitLM(TemplateLM):
                 windows.append((None, ctx, cont))
                 owners.append(i)
         totals = [0.0] * len(requests)
-        for owner, (logprob, _) in zip(owners, self._loglikelihood_tokens(windows)):
+        for owner, (logprob, _) in zip(owners, self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)):
             totals[owner] += logprob
         for req, total in zip(requests, totals):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
