@@ -4,7 +4,7 @@
 
 Embeds the paragraphs of Python's reference topics (pass --all for every pydocs paragraph, ~17k),
 then answers each query with the top 5 paragraphs by cosine. The same from the command line:
-    lmkit search --model MODEL_DIR --query "what does yield do" [--corpus pydocs] [--top-k 5]
+    lmkit search --model MODEL_DIR --query "what does yield do" [--corpus pydocs] [--k 5]
 """
 from __future__ import annotations
 

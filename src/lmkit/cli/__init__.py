@@ -19,8 +19,15 @@ SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "di
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmkit", description="Build, train, evaluate and run transformer language models.",
-                                     epilog="`lmkit COMMAND --help` describes each command.")
+    from lmkit.cli.helptext import Formatter, examples
+
+    parser = argparse.ArgumentParser(
+        prog="lmkit", formatter_class=Formatter,
+        description="Build, train, evaluate and run transformer language models. `lmkit COMMAND --help` describes "
+                    "each command, with examples.",
+        epilog=examples("lmkit demo                                   # train, tune and chat in about 8 minutes",
+                        "lmkit train --preset tiny --max-steps 200    # a small model on pydocs in runs/tiny",
+                        "lmkit generate --model runs/tiny --prompt 'def main('"))
     parser.add_argument("--version", action="version", version=f"lmkit {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:

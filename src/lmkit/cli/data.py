@@ -3,13 +3,21 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.cli.helptext import add_command
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("data", help="prepare, clean and verify training data", description=__doc__)
+    p = add_command(subparsers, "data", help="prepare, clean and verify training data", description=__doc__,
+                    example_lines=("lmkit data clean --corpus notes/ --out notes.jsonl",
+                                   "lmkit data prepare --corpus notes.jsonl --tokenizer tok.json --out shards/",
+                                   "lmkit data verify shards/"))
     sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
 
-    prep = sub.add_parser("prepare", help="tokenize a corpus in parallel into memory-mapped shards",
-                          description="Tokenize a corpus in parallel into memory-mapped shards.")
+    prep = add_command(sub, "prepare", help="tokenize a corpus in parallel into memory-mapped shards",
+                       description="Tokenize a corpus in parallel into memory-mapped shards; `lmkit train --data DIR` "
+                                   "trains on them.", example_lines=(
+                           "lmkit data prepare --corpus pydocs --tokenizer runs/demo --out shards/",
+                           "lmkit data prepare --corpus 'books/*.txt' --tokenizer tok.json --out shards/ --workers 2"))
     prep.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH",
                       help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl")
     prep.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer.json, or a folder holding one")
@@ -20,32 +28,43 @@ def register(subparsers) -> None:
     prep.add_argument("--shard-mb", type=float, default=16, metavar="MB", help="text per shard in MB (default 16)")
     prep.add_argument("--separator", default="<|endoftext|>", metavar="TOKEN",
                       help="special token put before every document (default <|endoftext|>)")
-    prep.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
+    prep.add_argument("--overwrite", action="store_true", help="replace shards already in --out (refused by default)")
     prep.set_defaults(func=run_prepare)
 
-    cl = sub.add_parser("clean", help="remove duplicates, near duplicates, junk and boilerplate lines",
-                        description="Remove duplicates, near duplicates, junk and boilerplate lines.")
-    cl.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH")
+    cl = add_command(sub, "clean", help="remove duplicates, near duplicates, junk and boilerplate lines",
+                     description="Remove exact duplicates, near duplicates (MinHash LSH over word shingles), junk "
+                                 "documents (too short, too few letters, too many digits or broken characters) and "
+                                 "boilerplate lines (lines repeated across many documents).", example_lines=(
+                         "lmkit data clean --corpus notes/ --out clean.jsonl",
+                         "lmkit data clean --corpus pages.jsonl --out clean.jsonl --min-words 20 --near-threshold 0.7"))
+    cl.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH",
+                    help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl")
     cl.add_argument("--out", required=True, metavar="FILE.jsonl", help="cleaned corpus, one {\"id\", \"text\"} per line")
     cl.add_argument("--report", metavar="FILE.json", help="what was removed and why (default: OUT.report.json)")
-    cl.add_argument("--min-chars", type=int, default=20)
-    cl.add_argument("--max-chars", type=int)
-    cl.add_argument("--min-words", type=int, default=3)
-    cl.add_argument("--min-alpha", type=float, default=0.25, help="least share of letters among non-space characters")
-    cl.add_argument("--max-digit", type=float, default=0.5, help="largest share of digits among non-space characters")
-    cl.add_argument("--max-bad", type=float, default=0.001, help="largest share of control/unassigned/U+FFFD characters")
-    cl.add_argument("--boilerplate-min-docs", type=int, default=5,
-                    help="a line in at least this many documents is boilerplate (0: keep all lines)")
-    cl.add_argument("--boilerplate-min-chars", type=int, default=20)
-    cl.add_argument("--near-threshold", type=float, default=0.8, help="estimated Jaccard similarity of a near duplicate")
-    cl.add_argument("--no-near-dedup", action="store_true", help="skip MinHash near-duplicate removal")
-    cl.add_argument("--shingle", type=int, default=5, help="words per shingle")
-    cl.add_argument("--num-perm", type=int, default=128)
-    cl.add_argument("--bands", type=int, default=16)
+    cl.add_argument("--min-chars", type=int, default=20, metavar="N", help="drop documents shorter than N characters")
+    cl.add_argument("--max-chars", type=int, metavar="N", help="drop documents longer than N characters (default: no limit)")
+    cl.add_argument("--min-words", type=int, default=3, metavar="N", help="drop documents of fewer than N words")
+    cl.add_argument("--min-alpha", type=float, default=0.25, metavar="X",
+                    help="least share of letters among non-space characters")
+    cl.add_argument("--max-digit", type=float, default=0.5, metavar="X",
+                    help="largest share of digits among non-space characters")
+    cl.add_argument("--max-bad", type=float, default=0.001, metavar="X",
+                    help="largest share of control/unassigned/U+FFFD characters")
+    cl.add_argument("--boilerplate-min-docs", type=int, default=5, metavar="N",
+                    help="a line in at least N documents is boilerplate; 0 keeps all lines")
+    cl.add_argument("--boilerplate-min-chars", type=int, default=20, metavar="N",
+                    help="only lines of at least N characters count as boilerplate")
+    cl.add_argument("--near-threshold", type=float, default=0.8, metavar="X",
+                    help="estimated Jaccard similarity of a near duplicate")
+    cl.add_argument("--no-near-dedup", action="store_true", help="skip MinHash near-duplicate removal (done by default)")
+    cl.add_argument("--shingle", type=int, default=5, metavar="N", help="words per shingle")
+    cl.add_argument("--num-perm", type=int, default=128, metavar="N", help="MinHash permutations, a multiple of --bands")
+    cl.add_argument("--bands", type=int, default=16, metavar="N", help="LSH bands the permutations are split into")
     cl.set_defaults(func=run_clean)
 
-    ver = sub.add_parser("verify", help="check every shard against index.json (sizes, counts, sha256)",
-                         description="Check every shard against index.json (sizes, counts, sha256).")
+    ver = add_command(sub, "verify", help="check every shard against index.json (sizes, counts, sha256)",
+                      description="Check every shard against index.json (sizes, counts, sha256).",
+                      example_lines=("lmkit data verify shards/",))
     ver.add_argument("folder", metavar="DIR", help="a folder written by `lmkit data prepare`")
     ver.set_defaults(func=run_verify)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lmkit
 from lmkit.atomic import atomic_write_text
+from lmkit.cli.helptext import add_command
 from lmkit.data import load_corpus
 from lmkit.data.instruct import pydocs_instruct
 from lmkit.errors import TrainingError
@@ -21,13 +22,15 @@ MARK = ".lmkit-demo"  # marks a folder the demo made, so that the next demo may 
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="train a small model on pydocs for ~5 minutes and sample from it",
-                              description=__doc__)
+    p = add_command(subparsers, "demo", help="train a small model on pydocs (~5 minutes), tune it to chat (~2.5) and "
+                    "talk to it", description=__doc__, example_lines=(
+                        "lmkit demo                                   # runs/demo and runs/demo/sft",
+                        "lmkit demo --time-budget 60 --sft-budget 0 --out runs/quick"))
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help="run folder, replaced on each demo (default runs/demo)")
     p.add_argument("--time-budget", type=float, default=300.0, metavar="SECONDS", help="training time (default 300)")
     p.add_argument("--sft-budget", type=float, default=150.0, metavar="SECONDS",
                    help="instruction-tuning time (default 150; 0 skips the stage)")
-    p.add_argument("--seed", type=int, default=0, metavar="N")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     p.set_defaults(func=run)
 
 

@@ -4,36 +4,54 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.cli.helptext import add_command
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("distill", help="distil a causal LM into one with half the layers", description=__doc__)
+    p = add_command(subparsers, "distill", help="distil a causal LM into one with half the layers", description=__doc__,
+                    example_lines=("lmkit distill --teacher runs/demo --out runs/demo-small",
+                                   "lmkit distill --teacher runs/demo --out runs/demo-small --max-steps 500 --temperature 4"))
     p.add_argument("--teacher", required=True, metavar="DIR", help="teacher folder (from `lmkit train`)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the student is written")
     p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH", help="training text (default pydocs)")
-    p.add_argument("--max-steps", type=int, default=200, metavar="N")
-    p.add_argument("--batch-size", type=int, default=16, metavar="N")
+    p.add_argument("--max-steps", type=int, default=200, metavar="N", help="optimizer steps of the student")
+    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="sequences per step")
     p.add_argument("--seq-len", type=int, metavar="N", help="default: the teacher's context, at most 256")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--every", type=int, default=2, help="keep layers 0, every, 2*every, ... (default 2)")
-    p.add_argument("--alpha", type=float, default=2.0, help="weight of the cross-entropy with the labels")
-    p.add_argument("--beta", type=float, default=5.0, help="weight of T^2 KL(teacher || student)")
-    p.add_argument("--gamma", type=float, default=1.0, help="weight of 1 - cos(hidden states)")
-    p.add_argument("--temperature", type=float, default=2.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3, metavar="X", help="peak learning rate (warm-up, then cosine decay)")
+    p.add_argument("--every", type=int, default=2, metavar="N", help="keep layers 0, N, 2N, ... of the teacher")
+    p.add_argument("--alpha", type=float, default=2.0, metavar="X", help="weight of the cross-entropy with the labels")
+    p.add_argument("--beta", type=float, default=5.0, metavar="X", help="weight of T^2 KL(teacher || student)")
+    p.add_argument("--gamma", type=float, default=1.0, metavar="X", help="weight of 1 - cos(hidden states)")
+    p.add_argument("--temperature", type=float, default=2.0, metavar="T", help="softmax temperature of the soft targets")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from lmkit.compress.distill import DistillWeights
     from lmkit.compress.recipes import distill_folder
+    from lmkit.progress import progress_bar
+
+    bar = progress_bar(total=args.max_steps, desc="distill", unit="step", dynamic_ncols=True)  # stderr, terminal only
 
     def log(row):
-        if row["step"] % 20 == 0 or row["step"] == args.max_steps:
-            print(f"step {row['step']:5d}  loss {row['loss']:.4f}  ce {row['ce']:.4f}  kl {row['kl']:.4f}  cos {row['cos']:.4f}")
+        bar.update(1)
+        bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)
+        if row["step"] % 20 == 0 or row["step"] == args.max_steps:  # above the bar, which stays at the bottom
+            bar.write(f"step {row['step']:5d}  loss {row['loss']:.4f}  ce {row['ce']:.4f}  kl {row['kl']:.4f}  "
+                      f"cos {row['cos']:.4f}")
+        if row["step"] == args.max_steps:
+            bar.close()
+            print("lmkit distill: scoring teacher and student on the validation split", file=sys.stderr, flush=True)
 
     w = DistillWeights(args.alpha, args.beta, args.gamma, args.temperature)
-    r = distill_folder(args.teacher, args.out, args.corpus, args.max_steps, args.batch_size, args.seq_len, args.lr,
-                       args.every, w, args.seed, log=log)
+    try:
+        r = distill_folder(args.teacher, args.out, args.corpus, args.max_steps, args.batch_size, args.seq_len,
+                           args.lr, args.every, w, args.seed, log=log)
+    finally:
+        bar.close()
     for who in ("teacher", "student"):
         m = r[who]
         print(f"{who:8s} {m['layers']} layers, {m['parameters']:,} parameters: loss {m['loss']:.4f}, "

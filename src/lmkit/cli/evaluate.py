@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 import lmkit
+from lmkit.cli.helptext import add_command
 from lmkit.data import load_corpus
 from lmkit.data.builtin import BUILTIN
 from lmkit.data.corpus import same_files
@@ -16,15 +17,18 @@ from lmkit.errors import ConfigError, CorpusError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("eval", help="evaluate a language model (loss, perplexity, bits per byte)",
-                              description=__doc__)
+    p = add_command(subparsers, "eval", help="evaluate a language model (loss, perplexity, bits per byte)",
+                    description=__doc__, example_lines=(
+                        "lmkit eval --model runs/demo                   # its training corpus's validation split",
+                        "lmkit eval --model runs/demo --corpus notes/ --stride 64",
+                        "lmkit eval --model runs/t5 --task numbers --num-beams 4"))
     p.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, model.safetensors, tokenizer.json)")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
                    help="text to score: its validation split if the model was trained on it or it is built in, "
                         "else all of it; default: the corpus the model was trained on, else pydocs")
-    p.add_argument("--pairs", metavar="PATH", help="text-to-text models: BLEU/ROUGE on (source, reference) pairs, .tsv or .jsonl")
-    p.add_argument("--task", choices=["numbers"], help="text-to-text models: the held-out set of a built-in task")
-    p.add_argument("--num-beams", type=int, default=1, metavar="B", help="beam search width for --pairs/--task (default greedy)")
+    p.add_argument("--pairs", metavar="PATH", help="text-to-text models: BLEU/ROUGE on (source, reference) pairs, .tsv or .jsonl (default: none)")
+    p.add_argument("--task", choices=["numbers"], help="text-to-text models: the held-out set of a built-in task (default: none)")
+    p.add_argument("--num-beams", type=int, default=1, metavar="B", help="beam search width for --pairs/--task (default 1: greedy)")
     p.add_argument("--stride", type=int, metavar="N", help="causal LMs: read each document in windows of the model's "
                    "context that start N tokens apart, so every token is scored after at least context - N tokens "
                    "(transformers' perplexity recipe); default: pieces of the context, each read after BOS")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from lmkit.cli.helptext import add_command
 from lmkit.errors import ConfigError
 
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
@@ -17,17 +18,25 @@ FIELDS = ("model", "train", "out", "eval", "epochs", "lr", "batch_size", "max_le
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("finetune", help="fine-tune an encoder for classification, or a causal LM (--task clm); --peft METHOD", description=__doc__)
-    p.add_argument("--model", required=True, metavar="DIR", help="pretrained encoder folder (config.json, weights, tokenizer.json); a causal LM with --task clm")
-    p.add_argument("--train", required=True, metavar="FILE", help="training data: .csv with a header, or .jsonl (--task clm: a corpus name or text files)")
-    p.add_argument("--eval", metavar="FILE", help="evaluation data (default: hold out --val-fraction of --train)")
+    p = add_command(subparsers, "finetune", help="fine-tune a model: classification, causal LM text (--task clm), "
+                    "instructions (--task sft); --peft METHOD", description=__doc__, example_lines=(
+                        "lmkit finetune --task sft --model runs/demo --train pydocs-instruct --out runs/demo/sft "
+                        "--chat-template chatml --packing",
+                        "lmkit finetune --task clm --model runs/demo --train notes/ --out runs/notes --peft lora",
+                        "lmkit finetune --model bert-folder --train reviews.csv --out runs/reviews --epochs 2"))
+    p.add_argument("--model", required=True, metavar="DIR", help="pretrained folder (config.json, weights, tokenizer.json): an encoder to classify, a causal LM for "
+                   "--task clm and sft")
+    p.add_argument("--train", required=True, metavar="FILE", help="training data: .csv with a header, or .jsonl (--task clm: a corpus name or text files; --task sft: "
+                   ".jsonl rows or pydocs-instruct)")
+    p.add_argument("--eval", metavar="FILE", help="evaluation data (default: classification holds out --val-fraction of --train; sft: none)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the best checkpoint and metrics.jsonl go")
-    p.add_argument("--epochs", type=int, metavar="N", help="passes over the training data (default 3; classification only)")
-    p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default 3e-5; with --peft or --task clm "
-                   "the method's own default)")
+    p.add_argument("--epochs", type=int, metavar="N", help="passes over the training data (default 3 to classify, 1 for --task sft; --task clm counts --max-steps)")
+    p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default 3e-5 to classify; with --peft, --task clm or sft "
+                   "the method's own default, 1e-3 in full)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
     p.add_argument("--max-length", type=int, metavar="N", help="tokens per example, cut beyond (default: what fits the model's "
-                   "positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most 256)")
+                   "positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most 256; --task "
+                   "sft: at most 1024)")
     p.add_argument("--pooling", choices=["cls", "mean"],
                    help="classification: what the head reads (default cls); a mean-pooled folder is lmkit's: transformers' "
                    "...ForSequenceClassification pools [CLS] and gives other logits")
@@ -38,17 +47,19 @@ def register(subparsers) -> None:
     p.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default 0.01; --task clm: 0)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     p.add_argument("--task", choices=["classify", "clm", "sft"], default="classify",
-                   help="classify (default); clm: next-token fine-tuning of a causal LM on the text of --train; sft: "
+                   help="classify (the default); clm: next-token fine-tuning of a causal LM on the text of --train; sft: "
                    "supervised fine-tuning on instruction rows, loss on completions / assistant turns as TRL's SFTTrainer")
     sft = p.add_argument_group("--task sft")
     sft.add_argument("--packing", action="store_true", help="pack examples into --max-length rows (best-fit "
-                     "decreasing; no attention across examples)")
+                     "decreasing; no attention across examples; default: one example a row)")
     sft.add_argument("--chat-template", metavar="chatml|FILE", help="chatml (adds <|im_start|>/<|im_end|>) or a "
-                     ".jinja file, for a model without a chat template")
-    sft.add_argument("--train-on-all", action="store_true", help="loss on every token, prompts and user turns too")
+                     ".jinja file, for a model without a chat template (default: the folder's own)")
+    sft.add_argument("--train-on-all", action="store_true", help="loss on every token, prompts and user turns too (default: "
+                     "completions and assistant turns only)")
     sft.add_argument("--micro-batch-size", type=int, metavar="N", help="examples per forward pass (default: "
                      "--batch-size); the loss stays a mean over all trained tokens of the step")
-    p.add_argument("--max-steps", type=int, metavar="N", help="--task clm: optimizer steps (default 200)")
+    p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (--task clm: default 200; --task sft: default "
+                   "--epochs passes, a number here overrides them)")
     from lmkit.peft.finetune import add_peft_arguments
 
     add_peft_arguments(p)

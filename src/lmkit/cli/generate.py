@@ -13,26 +13,31 @@ from pathlib import Path
 
 import lmkit
 from lmkit.cli import utf8
+from lmkit.cli.helptext import add_command
 from lmkit.errors import GenerationError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("generate", help="continue a prompt with a saved model", description=__doc__)
+    p = add_command(subparsers, "generate", help="continue a prompt with a saved model", description=__doc__,
+                    example_lines=("lmkit generate --model runs/demo --prompt 'Return the number of'",
+                                   "lmkit generate --model runs/demo --prompt 'class ' --temperature 0.8 --top-p 0.95 --seed 1",
+                                   "lmkit generate --model runs/demo --prompt 'def f(' --num-beams 4 --num-return-sequences 2"))
     p.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, model.safetensors, tokenizer.json)")
     p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue (the source text for encoder-decoder models)")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="tokens to generate (default: 64, or what fits in the model's context)")
-    p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at this temperature (0: greedy)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, metavar="P", help="sample from the nucleus of mass P")
-    p.add_argument("--num-beams", type=int, default=1, metavar="B", help="beam search with B beams")
+    p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at this temperature (0: greedy; default: greedy)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens (default: all)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P", help="sample from the nucleus of mass P (default: 1, the whole distribution)")
+    p.add_argument("--num-beams", type=int, default=1, metavar="B", help="beam search with B beams (default 1: no beam search)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="X",
-                   help="divide the scores of tokens already present by X (1: none; transformers' meaning)")
+                   help="divide the scores of tokens already present by X (default 1: none; transformers' meaning)")
     p.add_argument("--num-return-sequences", type=int, default=1, metavar="N",
-                   help="N continuations (samples, or the N best beams), printed one after another")
-    p.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling (repeatable output)")
+                   help="N continuations (samples, or the N best beams), printed one after another (default 1)")
+    p.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling, for repeatable output (default: a fresh one each run)")
     p.add_argument("--prompt-lookup", type=int, default=None, metavar="K",
-                   help="greedy: draft up to K tokens from earlier text and check them in one step (the same output)")
+                   help="greedy: draft up to K tokens from earlier text and check them in one step (the same output; "
+                        "default: off)")
     p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
                    help="put BOS before the prompt (default: when the folder holds an lmkit training run; other folders: the tokenizer's own special tokens)")
     p.set_defaults(func=run)

@@ -9,20 +9,25 @@ import argparse
 
 import lmkit
 from lmkit.cli import utf8
+from lmkit.cli.helptext import add_command, hidden_alias
 from lmkit.errors import ConfigError
 from lmkit.plots.lens import plot_lens
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("lens", help="logit lens: what each layer predicts", description=__doc__)
+    p = add_command(subparsers, "lens", help="logit lens: what each layer predicts", description=__doc__,
+                    example_lines=("lmkit lens --model runs/demo --prompt 'Return the number of'",
+                                   "lmkit lens --model runs/demo --prompt 'def main(' --k 10 --out main-lens.png"))
     add_arguments(p)
-    p.add_argument("--top", type=int, default=5, metavar="K", help="tokens printed for the last position (default 5)")
+    p.add_argument("--k", type=int, default=5, dest="top", metavar="K",
+                   help="tokens printed for the last position (default 5)")
+    hidden_alias(p, "--top", dest="top", type=int)
     p.set_defaults(func=run)
 
 
 def add_arguments(p) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="a causal model folder (config.json, tokenizer.json)")
-    p.add_argument("--prompt", required=True, metavar="TEXT")
+    p.add_argument("--prompt", required=True, metavar="TEXT", help="the text whose next tokens each layer predicts")
     p.add_argument("--out", default="lens.png", metavar="PNG", help="the grid picture (default lens.png; JSON beside it)")
     p.add_argument("--embeddings-row", action="store_true",
                    help="draw the embeddings row of a model whose output head is its input embedding (default: left "

@@ -1,9 +1,9 @@
 """`lmkit plot`: pictures of the math as PNG (with their numbers as JSON beside them).
 
-positions            the sinusoidal encoding heatmap and RoPE's q.k against the offset m - n
-attention            attention maps per layer and head of a model on a text (PNG grid and an offline HTML viewer)
-embeddings           2-D PCA of a model's token embeddings or of word vectors, labelled
-lens                 the logit-lens grid of a causal model on a prompt
+  positions    the sinusoidal encoding heatmap and RoPE's q.k against the offset m - n
+  attention    attention maps per layer and head of a model on a text (PNG grid and an offline HTML viewer)
+  embeddings   2-D PCA of a model's token embeddings or of word vectors, labelled
+  lens         the logit-lens grid of a causal model on a prompt
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import argparse
 
 import lmkit
 from lmkit.cli import utf8
+from lmkit.cli.helptext import add_command, hidden_alias, old_spellings
 from lmkit.cli.lens import add_arguments, draw, read
 from lmkit.data import load_corpus
 from lmkit.errors import ConfigError
@@ -18,36 +19,55 @@ from lmkit.plots import model_name, quoted
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("plot", help="pictures: positions, attention, embeddings, lens", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "plot", help="pictures: positions, attention, embeddings, lens", description=__doc__,
+                    example_lines=("lmkit plot positions", "lmkit plot attention --model runs/demo --prompt 'def f(x):'"))
     sub = p.add_subparsers(dest="plot_command", metavar="PICTURE")
-    pos = sub.add_parser("positions", help="sinusoidal heatmap and RoPE score against the offset")
-    pos.add_argument("--out", default="positions.png", metavar="PNG")
-    pos.add_argument("--positions", type=int, default=128)
-    pos.add_argument("--dim", type=int, default=128)
-    pos.add_argument("--base", type=float, default=10000.0)
+    pos = add_command(sub, "positions", help="sinusoidal heatmap and RoPE score against the offset",
+                      description="The sinusoidal position encoding as a heatmap (position x dimension), and RoPE's "
+                                  "q.k against the offset m - n at two key positions: the curves coincide, since "
+                                  "RoPE scores depend only on the offset.", example_lines=(
+                          "lmkit plot positions", "lmkit plot positions --positions 512 --dim 64 --out pos.png"))
+    pos.add_argument("--out", default="positions.png", metavar="PNG", help="the picture; the numbers go to a JSON file beside it")
+    pos.add_argument("--positions", type=int, default=128, metavar="N", help="positions (rows) of the heatmap")
+    pos.add_argument("--dim", type=int, default=128, metavar="N", help="encoding dimensions (columns), an even number")
+    pos.add_argument("--base", type=float, default=10000.0, metavar="X",
+                     help="wavelength base of the sinusoids, as in Vaswani et al.")
     pos.set_defaults(func=run_positions)
-    att = sub.add_parser("attention", help="attention maps per layer and head")
-    att.add_argument("--model", required=True, metavar="DIR")
-    att.add_argument("--text", required=True, metavar="TEXT")
-    att.add_argument("--out", default="attention.png", metavar="PNG")
+    att = add_command(sub, "attention", help="attention maps per layer and head",
+                      description="The attention probabilities of every layer and head of a model on a text, as a "
+                                  "PNG grid and an offline HTML viewer (query rows, key columns).", example_lines=(
+                          "lmkit plot attention --model runs/demo --prompt 'def add(a, b): return a + b'",
+                          "lmkit plot attention --model runs/demo --prompt 'x = 1' --layers 1 2 --heads 1 --out a.png"))
+    att.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, weights, tokenizer)")
+    old_spellings(att.add_argument("--prompt", "--text", dest="text", required=True, metavar="TEXT",
+                                   help="the text the model reads"), "--text")
+    att.add_argument("--out", default="attention.png", metavar="PNG", help="the grid picture")
     att.add_argument("--html", default=None, metavar="FILE", help="the offline viewer (default: the PNG's name, .html)")
     att.add_argument("--layers", type=int, nargs="+", metavar="N", help="only these attention layers (1 = the first; all by default)")
     att.add_argument("--heads", type=int, nargs="+", metavar="H", help="only these heads (1 = the first; all by default)")
     att.set_defaults(func=run_attention)
-    emb = sub.add_parser("embeddings", help="2-D PCA of token embeddings or word vectors")
+    emb = add_command(sub, "embeddings", help="2-D PCA of token embeddings or word vectors",
+                      description="The first two principal components of a model's input token embeddings, or of "
+                                  "word vectors, each point labelled.", example_lines=(
+                          "lmkit plot embeddings --model runs/demo",
+                          "lmkit plot embeddings --vectors vectors/ --words list dict tuple set int str"))
     src = emb.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", metavar="DIR", help="a model folder: its input token embeddings")
     src.add_argument("--vectors", metavar="DIR", help="word vectors from `lmkit embed train`, or a word2vec text file")
     emb.add_argument("--words", nargs="+", metavar="WORD",
-                     help="the words or tokens to show (default: the --count most frequent whole words; see --corpus)")
-    emb.add_argument("--count", type=int, default=100, metavar="N", help="how many to show without --words (default 100)")
+                     help="the words or tokens to show (default: the --k most frequent whole words; see --corpus)")
+    emb.add_argument("--k", type=int, default=100, dest="count", metavar="K",
+                     help="how many to show without --words (default 100)")
+    hidden_alias(emb, "--count", dest="count", type=int)
     emb.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
                      help="with --model, rank words by their count in this corpus (default: the corpus the run was "
                           "trained on, from its checkpoint or its parent run's; else the tokenizer's first word pieces)")
-    emb.add_argument("--out", default="embeddings.png", metavar="PNG")
+    emb.add_argument("--out", default="embeddings.png", metavar="PNG", help="the picture")
     emb.set_defaults(func=run_embeddings)
-    lens = sub.add_parser("lens", help="the logit-lens grid")
+    lens = add_command(sub, "lens", help="the logit-lens grid",
+                       description="The logit-lens grid of a causal model on a prompt: each layer's top next token "
+                                   "at each position, coloured by its probability (`lmkit lens` prints it too).",
+                       example_lines=("lmkit plot lens --model runs/demo --prompt 'Return the number of'",))
 
     add_arguments(lens)
     lens.set_defaults(func=run_lens)
@@ -70,12 +90,12 @@ def run_attention(args: argparse.Namespace) -> int:
     from lmkit.attention_maps import attention_maps
     from lmkit.plots.attention import attention_html, plot_attention_grid
 
-    utf8(args.text, "--text")
+    utf8(args.text, "--prompt")
     model = lmkit.load_model(args.model)
     tok = lmkit.load_tokenizer(args.model)
     ids = tok.encode(args.text)
     if not ids:
-        raise ConfigError("--text encodes to no tokens; give some text")
+        raise ConfigError("--prompt encodes to no tokens; give some text")
     input_ids = torch.tensor([ids])
     maps = attention_maps(model, input_ids)
     tokens = [tok.decode([i]) for i in ids]

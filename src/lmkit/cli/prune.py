@@ -3,22 +3,28 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.cli.helptext import add_command
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("prune", help="prune attention heads of a causal LM", description=__doc__)
+    p = add_command(subparsers, "prune", help="prune attention heads of a causal LM", description=__doc__,
+                    example_lines=("lmkit prune --model runs/demo --out runs/demo-pruned --heads 4",))
     p.add_argument("--model", required=True, metavar="DIR", help="model folder (from `lmkit train`)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the pruned model is written")
     p.add_argument("--heads", required=True, type=int, metavar="N", help="number of heads to remove")
     p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
                    help="text for the importance scores and the evaluation (default pydocs)")
-    p.add_argument("--batches", type=int, default=8, metavar="N", help="batches that estimate head importance")
+    p.add_argument("--batches", type=int, default=8, metavar="N", help="batches that estimate head importance (default 8)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from lmkit.compress.recipes import prune_folder
 
-    r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches)
+    r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches, progress=True,
+                     stage=lambda text: print(f"lmkit prune: {text}", file=sys.stderr, flush=True))
     print(f"pruned {r['heads_pruned']} heads: {r['parameters_before']:,} -> {r['parameters_after']:,} parameters")
     for layer, heads in r["pruned"].items():
         print(f"  {layer}: {heads}")

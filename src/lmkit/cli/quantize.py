@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.cli.helptext import add_command
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("quantize", help="measure dynamic int8 quantization of a causal LM", description=__doc__)
+    p = add_command(subparsers, "quantize", help="measure dynamic int8 quantization of a causal LM", description=__doc__,
+                    example_lines=("lmkit quantize --model runs/demo", "lmkit quantize --model runs/demo --out runs/demo-int8"))
     p.add_argument("--model", required=True, metavar="DIR", help="model folder (from `lmkit train`)")
     p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH", help="evaluation text (default pydocs)")
-    p.add_argument("--out", metavar="DIR", help="also write the int8 model here (loads with lmkit.load_model)")
+    p.add_argument("--out", metavar="DIR", help="also write the int8 model here, which lmkit.load_model loads (default: report only)")
     p.set_defaults(func=run)
 
 

@@ -1,6 +1,6 @@
 """`lmkit rag`: index documents with a sentence encoder, retrieve chunks, answer a question from them.
 
-  lmkit rag index  --encoder DIR --corpus NAME|PATH ... --out INDEX [--chunk-tokens N --overlap N]
+  lmkit rag index  --encoder DIR --corpus NAME|PATH ... --out INDEX [--chunk-tokens N --overlap N] [--limit N]
   lmkit rag remove --index INDEX --source ID ...
   lmkit rag query  --index INDEX --query TEXT [--k 5] [--mode dense|bm25|hybrid] [--json]
   lmkit rag ask    --index INDEX --model DIR --question TEXT [--k 5] [--allow-ungrounded]
@@ -14,18 +14,31 @@ import argparse
 import json
 
 from lmkit.cli import utf8
+from lmkit.cli.helptext import add_command
 from lmkit.data import load_corpus
 from lmkit.errors import ConfigError, CorpusError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("rag", help="retrieval: index documents, query them, answer from them",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "rag", help="retrieval: index documents, query them, answer from them",
+                    description=__doc__, example_lines=(
+                        "lmkit rag index --encoder all-MiniLM-L6-v2 --corpus pydocs --limit 100 --out pyidx",
+                        "lmkit rag query --index pyidx --query 'open a file for appending'",
+                        "lmkit rag ask --index pyidx --model runs/demo/sft --question 'How do I sort a list?'"))
     sub = p.add_subparsers(dest="rag_command", metavar="ACTION", required=True)
 
-    ix = sub.add_parser("index", help="chunk, embed and index documents (adds to an existing index)")
+    ix = add_command(sub, "index", help="chunk, embed and index documents (adds to an existing index)",
+                     description="Chunk documents into overlapping pieces of the encoder's tokens, embed them and "
+                                 "index them for dense (faiss) and BM25 search. Into an existing INDEX: new documents "
+                                 "are added, changed ones replaced, unchanged ones skipped.", example_lines=(
+                         "lmkit rag index --encoder all-MiniLM-L6-v2 --corpus pydocs --limit 100 --out pyidx",
+                         "lmkit rag index --encoder all-MiniLM-L6-v2 --corpus notes/ --out notes-idx --chunk-tokens 256"))
     ix.add_argument("--encoder", required=True, metavar="DIR", help="sentence-transformers folder (e.g. all-MiniLM-L6-v2)")
-    ix.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH", help="built-in corpus or text/JSONL files")
+    ix.add_argument("--corpus", nargs="+", required=True, metavar="NAME|PATH",
+                    help="built-in corpus (pydocs: 722 documents, pycode) or text files, folders, globs, .jsonl")
+    ix.add_argument("--limit", type=int, metavar="N",
+                    help="index only the first N documents of --corpus (default: all); a later run with a larger N "
+                         "adds the rest")
     ix.add_argument("--out", required=True, metavar="INDEX", help="index folder (created, or updated in place)")
     ix.add_argument("--chunk-tokens", type=int, default=None, metavar="N", help="encoder tokens per chunk (default 128)")
     ix.add_argument("--overlap", type=int, default=None, metavar="N", help="tokens shared by neighbouring chunks (default 16)")
@@ -36,33 +49,47 @@ def register(subparsers) -> None:
                     help="encoder compute type (default: bf16 where this CPU has native bf16, else fp32)")
     ix.set_defaults(func=run_index)
 
-    rm = sub.add_parser("remove", help="remove documents from an index")
-    rm.add_argument("--index", required=True, metavar="INDEX")
+    rm = add_command(sub, "remove", help="remove documents from an index",
+                     description="Remove documents (and all their chunks) from an index, in place.",
+                     example_lines=("lmkit rag remove --index notes-idx --source notes/old.txt",))
+    rm.add_argument("--index", required=True, metavar="INDEX", help="an `lmkit rag index` folder")
     rm.add_argument("--source", nargs="+", required=True, metavar="ID", help="document ids to remove")
     rm.set_defaults(func=run_remove)
 
-    q = sub.add_parser("query", help="print the chunks that best match a query")
-    q.add_argument("--index", required=True, metavar="INDEX")
-    q.add_argument("--query", required=True, metavar="TEXT")
+    q = add_command(sub, "query", help="print the chunks that best match a query",
+                    description="Print the chunks of an index that best match a query, best first.", example_lines=(
+                        "lmkit rag query --index pyidx --query 'open a file for appending'",
+                        "lmkit rag query --index pyidx --query 'itertools.groupby' --k 3 --mode bm25 --json"))
+    q.add_argument("--index", required=True, metavar="INDEX", help="an `lmkit rag index` folder")
+    q.add_argument("--query", required=True, metavar="TEXT", help="what to look for")
     q.add_argument("--k", type=int, default=5, metavar="K", help="chunks to return (default 5)")
     q.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="hybrid",
-                   help="dense cosine, BM25, or both fused by reciprocal rank (default)")
-    q.add_argument("--json", action="store_true", help='one JSON list, best first: [{"source", "score", "text"}]')
+                   help="dense cosine, BM25, or both fused by reciprocal rank (default: hybrid)")
+    q.add_argument("--json", action="store_true",
+                   help='one JSON list, best first: [{"source", "score", "text"}] (default: a readable list)')
     q.set_defaults(func=run_query)
 
-    a = sub.add_parser("ask", help="answer a question from retrieved, numbered sources")
-    a.add_argument("--index", required=True, metavar="INDEX")
+    a = add_command(sub, "ask", help="answer a question from retrieved, numbered sources",
+                    description="Retrieve the chunks that best match a question, put them in the prompt as numbered "
+                                "sources, and have a model answer from them, citing [n].", example_lines=(
+                        "lmkit rag ask --index pyidx --model runs/demo/sft --question 'How do I sort a list?'",
+                        "lmkit rag ask --index pyidx --model runs/demo/sft --question 'What is a set?' --k 2 "
+                        "--show-prompt"))
+    a.add_argument("--index", required=True, metavar="INDEX", help="an `lmkit rag index` folder")
     a.add_argument("--model", required=True, metavar="DIR", help="decoder folder (its chat template is used if it has one)")
-    a.add_argument("--question", required=True, metavar="TEXT")
+    a.add_argument("--question", required=True, metavar="TEXT", help="the question to answer")
     a.add_argument("--k", type=int, default=5, metavar="K", help="chunks to put in the prompt (default 5)")
-    a.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="hybrid")
+    a.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="hybrid",
+                   help="retrieval as in `rag query`: dense cosine, BM25, or both fused by reciprocal rank "
+                        "(default: hybrid)")
     a.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="answer tokens, kept free of the context (default 128, or a quarter of the model's context "
                         "when that is less)")
     a.add_argument("--allow-ungrounded", action="store_true",
                    help="when no retrieved source fits the context, answer the bare question marked ungrounded "
                         "(default: refuse with an error naming the room)")
-    a.add_argument("--show-prompt", action="store_true", help="print the grounded prompt before the answer")
+    a.add_argument("--show-prompt", action="store_true",
+                   help="print the grounded prompt before the answer (default: the answer and sources only)")
     a.set_defaults(func=run_ask)
 
 
@@ -81,6 +108,10 @@ def run_index(args: argparse.Namespace) -> int:
     from lmkit.rag.store import APPROXIMATE_ABOVE, RagIndex
 
     corpus = load_corpus(args.corpus)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise ConfigError(f"--limit must be at least 1, got {args.limit}")
+        corpus.documents = corpus.documents[:args.limit]
     if args.approximate_above is not None and args.approximate_above < 1:
         raise ConfigError(f"--approximate-above must be at least 1, got {args.approximate_above}")
     out = Path(args.out)
@@ -98,7 +129,8 @@ def run_index(args: argparse.Namespace) -> int:
                                 16 if args.overlap is None else args.overlap,
                                 args.approximate_above or APPROXIMATE_ABOVE, dtype=_dtype(args.precision),
                                 batch_size=args.batch_size)
-    counts = index.add(corpus)
+    print(f"lmkit rag index: {len(corpus)} documents of {' '.join(args.corpus)} into {out}", file=sys.stderr)
+    counts = index.add(corpus, progress=True)
     if not len(index):
 
         raise CorpusError(f"{' '.join(args.corpus)} gave no chunk to index (only blank text); give documents with text")

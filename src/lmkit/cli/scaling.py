@@ -10,58 +10,78 @@ import json
 from pathlib import Path
 
 from lmkit.atomic import atomic_write_json
+from lmkit.cli.helptext import add_command
 from lmkit.errors import ConfigError
 
 DEFAULT_BUDGETS = (3e11, 1e12, 3e12)
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("scaling", help="scaling laws: sweep, fit, plan", description=__doc__)
+    p = add_command(subparsers, "scaling", help="scaling laws: sweep, fit, plan", description=__doc__, example_lines=(
+        "lmkit scaling sweep --out sweep/ --budgets 1e11 3e11",
+        "lmkit scaling fit --results sweep/",
+        "lmkit scaling plan --compute 1e15"))
     sub = p.add_subparsers(dest="scaling_command", metavar="sweep|fit|plan", required=True)
 
-    s = sub.add_parser("sweep", help="train an IsoFLOP grid of run folders; results.jsonl collects the points")
+    s = add_command(sub, "sweep", help="train an IsoFLOP grid of run folders; results.jsonl collects the points",
+                    description="Train every model shape at every compute budget C (steps chosen so that C = k N D) "
+                                "into run folders under --out; results.jsonl collects each point's N, D, C and "
+                                "validation loss. A point already in results.jsonl is not trained again.",
+                    example_lines=("lmkit scaling sweep --out sweep/                     # about an hour on 2 cores",
+                                   "lmkit scaling sweep --out quick/ --budgets 1e11 3e11 --shapes 2x32 2x64 3x64"))
     s.add_argument("--out", required=True, metavar="DIR", help="sweep folder (run folders and results.jsonl)")
     s.add_argument("--budgets", nargs="+", type=float, metavar="C", default=list(DEFAULT_BUDGETS),
                    help="compute budgets in FLOPs (default: 3e11 1e12 3e12, about an hour on 2 cores)")
     s.add_argument("--shapes", nargs="+", metavar="LxD",
                    help="model shapes as LAYERSxWIDTH of the default preset (default: 2x32 ... 3x128)")
-    s.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH")
-    s.add_argument("--batch-size", type=int, default=16, metavar="N")
-    s.add_argument("--seq-len", type=int, default=128, metavar="N")
-    s.add_argument("--vocab-size", type=int, default=4096, metavar="N")
+    s.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
+                   help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl")
+    s.add_argument("--batch-size", type=int, default=16, metavar="N", help="sequences per step of every run")
+    s.add_argument("--seq-len", type=int, default=128, metavar="N", help="tokens per sequence")
+    s.add_argument("--vocab-size", type=int, default=4096, metavar="N", help="ids of the BPE tokenizer trained once for all runs")
     s.add_argument("--optimizer", choices=["adamw", "muon"], help="default: the default preset's")
-    s.add_argument("--lr", type=float, metavar="X")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--min-steps", type=int, default=20, metavar="N", help="skip points shorter than this")
+    s.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default: the default preset's recipe)")
+    s.add_argument("--seed", type=int, default=0, metavar="N", help="random seed of every run")
+    s.add_argument("--min-steps", type=int, default=20, metavar="N", help="skip points shorter than N steps")
     s.add_argument("--max-tokens-per-param", type=float, default=100.0, metavar="X",
                    help="skip points with more training tokens per parameter (default 100)")
     _convention(s)
     s.set_defaults(func=run_sweep)
 
-    f = sub.add_parser("fit", help="fit Approach 3 (Huber, L-BFGS, bootstrap) and Approach 2 to a sweep")
+    f = add_command(sub, "fit", help="fit Approach 3 (Huber, L-BFGS, bootstrap) and Approach 2 to a sweep",
+                    description="Fit L(N, D) = E + A / N^alpha + B / D^beta to a sweep (Chinchilla's Approach 3: Huber "
+                                "loss on log L, L-BFGS, bootstrap intervals) and the IsoFLOP minima (Approach 2); "
+                                "write fit.json and the plots.",
+                    example_lines=("lmkit scaling fit --results sweep/",
+                                   "lmkit scaling fit --results sweep/results.jsonl --out fit/ --bootstrap 50"))
     f.add_argument("--results", required=True, metavar="PATH", help="a sweep folder or its results.jsonl")
     f.add_argument("--out", metavar="DIR", help="where fit.json and the plots go (default: beside the results)")
     f.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples (default 200)")
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the bootstrap resampling")
     f.set_defaults(func=run_fit)
 
-    q = sub.add_parser("plan", help="the compute-optimal N, D and a shape for a budget")
+    q = add_command(sub, "plan", help="the compute-optimal N, D and a shape for a budget",
+                    description="The compute-optimal parameters N and tokens D for a budget under a scaling law, and "
+                                "a shape of the default preset near that N.",
+                    example_lines=("lmkit scaling plan --compute 1e15",
+                                   "lmkit scaling plan --time-budget 600 --law pydocs",
+                                   "lmkit scaling plan --compute 3e14 --law sweep/fit.json"))
     budget = q.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--compute", type=float, metavar="C", help="budget in FLOPs")
+    budget.add_argument("--compute", type=float, metavar="C", help="budget in FLOPs (this or --time-budget)")
     budget.add_argument("--time-budget", type=float, metavar="SECONDS",
                         help="budget in seconds on this machine, at the throughput measured by a sweep (--results)")
     q.add_argument("--law", metavar="NAME|FIT.json",
                    help="chinchilla, besiroglu, pydocs (this project's sweep) or a fit.json written by `lmkit scaling "
                         "fit`; default besiroglu, and pydocs for --time-budget without --results")
     q.add_argument("--results", metavar="PATH",
-                   help="a sweep folder: its median FLOP/s for --time-budget; without it, --time-budget times the "
-                        "candidate shapes here, as `lmkit train --time-budget` does")
+                   help="a sweep folder: its median FLOP/s for --time-budget; without it (the default), --time-budget "
+                        "times the candidate shapes here, as `lmkit train --time-budget` does")
     q.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
                    help="the text the measuring steps read (--time-budget without --results; default pydocs)")
     q.add_argument("--batch-size", type=int, metavar="N",
                    help="default 16 (the sweep's), or the default recipe's 24 when timing shapes here")
-    q.add_argument("--seq-len", type=int, default=128, metavar="N")
-    q.add_argument("--vocab-size", type=int, default=4096, metavar="N")
+    q.add_argument("--seq-len", type=int, default=128, metavar="N", help="tokens per sequence of the planned run")
+    q.add_argument("--vocab-size", type=int, default=4096, metavar="N", help="vocabulary of the planned model")
     _convention(q)
     q.set_defaults(func=run_plan)
 
@@ -97,7 +117,7 @@ def run_fit(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (results if results.is_dir() else results.parent)
     out.mkdir(parents=True, exist_ok=True)
     n, d, l, c = ([r[k] for r in rows] for k in ("n_params", "n_tokens", "val_loss", "compute"))
-    law_fit = bootstrap_fit(n, d, l, samples=args.bootstrap, seed=args.seed)
+    law_fit = bootstrap_fit(n, d, l, samples=args.bootstrap, seed=args.seed, progress=True)
     try:
         iso = isoflop_fit(c, n, l, rows[0]["flops_per_token"], samples=args.bootstrap, seed=args.seed)
     except ConfigError as exc:

@@ -5,15 +5,18 @@ Endpoints: /v1/completions, /v1/chat/completions, /v1/embeddings (encoder folder
 """
 from __future__ import annotations
 
+from lmkit.cli.helptext import add_command
 from lmkit.errors import ConfigError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API", description=__doc__)
+    p = add_command(subparsers, "serve", help="serve a model over an OpenAI-compatible HTTP API", description=__doc__,
+                    example_lines=("lmkit serve --model runs/demo/sft          # then open http://127.0.0.1:8000/",
+                                   "lmkit serve --model runs/demo/sft --port 8080 --api-key secret --rag pyidx"))
     p.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, weights, tokenizer)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--api-key", default=None, metavar="KEY", help="require Authorization: Bearer KEY on /v1/*")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, metavar="N", help="port (default 8000)")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="require Authorization: Bearer KEY on /v1/* (default: no key)")
     p.add_argument("--max-concurrency", type=int, default=16, metavar="N",
                    help="sequences decoded together; more wait (default 16)")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
@@ -22,12 +25,14 @@ def register(subparsers) -> None:
                    help="prompt tokens prefilled per step, across requests (default 256)")
     p.add_argument("--cors-origins", nargs="*", default=None, metavar="ORIGIN",
                    help="allow browser pages from these origins (default: no CORS headers)")
-    p.add_argument("--max-body", type=int, default=4 << 20, metavar="BYTES", help="largest request body (413 past it)")
-    p.add_argument("--model-name", default=None, help="the model id /v1/models reports (default: the folder's name)")
+    p.add_argument("--max-body", type=int, default=4 << 20, metavar="BYTES", help="largest request body; past it the answer is 413 (default "
+                   "4194304, 4 MiB)")
+    p.add_argument("--model-name", default=None, metavar="NAME", help="the model id /v1/models reports (default: the folder's name)")
     p.add_argument("--quiet", action="store_true",
                    help="no access log (default: one line per request on stderr with status and seconds)")
     p.add_argument("--rag", default=None, metavar="INDEX",
-                   help="answer chat turns from an `lmkit rag index` folder: sources returned beside the message")
+                   help="answer chat turns from an `lmkit rag index` folder: sources returned beside the message "
+                        "(default: no retrieval)")
     p.set_defaults(func=run)
 
 

@@ -5,17 +5,23 @@ import sys
 import time
 
 from lmkit.cli import utf8
+from lmkit.cli.helptext import add_command
 from lmkit.data import load_corpus
 from lmkit.data.corpus import refuse_inputs
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("tokenizer", help="train a tokenizer, or show how text splits into tokens",
-                              description=__doc__)
+    p = add_command(subparsers, "tokenizer", help="train a tokenizer, or show how text splits into tokens",
+                    description=__doc__, example_lines=(
+                        "lmkit tokenizer train --kind bpe --vocab-size 4096 --out tok.json",
+                        "lmkit tokenizer encode --tokenizer runs/demo 'def main():'"))
     sub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION")
-    t = sub.add_parser("train", help="train a tokenizer and write its tokenizer.json",
-                       description="Train a tokenizer on a corpus and write a tokenizer.json that lmkit.load_tokenizer "
-                                   "and the `tokenizers` library load.")
+    t = add_command(sub, "train", help="train a tokenizer and write its tokenizer.json",
+                    description="Train a tokenizer on a corpus and write a tokenizer.json that lmkit.load_tokenizer "
+                                "and the `tokenizers` library load.", example_lines=(
+                        "lmkit tokenizer train --out tok.json                # byte-level BPE, 8192 ids, on pydocs",
+                        "lmkit tokenizer train --kind wordpiece --vocab-size 4000 --corpus notes/ --out wp/",
+                        "lmkit tokenizer train --kind bpe --pattern digits --vocab-size 1024 --out digits.json"))
     t.add_argument("--kind", default="bpe", choices=("bpe", "wordpiece", "unigram", "char", "word"),
                    help="bpe: byte-level (lossless), wordpiece: BERT-style, unigram: SentencePiece-style; default: bpe")
     t.add_argument("--vocab-size", type=int, default=8192, metavar="N", help="ids in the vocabulary (default 8192)")
@@ -25,13 +31,15 @@ def register(subparsers) -> None:
     t.add_argument("--special-tokens", nargs="*", default=None, metavar="TOKEN",
                    help="special tokens (default per kind, e.g. [PAD] [UNK] [CLS] [SEP] [MASK] for wordpiece)")
     t.add_argument("--pattern", default="gpt2", choices=("gpt2", "gpt4", "digits"),
-                   help="BPE pre-tokenization regex (digits: gpt2's with each digit a token of its own)")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+                   help="BPE pre-tokenization regex (digits: gpt2's with each digit a token of its own; default: gpt2)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar (one is drawn on a terminal by default)")
     t.set_defaults(func=run_train)
-    e = sub.add_parser("encode", help="print the tokens and ids of a text", description="Print the tokens and ids of a text.")
+    e = add_command(sub, "encode", help="print the tokens and ids of a text", description="Print the tokens and ids of "
+                    "a text.", example_lines=("lmkit tokenizer encode --tokenizer runs/demo 'Return the number of'",
+                                              "echo 'x = 1' | lmkit tokenizer encode --tokenizer tok.json"))
     e.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer.json or a folder holding one")
-    e.add_argument("text", nargs="*", help="text to encode (default: read stdin)")
-    e.add_argument("--no-special-tokens", action="store_true", help="do not add [CLS]/[SEP]-style tokens")
+    e.add_argument("text", nargs="*", metavar="TEXT", help="text to encode (default: read stdin)")
+    e.add_argument("--no-special-tokens", action="store_true", help="do not add [CLS]/[SEP]-style tokens (added by default)")
     e.set_defaults(func=run_encode)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 

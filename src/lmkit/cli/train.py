@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
+from lmkit.cli.helptext import add_command
 from lmkit.config import PRESETS
 from lmkit.errors import ConfigError
 from lmkit.train import Trainer, distributed
@@ -15,39 +18,47 @@ FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "ba
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train a language model", description=__doc__)
+    p = add_command(subparsers, "train", help="train a language model", description=__doc__, example_lines=(
+        "lmkit train                                  # the default model on pydocs, into runs/default",
+        "lmkit train --preset tiny --max-steps 200 --out runs/tiny",
+        "lmkit train --time-budget 600 --corpus notes/ --out runs/notes",
+        "lmkit train --out runs/tiny --preset tiny --max-steps 400 --resume   # continue after Ctrl-C",
+    ))
     p.add_argument("--preset", metavar="NAME", help=f"model preset ({', '.join(PRESETS)}); default: default")
-    p.add_argument("--objective", choices=["clm", "mlm", "span", "denoise", "plm"], help="training objective; default: clm")
+    p.add_argument("--objective", choices=["clm", "mlm", "span", "denoise", "plm"], help="training objective (default: clm; span/denoise pick t5-tiny, plm xlnet-tiny)")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
                    help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
     p.add_argument("--out", metavar="DIR", help="run folder; default: runs/PRESET")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (default 1000, or set by --time-budget)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
-                   help="train for about this long; the default preset's shape is then sized for it (--sizing)")
+                   help="train for about this long; the default preset's shape is then sized for it (--sizing); "
+                        "default: no budget, --max-steps")
     p.add_argument("--sizing", metavar="auto|off|LAW",
                    help="with --time-budget and the default preset: size the model from a scaling law and the speed "
                         "measured on this machine; auto (default: the pydocs law), off, chinchilla, besiroglu, pydocs "
                         "or a fit.json of `lmkit scaling fit`; naming --preset turns it off unless given")
-    p.add_argument("--batch-size", type=int, metavar="N", help="sequences per optimizer step (global under torchrun)")
-    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (the model's context)")
-    p.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
+    p.add_argument("--batch-size", type=int, metavar="N", help="sequences per optimizer step, global under torchrun (default: the preset's recipe: default 24, tiny 8, others 16)")
+    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence, the model's context (default: the preset's recipe: default 128, others the model's context, at most 1024)")
+    p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default: the preset's recipe: default and tiny 3e-3, others 1e-3)")
     p.add_argument("--warmup-steps", type=int, metavar="N",
                    help="steps of linear warm-up to the peak lr, used as given; default: the preset's (default 50, tiny "
                         "10, others 100), at most a tenth of the planned steps (--max-steps 40: 4)")
     p.add_argument("--optimizer", choices=["adamw", "muon"],
                    help="muon: Muon for the hidden weight matrices, AdamW for the rest; default: muon for the default "
                         "preset, adamw otherwise")
-    p.add_argument("--precision", choices=["fp32", "bf16"], help="default: bf16 where the CPU has native bf16")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="compute type of training (default: bf16 where the CPU has native bf16, else fp32)")
     p.add_argument("--log-every", type=int, metavar="N", help="write metrics.jsonl every N steps (default 10)")
     p.add_argument("--save-every", type=int, metavar="N", help="checkpoint and evaluate every N steps (default: about ten times a run, on --log-every steps when the run is that long)")
     p.add_argument("--seed", type=int, metavar="N", help="random seed (default 0)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--data", metavar="DIR", help="train on token shards made by `lmkit data prepare` (instead of --corpus)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint (off by default)")
+    p.add_argument("--data", metavar="DIR", help="train on token shards made by `lmkit data prepare` (instead of --corpus; default: none)")
     p.add_argument("--micro-batch-size", type=int, metavar="N",
-                   help="sequences per forward/backward (global); smaller than --batch-size accumulates gradients")
-    p.add_argument("--keep-checkpoints", type=int, metavar="K", help="keep the newest K checkpoints (default 3)")
+                   help="sequences per forward/backward (global); smaller than --batch-size accumulates gradients "
+                        "(default: --batch-size, no accumulation)")
+    p.add_argument("--keep-checkpoints", type=int, metavar="N", help="keep the newest N checkpoints (default 3)")
     p.add_argument("--fsdp", action="store_const", const=True,
-                   help="under torchrun: shard parameters and optimizer state (FSDP) instead of replicating them (DDP)")
+                   help="under torchrun: shard parameters and optimizer state (FSDP) instead of replicating them (DDP, the "
+                        "default)")
     p.set_defaults(func=run)
 
 
@@ -67,11 +78,14 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 def run(args: argparse.Namespace) -> int:
     ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
+    started: dict = {}  # the run's folder and trainer once set up, for the message of a Ctrl-C
 
     def body():
         with distributed.agree_on_setup(ctx):  # every rank learns whether set-up succeeded on all of them
             cfg, explicit = config_from_args(args)
+            started["out"] = cfg.out
             trainer = Trainer(cfg, explicit=explicit, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
+            started["trainer"] = trainer
         c = trainer.cfg
         if ctx.is_main and trainer.sizing is not None:
             print(f"lmkit train: {trainer.sizing.describe()}")
@@ -85,7 +99,31 @@ def run(args: argparse.Namespace) -> int:
         if ctx.is_main:
             print(summary(result, c.out))
 
-    return distributed.run_ranks(ctx, body)[1]
+    try:
+        return distributed.run_ranks(ctx, body)[1]
+    except KeyboardInterrupt:
+        if ctx.is_main:
+            print(interrupted(started.get("out"), getattr(started.get("trainer"), "step", None)), file=sys.stderr)
+        return 130
+
+
+def interrupted(out: str | None, step: int | None) -> str:
+    """What a Ctrl-C of `lmkit train` leaves: the last save in `out` and the command that resumes from it."""
+    from lmkit.errors import LmkitError
+    from lmkit.train.checkpoint import STEP_DIR, latest_checkpoint
+
+    at = f" at step {step}" if step else ""
+    if out is None:
+        return "lmkit: interrupted before training began; nothing was saved"
+    try:
+        last = latest_checkpoint(out, warn=lambda message: None)
+    except LmkitError:  # every checkpoint damaged: its own error says so on --resume
+        last = None
+    if last is None:
+        return f"lmkit: interrupted{at}, before the first save; nothing to resume: run the command again"
+    saved = int(STEP_DIR.fullmatch(last.name).group(1))
+    return (f"lmkit: interrupted{at}; the last save is step {saved} in {out}: `lmkit train --out {shlex.quote(out)} --resume` "
+            "continues from it")
 
 
 def summary(result: dict, out: str) -> str:

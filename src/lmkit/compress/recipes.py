@@ -11,6 +11,7 @@ from lmkit.compress.prune import attention_modules, head_importance, least_impor
 from lmkit.compress.quantize import quantize_dynamic_int8, weight_bytes
 from lmkit.errors import ConfigError
 from lmkit.peft.finetune import causal_lm_data, check_out, model_folder, save_model_folder
+from lmkit.progress import progress_bar
 
 
 def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch_size: int = 16,
@@ -32,19 +33,25 @@ def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch
 
 
 def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 8, batch_size: int = 8,
-                 seq_len: int | None = None, max_val_docs: int | None = None) -> dict:
-    """Prune the `heads` least important heads (importance from `batches` training batches); save to `out`."""
+                 seq_len: int | None = None, max_val_docs: int | None = None, progress: bool = False,
+                 stage=None) -> dict:
+    """Prune the `heads` least important heads (importance from `batches` training batches); save to `out`.
+    stage(text) hears each step as it starts; progress draws a bar over the importance batches (a terminal only)."""
+    stage = stage or (lambda text: None)
     if batches < 1:
         raise ConfigError(f"--batches must be at least 1 (importance needs data), got {batches}")
     check_out(out, model_dir)
     model, tok = model_folder(model_dir)
     data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
+    stage(f"scoring the model on the validation split ({len(data.val_rows)} rows)")
     before = data.evaluate(model)
     n_params = model.num_parameters()
     rows = [data.stream.rows(1234, i, batch_size) for i in range(batches)]
-    importance = head_importance(model, rows)
+    stage(f"head importance from {batches} batches")
+    importance = head_importance(model, progress_bar(progress, iterable=rows, desc="importance", unit="batch"))
     chosen = least_important(importance, heads, model)
     prune_heads(model, chosen)
+    stage("scoring the pruned model")
     after = data.evaluate(model)
     report = {"pruned": {k: sorted(v) for k, v in chosen.items()}, "heads_pruned": sum(map(len, chosen.values())),
               "parameters_before": n_params, "parameters_after": model.num_parameters(), "before": before, "after": after}

@@ -99,11 +99,12 @@ class Word2Vec:
         self.config = config or Word2VecConfig()
         self.config.check()
 
-    def train(self, sentences: Iterable[Sequence[str]], progress: Callable[[int, float], None] | None = None
+    def train(self, sentences: Iterable[Sequence[str]], progress: Callable[[int, int, float], None] | None = None
               ) -> tuple[WordVectors, TrainReport]:
         """Vectors and a report (words seen, seconds). `threads` workers take chunks of the corpus in order and
         update the shared matrices without locks, as gensim's workers do. Each chunk draws its randomness from
-        its own seed, so one thread repeats itself exactly."""
+        its own seed, so one thread repeats itself exactly. progress(words done, words in all epochs, lr) is
+        called after each chunk."""
         try:
             from lmkit.embed.kernel import train_chunk
         except ImportError as err:
@@ -142,7 +143,7 @@ class Word2Vec:
                     with lock:
                         done_words[0] += hi - lo
                         if progress is not None:
-                            progress(done_words[0], lr)
+                            progress(done_words[0], total, lr)
             except BaseException as exc:  # re-raised in the calling thread
                 errors.append(exc)
 

@@ -29,6 +29,7 @@ import lmkit
 from lmkit.errors import ConfigError, TokenizerError
 from lmkit.evaluate.harness_generate import generate_batches, render_chat
 from lmkit.nn import KVCache
+from lmkit.progress import progress_bar
 
 def warn_truncated(kind: str, cuts: list[int], total: int, limit: int, out=None) -> None:
     """One line on stderr when some of `total` requests lost cuts[i] > 0 of their first tokens to the context."""
@@ -143,6 +144,11 @@ class LmkitLM(TemplateLM):
         return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
 
     # --- log-likelihoods ----------------------------------------------------------------------------------
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """TemplateLM's, with its bars (tokenizing, then scoring) drawn on a terminal only: redirected, every
+        redraw would land in the file as a line."""
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not sys.stderr.isatty())
+
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Sum of log p over each string's tokens, read in lm-eval's disjoint windows of max_length (the first
         after the prefix token), each window a loglikelihood request of its own."""
@@ -154,7 +160,7 @@ class LmkitLM(TemplateLM):
                 windows.append((None, ctx, cont))
                 owners.append(i)
         totals = [0.0] * len(requests)
-        for owner, (logprob, _) in zip(owners, self._loglikelihood_tokens(windows)):
+        for owner, (logprob, _) in zip(owners, self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)):
             totals[owner] += logprob
         for req, total in zip(requests, totals):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
@@ -182,14 +188,17 @@ class LmkitLM(TemplateLM):
         # longest first; requests with the same shared part next to each other, so a batch reads it once
         order = sorted(range(len(requests)), key=lambda i: (-len(split[i][0]), split[i][0], -len(split[i][1])))
         results: list[tuple[float, bool] | None] = [None] * len(requests)
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
-            conts = [requests[i][2] for i in batch]
-            scored = self._score_batch([split[i] for i in batch], conts)
-            for i, answer in zip(batch, scored):
-                results[i] = answer
-                if requests[i][0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
+        with progress_bar(not disable_tqdm, total=len(requests), desc="loglikelihood", unit="request",
+                          dynamic_ncols=True) as bar:  # stderr, on a terminal only
+            for start in range(0, len(order), self.batch_size):
+                batch = order[start:start + self.batch_size]
+                conts = [requests[i][2] for i in batch]
+                scored = self._score_batch([split[i] for i in batch], conts)
+                for i, answer in zip(batch, scored):
+                    results[i] = answer
+                    if requests[i][0] is not None:
+                        self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
+                bar.update(len(batch))
         return results
 
     @torch.inference_mode()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +76,13 @@ def lmkit_tasks() -> list[str]:
 def run(model: str, tasks: list[str], num_fewshot: int | None = None, apply_chat_template: bool = False,
         fewshot_as_multiturn: bool | None = None, include_path: str | None = None, limit: int | float | None = None,
         batch_size: int = 1, device: str = "cpu", gen_kwargs: str | dict | None = None, log_samples: bool = False,
-        seed: int = 0, lm=None) -> dict[str, Any]:
-    """lm-eval's results dict for `tasks` on the folder `model` (or an lm-eval LM object `lm`)."""
+        seed: int = 0, lm=None, bootstrap_iters: int = 0) -> dict[str, Any]:
+    """lm-eval's results dict for `tasks` on the folder `model` (or an lm-eval LM object `lm`); bootstrap_iters
+    resamples estimate each metric's standard error (0: none, the Stderr column reads N/A)."""
+    from unittest import mock
+
     lm_eval = require_lm_eval()
+    import lm_eval.evaluator
     from lmkit.evaluate.harness import LmkitLM
 
     if not tasks:
@@ -88,11 +94,23 @@ def run(model: str, tasks: list[str], num_fewshot: int | None = None, apply_chat
         lm.chat_template(True)  # a folder without a template stops here, in one line
     if fewshot_as_multiturn is None:
         fewshot_as_multiturn = bool(apply_chat_template)
-    return lm_eval.simple_evaluate(
-        model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
-        apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn, gen_kwargs=gen_kwargs,
-        log_samples=log_samples, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-        bootstrap_iters=0)
+    with mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", quiet_git_commit_hash):
+        return lm_eval.simple_evaluate(
+            model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
+            apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn, gen_kwargs=gen_kwargs,
+            log_samples=log_samples, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+            bootstrap_iters=bootstrap_iters)
+
+
+def quiet_git_commit_hash() -> str | None:
+    """lm-eval's get_git_commit_hash (the results' git_hash) without the `fatal: not a git repository` that git
+    writes to the terminal when the harness runs outside a checkout."""
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return get_commit_from_path(os.getcwd())
 
 
 def results_table(results: dict[str, Any]) -> str:

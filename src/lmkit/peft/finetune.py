@@ -237,15 +237,18 @@ def add_peft_arguments(parser) -> None:
     """The --peft flags of `lmkit finetune` (argparse), shared by its classification and causal-LM paths."""
     g = parser.add_argument_group("parameter-efficient fine-tuning")
     g.add_argument("--peft", choices=("full",) + METHODS, default="full",
-                   help="train everything (full, default) or only a PEFT method's parameters")
+                   help="train everything (full, the default) or only a PEFT method's parameters")
     g.add_argument("--lora-r", type=int, default=8, metavar="R", help="LoRA / QLoRA rank (default 8)")
-    g.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA scale alpha (update = alpha/r B A)")
-    g.add_argument("--lora-dropout", type=float, default=0.0)
+    g.add_argument("--lora-alpha", type=float, default=16.0, metavar="X",
+                   help="LoRA scale alpha (update = alpha/r B A; default 16)")
+    g.add_argument("--lora-dropout", type=float, default=0.0, metavar="X",
+                   help="dropout on the LoRA branch's input (default 0)")
     g.add_argument("--target-modules", nargs="+", metavar="NAME",
-                   help="layers LoRA/IA3 adapt, by name (q_proj v_proj, or the HF names; 're:REGEX' for a pattern)")
-    g.add_argument("--qlora-bits", type=int, choices=(4, 8), default=4, help="QLoRA base weights: 4 (NF4) or 8 bits")
-    g.add_argument("--virtual-tokens", type=int, default=16, metavar="N", help="prefix / prompt length")
-    g.add_argument("--bottleneck", type=int, default=16, metavar="N", help="adapter bottleneck width")
+                   help="layers LoRA/IA3 adapt, by name (q_proj v_proj, or the HF names; 're:REGEX' for a pattern; default: "
+                        "q_proj v_proj for LoRA, k_proj v_proj down_proj for IA3)")
+    g.add_argument("--qlora-bits", type=int, choices=(4, 8), default=4, help="QLoRA base weights: 4 (NF4, the default) or 8 bits")
+    g.add_argument("--virtual-tokens", type=int, default=16, metavar="N", help="prefix / prompt length (default 16)")
+    g.add_argument("--bottleneck", type=int, default=16, metavar="N", help="adapter bottleneck width (default 16)")
 
 
 def peft_settings(args) -> tuple[str, dict]:

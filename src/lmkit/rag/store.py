@@ -24,12 +24,14 @@ import numpy as np
 
 from lmkit.atomic import atomic_save_file, atomic_write_json
 from lmkit.errors import CheckpointError, ConfigError
+from lmkit.progress import progress_bar
 from lmkit.rag.chunks import Chunk, TokenCounter, check_sizes, chunk_document
 from lmkit.rag.lexical import Lexical
 
 FORMAT = "lmkit-rag-index"
 VERSION = 1
 APPROXIMATE_ABOVE = 200_000
+EMBED_SLICE_BATCHES = 4  # encoder batches per progress update: each slice is still length-sorted within itself
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "spiece.model", "sentencepiece.bpe.model")
 
@@ -118,13 +120,28 @@ class RagIndex:
         return np.ascontiguousarray(self.encoder.encode(texts, batch_size=self.settings["batch_size"],
                                                         normalize_embeddings=True), dtype=np.float32)
 
-    def add(self, documents) -> dict[str, int]:
+    def _embed_chunks(self, texts: list[str], progress: bool) -> np.ndarray:
+        """embed(texts), in slices of a few batches so that a bar can count the chunks done."""
+        if not progress:
+            return self.embed(texts)
+        step = EMBED_SLICE_BATCHES * self.settings["batch_size"]
+        parts = []
+        with progress_bar(total=len(texts), desc="embed", unit="chunk", dynamic_ncols=True) as bar:
+            for i in range(0, len(texts), step):
+                parts.append(self.embed(texts[i:i + step]))
+                bar.update(len(parts[-1]))
+        return np.concatenate(parts)
+
+    def add(self, documents, progress: bool = False) -> dict[str, int]:
         """Index documents (objects with .id and .text); a document already present with other text is replaced,
-        with the same text it is left as it is. Returns counts: added, replaced, unchanged, chunks."""
+        with the same text it is left as it is. Returns counts: added, replaced, unchanged, chunks.
+
+        progress: bars on stderr (a terminal only) over the documents chunked, then the chunks embedded."""
         counter = TokenCounter(self.encoder.tokenizer)
         counts = {"added": 0, "replaced": 0, "unchanged": 0, "chunks": 0}
         new: list[Chunk] = []
-        for doc in documents:
+        documents = list(documents)
+        for doc in progress_bar(progress, iterable=documents, desc="chunk", unit="doc", dynamic_ncols=True):
             digest = hashlib.sha256(doc.text.encode("utf-8")).hexdigest()
             old = self.documents.get(doc.id)
             if old is not None and old["sha256"] == digest:
@@ -141,7 +158,7 @@ class RagIndex:
             new.extend(pieces)
         if new:
             start = self.next_id - len(new)
-            vectors = self.embed([c.text for c in new])
+            vectors = self._embed_chunks([c.text for c in new], progress)
             self.index.add_with_ids(vectors, np.arange(start, self.next_id, dtype=np.int64))
             self._lexical = None
         counts["chunks"] = len(new)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lmkit.errors import ConfigError
+from lmkit.progress import progress_bar
 from lmkit.scaling.laws import FLOPS_PER_TOKEN, ScalingLaw
 
 HUBER_DELTA = 1e-3
@@ -120,9 +121,10 @@ class LawFit:
 
 
 def bootstrap_fit(n_params, n_tokens, losses, samples: int = 200, level: float = 0.95, seed: int = 0,
-                  delta: float = HUBER_DELTA, refine: int = 32) -> LawFit:
+                  delta: float = HUBER_DELTA, refine: int = 32, progress: bool = False) -> LawFit:
     """fit_law on the points, and on `samples` resamples of them (with replacement), each started from that fit
-    and the two best grid points, for (1 - level) / 2 and (1 + level) / 2 percentile intervals."""
+    and the two best grid points, for (1 - level) / 2 and (1 + level) / 2 percentile intervals. progress: a bar
+    over the resamples (stderr, a terminal only)."""
     log_n, log_d, log_l = _check_points(n_params, n_tokens, losses)
     grid = _grid_starts(log_n, log_d, log_l, delta, refine)
     theta = _minimise(log_n, log_d, log_l, delta, grid)
@@ -131,7 +133,7 @@ def bootstrap_fit(n_params, n_tokens, losses, samples: int = 200, level: float =
     rng = np.random.default_rng(seed)
     names = ("E", "A", "B", "alpha", "beta", "a", "b")
     draws = {k: [] for k in names}
-    for _ in range(samples):
+    for _ in progress_bar(progress, iterable=range(samples), desc="bootstrap", unit="fit", dynamic_ncols=True):
         pick = rng.integers(0, log_n.size, log_n.size)
         if np.unique(pick).size < 5:
             continue
