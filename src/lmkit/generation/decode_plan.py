@@ -23,7 +23,7 @@ from torch import nn
 
 from lmkit.nn import Attention, Block, Embeddings, FeedForward, KVCache, LayerNorm, RMSNorm
 from lmkit.nn.ffn import activation
-from lmkit.nn.norms import rms_norm
+from lmkit.nn.kernels.rms_norm import rms_norm
 from lmkit.nn.positions import apply_rotary_factors, rotary_factors
 
 Norm = tuple  # (weight, bias or None, eps, is_rms)
