@@ -5,8 +5,8 @@ the decoding plan) computes what a module's own forward computes from its weight
 exact only while the module runs the forward the path reproduces: an instance of `kind` whose class keeps
 `kind`'s forward (LoRA, IA3 and prefix wrappers, quantized layers are other classes or override it), and that no
 forward hook watches or changes (hooks of `lens`, head pruning's masks on the output projection, torch's
-pruning) and whose weights are what they hold (no `torch.nn.utils.parametrize`, weight norm's). Whatever else the fused path needs (no cross-attention, no experts ...) its
-caller checks.
+pruning) and whose weights are what it holds (not computed by `torch.nn.utils.parametrize`, as weight norm's
+are). Whatever else a fused path needs (no cross-attention, no experts ...) its caller checks.
 """
 from __future__ import annotations
 
