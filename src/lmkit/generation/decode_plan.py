@@ -4,12 +4,13 @@ One new token per row runs through the same math as `CausalLM.forward` (embeddin
 x + Attn(LN(x)) and x + FFN(LN(x)) or the post-/sandwich-norm forms, the final norm, the LM head),
 but as a flat list of tensor operations on weights gathered (and, for models up to RELAYOUT_LIMIT
 bytes, laid out for the CPU kernel that is fastest at the batch size) until they change: no module
-calls, hooks or mask building per layer. At batch 1 the framework overhead of those calls was about
-half the time of a small model's step. A layer that slides over a window W (config.layer_window) attends
+calls, hooks or mask building per layer (each block's weights, norms and heads named in a `LayerPlan`). At
+batch 1 the framework overhead of those calls was about half the time of a small model's step. A layer that slides over a window W (config.layer_window) attends
 to the last W keys of the cache only: what the sliding mask k > i - W leaves of them, so the cache (every key)
 and the logits stay those of full recomputation. Models with parts the plan does not cover (mixtures of
-experts, LoRA or quantized projections, relative position bias, forward hooks, a subclass with its own
-forward) return None from `DecodePlan.build` and decode through the modules.
+experts, relative position bias, any module that is not plain by `lmkit.nn.plain`: LoRA or quantized
+projections, forward hooks, a subclass with its own forward) return None from `DecodePlan.build` and decode
+through the modules.
 """
 from __future__ import annotations
 
