@@ -232,7 +232,7 @@ def test_big_models_keep_their_weights_as_they_are(monkeypatch):
     monkeypatch.setattr(decode_plan, "RELAYOUT_LIMIT", 0)
     model = model_for(CONFIGS["gpt2-odd"])
     plan = DecodePlan.build(model, 1)
-    fn, (weight, _) = plan.layers[0][4]  # o_proj
+    fn, (weight, _) = plan.layers[0].o_proj
     assert fn is F.linear and weight.data_ptr() == model.decoder.layers[0].self_attn.sublayer.o_proj.weight.data_ptr()
     ids = torch.tensor([[3, 4, 5, 6]])
     with torch.inference_mode():

@@ -144,7 +144,7 @@ def test_kv_cache_grows_past_its_capacity_and_reorders_rows():
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
 def test_eager_attention_used_for_bf16_training_equals_sdpa(n_kv_heads):
     """The bf16-training path on CPU (matrix products, float32 softmax) computes SDPA's numbers."""
-    from lmkit.nn.attention import eager_attention
+    from lmkit.nn.kernels.eager_attention import eager_attention
 
     torch.manual_seed(0)
     q = torch.randn(2, 4, 5, 8)
@@ -169,7 +169,7 @@ def test_eager_attention_used_for_bf16_training_equals_sdpa(n_kv_heads):
 def test_block_causal_attention_equals_sdpa_with_gradients(length):
     """Causal eager attention in query blocks (the masked keys right of each block never computed):
     values and gradients equal SDPA's causal attention, odd lengths and a lone partial block included."""
-    from lmkit.nn.attention import eager_attention
+    from lmkit.nn.kernels.eager_attention import eager_attention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, length, 8, requires_grad=True) for _ in range(3))
@@ -187,7 +187,7 @@ def test_block_causal_attention_equals_sdpa_with_gradients(length):
 @pytest.mark.parametrize("length, block", [(7, 3), (6, 3), (5, 8), (9, 1)])
 def test_block_causal_attention_gradcheck(length, block):
     """The hand-written backward (dP = dO V^T, dS = P (dP - rowsum(dP P)), dQ, dK, dV) against finite differences."""
-    from lmkit.nn.attention import BlockCausalAttention
+    from lmkit.nn.kernels.eager_attention import BlockCausalAttention
 
     torch.manual_seed(0)
     # q and k as strided views of one projection, as the attention module passes them
@@ -200,7 +200,7 @@ def test_block_causal_attention_gradcheck(length, block):
 
 @pytest.mark.bf16
 def test_bf16_training_attention_takes_the_block_path_and_matches_fp32(monkeypatch):
-    from lmkit.nn.attention import BlockCausalAttention
+    from lmkit.nn.kernels.eager_attention import BlockCausalAttention
 
     calls = []
     apply = BlockCausalAttention.apply

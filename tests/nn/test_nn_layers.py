@@ -69,7 +69,7 @@ def test_rmsnorm_formula_scale_invariance_and_no_centring():
 @pytest.mark.bf16
 def test_rmsnorm_closed_form_backward():
     """RMSNorm's hand-written backward against finite differences, and against autograd of the formula."""
-    from lmkit.nn.norms import RMSNormFunction, rms_norm
+    from lmkit.nn.kernels.rms_norm import RMSNormFunction, rms_norm
 
     torch.manual_seed(0)
     x = torch.randn(2, 3, 7, dtype=torch.float64, requires_grad=True)

@@ -4,54 +4,66 @@ One new token per row runs through the same math as `CausalLM.forward` (embeddin
 x + Attn(LN(x)) and x + FFN(LN(x)) or the post-/sandwich-norm forms, the final norm, the LM head),
 but as a flat list of tensor operations on weights gathered (and, for models up to RELAYOUT_LIMIT
 bytes, laid out for the CPU kernel that is fastest at the batch size) until they change: no module
-calls, hooks or mask building per layer. At batch 1 the framework overhead of those calls was about
-half the time of a small model's step. A layer that slides over a window W (config.layer_window) attends
+calls, hooks or mask building per layer (each block's weights, norms and heads named in a `LayerPlan`). At
+batch 1 the framework overhead of those calls was about half the time of a small model's step. A layer that slides over a window W (config.layer_window) attends
 to the last W keys of the cache only: what the sliding mask k > i - W leaves of them, so the cache (every key)
 and the logits stay those of full recomputation. Models with parts the plan does not cover (mixtures of
-experts, LoRA or quantized projections, relative position bias, forward hooks, a subclass with its own
-forward) return None from `DecodePlan.build` and decode through the modules.
+experts, relative position bias, any module that is not plain by `lmkit.nn.plain`: LoRA or quantized
+projections, forward hooks, a subclass with its own forward) return None from `DecodePlan.build` and decode
+through the modules.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import platform
 import weakref
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lmkit.nn import Attention, Block, Embeddings, FeedForward, KVCache, LayerNorm, RMSNorm
-from lmkit.nn.ffn import activation
-from lmkit.nn.norms import rms_norm
+from lmkit.nn.kernels.rms_norm import rms_norm
+from lmkit.nn.plain import plain, unhooked
 from lmkit.nn.positions import apply_rotary_factors, rotary_factors
 
-Norm = tuple  # (weight, bias or None, eps, is_rms)
+
+@dataclasses.dataclass(frozen=True)
+class Norm:
+    """LayerNorm (x - mean) / sqrt(var + eps) * weight + bias, or RMSNorm x / sqrt(mean(x^2) + eps) * weight."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    eps: float
+    rms: bool
+
+    @classmethod
+    def of(cls, module: nn.Module | None) -> "Norm | None":
+        if module is None:
+            return None
+        if isinstance(module, RMSNorm):
+            return cls(module.weight, None, module.eps, True)
+        return cls(module.weight, module.bias, module.eps, False)
 
 
-def _norm_spec(module: nn.Module | None) -> Norm | None:
-    if module is None:
-        return None
-    if type(module) is RMSNorm:
-        return (module.weight, None, module.eps, True)
-    return (module.weight, module.bias, module.eps, False)
-
-
-def _apply_norm(spec: Norm | None, x: torch.Tensor) -> torch.Tensor:
-    if spec is None:  # sandwich placement: no norm before F
+def _apply_norm(norm: Norm | None, x: torch.Tensor) -> torch.Tensor:
+    if norm is None:  # sandwich placement: no norm before F
         return x
-    weight, bias, eps, is_rms = spec
-    if is_rms:
-        return rms_norm(x, weight, eps)
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
-
-
-def _hooked(module: nn.Module | None) -> bool:
-    return module is not None and bool(module._forward_hooks or module._forward_pre_hooks)
+    if norm.rms:
+        return rms_norm(x, norm.weight, norm.eps)
+    return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
 
 
 RELAYOUT_LIMIT = 1 << 28  # bytes of weights a plan may copy into faster layouts; bigger models use theirs as they are
-Projection = tuple  # (function, extra arguments): function(x, *arguments) = x W^T + b
+
+
+class Projection(NamedTuple):
+    """x W^T + b = function(x, *args), the kernel and the weights laid out for it (`projection`)."""
+
+    function: Callable[..., torch.Tensor]
+    args: tuple
 
 
 def _addmm_t(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -101,20 +113,21 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None, batch: int, rela
     contiguous (MKL's small products there take half the time of oneDNN's), else W packed for oneDNN's blocked
     matrix product (on AMD's EPYC, 2-3x faster than MKL's); otherwise torch's linear on W as it is."""
     if not relayout or weight.device.type != "cpu":
-        return F.linear, (weight, bias)
+        return Projection(F.linear, (weight, bias))
     n = torch.get_num_threads()
     out_features, in_features = weight.shape
     if batch == 1 and n > 1 and out_features % n == 0:
         chunks = weight.t().reshape(in_features, n, out_features // n).permute(1, 0, 2).contiguous()
-        return _split_matvec, (chunks, None if bias is None else bias.detach().reshape(n, 1, -1))
+        return Projection(_split_matvec, (chunks, None if bias is None else bias.detach().reshape(n, 1, -1)))
     if batch > 1 and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
         if n == 1 and batch <= MKL_SMALL_BATCH and intel_cpu():
-            return _addmm_t, (weight.t().contiguous(), bias)
+            return Projection(_addmm_t, (weight.t().contiguous(), bias))
         if _onednn_usable():
-            return _onednn_linear, (torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch), bias)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch)
+            return Projection(_onednn_linear, (packed, bias))
     if weight.shape[0] > weight.shape[1]:
-        return _addmm_t, (weight.t().contiguous(), bias)
-    return F.linear, (weight, bias)
+        return Projection(_addmm_t, (weight.t().contiguous(), bias))
+    return Projection(F.linear, (weight, bias))
 
 
 def _joined(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -124,7 +137,62 @@ def _joined(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    """One block of the plan: its attention (heads, kv_heads key/value heads of head_dim, GQA when fewer; scale
+    None for 1/sqrt(head_dim); the last `window` keys when it slides), its four norm slots (`Residual.norm` and
+    `.post_norm` of either sub-layer: before F, or after the sum for post-norm; None where the placement has none)
+    and its projections: qkv = x [W_q; W_k; W_v]^T + b, o, then the FFN's gate_up = x [W_gate; W_up]^T + b (gated)
+    or up, and down."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scale: float | None
+    window: int | None
+    attn_norm: Norm | None
+    attn_post_norm: Norm | None
+    qkv: Projection
+    o_proj: Projection
+    mlp_norm: Norm | None
+    mlp_post_norm: Norm | None
+    gate_up: Projection | None
+    up: Projection | None
+    down: Projection
+
+
 _PLANS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()  # model -> (key, plan)
+
+
+def _layer_plan(block: Block, window: int | None, batch: int, relayout: bool) -> LayerPlan:
+    attn, ffn = block.self_attn.sublayer, block.mlp.sublayer
+    if relayout:
+        qkv = projection(*_joined(attn.q_proj, attn.k_proj, attn.v_proj), batch, relayout)
+    else:
+        qkv = Projection(_addmm_t, attn.fused_qkv())
+    gated = ffn.gate_proj is not None
+    return LayerPlan(
+        heads=attn.n_heads, kv_heads=attn.n_kv_heads, head_dim=attn.head_dim, scale=attn.scale, window=window,
+        attn_norm=Norm.of(block.self_attn.norm), attn_post_norm=Norm.of(block.self_attn.post_norm), qkv=qkv,
+        o_proj=projection(attn.o_proj.weight.detach(), attn.o_proj.bias, batch, relayout),
+        mlp_norm=Norm.of(block.mlp.norm), mlp_post_norm=Norm.of(block.mlp.post_norm),
+        gate_up=projection(*_joined(ffn.gate_proj, ffn.up_proj), batch, relayout) if gated else None,
+        up=None if gated else projection(ffn.up_proj.weight.detach(), ffn.up_proj.bias, batch, relayout),
+        down=projection(ffn.down_proj.weight.detach(), ffn.down_proj.bias, batch, relayout))
+
+
+def _plain_block(block: nn.Module) -> bool:
+    """A self-attention block the plan reproduces: plain Block, Attention, FeedForward (dense), norms and
+    projections (`lmkit.nn.plain`), no cross-attention."""
+    if not plain(block, Block) or block.cross_attn is not None:
+        return False
+    attn, ffn = block.self_attn.sublayer, block.mlp.sublayer
+    if not plain(attn, Attention) or not plain(ffn, FeedForward):
+        return False
+    norms = (block.self_attn.norm, block.self_attn.post_norm, block.mlp.norm, block.mlp.post_norm)
+    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.gate_proj, ffn.up_proj, ffn.down_proj)
+    return all(m is None or plain(m, (LayerNorm, RMSNorm)) for m in norms) \
+        and all(m is None or plain(m, nn.Linear) for m in linears)
 
 
 class DecodePlan:
@@ -138,58 +206,31 @@ class DecodePlan:
         self.rotary = stack.rotary
         self.interleaved = config.rope_interleaved
         self.placement = config.norm_placement
-        self.act = activation(config.activation)
-        self.output_scale = config.output_scale
-        self.final_norm = _norm_spec(stack.norm)
+        self.final_norm = Norm.of(stack.norm)
         self.lm_head = projection(model.lm_head.weight.detach(), model.lm_head.bias, batch, relayout)
-        self.windows = [config.layer_window(i) for i in range(len(stack.layers))]
-        self.layers = []
-        for block in stack.layers:
-            attn, ffn = block.self_attn.sublayer, block.mlp.sublayer
-            if relayout:
-                qkv = projection(*_joined(attn.q_proj, attn.k_proj, attn.v_proj), batch, relayout)
-            else:
-                qkv = (_addmm_t, attn._fused_qkv())
-            self.layers.append((
-                (attn.n_heads, attn.n_kv_heads, attn.head_dim),
-                _norm_spec(block.self_attn.norm), _norm_spec(block.self_attn.post_norm), qkv,
-                projection(attn.o_proj.weight.detach(), attn.o_proj.bias, batch, relayout), attn.scale,
-                _norm_spec(block.mlp.norm), _norm_spec(block.mlp.post_norm),
-                None if ffn.gate_proj is None else projection(*_joined(ffn.gate_proj, ffn.up_proj), batch, relayout),
-                projection(ffn.up_proj.weight.detach(), ffn.up_proj.bias, batch, relayout) if ffn.gate_proj is None
-                else None,
-                projection(ffn.down_proj.weight.detach(), ffn.down_proj.bias, batch, relayout),
-            ))
+        self.output_scale = config.output_scale
+        self.layers = [_layer_plan(block, config.layer_window(i), batch, relayout)
+                       for i, block in enumerate(stack.layers)]
+        # the FFNs' element-wise function as their kernels compute it (every block has the config's activation)
+        self.act = stack.layers[0].mlp.sublayer.act if len(stack.layers) else None
 
     @classmethod
     def build(cls, model: nn.Module, batch: int) -> "DecodePlan | None":
         """The plan for `batch` rows, or None when the model has a part the plan does not reproduce exactly.
 
         `model` is a decoder-only model whose forward is its `decoder` stack's then `lm_head` (the model checks
-        that of its own class and subclasses: `CausalLM.decode_plan`); this checks every module below them.
-        A model keeps its latest plan until its weights change (in place or replaced) or the batch
-        size, thread count, autocast setting or sliding windows do."""
+        that its class keeps that forward: `CausalLM.decode_plan`); this checks every module below them with
+        `lmkit.nn.plain`, and that no hook watches any of them. A model keeps its latest plan until its weights
+        change (in place or replaced) or the batch size, thread count, autocast setting or sliding windows do."""
         config = model.config
         if model.training or config.architecture != "decoder" or config.n_experts:
             return None
         stack = model.decoder
         emb = stack.embeddings
-        if stack.relative_bias is not None or emb.token_types is not None or type(emb) is not Embeddings \
-                or type(model.lm_head) is not nn.Linear:
+        if stack.relative_bias is not None or emb.token_types is not None or not plain(emb, Embeddings) \
+                or not plain(model.lm_head, nn.Linear):
             return None
-        modules = [model, stack, emb, emb.tokens, emb.positions, emb.norm, stack.rotary, stack.norm, model.lm_head]
-        for block in stack.layers:
-            attn, ffn = block.self_attn.sublayer, block.mlp.sublayer
-            if type(block) is not Block or block.cross_attn is not None or type(attn) is not Attention \
-                    or type(ffn) is not FeedForward:
-                return None
-            norms = (block.self_attn.norm, block.self_attn.post_norm, block.mlp.norm, block.mlp.post_norm)
-            linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.gate_proj, ffn.up_proj, ffn.down_proj)
-            if any(m is not None and type(m) not in (LayerNorm, RMSNorm) for m in norms) \
-                    or any(m is not None and type(m) is not nn.Linear for m in linears):
-                return None
-            modules += [block, block.self_attn, block.mlp, attn, ffn, *norms, *linears]
-        if any(_hooked(m) for m in modules):
+        if not all(_plain_block(block) for block in stack.layers) or not unhooked(model):
             return None
         key = (batch, torch.get_num_threads(), torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
                config.sliding_window, tuple(config.sliding_layers or ()),
@@ -216,11 +257,11 @@ class DecodePlan:
         exact = x.dtype in _EXACT_DTYPES and not torch.is_autocast_enabled(x.device.type)
         if exact and bias is not None:  # the boolean mask as the additive bias _attend_one adds, built once a step
             bias = torch.zeros(bias.shape, dtype=x.dtype, device=x.device).masked_fill_(~bias, float("-inf"))
-        for i, ((heads, kv_heads, head_dim), norm1, post1, (qkv, qkv_args), (o, o_args), scale, norm2, post2, gate,
-                up, (down, down_args)) in enumerate(self.layers):
+        for i, layer in enumerate(self.layers):
+            heads, kv_heads, head_dim = layer.heads, layer.kv_heads, layer.head_dim
             q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
-            h = _apply_norm(norm1, x) if pre else x
-            qk, v = qkv(h, *qkv_args).split((q_dim + kv_dim, kv_dim), dim=-1)
+            h = _apply_norm(layer.attn_norm, x) if pre else x
+            qk, v = layer.qkv.function(h, *layer.qkv.args).split((q_dim + kv_dim, kv_dim), dim=-1)
             if t == 1:
                 qk = qk.view(B, heads + kv_heads, 1, head_dim)
                 v = v.view(B, kv_heads, 1, head_dim)
@@ -233,31 +274,30 @@ class DecodePlan:
                     qk = qk.to(v.dtype)
             q, k = qk.split((heads, kv_heads), dim=1)
             k, v = cache.update(i, k, v)
-            mask, window = bias, self.windows[i]
+            mask, window = bias, layer.window
             if window is not None and k.shape[2] > window:  # the keys the sliding mask leaves: the last W
                 k, v = k[:, :, -window:], v[:, :, -window:]
                 mask = None if bias is None else bias[..., -window:]
-            scale_i = head_dim ** -0.5 if scale is None else scale
+            scale = head_dim ** -0.5 if layer.scale is None else layer.scale
             if exact:
-                a = _attend_one(q, k, v, mask, scale_i) if t == 1 else _attend_few(q, k, v, mask, scale_i)
+                a = _attend_one(q, k, v, mask, scale) if t == 1 else _attend_few(q, k, v, mask, scale)
             else:
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=layer.scale,
                                                    enable_gqa=kv_heads != heads)
             a = a.reshape(B, q_dim) if t == 1 else a.transpose(1, 2).reshape(B * t, q_dim)
-            x = _residual(x, o(a, *o_args), norm1, post1, pre)
-            h = _apply_norm(norm2, x) if pre else x
-            if gate is None:
-                h = self.act(up[0](h, *up[1]))
+            x = _residual(x, layer.o_proj.function(a, *layer.o_proj.args), layer.attn_norm, layer.attn_post_norm, pre)
+            h = _apply_norm(layer.mlp_norm, x) if pre else x
+            if layer.gate_up is None:
+                h = self.act(layer.up.function(h, *layer.up.args))
             else:
-                g, u = gate[0](h, *gate[1]).chunk(2, dim=-1)
+                g, u = layer.gate_up.function(h, *layer.gate_up.args).chunk(2, dim=-1)
                 h = self.act(g) * u
-            x = _residual(x, down(h, *down_args), norm2, post2, pre)
+            x = _residual(x, layer.down.function(h, *layer.down.args), layer.mlp_norm, layer.mlp_post_norm, pre)
         if self.final_norm is not None:
             x = _apply_norm(self.final_norm, x)
         if self.output_scale != 1.0:
             x = x * self.output_scale
-        head, head_args = self.lm_head
-        logits = head(x, *head_args)
+        logits = self.lm_head.function(x, *self.lm_head.args)
         return logits if t == 1 else logits.view(B, t, -1)
 
 
@@ -293,7 +333,7 @@ def _attend_few(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     return torch.matmul(torch.softmax(scores, dim=-1).view(B, kv, H // kv * t, -1), v).view(B, H, t, D)
 
 
-def _residual(x: torch.Tensor, f: torch.Tensor, norm: Norm, post_norm: Norm | None, pre: bool) -> torch.Tensor:
+def _residual(x: torch.Tensor, f: torch.Tensor, norm: Norm | None, post_norm: Norm | None, pre: bool) -> torch.Tensor:
     """x + F (pre-norm), x + LN'(F) (sandwich, peri) or LN(x + F) (post-norm): the placements of
     nn.blocks.Residual on an F already computed (generation/test_decode_plan.py checks each against it)."""
     if not pre:

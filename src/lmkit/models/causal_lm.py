@@ -14,6 +14,7 @@ from lmkit.models.base import PreTrainedModel
 from lmkit.models.output import ModelOutput
 from lmkit.models.stack import Stack
 from lmkit.nn import KVCache
+from lmkit.nn.plain import plain
 
 
 class CausalLM(PreTrainedModel, GenerationMixin):
@@ -31,8 +32,9 @@ class CausalLM(PreTrainedModel, GenerationMixin):
         return self.decoder.embeddings.tokens
 
     def decode_plan(self, batch: int) -> DecodePlan | None:
-        """The plan reproduces this class's forward over a plain Stack; a subclass's own forward decodes as written."""
-        if type(self).forward is not CausalLM.forward or type(self.decoder) is not Stack:
+        """The plan reproduces this class's forward over a plain Stack (`lmkit.nn.plain`); a subclass's own forward
+        decodes as written."""
+        if not plain(self, CausalLM) or not plain(self.decoder, Stack):
             return None
         return DecodePlan.build(self, batch)
 

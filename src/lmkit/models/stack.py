@@ -13,6 +13,7 @@ from lmkit.nn import (Attention, Block, Embeddings, KVCache, RelativePositionBia
                       build_attention_bias, build_norm)
 from lmkit.nn.masks import additive_mask, allowed_positions
 from lmkit.nn.moe import MoEFeedForward, load_balancing_loss
+from lmkit.nn.plain import plain
 
 
 class Stack(nn.Module):
@@ -71,16 +72,15 @@ class Stack(nn.Module):
         return h
 
     def _prunes(self, keep: torch.Tensor) -> bool:
-        """Whether the last block may compute its output at `keep` alone: a plain self-attention block (no
-        cross-attention, adapter or prefix wrapped around its attention, no hooks, no kept attention
-        probabilities) whose FFN is dense (a mixture's load-balancing loss counts every position)."""
+        """Whether the last block may compute its output at `keep` alone: a plain self-attention block
+        (`lmkit.nn.plain`: no adapter or prefix wrapped around its attention, no hooks anywhere in it), no
+        cross-attention or kept attention probabilities, a dense FFN (a mixture's load-balancing loss counts every
+        position)."""
         if not self.layers or keep.dim() != 1 or self.config.n_experts:
             return False
         block = self.layers[-1]
-        if type(block) is not Block or block.cross_attn is not None or type(block.self_attn.sublayer) is not Attention \
-                or block.self_attn.sublayer.keep_probabilities:
-            return False
-        return not any(m._forward_hooks or m._forward_pre_hooks for m in block.modules())
+        return plain(block, Block, deep=True) and block.cross_attn is None \
+            and plain(block.self_attn.sublayer, Attention) and not block.self_attn.sublayer.keep_probabilities
 
     def _self_attention_bias(self, attention_mask: torch.Tensor | None, B: int, T: int, past: int, dtype: torch.dtype,
                              device: torch.device, window: int | None) -> tuple[torch.Tensor | None, bool]:

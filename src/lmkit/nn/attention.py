@@ -1,9 +1,9 @@
 """Multi-head, grouped-query and multi-query attention with a KV cache.
 
-Attention(Q, K, V) = softmax(Q K^T * scale + bias) V per head, through
-torch.nn.functional.scaled_dot_product_attention, except in CPU training: causal float32 attention goes
-through the compiled kernel of `cpu_attention`, low precision through `eager_attention`. n_kv_heads < n_heads
-shares each key/value head among n_heads / n_kv_heads query heads (GQA; MQA when it is 1).
+Attention(Q, K, V) = softmax(Q K^T * scale + bias) V per head, through the attention of the module's kernels
+(`lmkit.nn.kernels`: SDPA, or on CPU the compiled causal kernel for float32 training and matrix products for
+bf16). n_kv_heads < n_heads shares each key/value head among n_heads / n_kv_heads query heads (GQA; MQA when it
+is 1).
 """
 from __future__ import annotations
 
@@ -12,109 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmkit.config import ModelConfig
-from lmkit.nn import cpu_attention
+from lmkit.nn.kernels import UsesKernels
+from lmkit.nn.kernels.eager_attention import attention_probabilities
+from lmkit.nn.plain import plain
 from lmkit.nn.positions import apply_rotary
-from lmkit.nn.training_linear import linear
-
-
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
-_QUERY_BLOCK = 64  # rows of queries per block in the causal training path (fastest of 32/64/128 measured on CPU)
-_EAGER_MAX_SCORES = 1 << 26  # score matrices above this many entries (128 MB in bf16) go to SDPA's flash kernel
-
-
-def _query_blocks(t: int, block: int) -> list[tuple[int, int]]:
-    return [(s, min(s + block, t)) for s in range(0, t, block)]
-
-
-class BlockCausalAttention(torch.autograd.Function):
-    """Causal softmax(Q K^T * scale) V, queries in blocks of `block` rows, each against its key prefix.
-
-    Block [s, e) computes S = Q_s K_{<e}^T (the masked keys right of the block are never touched),
-    P = softmax(S + causal mask), O_s = P V_{<e}. Backward, per block: dP = dO_s V_{<e}^T,
-    dS = P * (dP - rowsum(dP * P)), dQ_s = dS K_{<e} * scale, dK_{<e} += dS^T Q_s * scale,
-    dV_{<e} += P^T dO_s, accumulated into preallocated gradients: no zero-filled or sliced copies
-    for autograd to sum. Inputs (B, H, T, D) with as many key/value heads as query heads.
-    """
-
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, block: int) -> torch.Tensor:
-        B, H, T, D = q.shape
-        qs = torch.empty((B * H, T, D), dtype=q.dtype, device=q.device)
-        torch.mul(q, scale, out=qs.view(B, H, T, D))
-        k3, v3 = k.reshape(B * H, T, D), v.reshape(B * H, T, D)
-        k_t = k3.transpose(1, 2).contiguous()  # (BH, D, T): key prefixes as contiguous columns
-        out = torch.empty_like(qs)
-        mask = torch.full((block, block), torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device).triu_(1)
-        probs = []
-        for s, e in _query_blocks(T, block):
-            scores = torch.bmm(qs[:, s:e], k_t[:, :, :e])
-            scores[:, :, s:].add_(mask[:e - s, :e - s])
-            p = torch.softmax(scores, dim=-1)
-            torch.bmm(p, v3[:, :e], out=out[:, s:e])
-            probs.append(p)
-        ctx.save_for_backward(qs, k3, v3, *probs)
-        ctx.scale, ctx.block = scale, block
-        return out.view(B, H, T, D)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        qs, k3, v3, *probs = ctx.saved_tensors
-        BH, T, D = qs.shape
-        d_out = grad.reshape(BH, T, D)
-        v_t = v3.transpose(1, 2).contiguous()
-        dq, dk, dv = torch.empty_like(qs), torch.empty_like(k3), torch.empty_like(v3)
-        blocks = _query_blocks(T, ctx.block)
-        for (s, e), p in reversed(list(zip(blocks, probs))):  # the last block covers every key: it writes first
-            d_block = d_out[:, s:e]
-            d_scores = torch._softmax_backward_data(torch.bmm(d_block, v_t[:, :, :e]), p, -1, p.dtype)
-            torch.bmm(d_scores, k3[:, :e], out=dq[:, s:e])
-            if e == T:
-                torch.bmm(p.transpose(1, 2), d_block, out=dv)
-                torch.bmm(d_scores.transpose(1, 2), qs[:, s:e], out=dk)
-            else:
-                dv[:, :e].baddbmm_(p.transpose(1, 2), d_block)
-                dk[:, :e].baddbmm_(d_scores.transpose(1, 2), qs[:, s:e])
-        dq.mul_(ctx.scale)
-        shape = grad.shape
-        return dq.view(shape), dk.view(shape), dv.view(shape), None, None
-
-
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, is_causal: bool,
-                    scale: float | None, dropout: float = 0.0) -> torch.Tensor:
-    """softmax(Q K^T * scale + mask) V written out in matrix products (CPU softmax accumulates in float32).
-
-    On CPU, for bf16 training, this is about twice as fast as SDPA's flash kernel (forward + backward);
-    it is what transformers' "eager" attention computes. Masked scores get the dtype's minimum, so a
-    row that sees nothing gets a uniform distribution instead of NaN. Causal self-attention without
-    dropout goes through `BlockCausalAttention`, which never computes the masked scores right of each
-    block of queries (forward + backward 20-37% faster than splitting the queries in two halves, at
-    128-512 positions).
-    """
-    if k.shape[1] != q.shape[1]:
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if is_causal and bias is None and not dropout and q.shape[2] == k.shape[2]:
-        return BlockCausalAttention.apply(q, k, v, scale, _QUERY_BLOCK)
-    probs = attention_probabilities(q, k, bias, is_causal, scale)
-    if dropout:
-        probs = F.dropout(probs, p=dropout)
-    return torch.matmul(probs, v)
-
-
-def attention_probabilities(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, is_causal: bool,
-                            scale: float) -> torch.Tensor:
-    """softmax(Q K^T * scale + mask) (B, H, T_q, T_k); k has as many heads as q."""
-    scores = torch.matmul(q * scale, k.transpose(-1, -2))
-    low = torch.finfo(scores.dtype).min
-    if bias is not None and bias.dtype == torch.bool:
-        scores.masked_fill_(~bias, low)
-    elif bias is not None:
-        scores = scores + bias
-    elif is_causal:
-        t_q, t_k = scores.shape[-2:]
-        scores.add_(torch.full((t_q, t_k), low, dtype=scores.dtype, device=q.device).triu_(t_k - t_q + 1))
-    return torch.softmax(scores, dim=-1)
 
 
 class KVCache:
@@ -175,7 +76,7 @@ def _query_rows(bias: torch.Tensor | None, is_causal: bool, queries: torch.Tenso
     return allowed[None, None], False
 
 
-class Attention(nn.Module):
+class Attention(UsesKernels):
     """Self- or cross-attention with q_proj, k_proj, v_proj and o_proj projections."""
 
     def __init__(self, config: ModelConfig, causal: bool, cross: bool = False):
@@ -195,14 +96,19 @@ class Attention(nn.Module):
         self._fused: tuple | None = None  # (key, weight, bias) of the fused q/k/v projection, for inference
         self.keep_probabilities = False  # opt-in: attend in matrix products and keep softmax(QK^T) in .probabilities
         self.probabilities: torch.Tensor | None = None
+        self.choose_kernels()
 
-    def _fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """[W_q; W_k; W_v]^T (d, q + 2 kv) and the joined biases, rebuilt whenever a weight changes; None
-        when a projection is not a plain nn.Linear or has hooks (LoRA, quantized layers keep their own forward).
+    def plain_projections(self) -> bool:
+        """q/k/v projections are plain nn.Linear layers (`lmkit.nn.plain`), so one joined product may replace them."""
+        return plain(self.q_proj, nn.Linear) and plain(self.k_proj, nn.Linear) and plain(self.v_proj, nn.Linear)
+
+    def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """[W_q; W_k; W_v]^T (d, q + 2 kv) and the joined biases, detached, rebuilt whenever a weight changes; None
+        when the projections are not plain (LoRA, quantized layers and hooks keep their own forward).
 
         Stored transposed: x @ W^T with W^T contiguous is the faster matrix-vector product on CPU."""
         mods = (self.q_proj, self.k_proj, self.v_proj)
-        if not self._plain_qkv():
+        if not self.plain_projections():
             return None
         key = tuple((p.data_ptr(), 0 if p.is_inference() else p._version, p.dtype)
                     for m in mods for p in (m.weight, m.bias) if p is not None)
@@ -212,20 +118,15 @@ class Attention(nn.Module):
             self._fused = (key, weight, bias)
         return self._fused[1], self._fused[2]
 
-    def _plain_qkv(self) -> bool:
-        """q/k/v projections are plain nn.Linear layers without hooks, so one joined product may replace them."""
-        return all(type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks)
-                   for m in (self.q_proj, self.k_proj, self.v_proj))
-
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v (B, T, heads * head_dim) from one matrix product with [W_q; W_k; W_v] when the projections
         are plain: joined each step when gradients are needed, cached (transposed) at inference."""
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         if torch.is_grad_enabled():
-            if not self._plain_qkv():
+            if not self.plain_projections():
                 return self.q_proj(x), self.k_proj(x), self.v_proj(x)
             return self._joined_projection(x).split((q_dim, kv_dim, kv_dim), dim=-1)
-        fused = self._fused_qkv()
+        fused = self.fused_qkv()
         if fused is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         weight_t, bias = fused
@@ -238,7 +139,7 @@ class Attention(nn.Module):
         mods = (self.q_proj, self.k_proj, self.v_proj)
         weight = torch.cat([m.weight for m in mods])
         bias = torch.cat([m.bias for m in mods]) if self.q_proj.bias is not None else None
-        return linear(x, weight, bias)
+        return self.kernels.linear(x, weight, bias)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], n, self.head_dim).transpose(1, 2)
@@ -254,10 +155,11 @@ class Attention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         if (not self.cross and rope is None and cache is None and queries is None and bias is None and is_causal
                 and not dropout and not self.keep_probabilities and T > 1 and self.n_heads > 0 and self.head_dim > 0
-                and self._plain_qkv() and cpu_attention.applies(x)):
+                and self.plain_projections()):
             scale = self.head_dim ** -0.5 if self.scale is None else self.scale
-            return self.o_proj(cpu_attention.JoinedCausalAttention.apply(
-                self._joined_projection(x), self.n_heads, self.n_kv_heads, scale))
+            out = self.kernels.joined_attention(x, self._joined_projection, self.n_heads, self.n_kv_heads, scale)
+            if out is not None:
+                return self.o_proj(out)
         if self.cross:
             q = self._heads(self.q_proj(x), self.n_heads)
             if cache is not None and layer in cache.cross:
@@ -283,23 +185,16 @@ class Attention(nn.Module):
                 q = q[:, :, queries]
                 bias, is_causal = _query_rows(bias, is_causal, queries, k.shape[2] - T, k.shape[2])
                 T = q.shape[2]
-        gqa = self.n_kv_heads != self.n_heads
         if bias is not None and bias.dtype != torch.bool and bias.dtype != q.dtype:
             bias = bias.to(q.dtype)
+        is_causal = is_causal and bias is None
         if self.keep_probabilities:
-            kq, vq = (k.repeat_interleave(self.n_heads // k.shape[1], 1), v.repeat_interleave(self.n_heads // v.shape[1], 1)) \
-                if gqa else (k, v)
+            gqa = self.n_kv_heads != self.n_heads
+            kq, vq = (k.repeat_interleave(self.n_heads // k.shape[1], 1),
+                      v.repeat_interleave(self.n_heads // v.shape[1], 1)) if gqa else (k, v)
             scale = q.shape[-1] ** -0.5 if self.scale is None else self.scale
-            self.probabilities = attention_probabilities(q, kq, bias, is_causal and bias is None, scale)
+            self.probabilities = attention_probabilities(q, kq, bias, is_causal, scale)
             out = torch.matmul(F.dropout(self.probabilities, p=dropout) if dropout else self.probabilities, vq)
-        elif is_causal and bias is None and not dropout and T > 1 and T == k.shape[2] and k.shape[1] > 0 \
-                and q.dtype == k.dtype == v.dtype and cpu_attention.applies(q):
-            q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-            out = cpu_attention.CausalAttention.apply(q, k, v, q.shape[-1] ** -0.5 if self.scale is None else self.scale)
-        elif q.device.type == "cpu" and q.dtype in _LOW_PRECISION and torch.is_grad_enabled() and T > 1 \
-                and B * self.n_heads * T * k.shape[2] <= _EAGER_MAX_SCORES:
-            out = eager_attention(q, k, v, bias, is_causal and bias is None, self.scale, dropout)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout,
-                                                 is_causal=is_causal and bias is None, scale=self.scale, enable_gqa=gqa)
+            out = self.kernels.attention(q, k, v, bias, is_causal, self.scale, dropout)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

@@ -11,7 +11,8 @@ from torch import nn
 
 from lmkit.config import ModelConfig
 from lmkit.nn.dropout import Dropout
-from lmkit.nn.kernels import gelu_tanh, gelu_tanh_linear
+from lmkit.nn.kernels import UsesKernels
+from lmkit.nn.kernels.gelu import gelu_tanh
 
 _ACT = {
     "relu": F.relu, "reglu": F.relu,
@@ -19,6 +20,7 @@ _ACT = {
     "gelu_tanh": gelu_tanh, "geglu_tanh": gelu_tanh,
     "silu": F.silu, "swiglu": F.silu,
 }
+_TANH_GELU = ("gelu_tanh", "geglu_tanh")  # the activations the module's kernels compute
 
 
 def activation(name: str):
@@ -26,23 +28,30 @@ def activation(name: str):
     return _ACT[name]
 
 
-class FeedForward(nn.Module):
+class FeedForward(UsesKernels):
     """The FFN sub-layer: up_proj (and gate_proj when gated), activation, down_proj."""
 
     def __init__(self, config: ModelConfig, d_ff: int | None = None):
         super().__init__()
         d, hidden, bias = config.d_model, d_ff or config.resolved_d_ff, config.use_mlp_bias
-        self.act = activation(config.activation)
+        self.tanh_gelu = config.activation in _TANH_GELU
         self.gate_proj = nn.Linear(d, hidden, bias=bias) if config.gated else None
         self.up_proj = nn.Linear(d, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d, bias=bias)
         self.dropout = Dropout(config.activation_dropout)
+        self.act = activation(config.activation)
+        self.choose_kernels()
+
+    def choose_kernels(self) -> None:
+        super().choose_kernels()
+        if self.tanh_gelu:
+            self.act = self.kernels.gelu_tanh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_proj is not None:
             h = self.act(self.gate_proj(x)) * self.up_proj(x)
-        elif self.act is gelu_tanh:
-            h = gelu_tanh_linear(x, self.up_proj)
+        elif self.tanh_gelu:
+            h = self.kernels.gelu_tanh_linear(x, self.up_proj)
         else:
             h = self.act(self.up_proj(x))
         if self.training and self.dropout.p > 0:

@@ -1,10 +1,10 @@
-"""training_linear.linear: F.linear's value and gradients, its weight gradient formed transposed for wide layers."""
+"""kernels.linear.linear: F.linear's value and gradients, its weight gradient formed transposed for wide layers."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lmkit.nn.training_linear import linear
-from test_cpu_attention import graph_nodes  # noqa: E402
+from helpers.graphs import graph_nodes
+from lmkit.nn.kernels.linear import linear
 from tolerances import assert_close_in
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lmkit.nn.eager import float32_cpu_training
+from lmkit.nn.kernels.guards import float32_cpu_training
 
 
 class _WideLinear(torch.autograd.Function):

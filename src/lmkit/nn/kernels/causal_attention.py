@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from lmkit.nn.eager import float32_cpu_training
+from lmkit.nn.kernels.eager_attention import attention_probabilities
+from lmkit.nn.kernels.guards import float32_cpu_training
 
 # query rows per block, and key columns per block of the stored backward (the two must be equal): 32 and 64
 # were within 2% forward + backward, 32 the faster (AVX2, T=256)
@@ -220,8 +221,6 @@ def applies(x: torch.Tensor) -> bool:
 def _check() -> None:
     """Forward and backward against the float64 formula: grouped heads, a length that is no multiple of the block
     or of the vector width, both ways of feeding the backward, q/k/v as views of one joined projection."""
-    from lmkit.nn.attention import attention_probabilities  # attention.py imports this module
-
     def reference(q, k, v, scale):
         group = q.shape[1] // k.shape[1]
         probs = attention_probabilities(q, k.repeat_interleave(group, 1), None, True, scale)

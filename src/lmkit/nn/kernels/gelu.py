@@ -22,9 +22,10 @@ import os
 import torch
 import torch.nn.functional as F
 
-from lmkit.nn.eager import float32_cpu_training, plain_eager
-from lmkit.nn.norms import widen
-from lmkit.nn.training_linear import linear as training_linear
+from lmkit.nn.kernels.guards import float32_cpu_training, plain_eager
+from lmkit.nn.kernels.linear import linear as training_linear
+from lmkit.nn.kernels.rms_norm import widen
+from lmkit.nn.plain import plain
 
 _TWO_K = 2 * math.sqrt(2 / math.pi)
 _TWO_KC = _TWO_K * 0.044715
@@ -172,7 +173,7 @@ class _GeluTanhBias(torch.autograd.Function):
 
 def gelu_tanh_linear(x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
     """gelu_tanh(linear(x)); in float32 training on CPU the bias goes into the compiled GELU (one pass less)."""
-    if type(linear) is not torch.nn.Linear or linear._forward_hooks or linear._forward_pre_hooks:
+    if not plain(linear, torch.nn.Linear):
         return gelu_tanh(linear(x))  # adapters, quantized layers and hooks keep their own forward
     weight, bias = linear.weight, linear.bias
     if (bias is not None and x.dtype == weight.dtype == bias.dtype and float32_cpu_training(x)

@@ -3,9 +3,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmkit.nn import kernels
-from lmkit.nn.kernels import gelu_tanh
-from test_cpu_attention import graph_nodes  # noqa: E402
+from helpers.graphs import graph_nodes
+from lmkit.nn.kernels import gelu as kernels
+from lmkit.nn.kernels.gelu import gelu_tanh
 from tolerances import assert_close_in, assert_close_in_norm
 
 

@@ -7,13 +7,15 @@ import torch
 import torch.nn.functional as F
 
 from lmkit.config import ModelConfig
-from lmkit.nn import Attention, RotaryEmbedding, cpu_attention
+from helpers.graphs import graph_nodes
+from lmkit.nn import Attention, RotaryEmbedding
+from lmkit.nn.kernels import causal_attention
 from tolerances import assert_close_in
 
 
 @pytest.fixture
 def kernel():
-    lib = cpu_attention.library()
+    lib = causal_attention.library()
     assert lib is not None, "the attention kernel did not build here (g++ with OpenMP is part of the setup)"
     return lib
 
@@ -44,17 +46,17 @@ def test_forward_and_backward_match_the_float64_formula(kernel, B, T, H, H_kv, D
     grad = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(1))
     scale = 0.7 / D ** 0.5
     exact = qkv.double().requires_grad_(True)
-    want = exact_attention(*cpu_attention._split_heads(exact, H, H_kv), scale)
+    want = exact_attention(*causal_attention._split_heads(exact, H, H_kv), scale)
     want.backward(grad.double())
-    q, k, v = cpu_attention._split_heads(qkv, H, H_kv)  # strided views of the joined projection, as in the model
-    out, lse, probs = cpu_attention.attention_forward(q, k, v, scale, store=store)
+    q, k, v = causal_attention._split_heads(qkv, H, H_kv)  # strided views of the joined projection, as in the model
+    out, lse, probs = causal_attention.attention_forward(q, k, v, scale, store=store)
     assert (probs is not None) == store
     d_qkv = torch.full_like(qkv, float("nan"))  # every entry must be written
-    cpu_attention.attention_backward(grad, q, k, v, out, lse, probs, scale, *cpu_attention._split_heads(d_qkv, H, H_kv))
+    causal_attention.attention_backward(grad, q, k, v, out, lse, probs, scale, *causal_attention._split_heads(d_qkv, H, H_kv))
     # float32 products over at most T keys and D features: a few dozen roundings at the largest magnitude
     assert_close_in(torch.float32, out.transpose(1, 2), want, steps=64)
     assert_close_in(torch.float32, d_qkv, exact.grad, steps=256)
-    q64, k64, _ = cpu_attention._split_heads(qkv.double(), H, H_kv)
+    q64, k64, _ = causal_attention._split_heads(qkv.double(), H, H_kv)
     want_lse = torch.logsumexp(exact_scores(q64, k64, scale), -1)
     assert_close_in(torch.float32, lse, want_lse, steps=64)
 
@@ -67,14 +69,14 @@ def test_both_autograd_functions_agree_with_sdpa_on_contiguous_and_strided_input
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = cpu_attention.JoinedCausalAttention.apply(qkv, H, H_kv, 0.25)
+        out = causal_attention.JoinedCausalAttention.apply(qkv, H, H_kv, 0.25)
         (d_joined,) = torch.autograd.grad(out, qkv, grad)
-        q, k, v = (t.contiguous() for t in cpu_attention._split_heads(qkv, H, H_kv))  # rope's outputs are like these
-        out_heads = cpu_attention.CausalAttention.apply(q, k, v, 0.25)
+        q, k, v = (t.contiguous() for t in causal_attention._split_heads(qkv, H, H_kv))  # rope's outputs are like these
+        out_heads = causal_attention.CausalAttention.apply(q, k, v, 0.25)
         d_heads = torch.autograd.grad(out_heads, (q, k, v), grad.view(B, T, H, D).transpose(1, 2))
     finally:
         torch.set_num_threads(before)
-    qs, ks, vs = cpu_attention._split_heads(qkv, H, H_kv)
+    qs, ks, vs = causal_attention._split_heads(qkv, H, H_kv)
     want = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=0.25, enable_gqa=True)
     (d_want,) = torch.autograd.grad(want.transpose(1, 2).reshape(B, T, H * D), qkv, grad)
     assert_close_in(torch.float32, out, want.transpose(1, 2).reshape(B, T, H * D), steps=64)
@@ -83,19 +85,6 @@ def test_both_autograd_functions_agree_with_sdpa_on_contiguous_and_strided_input
     d_split = torch.cat([d.transpose(1, 2).reshape(B, T, -1) for d in d_heads], -1)
     assert_close_in(torch.float32, d_split, d_want, steps=256)
     assert out_heads.transpose(1, 2).is_contiguous()  # the heads merge without a copy
-
-
-def graph_nodes(t: torch.Tensor) -> set[str]:
-    """Names of every autograd node behind t."""
-    seen, todo, names = set(), [t.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.add(type(node).__name__)
-        todo.extend(n for n, _ in node.next_functions)
-    return names
 
 
 def model_config(**kw):
@@ -116,8 +105,8 @@ def test_attention_layer_training_goes_through_the_kernel_and_matches_sdpa(kerne
     expected = "CausalAttentionBackward" if kw else "JoinedCausalAttentionBackward"
     assert expected in graph_nodes(out)
     grads = torch.autograd.grad(out.square().sum(), [x, *att.parameters()])
-    monkeypatch.setattr(cpu_attention, "_library", False)  # the SDPA path
-    assert not cpu_attention.applies(x)
+    monkeypatch.setattr(causal_attention, "_library", False)  # the SDPA path
+    assert not causal_attention.applies(x)
     want = att(x, is_causal=True, rope=rope)
     want_grads = torch.autograd.grad(want.square().sum(), [x, *att.parameters()])
     assert_close_in(torch.float32, out, want, steps=64)
@@ -129,10 +118,10 @@ def test_attention_layer_training_goes_through_the_kernel_and_matches_sdpa(kerne
 
 def test_inference_padding_dropout_and_low_precision_keep_their_paths(kernel):
     x = torch.randn(2, 9, 8)
-    assert cpu_attention.applies(x)
+    assert causal_attention.applies(x)
     with torch.no_grad():
-        assert not cpu_attention.applies(x)  # no gradients: SDPA's forward
-    assert not cpu_attention.applies(x.bfloat16())
+        assert not causal_attention.applies(x)  # no gradients: SDPA's forward
+    assert not causal_attention.applies(x.bfloat16())
     torch.manual_seed(0)
     att = Attention(model_config(attention_dropout=0.1), causal=True).train()
     out = att(torch.randn(2, 9, 48, requires_grad=True), is_causal=True)
@@ -145,13 +134,13 @@ def test_inference_padding_dropout_and_low_precision_keep_their_paths(kernel):
 
 
 def test_without_a_compiler_attention_falls_back_to_sdpa(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(cpu_attention, "_library", None)
+    monkeypatch.setattr(causal_attention, "_library", None)
     monkeypatch.setenv("LMKIT_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    with caplog.at_level(logging.INFO, logger="lmkit.nn.cpu_attention"):
-        assert cpu_attention.library() is None
+    with caplog.at_level(logging.INFO, logger="lmkit.nn.kernels.causal_attention"):
+        assert causal_attention.library() is None
     assert "using SDPA" in caplog.text
-    assert not cpu_attention.applies(torch.randn(2, 3))
+    assert not causal_attention.applies(torch.randn(2, 3))
     torch.manual_seed(0)
     att = Attention(model_config(), causal=True).train()
     x = torch.randn(2, 9, 48, requires_grad=True)
@@ -160,50 +149,50 @@ def test_without_a_compiler_attention_falls_back_to_sdpa(monkeypatch, tmp_path, 
 
 
 def test_the_library_builds_into_an_empty_cache_and_is_reused(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_attention, "_library", None)
+    monkeypatch.setattr(causal_attention, "_library", None)
     monkeypatch.setenv("LMKIT_CACHE", str(tmp_path))
-    assert cpu_attention.library() is not None  # compiled here, and checked against the formula
+    assert causal_attention.library() is not None  # compiled here, and checked against the formula
     built = list((tmp_path / "kernels").glob("causal_attention-*.so"))
     assert len(built) == 1 and not [p for p in (tmp_path / "kernels").iterdir() if p not in built]
     stamp = built[0].stat().st_mtime_ns
-    monkeypatch.setattr(cpu_attention, "_library", None)
-    assert cpu_attention.library() is not None
+    monkeypatch.setattr(causal_attention, "_library", None)
+    assert causal_attention.library() is not None
     assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
 
 
 def test_a_kernel_with_wrong_numbers_is_not_used(monkeypatch, caplog):
-    real = cpu_attention.attention_forward
+    real = causal_attention.attention_forward
 
     def off_by_a_bit(*args, **kw):
         out, lse, probs = real(*args, **kw)
         return out * 1.001, lse, probs
 
-    monkeypatch.setattr(cpu_attention, "_library", None)
-    monkeypatch.setattr(cpu_attention, "attention_forward", off_by_a_bit)
-    with caplog.at_level(logging.INFO, logger="lmkit.nn.cpu_attention"):
-        assert cpu_attention.library() is None
+    monkeypatch.setattr(causal_attention, "_library", None)
+    monkeypatch.setattr(causal_attention, "attention_forward", off_by_a_bit)
+    with caplog.at_level(logging.INFO, logger="lmkit.nn.kernels.causal_attention"):
+        assert causal_attention.library() is None
     assert "differ from the formula" in caplog.text
 
 
 def test_lmkit_compile_kernels_0_turns_it_off(monkeypatch):
-    monkeypatch.setattr(cpu_attention, "_library", None)
+    monkeypatch.setattr(causal_attention, "_library", None)
     monkeypatch.setenv("LMKIT_COMPILE_KERNELS", "0")
-    assert cpu_attention.library() is None
+    assert causal_attention.library() is None
 
 
 def test_inputs_the_kernel_cannot_address_are_refused_not_read(kernel):
     q = torch.randn(1, 2, 5, 4)
     for bad in (q.bfloat16(), q.transpose(2, 3), q[:, :1].expand(1, 3, 5, 4).contiguous()):
         with pytest.raises(ValueError, match="float32 CPU"):
-            cpu_attention.attention_forward(bad, q, q, 0.5)
+            causal_attention.attention_forward(bad, q, q, 0.5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not cpu_attention.applies(q)  # the projections give bf16 there: the eager/SDPA paths serve it
+        assert not causal_attention.applies(q)  # the projections give bf16 there: the eager/SDPA paths serve it
 
 
 def test_probabilities_are_kept_only_while_they_are_small():
-    assert cpu_attention.stores_probabilities(16, 4, 256, 64)  # the benchmark's layer: 16.7 MB
-    assert not cpu_attention.stores_probabilities(16, 4, 257, 64)  # longer than 4 x the head size
-    assert cpu_attention.stores_probabilities(64, 4, 256, 64)  # 64 MB: the limit
-    assert not cpu_attention.stores_probabilities(65, 4, 256, 64)
-    q, k, v = cpu_attention._split_heads(joined(2, 300, 2, 2, 64, seed=0), 2, 2)
-    assert cpu_attention.attention_forward(q, k, v, 0.1)[2] is None
+    assert causal_attention.stores_probabilities(16, 4, 256, 64)  # the benchmark's layer: 16.7 MB
+    assert not causal_attention.stores_probabilities(16, 4, 257, 64)  # longer than 4 x the head size
+    assert causal_attention.stores_probabilities(64, 4, 256, 64)  # 64 MB: the limit
+    assert not causal_attention.stores_probabilities(65, 4, 256, 64)
+    q, k, v = causal_attention._split_heads(joined(2, 300, 2, 2, 64, seed=0), 2, 2)
+    assert causal_attention.attention_forward(q, k, v, 0.1)[2] is None
