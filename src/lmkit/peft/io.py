@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lmkit.atomic import atomic_write_json
 from lmkit.errors import CheckpointError, ConfigError
 from lmkit.hub.convert import from_hf, rename
-from lmkit.hub.files import atomic_save_safetensors, atomic_write_json, load_safetensors, read_json
+from lmkit.hub.files import atomic_save_safetensors, load_safetensors, read_json
 from lmkit.peft import adapters, lora, prompt, quant
 from lmkit.peft.model import ADAPTER_PARAMS, PeftConfig, PeftModel, mark_trainable, untie_saved
 from lmkit.peft.names import hf_groups, hf_rules, matches, replace_module
@@ -154,7 +155,7 @@ def save_adapter(peft_model: PeftModel, path) -> None:
         raw["modules_to_save"] = list(c.modules_to_save)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_save_safetensors({k: v.contiguous() for k, v in tensors.items()}, folder / WEIGHTS)
-    atomic_write_json(folder / CONFIG, raw)
+    atomic_write_json(folder / CONFIG, raw, sort_keys=True)
 
 
 def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:

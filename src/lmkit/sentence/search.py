@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lmkit.hub.files import atomic_save_safetensors, atomic_write_json, load_safetensors
+from lmkit.atomic import atomic_write_json
+from lmkit.hub.files import atomic_save_safetensors, load_safetensors, read_json
 
 if TYPE_CHECKING:
-    from lmkit.sentence import SentenceEncoder
+    from lmkit.sentence.encoder import SentenceEncoder
 
 
 def paragraphs(documents, min_chars: int = 40) -> tuple[list[str], list[str]]:
@@ -61,13 +62,11 @@ class SemanticIndex:
         folder = Path(path)
         atomic_save_safetensors({"embeddings": torch.from_numpy(np.ascontiguousarray(self.embeddings))},
                                 folder / "embeddings.safetensors")
-        atomic_write_json(folder / "passages.json", {"ids": self.ids, "passages": self.passages})
+        atomic_write_json(folder / "passages.json", {"ids": self.ids, "passages": self.passages}, sort_keys=True)
 
     @classmethod
     def load(cls, encoder: SentenceEncoder, path) -> "SemanticIndex":
-        from lmkit.sentence import _read_json  # lmkit.sentence imports this module to re-export it
-
         folder = Path(path)
-        data = _read_json(folder / "passages.json")
+        data = read_json(folder / "passages.json", "a semantic search index needs it; build it again")
         emb = load_safetensors(folder / "embeddings.safetensors")["embeddings"].numpy()
         return cls(encoder, data["passages"], data["ids"], emb)
