@@ -19,6 +19,7 @@ import torch  # noqa: E402
 import lmkit  # noqa: E402
 from lmkit.compress import head_importance, prune_heads  # noqa: E402
 from lmkit.compress.prune import attention_modules  # noqa: E402
+from lmkit.compress.recipes import tokens_per_second  # noqa: E402
 
 
 def forward_flops_per_token(model, context: int) -> float:
@@ -27,18 +28,6 @@ def forward_flops_per_token(model, context: int) -> float:
     linear = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
     heads = sum(a.n_heads * a.head_dim for a in attention_modules(model).values())
     return 2.0 * linear + 4.0 * context * heads
-
-
-@torch.no_grad()
-def tokens_per_second(model, rows: torch.Tensor, repeats: int = 3) -> float:
-    """Forward-pass throughput over `rows` (best of `repeats`)."""
-    best = float("inf")
-    model(rows[:1, :8])  # warm-up
-    for _ in range(repeats):
-        t = time.perf_counter()
-        model(rows)
-        best = min(best, time.perf_counter() - t)
-    return rows.numel() / best
 
 
 def pick(order, n: int, importance) -> dict[str, list[int]]:

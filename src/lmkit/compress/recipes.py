@@ -2,6 +2,10 @@
 `lmkit quantize` run): load, compress, evaluate on a corpus's validation split, save, report."""
 from __future__ import annotations
 
+import time
+
+import torch
+
 from lmkit.compress.distill import DistillWeights, distill_causal_lm, student_from_teacher
 from lmkit.compress.prune import head_importance, least_important, prune_heads
 from lmkit.compress.quantize import quantize_dynamic_int8, weight_bytes
@@ -46,6 +50,18 @@ def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 
               "parameters_before": n_params, "parameters_after": model.num_parameters(), "before": before, "after": after}
     save_model_folder(model, tok, out, {"prune.json": report})
     return report
+
+
+@torch.no_grad()
+def tokens_per_second(model, rows: torch.Tensor, repeats: int = 3) -> float:
+    """Forward-pass throughput over `rows` (best of `repeats`)."""
+    best = float("inf")
+    model(rows[:1, :8])  # warm-up
+    for _ in range(repeats):
+        t = time.perf_counter()
+        model(rows)
+        best = min(best, time.perf_counter() - t)
+    return rows.numel() / best
 
 
 def quantize_report(model_dir, corpus=("pydocs",), seq_len: int | None = None, max_val_docs: int | None = 100,
