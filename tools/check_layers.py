@@ -68,14 +68,14 @@ def read_arrows(text: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
         places = [n.removesuffix("/").removesuffix(".py") for n in re.findall(r"`([^`]+)`", place_cell)]
         may, only_lazy = set(), set()
         for part in imports.split(";"):
-            # "(lazy)" marks its part; another parenthesis is a comment on the name before it
-            names = set(re.findall(r"`([^`]+)`", re.sub(r"\((?!lazy\))[^)]*\)", "", part)))
+            # "(lazy...)" marks its part; another parenthesis is a comment on the name before it
+            names = set(re.findall(r"`([^`]+)`", re.sub(r"\((?!lazy)[^)]*\)", "", part)))
             if TOP_LEVEL_API in part:
                 names.add("lmkit")
             if part.strip().startswith("everything"):
                 names.add("*")
             may |= names
-            if "(lazy)" in part:
+            if "(lazy" in part:
                 only_lazy |= names
         for p in places:
             allowed[p], lazy[p] = may, only_lazy
