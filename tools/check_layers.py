@@ -4,8 +4,9 @@ circle between modules.
 
 Arrows: the layer table of docs/architecture.md ("Layers and their import arrows") names, for each place (a
 package or a top-level module), the lmkit places it may import; a name in a part marked "(lazy)" may only be
-imported inside a function, "the top-level API" is `import lmkit`, "everything" is anything. A place the table
-does not name is an error too, so the table stays the map of the code.
+imported inside a function, "the top-level API" is `import lmkit`, "everything" is anything, and a place whose
+imports are "nothing of lmkit" (errors, atomic writes, the progress bar) may be imported from every place. A
+place the table does not name is an error too, so the table stays the map of the code.
 
 Circles: the module import graph counts every import of lmkit, at module level or inside a function (a
 function-local import that two modules need of each other only hides the circle until the function runs);
@@ -43,6 +44,7 @@ LAZY_THIRD_PARTY = {"tokenizers": {"torch"}}
 LAYER_HEADING = "## Layers and their import arrows"
 ALLOWED_HEADING = "### Circles and the allowed function-local imports"
 TOP_LEVEL_API = "the top-level API"
+FOUNDATION = "nothing of lmkit"
 
 
 def table_rows(text: str, heading: str) -> list[list[str]]:
@@ -61,9 +63,11 @@ def table_rows(text: str, heading: str) -> list[list[str]]:
 
 def read_arrows(text: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """(place -> places it may import, place -> those of them only inside a function) from the layer table;
-    "*" stands for everything."""
+    "*" stands for everything. The foundation, the places that import "nothing of lmkit", may be imported from
+    anywhere."""
     allowed: dict[str, set[str]] = {}
     lazy: dict[str, set[str]] = {}
+    foundation: set[str] = set()
     for place_cell, _, imports in table_rows(text, LAYER_HEADING):
         places = [n.removesuffix("/").removesuffix(".py") for n in re.findall(r"`([^`]+)`", place_cell)]
         may, only_lazy = set(), set()
@@ -77,8 +81,12 @@ def read_arrows(text: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
             may |= names
             if "(lazy" in part:
                 only_lazy |= names
+        if imports.startswith(FOUNDATION):
+            foundation.update(places)
         for p in places:
             allowed[p], lazy[p] = may, only_lazy
+    for p, may in allowed.items():
+        may |= foundation - {p}
     return allowed, lazy
 
 
