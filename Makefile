@@ -20,7 +20,9 @@ venv: $(VENV)/.installed
 demo: venv
 	$(PY) -m lmkit demo
 
+# the import arrows of docs/architecture.md and no import circles first (tools/check_layers.py), then the tests
 test: venv
+	$(PY) tools/check_layers.py
 	$(PY) -m pytest -n 2 --dist loadgroup tests
 
 # the documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link or reference

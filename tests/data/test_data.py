@@ -6,7 +6,8 @@ import pytest
 
 from lmkit.data import Corpus, Document, load_corpus
 from lmkit.data.builtin import BUILTIN, builtin_corpus
-from lmkit.data.corpus import chunk_text, split_hash
+from lmkit.data.corpus import chunk_text
+from lmkit.data.documents import split_hash
 from lmkit.errors import CorpusError, LmkitError
 
 

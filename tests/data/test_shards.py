@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 import lmkit
 from lmkit.data import prepare as prep
-from lmkit.data.corpus import chunk_text, paragraphs, read_jsonl, split_hash
+from lmkit.data.corpus import chunk_text, paragraphs, read_jsonl
+from lmkit.data.documents import split_hash
 from lmkit.data.shards import ShardDataset, ShardStream, read_header, token_dtype
 
 SPECIAL = ["<|endoftext|>", "<|pad|>"]

@@ -7,7 +7,7 @@ import time
 import torch
 
 from lmkit.compress.distill import DistillWeights, distill_causal_lm, student_from_teacher
-from lmkit.compress.prune import attention_modules, head_importance, least_important, prune_heads
+from lmkit.compress.prune import head_importance, least_important, prune_heads
 from lmkit.compress.quantize import quantize_dynamic_int8, weight_bytes
 from lmkit.errors import ConfigError
 from lmkit.peft.finetune import causal_lm_data, check_out, model_folder, save_model_folder
@@ -57,14 +57,6 @@ def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 
               "parameters_before": n_params, "parameters_after": model.num_parameters(), "before": before, "after": after}
     save_model_folder(model, tok, out, {"prune.json": report})
     return report
-
-
-def forward_flops_per_token(model, context: int) -> float:
-    """Multiply-adds x 2 of one token's forward pass at a given context length: 2 per weight of every
-    linear layer, plus 4 * context * head_dim per attention head (scores q k^T and the sum over v)."""
-    linear = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
-    heads = sum(a.n_heads * a.head_dim for a in attention_modules(model).values())
-    return 2.0 * linear + 4.0 * context * heads
 
 
 @torch.no_grad()

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from lmkit.atomic import atomic_write_json
 from lmkit.data.cache import cache_dir
-from lmkit.data.corpus import Corpus, Document
+from lmkit.data.documents import Corpus, Document
 from lmkit.errors import CorpusError
 
 FORMAT_VERSION = 1

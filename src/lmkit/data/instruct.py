@@ -18,7 +18,7 @@ import json
 
 from lmkit.atomic import atomic_write_json
 from lmkit.data.builtin import _cache_path, _parse, builtin_corpus, stdlib_files
-from lmkit.data.corpus import VAL_FRACTION
+from lmkit.data.documents import VAL_FRACTION
 from lmkit.errors import CorpusError
 
 NAME = "pydocs-instruct"

@@ -25,8 +25,9 @@ from safetensors.numpy import save as save_safetensors
 
 from lmkit.atomic import atomic_write_bytes, atomic_write_json, staged_folder
 from lmkit.data.builtin import BUILTIN, builtin_corpus
-from lmkit.data.corpus import (CHUNK_CHARS, Document, _expand, cut_point, group_paragraphs, jsonl_document,
-                               paragraphs, refuse_output_folder, split_hash)
+from lmkit.data.corpus import (CHUNK_CHARS, _expand, cut_point, group_paragraphs, jsonl_document, paragraphs,
+                               refuse_output_folder)
+from lmkit.data.documents import Document, split_hash
 from lmkit.data.shards import DTYPES, FORMAT, INDEX, ShardDataset, TOKENIZER, VERSION, file_sha256, token_dtype
 from lmkit.data.tokenize import BOS, vocab_size_of
 from lmkit.errors import CorpusError, TokenizerError

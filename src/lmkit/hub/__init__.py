@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 
+from lmkit.atomic import atomic_write_json
 from lmkit.config import ModelConfig
 from lmkit.errors import CheckpointError, ConfigError
 from lmkit.generation.config import GenerationConfig
 from lmkit.hub.convert import DECODER_HEAD_TENSORS, from_hf, to_hf
 from lmkit.hub.family import Family
-from lmkit.hub.files import atomic_write_json, read_json, read_weights, write_weights
+from lmkit.hub.files import read_json, read_weights, write_weights
 from lmkit.hub.hooks import folder_hooks
 from lmkit.models import build_model
 from lmkit.models.base import register_folder_writer
@@ -272,9 +273,9 @@ def save_pretrained(model, path: str | Path, max_shard_bytes: int | None = None)
         raw["torch_dtype"] = raw["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     raw.setdefault("transformers_version", "4.46.0")
     write_weights(folder, tensors, max_shard_bytes)
-    atomic_write_json(folder / "config.json", raw)
+    atomic_write_json(folder / "config.json", raw, sort_keys=True)
     if getattr(model, "generation_defaults", None):
-        atomic_write_json(folder / "generation_config.json", dict(model.generation_defaults))
+        atomic_write_json(folder / "generation_config.json", dict(model.generation_defaults), sort_keys=True)
 
 
 def _untie(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -27,10 +27,6 @@ LAYOUTS = {
     "mbart": dict(architecture="MBartForConditionalGeneration", name="mBART", default_start=None,
                   fields=dict(norm_placement="pre", final_norm=True, decoder_start_from_labels=True)),
 }
-# legacy keys of BART-era configs (mBART's hub folders still carry normalize_before / add_final_layer_norm: true);
-# transformers' BART and mBART read none of them, the model class alone fixes the layout, and so does lmkit
-_IGNORED = ("normalize_before", "add_final_layer_norm", "normalize_embedding", "static_position_embeddings",
-            "add_bias_logits")
 
 
 def config_from_hf(hf: dict, family: str = "bart") -> ModelConfig:

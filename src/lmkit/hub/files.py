@@ -12,16 +12,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from lmkit.atomic import atomic_save_file, atomic_write_json as write_json
+from lmkit.atomic import atomic_save_file, atomic_write_json
 from lmkit.errors import CheckpointError
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    """JSON with sorted keys, as Hugging Face folders are written."""
-    write_json(path, obj, sort_keys=True)
+JSON_KINDS = {dict: "object", list: "array"}
 
 
 def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict | None = None) -> None:
@@ -36,16 +32,20 @@ def _shares(t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> bool:
     return sum(1 for v in tensors.values() if v.untyped_storage().data_ptr() == ptr) > 1
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path, needed_by: str = "a model folder needs config.json and model.safetensors",
+              kinds: tuple[type, ...] = (dict,)) -> dict:
+    """A folder's JSON file; a missing, broken or wrongly shaped one raises CheckpointError (`needed_by` says
+    which folder needs it, `kinds` the JSON types it may hold: a JSON object unless told)."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing; a model folder needs config.json and model.safetensors")
+        raise CheckpointError(f"{path} is missing; {needed_by}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path} is not valid JSON ({exc}); restore it from a good copy or re-save the model") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object, found {type(data).__name__}")
+    if not isinstance(data, kinds):
+        raise CheckpointError(f"{path} must hold a JSON {' or '.join(JSON_KINDS[k] for k in kinds)}, "
+                              f"found {type(data).__name__}")
     return data
 
 
@@ -103,5 +103,5 @@ def write_weights(folder: Path, tensors: dict[str, torch.Tensor], max_shard_byte
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         atomic_save_safetensors(shard, folder / fname)
         weight_map.update({k: fname for k in shard})
-    atomic_write_json(folder / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    atomic_write_json(folder / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map}, sort_keys=True)
     (folder / WEIGHTS).unlink(missing_ok=True)

@@ -17,13 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import lmkit
-from lmkit.atomic import staged_folder
+from lmkit.atomic import atomic_write_json, staged_folder
 from lmkit.data import load_corpus
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.tokenize import special_ids
 from lmkit.errors import CheckpointError, ConfigError, TrainingError
 from lmkit.evaluate.perplexity import evaluate_rows
-from lmkit.hub.files import atomic_write_json
 from lmkit.objectives import next_token_targets, with_aux_loss
 from lmkit.peft.model import METHODS, get_peft_model, trainable_summary
 from lmkit.train.optim import build_optimizer, lr_at, set_lr
@@ -153,7 +152,7 @@ def save_model_folder(model: nn.Module, tokenizer, out, extra_json: dict | None 
             if name.endswith(".jsonl"):
                 (folder / name).write_text("".join(json.dumps(r) + "\n" for r in obj), encoding="utf-8")
             else:
-                atomic_write_json(folder / name, obj)
+                atomic_write_json(folder / name, obj, sort_keys=True)
 
 
 TASK_HEADS = ("classifier", "qa_outputs", "score")  # task heads a PEFT method trains in full, as the PEFT library does
@@ -229,7 +228,7 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     else:
         with staged_folder(out) as folder:
             tuned.save_adapter(folder)
-            atomic_write_json(folder / "finetune.json", report)
+            atomic_write_json(folder / "finetune.json", report, sort_keys=True)
     return report
 
 

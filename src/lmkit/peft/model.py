@@ -12,12 +12,10 @@ from torch import nn
 
 from lmkit.errors import ConfigError
 from lmkit.peft import adapters, lora, prompt, quant
-from lmkit.peft.names import hf_names, matches, own_copy, parameter_owners
+from lmkit.peft.names import ADAPTER_PARAMS, hf_names, matches, own_copy, parameter_owners
+from lmkit.peft.save import save_adapter
 
 METHODS = ("lora", "qlora", "prefix", "prompt", "adapter", "ia3")
-# parameter names that belong to the methods (trainable); everything else is frozen
-ADAPTER_PARAMS = ("lora_A", "lora_B", "prefix_keys", "prefix_values", "prompt_embeddings", "adapter_down",
-                  "adapter_up", "ia3_l")
 
 
 @dataclass
@@ -162,8 +160,6 @@ class PeftModel(nn.Module):
         return trainable_summary(self.base_model)
 
     def save_adapter(self, path) -> None:
-        from lmkit.peft.io import save_adapter
-
         save_adapter(self, path)
 
 

@@ -13,6 +13,10 @@ from torch import nn
 from lmkit.hub import _families
 from lmkit.hub.convert import rename
 
+# parameter names that belong to the methods (trainable); everything else is frozen
+ADAPTER_PARAMS = ("lora_A", "lora_B", "prefix_keys", "prefix_values", "prompt_embeddings", "adapter_down",
+                  "adapter_up", "ia3_l")
+
 
 def hf_groups(model: nn.Module) -> dict[str, list[str]]:
     """HF module name -> the lmkit modules whose weights it holds, in row order (GPT-2's c_attn: q, k, v).

@@ -30,8 +30,7 @@ HF's Oniguruma does not.
 """
 from lmkit.tokenizers.added_tokens import AddedToken
 from lmkit.tokenizers.encoding import Encoding
-from lmkit.tokenizers.serialization import load_tokenizer, tokenizer_from_json
-from lmkit.tokenizers.tokenizer import Tokenizer
+from lmkit.tokenizers.tokenizer import Tokenizer, load_tokenizer, tokenizer_from_json
 from lmkit.tokenizers.trainers import train_tokenizer
 
 __all__ = ["AddedToken", "Encoding", "Tokenizer", "load_tokenizer", "tokenizer_from_json", "train_tokenizer"]

@@ -1,8 +1,13 @@
-"""Read and write Hugging Face's tokenizer.json (format "1.0")."""
+"""Read and write Hugging Face's tokenizer.json (format "1.0"): the pipeline's parts from it and back, a file or
+transformers folder read (`TokenizerFile`), written with tokenizer_config.json and special_tokens_map.json. The
+`Tokenizer` built from the parts is `tokenizer.py`'s, which imports this module."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
 from lmkit.atomic import atomic_write_json
 from lmkit.errors import TokenizerError
@@ -13,19 +18,23 @@ from lmkit.tokenizers.models import model_from_json
 from lmkit.tokenizers.normalizers import normalizer_from_json
 from lmkit.tokenizers.pre_tokenizers import pre_tokenizer_from_json
 from lmkit.tokenizers.processors import post_processor_from_json
-from lmkit.tokenizers.tokenizer import Tokenizer
 from lmkit.tokenizers.added_tokens import AddedVocabulary
 
+if TYPE_CHECKING:
+    from lmkit.tokenizers.tokenizer import Tokenizer
 
-def tokenizer_from_json(d: dict, special_tokens_map: dict | None = None) -> Tokenizer:
+
+def tokenizer_parts(d: dict) -> tuple:
+    """`Tokenizer`'s first arguments from a parsed tokenizer.json: model, normalizer, pre-tokenizer,
+    post-processor, decoder, added tokens, truncation, padding."""
     if not isinstance(d, dict) or "model" not in d:
         raise TokenizerError("not a tokenizer.json: it has no \"model\" entry")
     normalizer = normalizer_from_json(d.get("normalizer"))
     model = model_from_json(d["model"])
     added = AddedVocabulary.from_json(d.get("added_tokens") or [], normalizer, model).tokens
-    return Tokenizer(model, normalizer, pre_tokenizer_from_json(d.get("pre_tokenizer")),
-                     post_processor_from_json(d.get("post_processor")), decoder_from_json(d.get("decoder")),
-                     added, d.get("truncation"), d.get("padding"), special_tokens_map)
+    return (model, normalizer, pre_tokenizer_from_json(d.get("pre_tokenizer")),
+            post_processor_from_json(d.get("post_processor")), decoder_from_json(d.get("decoder")),
+            added, d.get("truncation"), d.get("padding"))
 
 
 def tokenizer_to_json(tok: Tokenizer) -> dict:
@@ -61,9 +70,27 @@ def _special_tokens_map(folder: Path) -> dict:
     return {}
 
 
-def load_tokenizer(path) -> Tokenizer:
-    """A `Tokenizer` from a tokenizer.json file, or from a folder holding one (read as transformers 5 reads the
-    folder: `hf_classes`)."""
+@dataclass
+class TokenizerFile:
+    """A tokenizer.json as read from a file, or from a folder (then with the folder's settings applied)."""
+
+    path: Path
+    data: dict
+    special_tokens_map: dict
+    config: dict  # the folder's tokenizer_config.json ({} for a file)
+    folder: Path | None  # None for a file
+
+    def settle(self, tok: Tokenizer) -> Tokenizer:
+        """`tok` built from `data`, given the folder's padding side and chat templates."""
+        tok.padding_side = padding_side_of(self.config)
+        if self.folder is not None:
+            tok.chat_template = read_chat_templates(self.folder)
+        return tok
+
+
+def read_tokenizer_file(path) -> TokenizerFile:
+    """tokenizer.json from a file, or from a folder holding one (read as transformers 5 reads the folder:
+    `hf_classes`)."""
     p = Path(path)
     if p.is_dir():
         folder, p = p, p / "tokenizer.json"
@@ -83,17 +110,19 @@ def load_tokenizer(path) -> Tokenizer:
     config = _read_config(folder) if Path(path).is_dir() else {}
     if config:
         d = apply_class_pipeline(d, config)  # a folder reads as transformers 5's AutoTokenizer
+    return TokenizerFile(p, d, _special_tokens_map(folder), config, folder if Path(path).is_dir() else None)
+
+
+@contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Errors of building a tokenizer from the file at `path` as one TokenizerError naming the file."""
     try:
-        tok = tokenizer_from_json(d, _special_tokens_map(folder))
-        tok.padding_side = padding_side_of(config)
-        if Path(path).is_dir():
-            tok.chat_template = read_chat_templates(folder)
-        return tok
+        yield
     except TokenizerError as exc:
-        raise TokenizerError(f"{p}: {exc}") from None
+        raise TokenizerError(f"{path}: {exc}") from None
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
         # a field of the wrong JSON type or shape deep in the pipeline description
-        raise TokenizerError(f"{p} is malformed ({type(exc).__name__}: {exc}); re-save it with tokenizer.save() "
+        raise TokenizerError(f"{path} is malformed ({type(exc).__name__}: {exc}); re-save it with tokenizer.save() "
                              "or restore the original file") from None
 
 

@@ -10,6 +10,8 @@ from lmkit.tokenizers.added_tokens import AddedToken, AddedVocabulary
 from lmkit.tokenizers.encoding import Encoding, pad, side_of, truncate
 from lmkit.tokenizers.fast import encode_many, tiktoken_engine
 from lmkit.tokenizers.pre_tokenizers import ByteLevel, byte_level
+from lmkit.tokenizers.serialization import (read_tokenizer_file, reading, save_pretrained, save_tokenizer,
+                                           tokenizer_parts, tokenizer_to_json)
 
 ROLES = {  # role -> token names that take it, most common first
     "bos": ("<s>", "<|begin_of_text|>", "<|startoftext|>", "[BOS]", "<bos>", "<|endoftext|>"),
@@ -328,19 +330,16 @@ class Tokenizer:
 
     # ---- files ------------------------------------------------------------------------------
     def to_json(self) -> dict:
-        from lmkit.tokenizers.serialization import tokenizer_to_json
         return tokenizer_to_json(self)
 
     @classmethod
     def from_file(cls, path) -> Tokenizer:
         """Same as `load_tokenizer(path)`."""
-        from lmkit.tokenizers.serialization import load_tokenizer
         return load_tokenizer(path)
 
     @classmethod
     def from_str(cls, text: str) -> Tokenizer:
         """A tokenizer from the text of a tokenizer.json."""
-        from lmkit.tokenizers.serialization import tokenizer_from_json
         return tokenizer_from_json(json.loads(text))
 
     def to_str(self) -> str:
@@ -348,12 +347,10 @@ class Tokenizer:
 
     def save(self, path) -> str:
         """Write tokenizer.json (a folder gets path/tokenizer.json) atomically; returns the file written."""
-        from lmkit.tokenizers.serialization import save_tokenizer
         return save_tokenizer(self, path)
 
     def save_pretrained(self, folder) -> list[str]:
         """A folder `transformers.AutoTokenizer` loads: tokenizer.json, tokenizer_config.json, special_tokens_map.json."""
-        from lmkit.tokenizers.serialization import save_pretrained
         return save_pretrained(self, folder)
 
     def __getstate__(self):
@@ -361,7 +358,6 @@ class Tokenizer:
                 "chat_template": self.chat_template}
 
     def __setstate__(self, state):
-        from lmkit.tokenizers.serialization import tokenizer_from_json
         other = tokenizer_from_json(json.loads(state["json"]))
         self.__dict__.update(other.__dict__)
         self._roles = state["roles"]
@@ -384,3 +380,16 @@ def _check_text(text):
     if not isinstance(text, str):
         raise TokenizerError(f"tokenizers encode str, not {type(text).__name__}; decode bytes to text first")
     return text
+
+
+def tokenizer_from_json(d: dict, special_tokens_map: dict | None = None) -> Tokenizer:
+    """A `Tokenizer` from a parsed tokenizer.json."""
+    return Tokenizer(*tokenizer_parts(d), special_tokens_map)
+
+
+def load_tokenizer(path) -> Tokenizer:
+    """A `Tokenizer` from a tokenizer.json file, or from a folder holding one (read as transformers 5 reads the
+    folder: `hf_classes`)."""
+    found = read_tokenizer_file(path)
+    with reading(found.path):
+        return found.settle(tokenizer_from_json(found.data, found.special_tokens_map))

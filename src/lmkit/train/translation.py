@@ -14,10 +14,9 @@ from typing import Any
 
 import torch
 
-from lmkit.atomic import atomic_save_file
+from lmkit.atomic import atomic_save_file, atomic_write_json
 from lmkit.config import get_preset
 from lmkit.evaluate.seq2seq import encode_pairs, evaluate_pairs
-from lmkit.hub.files import atomic_write_json
 from lmkit.models import build_model
 from lmkit.objectives import next_token_loss, seq2seq_batch, with_aux_loss
 from lmkit.train.metrics import MetricsLog, plot_losses
@@ -84,6 +83,6 @@ def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokeniz
     model.save_pretrained(out)
     atomic_save_file(out / "tokenizer.json", lambda tmp: tokenizer.save(tmp))
     if task is not None:  # `lmkit eval --model out` then scores the task's held-out set
-        atomic_write_json(out / "task.json", {"task": task})
+        atomic_write_json(out / "task.json", {"task": task}, sort_keys=True)
     plot_losses(metrics.read(), out / "loss_curve.png", title=f"{preset} on numbers-to-words")
     return {"step": step, "elapsed": time.perf_counter() - t0, **result}

@@ -12,7 +12,6 @@ batches under `torch.inference_mode`, and returns float32 rows in the order of t
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterable
 
@@ -20,8 +19,11 @@ import numpy as np
 import torch
 
 from lmkit.errors import CheckpointError, ConfigError
+from lmkit.hub import load_model
+from lmkit.hub.files import read_json, read_weights
 from lmkit.progress import progress_bar
-from lmkit.sentence_pooling import QUANTIZE, Dense, dense_activation, pool_tokens, quantize
+from lmkit.sentence.pooling import QUANTIZE, Dense, dense_activation, pool_tokens, quantize
+from lmkit.tokenizers import load_tokenizer
 from lmkit.tokenizers.encoding import side_of
 from lmkit.tokenizers.normalizers import Lowercase, Sequence
 
@@ -46,12 +48,7 @@ def _causal_lm(folder: Path) -> bool:
 
 
 def _read_json(path: Path) -> dict | list:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing; a sentence-transformers folder needs it") from None
-    except ValueError as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc}); restore it from a good copy") from None
+    return read_json(path, "a sentence-transformers folder needs it", (dict, list))
 
 
 def _tokenizer_config(folder: Path) -> dict:
@@ -337,12 +334,3 @@ class SentenceEncoder:
         dense = [m for m in self.head if isinstance(m, Dense)]
         return dense[-1].weight.shape[0] if dense else self.model.config.d_model * len(self.pooling_modes)
 
-
-# pooling and Dense live in lmkit.sentence_pooling, semantic search in lmkit.search; their names stay importable here
-from lmkit.search import SemanticIndex, paragraphs, top_k  # noqa: E402
-from lmkit.hub import load_model
-from lmkit.tokenizers import load_tokenizer
-from lmkit.hub.files import read_weights
-
-__all__ = ["SentenceEncoder", "Dense", "pool_tokens", "dense_activation", "quantize", "SemanticIndex", "paragraphs",
-           "top_k"]
