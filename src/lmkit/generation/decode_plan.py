@@ -111,7 +111,7 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None, batch: int, rela
     thread, more outputs than inputs: W^T contiguous (MKL's gemv); several rows, float32 (no autocast, which
     the packed product would bypass): on one thread of an Intel CPU and up to MKL_SMALL_BATCH rows, W^T
     contiguous (MKL's small products there take half the time of oneDNN's), else W packed for oneDNN's blocked
-    matrix product (on AMD's EPYC, 2-3x faster than MKL's); otherwise torch's linear on W as it is."""
+    matrix product (faster than MKL's on AMD's EPYC; docs/benchmarks.md); otherwise torch's linear on W as it is."""
     if not relayout or weight.device.type != "cpu":
         return Projection(F.linear, (weight, bias))
     n = torch.get_num_threads()

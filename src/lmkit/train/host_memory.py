@@ -3,9 +3,8 @@
 glibc serves allocations of 32 MB or more with mmap and returns them to the system when freed, and
 gives back the top of its heap once 128 KB of it is free. A training step allocates and frees the
 same large activations every time (the default run's float32 logits are 33 MB), so each step faults
-tens of thousands of fresh, kernel-zeroed pages back in: 29% of the default run's step on this
-project's 2-core machine. With mmap off (M_MMAP_MAX = 0) and a 1 GiB trim threshold
-(M_TRIM_THRESHOLD) freed blocks stay in the heap for the next step: 288 -> 205 ms per step.
+tens of thousands of fresh, kernel-zeroed pages back in (docs/training.md measures the cost). With mmap off (M_MMAP_MAX = 0) and a 1 GiB trim threshold
+(M_TRIM_THRESHOLD) freed blocks stay in the heap for the next step.
 LMKIT_MALLOC_TUNING=0 leaves malloc as it is; other C libraries are left alone.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ d gelu_tanh / dx = s + x s (1 - s) 2k (1 + 3 c x^2),  s = sigmoid(z).
 
 ATen evaluates tanh in bf16 at about a nanosecond per element on CPU, a third of a GPT-2 training
 step's element-wise time. The sigmoid form, compiled by inductor into one pass (float32 inside,
-one rounding to the input's dtype), is about 2.3x faster forward and backward. For |x| < 2.5 it gives
+one rounding to the input's dtype), is faster forward and backward (docs/benchmarks.md). For |x| < 2.5 it gives
 ATen's bf16 numbers but for the last bit of fewer than 1 in 10,000 elements; further left, where ATen's
 0.5 x (1 + tanh) cancels, it is the closer of the two to the exact value. In float32 (ATen's AVX2 GELU
 backward takes about 3 ns per element) it is within a few float32 steps of the float64 value everywhere,
