@@ -20,11 +20,15 @@ def register(subparsers) -> None:
     p.add_argument("--gamma", type=float, default=1.0, help="weight of 1 - cos(hidden states)")
     p.add_argument("--temperature", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=0)
+    from lmkit.cli.finetune import add_run_arguments
+
+    add_run_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from lmkit.compress.distill import DistillWeights
+    from lmkit.cli.finetune import run_settings
     from lmkit.compress.recipes import distill_folder
 
     def log(row):
@@ -33,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     w = DistillWeights(args.alpha, args.beta, args.gamma, args.temperature)
     r = distill_folder(args.teacher, args.out, args.corpus, args.max_steps, args.batch_size, args.seq_len, args.lr,
-                       args.every, w, args.seed, log=log)
+                       args.every, w, args.seed, log=log, **run_settings(args))
     for who in ("teacher", "student"):
         m = r[who]
         print(f"{who:8s} {m['layers']} layers, {m['parameters']:,} parameters: loss {m['loss']:.4f}, "

@@ -4,7 +4,8 @@ schedule.
 Weight decay applies to the weight matrices of linear layers only; biases, norm gains and
 embedding tables (with the LM head tied to them) are left undecayed.
 Schedule: lr(s) = lr_max (s + 1) / W for s < W (linear warm-up), then cosine decay
-lr(s) = lr_min + (lr_max - lr_min) (1 + cos(pi (s - W) / (S - W))) / 2 up to step S.
+lr(s) = lr_min + (lr_max - lr_min) (1 + cos(pi (s - W) / (S - W))) / 2 up to step S, or linear decay
+lr(s) = lr_min + (lr_max - lr_min) (S - s) / (S - W), or constant lr_max (`learning_rate`, --lr-schedule).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from lmkit.train.muon import MuonAdamW
 
 
 OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("linear", "cosine", "constant")
 
 
 def param_groups(model: nn.Module, weight_decay: float, skip: set[int] = frozenset()) -> list[dict]:
@@ -52,6 +54,18 @@ def lr_at(step: int, max_lr: float, warmup_steps: int, total_steps: int, min_lr:
         return max_lr
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def learning_rate(schedule: str, step: int, max_lr: float, warmup_steps: int, total_steps: int,
+                  min_lr: float = 0.0) -> float:
+    """Learning rate of step `step` (0-based) under --lr-schedule `schedule`, after the same linear warm-up."""
+    if schedule == "cosine":
+        return lr_at(step, max_lr, warmup_steps, total_steps, min_lr)
+    if step < warmup_steps:
+        return max_lr * ((step + 1) / warmup_steps)
+    if schedule == "constant" or total_steps <= warmup_steps:
+        return max_lr
+    return min_lr + (max_lr - min_lr) * max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
