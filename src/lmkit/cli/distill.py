@@ -28,7 +28,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lmkit.compress.distill import DistillWeights
-    from lmkit.cli.finetune import run_settings
+    from lmkit.cli.finetune import on_every_rank, run_settings
     from lmkit.compress.recipes import distill_folder
 
     def log(row):
@@ -36,8 +36,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"step {row['step']:5d}  loss {row['loss']:.4f}  ce {row['ce']:.4f}  kl {row['kl']:.4f}  cos {row['cos']:.4f}")
 
     w = DistillWeights(args.alpha, args.beta, args.gamma, args.temperature)
-    r = distill_folder(args.teacher, args.out, args.corpus, args.max_steps, args.batch_size, args.seq_len, args.lr,
-                       args.every, w, args.seed, log=log, **run_settings(args))
+    r, status = on_every_rank(lambda: distill_folder(args.teacher, args.out, args.corpus, args.max_steps,
+                                                     args.batch_size, args.seq_len, args.lr, args.every, w, args.seed,
+                                                     log=log, **run_settings(args)))
+    if r is None:
+        return status
     for who in ("teacher", "student"):
         m = r[who]
         print(f"{who:8s} {m['layers']} layers, {m['parameters']:,} parameters: loss {m['loss']:.4f}, "

@@ -75,6 +75,16 @@ def run_settings(args: argparse.Namespace) -> dict:
     return settings
 
 
+def on_every_rank(body):
+    """(body(), 0) in one process or on every rank under torchrun; (None, status) on the ranks other than 0,
+    which print nothing."""
+    from lmkit.train import distributed
+
+    ctx = distributed.setup()  # torchrun: one process per rank, rank 0 prints and writes
+    result, status = distributed.run_ranks(ctx, body)
+    return (result, status) if ctx.is_main else (None, status)
+
+
 def add_peft_arguments(parser) -> None:
     """The --peft flags of `lmkit finetune` (argparse), shared by its classification and causal-LM paths."""
     from lmkit.peft.model import METHODS
@@ -122,8 +132,11 @@ def run(args: argparse.Namespace) -> int:
         args.lr = default_lr(method, args.task)
     if args.task == "clm":
         return run_clm(args, method, settings)
-    best = finetune(FinetuneConfig(**{f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None},
-                                   peft=method, peft_settings=settings, **run_settings(args)))
+    config = FinetuneConfig(**{f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None}, peft=method,
+                            peft_settings=settings, **run_settings(args))
+    best, status = on_every_rank(lambda: finetune(config))
+    if best is None:
+        return status
     print(f"lmkit finetune: best epoch {best['epoch']}: accuracy {best['accuracy']:.4f}, macro-F1 {best['macro_f1']:.4f}; "
           f"saved to {args.out}")
     print(json.dumps(best))
@@ -134,8 +147,11 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
     from lmkit.finetune.clm import finetune_causal_lm_folder
 
     given = {k: getattr(args, k) for k in ("val_fraction", "warmup_ratio", "weight_decay") if getattr(args, k) is not None}
-    r = finetune_causal_lm_folder(args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
-                                  args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings)
+    r, status = on_every_rank(lambda: finetune_causal_lm_folder(
+        args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
+        args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings))
+    if r is None:
+        return status
     b, a = r["before"], r["after"]
     print(f"lmkit finetune --task clm --peft {method}: {r['trainable']:,} of {r['total']:,} parameters trained "
           f"({r['percent']:.2f}%) in {r['seconds']:.0f} s; validation loss {b['loss']:.4f} -> {a['loss']:.4f}, "
@@ -145,7 +161,6 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
 
 def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
     from lmkit.finetune.sft import SFTConfig, sft
-    from lmkit.train import distributed
 
     for flag, name in (("--pooling", "pooling"), ("--val-fraction", "val_fraction")):
         if getattr(args, name) is not None:
@@ -158,10 +173,9 @@ def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
     for key, name in (("warmup_ratio", "warmup_ratio"), ("weight_decay", "weight_decay")):
         if getattr(args, name) is not None:
             fields[key] = getattr(args, name)
-    ctx = distributed.setup()  # torchrun: one process per rank, rank 0 prints and writes
     log = lambda line: print(f"lmkit finetune --task sft: {line}", flush=True)  # noqa: E731
-    r, status = distributed.run_ranks(ctx, lambda: sft(SFTConfig(**fields), log=log))
-    if not ctx.is_main:
+    r, status = on_every_rank(lambda: sft(SFTConfig(**fields), log=log))
+    if r is None:
         return status
     held = (f"; held-out loss {r['eval_loss_before']:.4f} -> {r['eval_loss_after']:.4f}"
             if r["eval_loss_after"] is not None else "")

@@ -19,7 +19,7 @@ from lmkit.config import sliding_fields
 from lmkit.errors import ConfigError
 from lmkit.finetune.clm import train_causal_lm
 from lmkit.objectives import LossSum
-from lmkit.train.tasks import clm_batch
+from lmkit.train.objective import clm_batch
 
 _LAYER = re.compile(r"^(.*?(?:^|\.)layers\.)(\d+)(\..*)$")
 

@@ -12,6 +12,7 @@ from lmkit.compress.quantize import quantize_dynamic_int8, weight_bytes
 from lmkit.errors import ConfigError
 from lmkit.finetune.clm import causal_lm_data
 from lmkit.finetune.common import check_out, check_run, model_folder, save_model_folder
+from lmkit.train import distributed
 
 
 def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch_size: int = 16,
@@ -32,7 +33,8 @@ def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch
     report = {"teacher": {"layers": teacher.config.n_layers, "parameters": teacher.num_parameters(), **t},
               "student": {"layers": student.config.n_layers, "parameters": student.num_parameters(), **s},
               "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0, "precision": precision}
-    save_model_folder(student, tok, out, {"distill.json": report})
+    if distributed.setup().is_main:  # under torchrun rank 0 writes
+        save_model_folder(student, tok, out, {"distill.json": report})
     return report
 
 
@@ -55,14 +57,6 @@ def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 
               "parameters_before": n_params, "parameters_after": model.num_parameters(), "before": before, "after": after}
     save_model_folder(model, tok, out, {"prune.json": report})
     return report
-
-
-def forward_flops_per_token(model, context: int) -> float:
-    """Multiply-adds x 2 of one token's forward pass at a given context length: 2 per weight of every
-    linear layer, plus 4 * context * head_dim per attention head (scores q k^T and the sum over v)."""
-    linear = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
-    heads = sum(a.n_heads * a.head_dim for a in attention_modules(model).values())
-    return 2.0 * linear + 4.0 * context * heads
 
 
 @torch.no_grad()

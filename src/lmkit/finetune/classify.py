@@ -29,6 +29,7 @@ from lmkit.models.encoder import Encoder
 from lmkit.models.xlnet import XLNet
 from lmkit.objectives import LossSum
 from lmkit.tokenizers import load_tokenizer
+from lmkit.train import distributed
 from lmkit.train.job import Job
 from lmkit.train.loop import LoopSettings, TrainLoop
 
@@ -186,10 +187,13 @@ def finetune(cfg: FinetuneConfig) -> dict:
     settings = LoopSettings(lr=cfg.lr, max_steps=cfg.epochs * per_epoch, lr_schedule=cfg.lr_schedule, grad_clip=1.0,
                             precision=precision, log_every=per_epoch, eval_every=per_epoch, save_every=cfg.save_every,
                             resume=cfg.resume, progress=cfg.progress)
-    loop = TrainLoop(job, settings, cfg.out)
+    ctx = distributed.setup()
+    loop = TrainLoop(job, settings, cfg.out, ctx)
     if cfg.resume:
         loop.resume()
     loop.fit()
+    if not ctx.is_main:  # under torchrun rank 0 writes
+        return job.best
     summary = {"best": job.best, "labels": names, "train_examples": len(train), "eval_examples": len(held),
                "config": asdict(cfg)}
     atomic_write_bytes(Path(cfg.out) / "finetune.json", (json.dumps(summary, indent=2) + "\n").encode())

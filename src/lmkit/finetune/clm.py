@@ -26,7 +26,7 @@ from lmkit.train import distributed
 from lmkit.train.job import Job, Objective
 from lmkit.train.loop import LoopSettings, TrainLoop
 from lmkit.train.optim import build_optimizer
-from lmkit.train.tasks import get_objective
+from lmkit.train.objective import CLM
 
 
 class CausalLMJob(Job):
@@ -44,7 +44,7 @@ class CausalLMJob(Job):
             raise TrainingError("the model has no trainable parameters; add a PEFT method or unfreeze some layers")
         self.model, self.stream, self.pad_id, self.batch_size = model, stream, pad_id, batch_size
         self.lr, self.warmup_steps, self.seed, self.weight_decay = lr, warmup_steps, seed, weight_decay
-        self.objective = objective or get_objective("clm")
+        self.objective = objective or CLM
         self.log, self.data, self.history = log, data, []
 
     def build_optimizer(self) -> torch.optim.Optimizer:
@@ -176,6 +176,8 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     after = data.evaluate(tuned)
     report = {"method": method, "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0,
               "precision": precision, **summary, "before": before, "after": after}
+    if not distributed.setup().is_main:  # under torchrun rank 0 writes
+        return report
     if method == "full":
         save_model_folder(tuned, tok, out, {"finetune.json": report})
     else:

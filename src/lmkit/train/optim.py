@@ -15,27 +15,13 @@ import torch
 from torch import nn
 
 from lmkit.train.muon import MuonAdamW
+from lmkit.train.param_groups import param_groups
+
+__all__ = ["OPTIMIZERS", "SCHEDULES", "build_optimizer", "learning_rate", "lr_at", "param_groups", "set_lr"]
 
 
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("linear", "cosine", "constant")
-
-
-def param_groups(model: nn.Module, weight_decay: float, skip: set[int] = frozenset()) -> list[dict]:
-    """[{params: decayed, weight_decay}, {params: not decayed, weight_decay: 0}], each parameter once
-    (but those whose id() is in `skip`)."""
-    no_decay: set[int] = set()
-    for module in model.modules():
-        if isinstance(module, nn.Embedding):
-            no_decay.add(id(module.weight))
-    decay, keep, seen = [], [], set()
-    for _, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen or id(p) in skip:
-            continue
-        seen.add(id(p))
-        # ndim < 2: biases and norm gains; embeddings are matrices, so they are named above
-        (keep if p.ndim < 2 or id(p) in no_decay else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
 
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),

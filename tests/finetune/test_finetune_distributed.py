@@ -1,0 +1,42 @@
+"""`torchrun --nproc-per-node 2` on the CPU (gloo) runs every fine-tuning job through the one loop: each rank takes its
+share of the step's batch, the loss is the count-weighted mean over both, and the run equals one process within 1e-6
+(LoRA on a causal LM, classification, distillation; SFT has its own test in test_sft_distributed.py)."""
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers.processes import process_env
+from safetensors.torch import load_file
+from test_finetune_resume import commands  # noqa: F401
+from test_finetune import task  # noqa: F401
+from test_sft import folders  # noqa: F401
+
+SHORT = {"lora": ["--max-steps", "3", "--batch-size", "4"], "distill": ["--max-steps", "3", "--batch-size", "4"],
+         "classify": ["--epochs", "1", "--batch-size", "8"]}
+
+
+def _run(argv, out, ranks):
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
+    cmd = [sys.executable, *launcher, "-m", "lmkit", *argv, "--out", str(out), "--precision", "fp32", "--seed", "0"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=process_env(), timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", ["lora", "classify", "distill"])
+def test_two_ranks_take_the_steps_of_one_process(commands, tmp_path, job):  # noqa: F811
+    argv = commands[job]
+    for flag, value in zip(SHORT[job][::2], SHORT[job][1::2]):
+        argv = argv[:argv.index(flag) + 1] + [value] + argv[argv.index(flag) + 2:] if flag in argv else argv + [flag, value]
+    one, two = _run(argv, tmp_path / "one", 1), _run(argv, tmp_path / "two", 2)
+    assert [r["step"] for r in one] == [r["step"] for r in two] and one
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) < 1e-6 and a["tokens" if "tokens" in a else "step"] == b.get("tokens", b["step"])
+    weights = sorted(p.name for p in (tmp_path / "one").glob("*.safetensors"))
+    assert weights == sorted(p.name for p in (tmp_path / "two").glob("*.safetensors")) and weights
+    for name in weights:
+        w1, w2 = load_file(tmp_path / "one" / name), load_file(tmp_path / "two" / name)
+        assert w1.keys() == w2.keys()
+        assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-6
