@@ -21,9 +21,9 @@ def commands(folders, task, tmp_path_factory):  # noqa: F811
     root = tmp_path_factory.mktemp("resume")
     sft_rows = root / "sft.jsonl"
     sft_rows.write_text("".join(json.dumps(r) + "\n" for r in _rows("prompt_completion", 16)), encoding="utf-8")
-    text = root / "text.txt"
-    text.write_text("\n\n".join(r["prompt"] + r["completion"] for r in _rows("prompt_completion", 60)),
-                    encoding="utf-8")
+    text = root / "docs.jsonl"
+    text.write_text("".join(json.dumps({"text": r["prompt"] + r["completion"]}) + "\n"
+                            for r in _rows("prompt_completion", 60)), encoding="utf-8")
     gpt2 = str(folders["gpt2"])
     return {
         "sft": ["finetune", "--task", "sft", "--model", gpt2, "--train", str(sft_rows), "--max-steps", "30",

@@ -27,7 +27,7 @@ from lmkit.finetune.common import check_out, check_run, default_lr, model_folder
 from lmkit.finetune.sft_data import SFTExample, prepare, read_rows, row_format
 from lmkit.objectives import LossSum
 from lmkit.train import distributed
-from lmkit.train.distributed import all_reduce_sum, no_sync
+from lmkit.train.distributed import all_reduce_sum
 from lmkit.train.job import Job
 from lmkit.train.loop import LoopSettings, TrainLoop
 from lmkit.train.optim import build_optimizer
@@ -128,20 +128,14 @@ def _all_sum(values: list[float], ctx) -> list[float]:
     return all_reduce_sum(torch.tensor(values, dtype=torch.float64), ctx).tolist()
 
 
-def step_loss(model: nn.Module, micro_batches: list[dict], backward: bool = True, ctx=None) -> tuple[float, int]:
-    """Run this rank's micro-batches of one optimizer step, backpropagating sum / N with N the step's trained labels
-    over all micro-batches and all ranks (`ctx`: lmkit.train.distributed's; DDP must then *sum* the ranks'
-    gradients, as `wrap_model` sets it up). Returns (the step's mean loss over every rank, N)."""
-
-    count = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro_batches)
+@torch.no_grad()
+def step_loss(model: nn.Module, micro_batches: list[dict], ctx=None) -> tuple[float, int]:
+    """The loss the training loop gives one optimizer step over these micro-batches (this rank's; `ctx`:
+    lmkit.train.distributed's): sum of -log p / N, with N the trained labels of all micro-batches and ranks.
+    Returns (that mean, N)."""
+    count = sum(SFTObjective().count(b) for b in micro_batches)
     n = max(int(_all_sum([float(count)], ctx)[0]), 1)
-    total = 0.0
-    for i, b in enumerate(micro_batches):
-        with no_sync(model, backward and i < len(micro_batches) - 1):  # one all-reduce per step, after the last
-            summed, _ = token_losses(model, b)
-            if backward:
-                (summed / n).backward()
-        total += float(summed.detach())
+    total = sum(float(token_losses(model, b)[0]) for b in micro_batches)
     return _all_sum([total], ctx)[0] / n, n
 
 
