@@ -39,6 +39,19 @@ from lmkit.train.seeds import resume_seed
 CALIBRATION_STEPS = 8  # steps timed before a --time-budget run fixes its step count
 
 
+def to_device(batch: Any, device: torch.device) -> Any:
+    """A micro-batch (tensors in dicts, lists and tuples) on `device`; on the CPU as it is."""
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
 @dataclass
 class LoopSettings:
     """How the loop runs a job; the flags of the same names (`lmkit train`, `lmkit finetune`)."""
@@ -70,6 +83,8 @@ class TrainLoop:
         self.ctx = ctx or D.DistContext()
         self.rank, self.world_size, self.device = self.ctx.rank, self.ctx.world_size, self.ctx.device
         self.model = job.model
+        if self.device.type != "cpu":
+            self.model.to(self.device)
         self.engine = D.wrap_model(self.model, self.ctx, settings.fsdp)  # what the step calls: DDP / FSDP / the model
         self.loss_scale = D.loss_scale(self.ctx, settings.fsdp)
         self.optimizer = job.build_optimizer()  # after FSDP sharded the parameters it holds
@@ -92,7 +107,7 @@ class TrainLoop:
     def train_step(self, step: int) -> float:
         """Optimizer step `step`; returns its mean training loss (over all ranks)."""
         set_lr(self.optimizer, self.lr_at(step))
-        micro_batches = self.job.micro_batches(step, self.rank, self.world_size)
+        micro_batches = [to_device(b, self.device) for b in self.job.micro_batches(step, self.rank, self.world_size)]
         objective = self.job.objective
         count = D.all_reduce_sum(torch.tensor(float(sum(objective.count(b) for b in micro_batches))),
                                  self.ctx).item()
