@@ -47,7 +47,8 @@ def test_two_ranks_take_the_steps_of_one_process(steady, tmp_path, job):
     one, two = _run(argv, tmp_path / "one", 1), _run(argv, tmp_path / "two", 2)
     assert [r["step"] for r in one] == [r["step"] for r in two] and one
     for a, b in zip(one, two):
-        assert abs(a["loss"] - b["loss"]) < 1e-6 and a["tokens" if "tokens" in a else "step"] == b.get("tokens", b["step"])
+        # relative: distillation's loss (about 12 nats) is a float32 sum, whose last bit is about 1e-6
+        assert abs(a["loss"] - b["loss"]) < 1e-6 * max(1.0, abs(a["loss"])) and a["tokens" if "tokens" in a else "step"] == b.get("tokens", b["step"])
     weights = sorted(p.name for p in (tmp_path / "one").glob("*.safetensors"))
     assert weights == sorted(p.name for p in (tmp_path / "two").glob("*.safetensors")) and weights
     for name in weights:

@@ -9,11 +9,12 @@ from pathlib import Path
 
 from torch import nn
 
-import lmkit
 from lmkit.atomic import staged_folder
 from lmkit.errors import CheckpointError, ConfigError
+from lmkit.hub import load_model
 from lmkit.hub.files import atomic_write_json
 from lmkit.peft.model import get_peft_model
+from lmkit.tokenizers import load_tokenizer
 from lmkit.train.checkpoint import CHECKPOINT_DIR
 from lmkit.train.optim import SCHEDULES
 from lmkit.train.precision import default_precision
@@ -55,7 +56,7 @@ def model_folder(path):
     folder = Path(path)
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json; pass a folder written by `lmkit train` (or add one)")
-    model = lmkit.load_model(folder)
+    model = load_model(folder)
     if type(model).__name__ != "CausalLM":
         arch = model.config.architecture
         raise ConfigError(f"{folder} holds a{'n' if arch.startswith('e') else ''} {arch} model; this command works on "
@@ -63,7 +64,7 @@ def model_folder(path):
     if model.config.compression.get("quantization"):  # int8 layers hold no trainable or prunable weights
         raise ConfigError(f"{folder} holds an int8-quantized model (from `lmkit quantize`); pass the float model "
                           "it was made from")
-    return model, lmkit.load_tokenizer(folder / "tokenizer.json")
+    return model, load_tokenizer(folder / "tokenizer.json")
 
 
 def save_model_folder(model: nn.Module, tokenizer, out, extra_json: dict | None = None) -> None:

@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import lmkit
 from lmkit.atomic import staged_folder
 from lmkit.errors import ConfigError
 from lmkit.finetune.common import check_out, check_run, default_lr, model_folder, peft_for_task
 from lmkit.finetune.sft_data import SFTExample, prepare, read_rows, row_format
 from lmkit.objectives import LossSum
+from lmkit.tokenizers import load_tokenizer
 from lmkit.train import distributed
 from lmkit.train.distributed import all_reduce_sum
 from lmkit.train.job import Job
@@ -247,7 +247,7 @@ class SFTJob(Job):
                               f"multiple of {ctx.world_size}")
         self.precision = check_run(c.out, c.resume, c.save_every, c.precision, c.lr_schedule)
         model, _ = model_folder(c.model)
-        tok = lmkit.load_tokenizer(c.model)
+        tok = load_tokenizer(c.model)
         first = read_rows(c.train)[0]
         conversational = row_format(first[1], c.train) in ("messages", "conversational_prompt_completion")
         _with_template(tok, c.chat_template, conversational, c.model)
