@@ -19,7 +19,7 @@ import compress_setup as setup  # noqa: E402
 
 import lmkit  # noqa: E402
 from lmkit.compress import DistillWeights, distill_causal_lm, student_from_teacher  # noqa: E402
-from lmkit.peft.finetune import train_causal_lm  # noqa: E402
+from lmkit.finetune.clm import train_causal_lm  # noqa: E402
 
 
 RUNS = {

@@ -19,7 +19,7 @@ import compress_setup as setup  # noqa: E402
 
 import lmkit  # noqa: E402
 from lmkit.peft import get_peft_model, trainable_summary  # noqa: E402
-from lmkit.peft.finetune import train_causal_lm  # noqa: E402
+from lmkit.finetune.clm import train_causal_lm  # noqa: E402
 
 METHODS = {  # method -> (settings, learning rate)
     "full fine-tuning": ({}, 1e-3),

@@ -38,7 +38,7 @@ def base_model(steps: int = int(os.environ.get("LMKIT_BENCH_BASE_STEPS", "250"))
 
 def data(folder: Path, corpus: str, seq_len: int = SEQ_LEN, max_val_docs: int | None = 60):
     """Train stream and validation rows of `corpus` under the base model's tokenizer (see CausalLMData)."""
-    from lmkit.peft.finetune import CausalLMData
+    from lmkit.finetune.clm import CausalLMData
 
     return CausalLMData(lmkit.load_tokenizer(folder / "tokenizer.json"), [corpus], seq_len, max_val_docs)
 

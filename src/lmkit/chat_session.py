@@ -47,6 +47,16 @@ def end_ids(model, tok) -> list[int]:
     return ids
 
 
+def chat_generation_defaults(model, tok) -> dict:
+    """The generation_config.json of a chat-tuned folder: the model's own settings, the one chat sampling
+    (`CHAT_SAMPLING`) and every end id (`end_ids`), so that each chat surface stops at the turn's end and samples alike."""
+    defaults = {**(getattr(model, "generation_defaults", {}) or {}), **CHAT_SAMPLING}
+    ends = end_ids(model, tok)
+    if ends:
+        defaults["eos_token_id"] = ends if len(ends) > 1 else ends[0]
+    return defaults
+
+
 def sampling_defaults(model) -> dict:
     """The folder's generation_config.json sampling values (SAMPLING_KEYS), as vLLM's `--generation-config auto`
     reads them; a file that says do_sample false means greedy, as transformers reads it: temperature 0."""

@@ -154,7 +154,7 @@ def test_a_pretrained_llama_folder_is_scored_after_its_own_bos(tmp_path):
     import lmkit
     from lmkit.data.corpus import Corpus, Document
     from lmkit.evaluate.perplexity import evaluate_text
-    from lmkit.peft.finetune import CausalLMData
+    from lmkit.finetune.clm import CausalLMData
 
     texts = ["def f(x):\n    return x + 1\n", "The quick brown fox jumps over the lazy dog. ✓"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))

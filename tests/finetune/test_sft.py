@@ -145,7 +145,7 @@ def test_prepared_rows_and_first_loss_match_trl(folders, tmp_path, name, kind, p
         assert torch.equal(mask, hf_batch["attention_mask"])
     theirs_loss = float(trainer.compute_loss(trainer.model, {k: v for k, v in hf_batch.items()}))
     model = lmkit.load_model(folders[name])
-    ours_loss, _ = step_loss(model, [batch], backward=False)
+    ours_loss, _ = step_loss(model, [batch])
     assert abs(ours_loss - theirs_loss) < 1e-5, (ours_loss, theirs_loss)
 
 
@@ -154,12 +154,12 @@ def test_micro_batches_give_the_token_weighted_mean_of_the_step(folders, tmp_pat
     path.write_text("".join(json.dumps(r) + "\n" for r in _rows("messages")))
     tok, model = lmkit.load_tokenizer(folders["gpt2"]), lmkit.load_model(folders["gpt2"])
     ex, _ = prepare(tok, path, 64)
-    whole, n = step_loss(model, [collate(ex[:6], tok.pad_token_id)], backward=False)
-    parts, m = step_loss(model, [collate(ex[i:i + 2], tok.pad_token_id) for i in (0, 2, 4)], backward=False)
-    uneven, _ = step_loss(model, [collate(ex[:1], tok.pad_token_id), collate(ex[1:6], tok.pad_token_id)], backward=False)
+    whole, n = step_loss(model, [collate(ex[:6], tok.pad_token_id)])
+    parts, m = step_loss(model, [collate(ex[i:i + 2], tok.pad_token_id) for i in (0, 2, 4)])
+    uneven, _ = step_loss(model, [collate(ex[:1], tok.pad_token_id), collate(ex[1:6], tok.pad_token_id)])
     assert n == m and abs(whole - parts) < 1e-5 and abs(whole - uneven) < 1e-5
     # a mean of per-micro-batch means would differ: the micro-batches hold different token counts
-    means = [step_loss(model, [collate(ex[i:i + 2], tok.pad_token_id)], backward=False)[0] for i in (0, 2, 4)]
+    means = [step_loss(model, [collate(ex[i:i + 2], tok.pad_token_id)])[0] for i in (0, 2, 4)]
     assert abs(sum(means) / 3 - whole) > 1e-4
 
 

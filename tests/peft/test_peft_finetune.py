@@ -9,7 +9,8 @@ from lmkit.config import ModelConfig
 from lmkit.data.tokenize import vocab_size_of
 from lmkit.models import build_model
 from lmkit.peft import load_adapter
-from lmkit.peft.finetune import CausalLMData, finetune_causal_lm_folder, peft_for_task
+from lmkit.finetune.clm import CausalLMData, finetune_causal_lm_folder
+from lmkit.finetune.common import peft_for_task
 
 TEXT = "\n\n".join(f"class Item{i}:\n    size = {i * 3}\n    name = 'item {i}'" for i in range(120))
 
@@ -208,7 +209,7 @@ def test_cli_clm_holds_out_val_fraction(folder):
 def test_cli_clm_honours_warmup_and_decay_and_refuses_classification_flags(folder, monkeypatch, capsys):
     """--task clm passes --warmup-ratio and --weight-decay on (they were ignored); flags of the other task are
     refused in one line instead of being silently ignored (--epochs, --eval, --pooling; --max-steps)."""
-    import lmkit.peft.finetune as pf
+    import lmkit.finetune.clm as pf
     from lmkit.cli import main
 
     docs = folder / "wd-docs.jsonl"

@@ -11,7 +11,8 @@ from scipy.optimize import minimize_scalar
 
 from lmkit.scaling import BESIROGLU, CHINCHILLA, ScalingLaw, bootstrap_fit, fit_law, isoflop_fit
 from lmkit.scaling.fit import huber_objective
-from lmkit.scaling.sweep import DEFAULT_SHAPES, Shape, count_parameters, plan_sweep, shape_parameters
+from lmkit.scaling.shapes import DEFAULT_SHAPES, Shape, count_parameters, shape_parameters
+from lmkit.scaling.sweep import plan_sweep
 
 
 def numeric_optimum(law: ScalingLaw, compute: float, k: float = 6.0) -> float:

@@ -3,12 +3,12 @@ run (bitwise, fp32 on CPU); a damaged newest checkpoint is reported and the one 
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from helpers.processes import kill_after_a_save, saved_steps
 
 import lmkit
 from lmkit.cli import main
@@ -37,27 +37,6 @@ def command(data, out, steps, *extra):
 def logged(out):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss"], r.get("val_loss")) for r in rows]
-
-
-def saved_steps(out):
-    return sorted(int(p.name[5:]) for p in (out / "checkpoint").glob("step-*")) if (out / "checkpoint").exists() else []
-
-
-def kill_after_a_save(cmd, out, after_step, rng):
-    """Start a training process, SIGKILL it at a random moment after checkpoint `after_step` exists."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    deadline = time.time() + 240
-    while not any(s >= after_step for s in saved_steps(out)):
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.005)
-    time.sleep(rng.uniform(0, 0.15))  # anywhere: mid-step, mid-evaluation, mid-save
-    assert proc.poll() is None, "the run finished before it could be killed; give it more steps"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
 
 
 def test_sigkilled_run_resumes_with_the_uninterrupted_losses(data):

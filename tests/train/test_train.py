@@ -10,6 +10,7 @@ from lmkit.data import load_corpus
 from lmkit.errors import TrainingError
 from lmkit.models import CausalLM
 from lmkit.train import TrainConfig, Trainer
+from lmkit.train.loop import TrainLoop
 from lmkit.train.optim import lr_at, param_groups
 CORPUS_DOCS, CORPUS_IDS = 40, True  # the corpus_file fixture (conftest.py): about 60 KB of pydocs
 
@@ -278,13 +279,13 @@ def test_default_evaluations_fall_on_the_logged_steps(corpus_file, tmp_path):
 
 
 def test_time_budget_fixes_a_step_count(corpus_file, tmp_path, monkeypatch):
-    plan, planned = Trainer._plan, []
+    plan, planned = TrainLoop._plan, []
 
     def noted(self, t_start, step_times):
         plan(self, t_start, step_times)
         planned.append(self.total_steps)
 
-    monkeypatch.setattr(Trainer, "_plan", noted)
+    monkeypatch.setattr(TrainLoop, "_plan", noted)
     trainer = Trainer(config(corpus_file, tmp_path / "t", max_steps=None, time_budget=3.0, save_every=None,
                              warmup_steps=None))
     result = trainer.fit()
@@ -302,18 +303,18 @@ def test_replanned_time_budget_keeps_its_evaluations_apart(corpus_file, tmp_path
     """A run whose step count is re-fitted after each evaluation (the machine got faster) still
     evaluates about `_n_evals` times: the next evaluation comes `every` steps after the last one, not
     at the next multiple of a changed `every` (which used to fall a few steps after an evaluation)."""
-    plan, replan = Trainer._plan, Trainer._replan
+    plan, replan = TrainLoop._plan, TrainLoop._replan
 
     def five_evaluations(self, t_start, step_times):
         plan(self, t_start, step_times)
-        self._n_evals = 5
+        self.n_evals = 5
 
     def faster(self, t_start):
         replan(self, t_start)
         self.total_steps = int(self.total_steps * 1.3)
 
-    monkeypatch.setattr(Trainer, "_plan", five_evaluations)
-    monkeypatch.setattr(Trainer, "_replan", faster)
+    monkeypatch.setattr(TrainLoop, "_plan", five_evaluations)
+    monkeypatch.setattr(TrainLoop, "_replan", faster)
     trainer = Trainer(config(corpus_file, tmp_path / "t", max_steps=None, time_budget=4.0, save_every=None))
     trainer.fit()
     evaluated = [step for step, _, val in losses(tmp_path / "t") if val is not None]

@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--gamma", type=float, default=1.0, metavar="X", help="weight of 1 - cos(hidden states)")
     p.add_argument("--temperature", type=float, default=2.0, metavar="T", help="softmax temperature of the soft targets")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed")
+    from lmkit.cli.finetune import add_run_arguments
+
+    add_run_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -31,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from lmkit.compress.distill import DistillWeights
+    from lmkit.cli.finetune import on_every_rank, run_settings
     from lmkit.compress.recipes import distill_folder
     from lmkit.progress import progress_bar
 
@@ -48,10 +52,13 @@ def run(args: argparse.Namespace) -> int:
 
     w = DistillWeights(args.alpha, args.beta, args.gamma, args.temperature)
     try:
-        r = distill_folder(args.teacher, args.out, args.corpus, args.max_steps, args.batch_size, args.seq_len,
-                           args.lr, args.every, w, args.seed, log=log)
+        r, status = on_every_rank(lambda: distill_folder(args.teacher, args.out, args.corpus, args.max_steps,
+                                                         args.batch_size, args.seq_len, args.lr, args.every, w,
+                                                         args.seed, log=log, **run_settings(args)))
     finally:
         bar.close()
+    if r is None:
+        return status
     for who in ("teacher", "student"):
         m = r[who]
         print(f"{who:8s} {m['layers']} layers, {m['parameters']:,} parameters: loss {m['loss']:.4f}, "

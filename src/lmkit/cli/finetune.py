@@ -60,15 +60,74 @@ def register(subparsers) -> None:
                      "--batch-size); the loss stays a mean over all trained tokens of the step")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (--task clm: default 200; --task sft: default "
                    "--epochs passes, a number here overrides them)")
-    from lmkit.peft.finetune import add_peft_arguments
-
+    add_run_arguments(p)
     add_peft_arguments(p)
     p.set_defaults(func=run)
 
 
+def add_run_arguments(parser) -> None:
+    """The flags of the one training loop that every fine-tuning job shares (also `lmkit distill`'s)."""
+    g = parser.add_argument_group("training run")
+    g.add_argument("--precision", choices=["fp32", "bf16"], help="bf16: autocast matrix products to bfloat16 "
+                   "(default: bf16 where the CPU has native bf16, else fp32)")
+    g.add_argument("--lr-schedule", choices=["linear", "cosine", "constant"],
+                   help="after the linear warm-up (default: cosine; classification: linear)")
+    g.add_argument("--save-every", type=int, metavar="N", help="write a resumable checkpoint into --out/checkpoint "
+                   "every N steps (default: none)")
+    g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint, with "
+                   "the losses it would have had")
+
+
+def run_settings(args: argparse.Namespace) -> dict:
+    """The loop's settings from the parsed run flags (as the jobs' configs name them)."""
+    settings = dict(precision=args.precision, save_every=args.save_every, resume=args.resume)
+    if args.lr_schedule is not None:
+        settings["lr_schedule"] = args.lr_schedule
+    return settings
+
+
+def on_every_rank(body):
+    """(body(), 0) in one process or on every rank under torchrun; (None, status) on the ranks other than 0,
+    which print nothing."""
+    from lmkit.train import distributed
+
+    ctx = distributed.setup()  # torchrun: one process per rank, rank 0 prints and writes
+    result, status = distributed.run_ranks(ctx, body)
+    return (result, status) if ctx.is_main else (None, status)
+
+
+def add_peft_arguments(parser) -> None:
+    """The --peft flags of `lmkit finetune` (argparse), shared by its classification and causal-LM paths."""
+    from lmkit.peft.model import METHODS
+
+    g = parser.add_argument_group("parameter-efficient fine-tuning")
+    g.add_argument("--peft", choices=("full",) + METHODS, default="full",
+                   help="train everything (full, the default) or only a PEFT method's parameters")
+    g.add_argument("--lora-r", type=int, default=8, metavar="R", help="LoRA / QLoRA rank (default 8)")
+    g.add_argument("--lora-alpha", type=float, default=16.0, metavar="X",
+                   help="LoRA scale alpha (update = alpha/r B A; default 16)")
+    g.add_argument("--lora-dropout", type=float, default=0.0, metavar="X",
+                   help="dropout on the LoRA branch's input (default 0)")
+    g.add_argument("--target-modules", nargs="+", metavar="NAME",
+                   help="layers LoRA/IA3 adapt, by name (q_proj v_proj, or the HF names; 're:REGEX' for a pattern; default: "
+                        "q_proj v_proj for LoRA, k_proj v_proj down_proj for IA3)")
+    g.add_argument("--qlora-bits", type=int, choices=(4, 8), default=4, help="QLoRA base weights: 4 (NF4, the default) or 8 bits")
+    g.add_argument("--virtual-tokens", type=int, default=16, metavar="N", help="prefix / prompt length (default 16)")
+    g.add_argument("--bottleneck", type=int, default=16, metavar="N", help="adapter bottleneck width (default 16)")
+
+
+def peft_settings(args) -> tuple[str, dict]:
+    """(method, settings for peft_for_task) from the parsed --peft flags."""
+    settings = dict(r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, bits=args.qlora_bits,
+                    num_virtual_tokens=args.virtual_tokens, bottleneck=args.bottleneck)
+    if args.target_modules:
+        settings["target_modules"] = list(args.target_modules)
+    return args.peft, settings
+
+
 def run(args: argparse.Namespace) -> int:
     from lmkit.finetune import FinetuneConfig, finetune
-    from lmkit.peft.finetune import default_lr, peft_settings
+    from lmkit.finetune.common import default_lr
 
     method, settings = peft_settings(args)
     if args.task == "sft":
@@ -87,8 +146,11 @@ def run(args: argparse.Namespace) -> int:
         args.lr = default_lr(method, args.task)
     if args.task == "clm":
         return run_clm(args, method, settings)
-    best = finetune(FinetuneConfig(**{f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None},
-                                   peft=method, peft_settings=settings))
+    config = FinetuneConfig(**{f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None}, peft=method,
+                            peft_settings=settings, **run_settings(args))
+    best, status = on_every_rank(lambda: finetune(config))
+    if best is None:
+        return status
     print(f"lmkit finetune: best epoch {best['epoch']}: accuracy {best['accuracy']:.4f}, macro-F1 {best['macro_f1']:.4f}; "
           f"saved to {args.out}")
     print(json.dumps(best))
@@ -96,11 +158,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
-    from lmkit.peft.finetune import finetune_causal_lm_folder
+    from lmkit.finetune.clm import finetune_causal_lm_folder
 
     given = {k: getattr(args, k) for k in ("val_fraction", "warmup_ratio", "weight_decay") if getattr(args, k) is not None}
-    r = finetune_causal_lm_folder(args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
-                                  args.max_length, args.lr, args.seed, **given, **settings)
+    r, status = on_every_rank(lambda: finetune_causal_lm_folder(
+        args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
+        args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings))
+    if r is None:
+        return status
     b, a = r["before"], r["after"]
     print(f"lmkit finetune --task clm --peft {method}: {r['trainable']:,} of {r['total']:,} parameters trained "
           f"({r['percent']:.2f}%) in {r['seconds']:.0f} s; validation loss {b['loss']:.4f} -> {a['loss']:.4f}, "
@@ -110,7 +175,6 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
 
 def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
     from lmkit.finetune.sft import SFTConfig, sft
-    from lmkit.train import distributed
 
     for flag, name in (("--pooling", "pooling"), ("--val-fraction", "val_fraction")):
         if getattr(args, name) is not None:
@@ -119,14 +183,13 @@ def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
                   packing=args.packing, train_on_all=args.train_on_all, chat_template=args.chat_template,
                   epochs=args.epochs or 1, max_steps=args.max_steps, batch_size=args.batch_size,
                   micro_batch_size=args.micro_batch_size, lr=args.lr, seed=args.seed, peft=method,
-                  peft_settings=settings if method != "full" else {})
+                  peft_settings=settings if method != "full" else {}, **run_settings(args))
     for key, name in (("warmup_ratio", "warmup_ratio"), ("weight_decay", "weight_decay")):
         if getattr(args, name) is not None:
             fields[key] = getattr(args, name)
-    ctx = distributed.setup()  # torchrun: one process per rank, rank 0 prints and writes
     log = lambda line: print(f"lmkit finetune --task sft: {line}", flush=True)  # noqa: E731
-    r, status = distributed.run_ranks(ctx, lambda: sft(SFTConfig(**fields), log=log))
-    if not ctx.is_main:
+    r, status = on_every_rank(lambda: sft(SFTConfig(**fields), log=log))
+    if r is None:
         return status
     held = (f"; held-out loss {r['eval_loss_before']:.4f} -> {r['eval_loss_after']:.4f}"
             if r["eval_loss_after"] is not None else "")

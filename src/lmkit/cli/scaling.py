@@ -93,7 +93,9 @@ def _convention(p) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from lmkit.scaling.sweep import DEFAULT_SHAPES, Shape, plan_sweep, run_sweep as sweep
+    from lmkit.scaling.shapes import DEFAULT_SHAPES, Shape
+    from lmkit.scaling.sweep import plan_sweep
+    from lmkit.train.sweep import run_sweep as sweep
 
     shapes = [Shape.parse(s) for s in args.shapes] if args.shapes else list(DEFAULT_SHAPES)
     plans = plan_sweep(args.budgets, shapes, args.batch_size, args.seq_len, args.vocab_size, args.flops_per_token,

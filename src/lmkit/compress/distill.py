@@ -17,7 +17,9 @@ from torch import nn
 
 from lmkit.config import sliding_fields
 from lmkit.errors import ConfigError
-from lmkit.peft.finetune import train_causal_lm
+from lmkit.finetune.clm import train_causal_lm
+from lmkit.objectives import LossSum
+from lmkit.train.objective import clm_batch
 
 _LAYER = re.compile(r"^(.*?(?:^|\.)layers\.)(\d+)(\..*)$")
 
@@ -110,19 +112,33 @@ def student_from_teacher(teacher: nn.Module, every: int = 2) -> nn.Module:
     return student.to(next(teacher.parameters()).dtype).train(teacher.training)
 
 
+class DistillationObjective:
+    """The student's loss against a frozen teacher on next-token rows: `distillation_loss` over the scored
+    positions, as a sum (mean x count) so that micro-batches and ranks weigh every position once."""
+
+    build_batch = staticmethod(clm_batch)
+
+    def __init__(self, teacher: nn.Module, weights: DistillWeights | None = None):
+        self.teacher, self.weights, self.parts = teacher.eval(), weights or DistillWeights(), {}
+
+    def count(self, batch: dict[str, torch.Tensor]) -> int:
+        return int((batch["labels"] != -100).sum())
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[LossSum, torch.Tensor | None]:
+        out = model(batch["input_ids"])
+        with torch.no_grad():
+            ref = self.teacher(batch["input_ids"])
+        parts = distillation_loss(out.logits, ref.logits, batch["labels"], out.last_hidden_state, ref.last_hidden_state,
+                                  self.weights)
+        n = (batch["labels"] != -100).sum()
+        self.parts = {k: float(parts[k].detach()) for k in ("ce", "kl", "cos")}  # logged with the step
+        return LossSum(parts["loss"] * n, n), getattr(out, "aux_loss", None)
+
+
 def distill_causal_lm(teacher: nn.Module, student: nn.Module, stream, pad_id: int, steps: int, batch_size: int,
                       lr: float = 1e-3, warmup_steps: int = 20, weights: DistillWeights | None = None, seed: int = 0,
-                      weight_decay: float = 0.1, grad_clip: float = 1.0, log=None) -> list[dict]:
-    """Train `student` on rows of a `PackedStream` against the frozen teacher; returns the logged rows."""
-    w = weights or DistillWeights()
-    teacher.eval()
-
-    def loss_fn(model, inputs, targets):
-        out = model(inputs)
-        with torch.no_grad():
-            ref = teacher(inputs)
-        parts = distillation_loss(out.logits, ref.logits, targets, out.last_hidden_state, ref.last_hidden_state, w)
-        return parts.pop("loss"), parts, out
-
+                      weight_decay: float = 0.1, grad_clip: float = 1.0, log=None, **run) -> list[dict]:
+    """Train `student` on rows of a `PackedStream` against the frozen teacher; returns the logged rows.
+    `run`: the loop's settings of `train_causal_lm` (out, precision, lr_schedule, save_every, resume)."""
     return train_causal_lm(student, stream, pad_id, steps, batch_size, lr, warmup_steps, seed, weight_decay,
-                           grad_clip, loss_fn, log)
+                           grad_clip, DistillationObjective(teacher, weights), log, **run)

@@ -10,25 +10,32 @@ from lmkit.compress.distill import DistillWeights, distill_causal_lm, student_fr
 from lmkit.compress.prune import head_importance, least_important, prune_heads
 from lmkit.compress.quantize import quantize_dynamic_int8, weight_bytes
 from lmkit.errors import ConfigError
-from lmkit.peft.finetune import causal_lm_data, check_out, model_folder, save_model_folder
+from lmkit.finetune.clm import causal_lm_data
+from lmkit.finetune.common import check_out, check_run, model_folder, save_model_folder
 from lmkit.progress import progress_bar
+from lmkit.train import distributed
 
 
 def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch_size: int = 16,
                    seq_len: int | None = None, lr: float = 1e-3, every: int = 2, weights: DistillWeights | None = None,
-                   seed: int = 0, max_val_docs: int | None = None, log=None) -> dict:
-    """Student = every other teacher layer, trained against the teacher; saved to `out` with metrics."""
+                   seed: int = 0, max_val_docs: int | None = None, log=None, precision: str | None = None,
+                   lr_schedule: str = "cosine", save_every: int | None = None, resume: bool = False) -> dict:
+    """Student = every other teacher layer, trained against the teacher; saved to `out` with metrics.jsonl (as
+    training goes; with `save_every`, checkpoints that `resume` continues from)."""
     check_out(out, teacher_dir, "--teacher")
+    precision = check_run(out, resume, save_every, precision, lr_schedule)
     teacher, tok = model_folder(teacher_dir)
     data = causal_lm_data(teacher, tok, corpus, seq_len, max_val_docs)
     student = student_from_teacher(teacher, every)
     history = distill_causal_lm(teacher, student, data.stream, data.pad, steps, batch_size, lr,
-                                warmup_steps=min(50, steps // 10), weights=weights, seed=seed, log=log)
+                                warmup_steps=min(50, steps // 10), weights=weights, seed=seed, log=log, out=out,
+                                precision=precision, lr_schedule=lr_schedule, save_every=save_every, resume=resume)
     t, s = data.evaluate(teacher), data.evaluate(student)
     report = {"teacher": {"layers": teacher.config.n_layers, "parameters": teacher.num_parameters(), **t},
               "student": {"layers": student.config.n_layers, "parameters": student.num_parameters(), **s},
-              "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0}
-    save_model_folder(student, tok, out, {"distill.json": report, "metrics.jsonl": history})
+              "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0, "precision": precision}
+    if distributed.setup().is_main:  # under torchrun rank 0 writes
+        save_model_folder(student, tok, out, {"distill.json": report})
     return report
 
 

@@ -93,8 +93,3 @@ def corpus_tokenizer(corpus: Corpus, vocab_size: int, kind: str = "bpe", use_cac
     if use_cache:
         atomic_save_file(path, lambda tmp: tok.save(tmp))
     return tok
-
-
-def load_training_tokenizer(path: str | Path):
-    """The tokenizer of a trained model folder (tokenizer.json)."""
-    return load_tokenizer(path)

@@ -12,9 +12,7 @@ import json
 import math
 import random
 import shutil
-import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -23,15 +21,17 @@ import torch
 from lmkit.atomic import atomic_write_bytes
 from lmkit.config_sections import UNSET
 from lmkit.errors import ConfigError, CorpusError
+from lmkit.finetune.common import check_out, check_run, fitting_length, peft_for_task
 from lmkit.finetune.data import Example, label_names, read_examples, split_examples
 from lmkit.finetune.metrics import accuracy, macro_f1
 from lmkit.hub import load_model
 from lmkit.models.encoder import Encoder
 from lmkit.models.xlnet import XLNet
-from lmkit.objectives import with_aux_loss
-from lmkit.peft.finetune import check_out, fitting_length, peft_for_task
-from lmkit.progress import progress_bar
+from lmkit.objectives import LossSum
 from lmkit.tokenizers import load_tokenizer
+from lmkit.train import distributed
+from lmkit.train.job import Job
+from lmkit.train.loop import LoopSettings, TrainLoop
 
 
 @dataclass
@@ -52,6 +52,10 @@ class FinetuneConfig:
     progress: bool = True
     peft: str = "full"              # full, or a PEFT method (lora, qlora, prefix, prompt, adapter, ia3)
     peft_settings: dict | None = None  # PeftConfig fields (r, alpha, target_modules, ...)
+    precision: str | None = None    # fp32 | bf16 (autocast); None: bf16 where the CPU has native bf16
+    lr_schedule: str = "linear"     # after the warm-up: linear (to 0) | cosine | constant
+    save_every: int | None = None   # a checkpoint every N steps (out/checkpoint), for resume
+    resume: bool = False            # continue the run in out from its latest checkpoint
 
     def check(self) -> None:
         if not 1e-7 <= self.lr <= 1e-2:
@@ -148,8 +152,9 @@ def predict(model, tok, examples: list[Example], labels: dict[str, int], batch_s
 
 
 def finetune(cfg: FinetuneConfig) -> dict:
-    """Train, evaluate after every epoch, keep the best; returns the best epoch's metrics."""
+    """Train, evaluate after every epoch, keep the best; returns the best epoch's metrics (its metrics.jsonl row)."""
     cfg.check()
+    precision = check_run(cfg.out, cfg.resume, cfg.save_every, cfg.precision, cfg.lr_schedule)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     train = read_examples(cfg.train)
@@ -174,57 +179,112 @@ def finetune(cfg: FinetuneConfig) -> dict:
         tok.padding_side = "left"
 
     cfg = replace(cfg, max_length=fitting_length(model.config.max_seq_len, cfg.peft, cfg.peft_settings or {},
-                                                 cfg.max_length, 128))
+                                                 cfg.max_length, 128), precision=precision)
     if cfg.peft != "full":  # frozen body + the method's parameters; the classifier is trained in full
         model = peft_for_task(model, cfg.peft, **(cfg.peft_settings or {}))
-    model.train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embeddings" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embeddings" not in n)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    steps = cfg.epochs * math.ceil(len(train) / cfg.batch_size)
-    warmup = int(cfg.warmup_ratio * steps)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup)))
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / "metrics.jsonl"
-    lines, best = [], None
-    gen = random.Random(cfg.seed)
-    bar = progress_bar(cfg.progress, total=steps, unit="step", dynamic_ncols=True)
-    t0 = time.perf_counter()
-    for epoch in range(1, cfg.epochs + 1):
-        order = list(range(len(train)))
-        gen.shuffle(order)
-        total, count = 0.0, 0
-        for inputs, y in _batches(tok, train, labels, cfg.batch_size, cfg.max_length, order):
-            result = model(inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=y,
-                           token_type_ids=inputs.get("token_type_ids") if model.config.type_vocab_size else None)
-            with_aux_loss(result.loss, getattr(result, "aux_loss", None), model.config.router_aux_loss_coef).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            total, count = total + float(result.loss.detach()) * len(y), count + len(y)
-            bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{total / count:.3f}")
-        preds = predict(model, tok, held, labels, max_length=cfg.max_length)
-        gold = [labels[e.label] for e in held]
-        row = {"epoch": epoch, "train_loss": total / max(count, 1), "accuracy": accuracy(preds, gold),
-               "macro_f1": macro_f1(preds, gold), "elapsed": round(time.perf_counter() - t0, 2)}
-        if best is None or (row["macro_f1"], row["accuracy"]) > (best["macro_f1"], best["accuracy"]):
-            best = dict(row)
-            _save(model, tok, out)
-        lines.append(json.dumps(row))
-        if cfg.progress and bar.disable:  # no terminal for the bar: one plain line per epoch instead
-            print(f"epoch {epoch}/{cfg.epochs}: train loss {row['train_loss']:.4f}, accuracy {row['accuracy']:.4f}, "
-                  f"macro-F1 {row['macro_f1']:.4f}", file=sys.stderr, flush=True)
-        atomic_write_bytes(log, ("\n".join(lines) + "\n").encode())
-    bar.close()
-    summary = {"best": best, "labels": names, "train_examples": len(train), "eval_examples": len(held),
+    job = ClassifyJob(cfg, model, tok, train, held, labels)
+    per_epoch = math.ceil(len(train) / cfg.batch_size)
+    settings = LoopSettings(lr=cfg.lr, max_steps=cfg.epochs * per_epoch, lr_schedule=cfg.lr_schedule, grad_clip=1.0,
+                            precision=precision, log_every=per_epoch, eval_every=per_epoch, save_every=cfg.save_every,
+                            resume=cfg.resume, progress=cfg.progress)
+    ctx = distributed.setup()
+    loop = TrainLoop(job, settings, cfg.out, ctx)
+    if cfg.resume:
+        loop.resume()
+    loop.fit()
+    if not ctx.is_main:  # under torchrun rank 0 writes
+        return job.best
+    summary = {"best": job.best, "labels": names, "train_examples": len(train), "eval_examples": len(held),
                "config": asdict(cfg)}
-    atomic_write_bytes(out / "finetune.json", (json.dumps(summary, indent=2) + "\n").encode())
-    return best
+    atomic_write_bytes(Path(cfg.out) / "finetune.json", (json.dumps(summary, indent=2) + "\n").encode())
+    return job.best
+
+
+class ClassifyJob(Job):
+    """Classification as a job of the one loop: epochs of shuffled batches, the head's cross-entropy (a mean over
+    the step's examples), accuracy and macro-F1 on the held-out rows after each epoch, the best model kept."""
+
+    written_files = ("finetune.json", "config.json", "model.safetensors", "adapter_config.json",
+                     "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+    temporary_prefixes = (".best.",)
+
+    def __init__(self, cfg: FinetuneConfig, model, tok, train: list[Example], held: list[Example],
+                 labels: dict[str, int]):
+        self.cfg, self.model, self.tok, self.train, self.held, self.labels = cfg, model, tok, train, held, labels
+        self.seed, self.objective = cfg.seed, ClassifyObjective(model.config.type_vocab_size > 0)
+        self.per_epoch = math.ceil(len(train) / cfg.batch_size)
+        self.gen, self.order = random.Random(cfg.seed), []
+        self.total, self.count, self.best, self.row = 0.0, 0, None, {}
+
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        decayed = [p for n, p in self.model.named_parameters() if p.ndim >= 2 and "embeddings" not in n]
+        kept = [p for n, p in self.model.named_parameters() if not (p.ndim >= 2 and "embeddings" not in n)]
+        return torch.optim.AdamW([{"params": decayed, "weight_decay": self.cfg.weight_decay},
+                                  {"params": kept, "weight_decay": 0.0}], lr=self.cfg.lr)
+
+    def warmup(self, total_steps: int | None) -> int:
+        return int(self.cfg.warmup_ratio * self.cfg.epochs * self.per_epoch)
+
+    def micro_batches(self, step: int, rank: int, world_size: int) -> list:
+        at = step % self.per_epoch
+        if at == 0:
+            self.order = list(range(len(self.train)))
+            self.gen.shuffle(self.order)
+        part = self.order[at * self.cfg.batch_size:(at + 1) * self.cfg.batch_size]
+        mine = part[rank * len(part) // world_size:(rank + 1) * len(part) // world_size]
+        return list(_batches(self.tok, self.train, self.labels, len(mine), self.cfg.max_length, mine))
+
+    def step_row(self, loop, seconds: float, result: dict | None) -> dict:
+        self.total, self.count = self.total + loop.last_loss * loop.step_count, self.count + loop.step_count
+        if result is None:
+            return {}
+        row = {"epoch": -(-loop.step // self.per_epoch), "train_loss": self.total / max(self.count, 1), **result}
+        self.total, self.count = 0.0, 0
+        return row
+
+    def evaluate(self, precision: str) -> dict[str, float]:
+        preds = predict(self.model, self.tok, self.held, self.labels, max_length=self.cfg.max_length)
+        gold = [self.labels[e.label] for e in self.held]
+        return {"accuracy": accuracy(preds, gold), "macro_f1": macro_f1(preds, gold)}
+
+    def logged(self, loop, row: dict) -> None:
+        """After an epoch's row: the model saved when it is the best so far (by macro-F1, then accuracy)."""
+        if self.best is None or (row["macro_f1"], row["accuracy"]) > (self.best["macro_f1"], self.best["accuracy"]):
+            self.best = dict(row)
+            _save(self.model, self.tok, Path(self.cfg.out))
+
+    def postfix(self, row: dict, result: dict | None) -> dict[str, str]:
+        return {"epoch": str(-(-row["step"] // self.per_epoch)), "loss": f"{row['loss']:.3f}"}
+
+    def report_line(self, loop, row: dict, result: dict) -> str:
+        return (f"epoch {row['epoch']}/{self.cfg.epochs}: train loss {row['train_loss']:.4f}, accuracy "
+                f"{row['accuracy']:.4f}, macro-F1 {row['macro_f1']:.4f}")
+
+    def state(self) -> dict:
+        version, internal, gauss = self.gen.getstate()
+        return {"rng": [version, list(internal), gauss], "order": self.order, "total": self.total,
+                "count": self.count, "best": self.best}
+
+    def load_state(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.gen.setstate((version, tuple(internal), gauss))
+        self.order, self.total, self.count, self.best = state["order"], state["total"], state["count"], state["best"]
+
+
+class ClassifyObjective:
+    """Cross-entropy of the classification head, as a sum over the batch's examples."""
+
+    def __init__(self, token_types: bool):
+        self.token_types = token_types
+
+    def count(self, batch) -> int:
+        return len(batch[1])
+
+    def loss(self, model, batch) -> tuple[LossSum, torch.Tensor | None]:
+        inputs, y = batch
+        result = model(inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=y,
+                       token_type_ids=inputs.get("token_type_ids") if self.token_types else None)
+        return LossSum(result.loss * len(y), torch.tensor(len(y))), getattr(result, "aux_loss", None)
 
 
 def _save(model, tok, out: Path) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -21,14 +20,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import lmkit
 from lmkit.atomic import staged_folder
-from lmkit.errors import ConfigError, TrainingError
+from lmkit.chat_session import chat_generation_defaults
+from lmkit.errors import ConfigError
+from lmkit.finetune.common import check_out, check_run, default_lr, model_folder, peft_for_task
 from lmkit.finetune.sft_data import SFTExample, prepare, read_rows, row_format
-from lmkit.peft.finetune import check_out, default_lr, model_folder, peft_for_task
+from lmkit.objectives import LossSum
+from lmkit.tokenizers import load_tokenizer
 from lmkit.train import distributed
-from lmkit.train.distributed import all_reduce_sum, broadcast_float, no_sync
-from lmkit.train.optim import build_optimizer, lr_at, set_lr
+from lmkit.train.distributed import all_reduce_sum
+from lmkit.train.job import Job
+from lmkit.train.loop import LoopSettings, TrainLoop
+from lmkit.train.optim import build_optimizer
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
           "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
@@ -52,7 +55,7 @@ class SFTConfig:
     max_steps: int | None = None       # overrides epochs
     batch_size: int = 8                # examples (packed rows) per optimizer step
     micro_batch_size: int | None = None
-    lr: float | None = None            # default: 1e-3 in full, 3e-3 for LoRA (lmkit.peft.finetune.default_lr)
+    lr: float | None = None            # default: 1e-3 in full, 3e-3 for LoRA (lmkit.finetune.common.default_lr)
     warmup_ratio: float = 0.1
     weight_decay: float = 0.0
     seed: int = 0
@@ -60,6 +63,10 @@ class SFTConfig:
     peft_settings: dict = field(default_factory=dict)
     log_every: int = 10
     time_budget: float | None = None   # seconds of training; the step count is planned from the first steps' speed
+    precision: str | None = None       # fp32 | bf16 (autocast); None: bf16 where the CPU has native bf16
+    lr_schedule: str = "cosine"        # after the warm-up: linear | cosine | constant, down to a tenth of --lr
+    save_every: int | None = None      # a checkpoint every N steps (out/checkpoint), for resume
+    resume: bool = False               # continue the run in out from its latest checkpoint
 
 
 def collate(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -89,14 +96,29 @@ def collate(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-def token_losses(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed -log p of the trained labels, their number) of one batch: labels[:, 1:] given inputs[:, :-1]."""
+def sft_loss(model: nn.Module, batch: dict) -> tuple[LossSum, torch.Tensor | None]:
+    """(summed -log p of the trained labels and their number, the model's aux loss): labels[:, 1:] given inputs[:, :-1]."""
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
     logits = out.logits[:, :-1].float()
     targets = batch["labels"][:, 1:]
     total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
                             reduction="sum")
-    return total, (targets != -100).sum()
+    return LossSum(total, (targets != -100).sum()), getattr(out, "aux_loss", None)
+
+
+def token_losses(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed -log p of the trained labels, their number) of one batch."""
+    loss, _ = sft_loss(model, batch)
+    return loss.sum, loss.count
+
+
+class SFTObjective:
+    """TRL's SFT loss: -log p of the trained labels (completions / assistant turns), a mean over all of the step's."""
+
+    def count(self, batch: dict) -> int:
+        return int((batch["labels"][:, 1:] != -100).sum())
+
+    loss = staticmethod(sft_loss)
 
 
 def _all_sum(values: list[float], ctx) -> list[float]:
@@ -107,20 +129,14 @@ def _all_sum(values: list[float], ctx) -> list[float]:
     return all_reduce_sum(torch.tensor(values, dtype=torch.float64), ctx).tolist()
 
 
-def step_loss(model: nn.Module, micro_batches: list[dict], backward: bool = True, ctx=None) -> tuple[float, int]:
-    """Run this rank's micro-batches of one optimizer step, backpropagating sum / N with N the step's trained labels
-    over all micro-batches and all ranks (`ctx`: lmkit.train.distributed's; DDP must then *sum* the ranks'
-    gradients, as `wrap_model` sets it up). Returns (the step's mean loss over every rank, N)."""
-
-    count = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro_batches)
+@torch.no_grad()
+def step_loss(model: nn.Module, micro_batches: list[dict], ctx=None) -> tuple[float, int]:
+    """The loss the training loop gives one optimizer step over these micro-batches (this rank's; `ctx`:
+    lmkit.train.distributed's): sum of -log p / N, with N the trained labels of all micro-batches and ranks.
+    Returns (that mean, N)."""
+    count = sum(SFTObjective().count(b) for b in micro_batches)
     n = max(int(_all_sum([float(count)], ctx)[0]), 1)
-    total = 0.0
-    for i, b in enumerate(micro_batches):
-        with no_sync(model, backward and i < len(micro_batches) - 1):  # one all-reduce per step, after the last
-            summed, _ = token_losses(model, b)
-            if backward:
-                (summed / n).backward()
-        total += float(summed.detach())
+    total = sum(float(token_losses(model, b)[0]) for b in micro_batches)
     return _all_sum([total], ctx)[0] / n, n
 
 
@@ -200,124 +216,139 @@ def _with_template(tok, choice: str | None, needs: bool, model_dir) -> bool:
 
 def sft(config: SFTConfig, log=print) -> dict:
     """Fine-tune config.model on config.train (see the module doc); write the tuned model to config.out and return
-    the report (also out/sft.json). Nothing is written to out unless training finishes.
+    the report (also out/sft.json). metrics.jsonl grows as training goes; the model appears only when training
+    finishes; with save_every, checkpoints from which `resume` continues a killed run with the same losses.
 
     Under torchrun (`torchrun --nproc-per-node N -m lmkit finetune --task sft ...`) every rank takes its share of
     each step's batch_size examples, DDP sums the gradients, and rank 0 writes the folder."""
     ctx = distributed.setup()
     with distributed.agree_on_setup(ctx):  # a rank failing alone (its own files) stops every rank
-        run = _set_up(config, ctx)
-    run["engine"] = distributed.wrap_model(run["tuned"], ctx)  # DDP: its first broadcast is a collective
-    report = _train(config, run, ctx, log if ctx.is_main else None)
-    if ctx.is_main:
-        _save(run["final"], run["tok"], config.out, report, run["history"])
+        job = SFTJob(config, ctx)
+    report = job.run(log if ctx.is_main else None)
     if ctx.world_size > 1:
-        import torch.distributed as dist
-
-        dist.barrier()  # the folder is complete before any rank returns
+        torch.distributed.barrier()  # the folder is complete before any rank returns
     return report
 
 
-def _set_up(c: SFTConfig, ctx) -> dict:
-    """Everything before the first step, with no collective: checks, model, tokenizer, data, PEFT, optimizer."""
-    check_out(c.out, c.model)
-    if c.peft not in MERGEABLE:
-        raise ConfigError(f"--peft {c.peft} cannot be folded into the saved model; use one of {', '.join(MERGEABLE)}")
-    for flag, v in (("--batch-size", c.batch_size), ("--epochs", c.epochs), ("--micro-batch-size", c.micro_batch_size or 1)):
-        if v < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {v}")
-    if c.batch_size % ctx.world_size:
-        raise ConfigError(f"--batch-size {c.batch_size} does not divide among the {ctx.world_size} processes; pick a "
-                          f"multiple of {ctx.world_size}")
-    model, _ = model_folder(c.model)
-    tok = lmkit.load_tokenizer(c.model)
-    first = read_rows(c.train)[0]
-    conversational = row_format(first[1], c.train) in ("messages", "conversational_prompt_completion")
-    _with_template(tok, c.chat_template, conversational, c.model)
-    max_length = c.max_length or min(model.config.max_seq_len, 1024)
-    if max_length > model.config.max_seq_len:
-        raise ConfigError(f"--max-length {max_length} is more than the model's {model.config.max_seq_len} positions")
-    train, report = prepare(tok, c.train, max_length, c.train_on_all, c.packing)
-    if len(train) < ctx.world_size:
-        raise ConfigError(f"{c.train}: {len(train)} training examples for {ctx.world_size} processes; give at least "
-                          "one example per process")
-    held = prepare(tok, c.eval, max_length, c.train_on_all, False)[0] if c.eval else None
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    torch.manual_seed(c.seed)
-    new_rows = resize_token_embeddings(model, tok.vocab_size) if tok.vocab_size > model.config.vocab_size else []
-    tuned = peft_for_task(model, c.peft, **c.peft_settings)
-    if c.peft == "full":
-        for p in tuned.parameters():
-            p.requires_grad_(True)
-    else:
-        train_new_rows(model, new_rows)
-    lr = c.lr if c.lr is not None else default_lr(c.peft, "clm")
-    return dict(model=model, tok=tok, train=train, held=held, report=report, pad_id=pad_id, tuned=tuned,
-                new_rows=new_rows, lr=lr, max_length=max_length,
-                opt=build_optimizer(tuned, lr, c.weight_decay))
+class SFTJob(Job):
+    """SFT as a job of the one loop: the shuffled examples of each step, the token-weighted loss, the merged model."""
 
+    written_files = ("sft.json", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
-def _train(c: SFTConfig, run: dict, ctx, log) -> dict:
-    """The optimizer steps; fills run["history"] (one row per step) and run["final"] (the merged model)."""
+    def __init__(self, c: SFTConfig, ctx):
+        """Everything before the first step, with no collective: checks, model, tokenizer, data, PEFT."""
+        check_out(c.out, c.model)
+        if c.peft not in MERGEABLE:
+            raise ConfigError(f"--peft {c.peft} cannot be folded into the saved model; use one of {', '.join(MERGEABLE)}")
+        for flag, v in (("--batch-size", c.batch_size), ("--epochs", c.epochs), ("--micro-batch-size", c.micro_batch_size or 1)):
+            if v < 1:
+                raise ConfigError(f"{flag} must be at least 1, got {v}")
+        if c.batch_size % ctx.world_size:
+            raise ConfigError(f"--batch-size {c.batch_size} does not divide among the {ctx.world_size} processes; pick a "
+                              f"multiple of {ctx.world_size}")
+        self.precision = check_run(c.out, c.resume, c.save_every, c.precision, c.lr_schedule)
+        model, _ = model_folder(c.model)
+        tok = load_tokenizer(c.model)
+        first = read_rows(c.train)[0]
+        conversational = row_format(first[1], c.train) in ("messages", "conversational_prompt_completion")
+        _with_template(tok, c.chat_template, conversational, c.model)
+        max_length = c.max_length or min(model.config.max_seq_len, 1024)
+        if max_length > model.config.max_seq_len:
+            raise ConfigError(f"--max-length {max_length} is more than the model's {model.config.max_seq_len} positions")
+        train, report = prepare(tok, c.train, max_length, c.train_on_all, c.packing)
+        if len(train) < ctx.world_size:
+            raise ConfigError(f"{c.train}: {len(train)} training examples for {ctx.world_size} processes; give at least "
+                              "one example per process")
+        self.held = prepare(tok, c.eval, max_length, c.train_on_all, False)[0] if c.eval else None
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        torch.manual_seed(c.seed)
+        self.new_rows = resize_token_embeddings(model, tok.vocab_size) if tok.vocab_size > model.config.vocab_size else []
+        tuned = peft_for_task(model, c.peft, **c.peft_settings)
+        if c.peft == "full":
+            for p in tuned.parameters():
+                p.requires_grad_(True)
+        else:
+            train_new_rows(model, self.new_rows)
+        self.c, self.ctx, self.tok, self.train, self.report, self.max_length = c, ctx, tok, train, report, max_length
+        self.model, self.seed, self.objective = tuned, c.seed, SFTObjective()
+        self.lr = c.lr if c.lr is not None else default_lr(c.peft, "clm")
+        self.steps = c.max_steps or c.epochs * math.ceil(len(train) / c.batch_size)
+        self.rng, self.order = random.Random(c.seed), []
+        self.first_loss, self.before, self.after, self.log = None, None, None, None
 
-    train, tuned, engine, opt, lr, pad_id = (run[k] for k in ("train", "tuned", "engine", "opt", "lr", "pad_id"))
-    before = evaluate_loss(tuned, run["held"], pad_id, ctx=ctx) if run["held"] else None
-    micro = c.micro_batch_size or c.batch_size
-    steps = c.max_steps or c.epochs * math.ceil(len(train) / c.batch_size)
-    warmup = round(c.warmup_ratio * steps) if c.time_budget is None else 10
-    params = [p for p in tuned.parameters() if p.requires_grad]
-    rng, order, history, t0 = random.Random(c.seed), [], [], time.perf_counter()
-    if ctx.rank:
-        torch.manual_seed(c.seed + ctx.rank)  # its own dropout masks; the batch order stays rng's, shared by all ranks
-    tuned.train()
-    step = 0
-    while step < steps:
-        batch = []  # the step's global batch: the same draw on every rank
-        while len(batch) < min(c.batch_size, len(train)):
-            if not order:
-                order = list(range(len(train)))
-                rng.shuffle(order)
-            batch.append(train[order.pop()])
-        mine = batch[ctx.rank * len(batch) // ctx.world_size:(ctx.rank + 1) * len(batch) // ctx.world_size]
-        set_lr(opt, lr_at(step, lr, warmup, steps, 0.1 * lr))
-        opt.zero_grad(set_to_none=True)
-        loss, n = step_loss(engine, [collate(mine[i:i + micro], pad_id) for i in range(0, len(mine), micro)], ctx=ctx)
-        if not math.isfinite(loss):
-            raise TrainingError(f"the loss became {loss} at step {step + 1}; lower --lr (now {lr})")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
-        opt.step()
-        elapsed = time.perf_counter() - t0
-        history.append({"step": step + 1, "loss": round(loss, 7), "grad_norm": grad_norm, "tokens": n,
-                        "elapsed": round(elapsed, 3)})
-        if c.time_budget is not None and step + 1 in (5, 20, 50) and step + 1 < steps:
-            planned = max(step + 2, min(steps, int(c.time_budget / (elapsed / (step + 1)))))  # the budget's steps
-            steps = int(broadcast_float(planned, ctx))  # rank 0's clock decides for every rank
-        if log is not None and ((step + 1) % c.log_every == 0 or step + 1 == steps):
-            log(f"step {step + 1}/{steps}: loss {loss:.4f} over {n} tokens")
-        step += 1
-    tuned.eval()
-    after = evaluate_loss(tuned, run["held"], pad_id, ctx=ctx) if run["held"] else None
-    run["final"] = tuned if c.peft == "full" else tuned.merge_and_unload()
-    run["history"] = history
-    report = run["report"]
-    report.update(steps=len(history), peft=c.peft, added_tokens=len(run["new_rows"]), max_length=run["max_length"],
-                  processes=ctx.world_size, first_loss=history[0]["loss"], last_loss=history[-1]["loss"],
-                  eval_loss_before=before, eval_loss_after=after, seconds=round(time.perf_counter() - t0, 2),
-                  config={k: v for k, v in asdict(c).items() if k != "peft_settings"})
-    return report
+    def run(self, log) -> dict:
+        c = self.c
+        settings = LoopSettings(lr=self.lr, max_steps=self.steps, time_budget=c.time_budget, min_lr=0.1 * self.lr,
+                                lr_schedule=c.lr_schedule, grad_clip=1.0, precision=self.precision,
+                                log_every=c.log_every, save_every=c.save_every, resume=c.resume)
+        loop = TrainLoop(self, settings, c.out, self.ctx)  # DDP: its first broadcast is a collective
+        if c.resume:
+            loop.resume()
+        else:
+            if self.ctx.rank:
+                torch.manual_seed(c.seed + self.ctx.rank)  # its own dropout masks; the batch order is rng's, shared
+            self.before = evaluate_loss(self.model, self.held, self.pad_id, ctx=self.ctx) if self.held else None
+        self.log = log
+        return loop.fit()
 
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        return build_optimizer(self.model, self.lr, self.c.weight_decay)
 
-def _save(model: nn.Module, tok, out, report: dict, history: list[dict]) -> None:
-    if tok.chat_template is not None:  # every chat surface stops at the turn's end and samples alike
-        from lmkit.chat_session import CHAT_SAMPLING, end_ids
+    def warmup(self, total_steps: int | None) -> int:
+        return round(self.c.warmup_ratio * self.steps) if self.c.time_budget is None else 10
 
-        defaults = {**getattr(model, "generation_defaults", {}), **CHAT_SAMPLING}
-        ends = end_ids(model, tok)
-        if ends:
-            defaults["eos_token_id"] = ends if len(ends) > 1 else ends[0]
-        model.generation_defaults = defaults
-    with staged_folder(out) as folder:
-        model.save_pretrained(folder)
-        tok.save_pretrained(folder)
-        (folder / "sft.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
+    def micro_batches(self, step: int, rank: int, world_size: int) -> list[dict[str, torch.Tensor]]:
+        """The step's global batch (the same draw on every rank: epochs of shuffled examples), this rank's share."""
+        c, batch = self.c, []
+        while len(batch) < min(c.batch_size, len(self.train)):
+            if not self.order:
+                self.order = list(range(len(self.train)))
+                self.rng.shuffle(self.order)
+            batch.append(self.train[self.order.pop()])
+        mine = batch[rank * len(batch) // world_size:(rank + 1) * len(batch) // world_size]
+        micro = c.micro_batch_size or c.batch_size
+        return [collate(mine[i:i + micro], self.pad_id) for i in range(0, len(mine), micro)]
+
+    def evaluate(self, precision: str) -> dict[str, float] | None:
+        self.after = evaluate_loss(self.model, self.held, self.pad_id, ctx=self.ctx) if self.held else None
+        return None if self.after is None else {"loss": self.after}
+
+    def state(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss], "order": self.order, "first_loss": self.first_loss,
+                "before": self.before}
+
+    def load_state(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.order, self.first_loss, self.before = state["order"], state["first_loss"], state["before"]
+
+    def checkpoint_info(self) -> dict:
+        return {"sft_config": {k: v for k, v in asdict(self.c).items() if k != "resume"}}
+
+    def step_row(self, loop, seconds: float, result: dict | None) -> dict:
+        if self.first_loss is None:
+            self.first_loss = loop.last_loss
+        return {"tokens": loop.step_count}
+
+    def logged(self, loop, row: dict) -> None:
+        if self.log is not None:
+            self.log(f"step {row['step']}/{loop.total_steps or '?'}: loss {row['loss']:.4f} over {row['tokens']} tokens")
+
+    def finish(self, loop) -> dict:
+        c, tuned = self.c, self.model
+        tuned.eval()
+        final = tuned if c.peft == "full" else tuned.merge_and_unload()
+        report = self.report
+        report.update(steps=loop.step, peft=c.peft, added_tokens=len(self.new_rows), max_length=self.max_length,
+                      processes=self.ctx.world_size, first_loss=self.first_loss, last_loss=loop.last_loss,
+                      eval_loss_before=self.before, eval_loss_after=self.after, seconds=round(loop.elapsed, 2),
+                      precision=self.precision, config={k: v for k, v in asdict(c).items() if k != "peft_settings"})
+        if self.ctx.is_main:
+            if self.tok.chat_template is not None:  # every chat surface stops at the turn's end and samples alike
+                final.generation_defaults = chat_generation_defaults(final, self.tok)
+            with staged_folder(c.out) as folder:
+                final.save_pretrained(folder)
+                self.tok.save_pretrained(folder)
+                (folder / "sft.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+        return report

@@ -99,10 +99,6 @@ def fit_law(n_params, n_tokens, losses, delta: float = HUBER_DELTA, refine: int 
     return _as_law(_minimise(log_n, log_d, log_l, delta, _grid_starts(log_n, log_d, log_l, delta, refine)))
 
 
-def _theta(law: ScalingLaw) -> np.ndarray:
-    return np.array([math.log(law.A), math.log(law.B), math.log(law.E), law.alpha, law.beta])
-
-
 @dataclass
 class LawFit:
     """An Approach-3 fit with bootstrap percentile intervals of each parameter and of the allocation exponents."""

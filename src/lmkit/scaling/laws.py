@@ -110,11 +110,3 @@ def isoflop_tokens(compute: float, n_params: float, flops_per_token: float = FLO
     if compute <= 0 or n_params <= 0:
         raise ValueError("compute and n_params must be positive")
     return compute / (flops_per_token * n_params)
-
-
-def log_space(lo: float, hi: float, n: int) -> list[float]:
-    """n values evenly spaced in log between lo and hi (both included)."""
-    if n == 1:
-        return [lo]
-    step = (math.log(hi) - math.log(lo)) / (n - 1)
-    return [math.exp(math.log(lo) + i * step) for i in range(n)]

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from lmkit.scaling.laws import FLOPS_PER_TOKEN, ScalingLaw
-from lmkit.scaling.sweep import HEAD_DIM, Shape, shape_parameters
+from lmkit.scaling.shapes import HEAD_DIM, Shape, shape_parameters
 
 CANDIDATE_LAYERS = (2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32)
 

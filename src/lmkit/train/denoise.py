@@ -15,7 +15,7 @@ import torch
 from lmkit.errors import ConfigError
 from lmkit.objectives import (LossSum, next_token_loss, noise_span_counts, sentence_permutation, seq2seq_batch,
                               span_corruption, text_infilling)
-from lmkit.train.tasks import FixedCorruptionEvaluation, Objective, register_objective
+from lmkit.train.objective import FixedCorruptionEvaluation, Objective
 
 SENTINELS = [f"<extra_id_{i}>" for i in range(100)]
 MASK = "<mask>"
@@ -73,8 +73,8 @@ def _unprepared(*_: Any, **__: Any):
     raise RuntimeError("a denoising objective needs prepare(tokenizer) before use")
 
 
-register_objective(DenoisingObjective("span", "encoder-decoder", _unprepared, _unprepared, _unprepared))
-register_objective(DenoisingObjective("denoise", "encoder-decoder", _unprepared, _unprepared, _unprepared))
+SPAN = DenoisingObjective("span", "encoder-decoder", _unprepared, _unprepared, _unprepared)
+DENOISE = DenoisingObjective("denoise", "encoder-decoder", _unprepared, _unprepared, _unprepared)
 
 
 def seq2seq_run_settings(base: Any, objective: str, eos_id: int, pad_id: int, seq_len: int) -> dict[str, int]:

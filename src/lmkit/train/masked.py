@@ -14,7 +14,7 @@ import torch
 
 from lmkit.data.tokenize import vocab_size_of
 from lmkit.objectives import LossSum, mask_tokens, masked_lm_loss, word_starts
-from lmkit.train.tasks import FixedCorruptionEvaluation, Objective, register_objective
+from lmkit.train.objective import FixedCorruptionEvaluation, Objective
 
 MASK = "<|mask|>"
 
@@ -65,4 +65,4 @@ def _unprepared(*_: Any, **__: Any):
     raise RuntimeError("the mlm objective needs prepare(tokenizer) before use")
 
 
-register_objective(MaskedLMObjective("mlm", "encoder", _unprepared, _unprepared, _unprepared))
+MLM = MaskedLMObjective("mlm", "encoder", _unprepared, _unprepared, _unprepared)

@@ -18,6 +18,7 @@ import math
 import torch
 from torch import nn
 
+from lmkit.train.param_groups import param_groups
 from lmkit.train.precision import bf16_supported
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -69,8 +70,6 @@ class MuonAdamW(torch.optim.Optimizer):
     def __init__(self, model: nn.Module, lr: float, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, momentum: float = 0.95,
                  ns_steps: int = 5, ns_dtype: torch.dtype | None = None):
-        from lmkit.train.optim import param_groups
-
         # an attribute, not a group setting: optimizer state is saved as JSON, which has no dtype
         self.ns_dtype = ns_dtype
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lmkit.objectives import LossSum, masked_lm_loss, permutation_lm_inputs
-from lmkit.train.tasks import FixedCorruptionEvaluation, Objective, register_objective
+from lmkit.train.objective import FixedCorruptionEvaluation, Objective
 
 SEGMENTS = 2        # pieces of each row, read in turn over the memory of the earlier ones
 PREDICT_FRACTION = 1 / 6   # K = 6: the last 1/K of each factorization order is predicted
@@ -75,4 +75,4 @@ def _unprepared(*_: Any, **__: Any):
     raise RuntimeError("the plm objective needs prepare(tokenizer) before use")
 
 
-register_objective(PermutationLMObjective("plm", "encoder", _unprepared, _unprepared, _unprepared))
+PLM = PermutationLMObjective("plm", "encoder", _unprepared, _unprepared, _unprepared)

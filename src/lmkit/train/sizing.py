@@ -21,7 +21,7 @@ from typing import Callable
 from lmkit.config import get_preset
 from lmkit.errors import ConfigError
 from lmkit.scaling.laws import ScalingLaw, load_law
-from lmkit.scaling.sweep import Shape, count_parameters
+from lmkit.scaling.shapes import Shape, count_parameters
 from lmkit.train.config import TrainConfig
 from lmkit.train.setup import TrainingSetup, init_model, run_model_config
 
