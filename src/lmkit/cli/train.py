@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.config import PRESETS
 from lmkit.errors import ConfigError
 from lmkit.train import Trainer, distributed
@@ -48,6 +49,7 @@ def register(subparsers) -> None:
     p.add_argument("--keep-checkpoints", type=int, metavar="K", help="keep the newest K checkpoints (default 3)")
     p.add_argument("--fsdp", action="store_const", const=True,
                    help="under torchrun: shard parameters and optimizer state (FSDP) instead of replicating them (DDP)")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -66,7 +68,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
+    ctx = distributed.setup(device_of(args))  # torchrun: one process per rank (cuda: each its own GPU); else one
 
     def body():
         with distributed.agree_on_setup(ctx):  # every rank learns whether set-up succeeded on all of them

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from lmkit.device import to_device
 from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import autocast
 from lmkit.models import build_model
@@ -96,7 +97,7 @@ class Trainer:
         cfg = self.cfg
         total = self.total_steps or 10**9  # before a time budget is planned only the warm-up applies
         set_lr(self.optimizer, lr_at(step, cfg.lr, cfg.fix_warmup(self.total_steps), total, cfg.lr * cfg.min_lr_ratio))
-        rows = self.stream.rows(cfg.seed, step, cfg.batch_size, self.rank, self.world_size).to(self.device)
+        rows = to_device(self.stream.rows(cfg.seed, step, cfg.batch_size, self.rank, self.world_size), self.device)
         generator = torch.Generator().manual_seed(seed_int("batch", cfg.seed, step, self.rank))
         batch = self.objective.build_batch(rows, self.pad_id, generator)
         count = self._all_reduce(torch.tensor(float(self.objective.count(batch)))).item()
