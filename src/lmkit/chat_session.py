@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from lmkit.device import place
 from lmkit.errors import GenerationError
 
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "</s>", "<|eot|>")
@@ -29,13 +30,14 @@ def stop_ids(tok) -> list[int]:
 
 class ChatSession:
     def __init__(self, model, tok, system: str | None = None, max_new_tokens: int = 256, temperature: float = 0.7,
-                 top_p: float | None = 0.9, top_k: int | None = None):
+                 top_p: float | None = 0.9, top_k: int | None = None, device: str | torch.device | None = None):
+        """A conversation with `model` (moved to `device` when given: "auto", "cpu", "cuda[:N]", "mps")."""
         if tok.chat_template is None:
             raise GenerationError("this model's tokenizer has no chat template; fine-tune it with `lmkit finetune "
                                   "--task sft --chat-template chatml`, or add a chat_template.jinja to the folder")
         if model.config.architecture != "decoder":
             raise GenerationError("lmkit chat talks to causal language models (decoder-only)")
-        self.model, self.tok, self.system = model, tok, system
+        self.model, self.tok, self.system = place(model, device), tok, system
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.stops = stop_ids(tok)
         self.context = model.config.max_seq_len

@@ -9,6 +9,7 @@ import argparse
 import sys
 
 import lmkit
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.cli.generate import TerminalStreamer
 from lmkit.errors import GenerationError, LmkitError
 
@@ -23,6 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="longest reply in tokens (default 256, "
                    "within the model's context)")
     p.add_argument("--seed", type=int, metavar="N", help="seed for sampling (repeatable replies)")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise GenerationError("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.seed is not None:
         torch.manual_seed(args.seed)
-    model, tok = lmkit.load_model(args.model), lmkit.load_tokenizer(args.model)
+    model, tok = lmkit.load_model(args.model, device=device_of(args)), lmkit.load_tokenizer(args.model)
     session = ChatSession(model, tok, args.system, args.max_new_tokens, args.temperature, args.top_p)
     out = sys.stdout
     out.write(f"lmkit chat: {args.model} ({model.config.max_seq_len} positions). /reset, /exit; Ctrl-C stops a reply.\n")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.cli.common import add_device_argument, device_of
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("distill", help="distil a causal LM into one with half the layers", description=__doc__)
@@ -20,6 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--gamma", type=float, default=1.0, help="weight of 1 - cos(hidden states)")
     p.add_argument("--temperature", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=0)
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -33,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     w = DistillWeights(args.alpha, args.beta, args.gamma, args.temperature)
     r = distill_folder(args.teacher, args.out, args.corpus, args.max_steps, args.batch_size, args.seq_len, args.lr,
-                       args.every, w, args.seed, log=log)
+                       args.every, w, args.seed, log=log, device=device_of(args))
     for who in ("teacher", "student"):
         m = r[who]
         print(f"{who:8s} {m['layers']} layers, {m['parameters']:,} parameters: loss {m['loss']:.4f}, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
@@ -52,6 +53,7 @@ def register(subparsers) -> None:
     from lmkit.peft.finetune import add_peft_arguments
 
     add_peft_arguments(p)
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "clm":
         return run_clm(args, method, settings)
     best = finetune(FinetuneConfig(**{f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None},
-                                   peft=method, peft_settings=settings))
+                                   peft=method, peft_settings=settings, device=str(device_of(args))))
     print(f"lmkit finetune: best epoch {best['epoch']}: accuracy {best['accuracy']:.4f}, macro-F1 {best['macro_f1']:.4f}; "
           f"saved to {args.out}")
     print(json.dumps(best))
@@ -89,7 +91,7 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
 
     given = {k: getattr(args, k) for k in ("val_fraction", "warmup_ratio", "weight_decay") if getattr(args, k) is not None}
     r = finetune_causal_lm_folder(args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
-                                  args.max_length, args.lr, args.seed, **given, **settings)
+                                  args.max_length, args.lr, args.seed, **given, device=device_of(args), **settings)
     b, a = r["before"], r["after"]
     print(f"lmkit finetune --task clm --peft {method}: {r['trainable']:,} of {r['total']:,} parameters trained "
           f"({r['percent']:.2f}%) in {r['seconds']:.0f} s; validation loss {b['loss']:.4f} -> {a['loss']:.4f}, "
@@ -108,11 +110,11 @@ def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
                   packing=args.packing, train_on_all=args.train_on_all, chat_template=args.chat_template,
                   epochs=args.epochs or 1, max_steps=args.max_steps, batch_size=args.batch_size,
                   micro_batch_size=args.micro_batch_size, lr=args.lr, seed=args.seed, peft=method,
-                  peft_settings=settings if method != "full" else {})
+                  peft_settings=settings if method != "full" else {}, device=str(device_of(args)))
     for key, name in (("warmup_ratio", "warmup_ratio"), ("weight_decay", "weight_decay")):
         if getattr(args, name) is not None:
             fields[key] = getattr(args, name)
-    ctx = distributed.setup()  # torchrun: one process per rank, rank 0 prints and writes
+    ctx = distributed.setup(device_of(args))  # torchrun: one process per rank (cuda: each its own GPU), rank 0 writes
     log = lambda line: print(f"lmkit finetune --task sft: {line}", flush=True)  # noqa: E731
     r, status = distributed.run_ranks(ctx, lambda: sft(SFTConfig(**fields), log=log))
     if not ctx.is_main:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from lmkit.atomic import atomic_write_text
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 
 
@@ -25,6 +26,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="requests per forward pass (default 8)")
     p.add_argument("--gen-kwargs", metavar="K=V,...", help="generation settings over the tasks' (e.g. max_gen_toks=32)")
     p.add_argument("--output", metavar="FILE", help="write lm-eval's results JSON here")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     results = harness_run.run(args.model, tasks, num_fewshot=args.num_fewshot,
                               apply_chat_template=args.apply_chat_template, include_path=args.include_path,
-                              limit=limit, batch_size=args.batch_size, gen_kwargs=args.gen_kwargs)
+                              limit=limit, batch_size=args.batch_size, device=device_of(args),
+                              gen_kwargs=args.gen_kwargs)
     print(harness_run.results_table(results))
     if args.output:
         atomic_write_text(args.output, harness_run.results_json(results) + "\n")

@@ -9,6 +9,7 @@ import argparse
 
 import lmkit
 from lmkit.cli import utf8
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 from lmkit.plots.lens import plot_lens
 
@@ -24,16 +25,18 @@ def add_arguments(p) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="a causal model folder (config.json, tokenizer.json)")
     p.add_argument("--prompt", required=True, metavar="TEXT")
     p.add_argument("--out", default="lens.png", metavar="PNG", help="the grid picture (default lens.png; JSON beside it)")
+    add_device_argument(p)
 
 
-def read(model_dir: str, prompt: str):
-    """(reading, token strings of the prompt, tokenizer) for the prompt through the model at model_dir."""
+def read(model_dir: str, prompt: str, device=None):
+    """(reading, token strings of the prompt, tokenizer) for the prompt through the model at model_dir, on
+    `device` (None: the CPU)."""
     import torch
 
     from lmkit.lens import logit_lens
 
     utf8(prompt, "--prompt")
-    model = lmkit.load_model(model_dir)
+    model = lmkit.load_model(model_dir, device=device)
     tok = lmkit.load_tokenizer(model_dir)
     ids = tok.encode(prompt)
     if not ids:
@@ -49,7 +52,7 @@ def draw(reading, inputs, tok, out: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    reading, inputs, tok = read(args.model, args.prompt)
+    reading, inputs, tok = read(args.model, args.prompt, device_of(args))
     probs, ids = reading.top(max(1, args.top))
     show = lambda i: repr(tok.decode([int(i)]))  # noqa: E731
     print("input:  " + " ".join(repr(t) for t in inputs))

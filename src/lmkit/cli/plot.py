@@ -11,6 +11,7 @@ import argparse
 
 import lmkit
 from lmkit.cli import utf8
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.cli.lens import add_arguments, draw, read
 from lmkit.errors import ConfigError
 
@@ -32,6 +33,7 @@ def register(subparsers) -> None:
     att.add_argument("--html", default=None, metavar="FILE", help="the offline viewer (default: the PNG's name, .html)")
     att.add_argument("--layers", type=int, nargs="+", metavar="N", help="only these attention layers (1 = the first; all by default)")
     att.add_argument("--heads", type=int, nargs="+", metavar="H", help="only these heads (1 = the first; all by default)")
+    add_device_argument(att)
     att.set_defaults(func=run_attention)
     emb = sub.add_parser("embeddings", help="2-D PCA of token embeddings or word vectors")
     src = emb.add_mutually_exclusive_group(required=True)
@@ -40,6 +42,7 @@ def register(subparsers) -> None:
     emb.add_argument("--words", nargs="+", metavar="WORD", help="the words or tokens to show (default: the first --count)")
     emb.add_argument("--count", type=int, default=100, help="how many to show without --words (default 100)")
     emb.add_argument("--out", default="embeddings.png", metavar="PNG")
+    add_device_argument(emb)
     emb.set_defaults(func=run_embeddings)
     lens = sub.add_parser("lens", help="the logit-lens grid")
 
@@ -65,12 +68,12 @@ def run_attention(args: argparse.Namespace) -> int:
     from lmkit.plots.attention import attention_html, plot_attention_grid
 
     utf8(args.text, "--text")
-    model = lmkit.load_model(args.model)
+    model = lmkit.load_model(args.model, device=device_of(args))
     tok = lmkit.load_tokenizer(args.model)
     ids = tok.encode(args.text)
     if not ids:
         raise ConfigError("--text encodes to no tokens; give some text")
-    input_ids = torch.tensor([ids])
+    input_ids = torch.tensor([ids], device=model.device)
     maps = attention_maps(model, input_ids)
     tokens = [tok.decode([i]) for i in ids]
     start = getattr(model.config, "decoder_start_token_id", None) or 0
@@ -82,7 +85,7 @@ def run_attention(args: argparse.Namespace) -> int:
             return tokens, tokens
         return decoder_tokens, tokens if label.endswith(" cross") else decoder_tokens
 
-    arrays = {l: m[0].float().numpy() for l, m in maps.items()}
+    arrays = {l: m[0].float().cpu().numpy() for l, m in maps.items()}
     arrays = {l: arrays[l] for l in select(list(arrays), args.layers, "--layers")}
     if args.heads:
         n_heads = min(a.shape[0] for a in arrays.values())
@@ -121,9 +124,9 @@ def run_embeddings(args: argparse.Namespace) -> int:
         matrix = vectors.vectors[[vectors.index[w] for w in labels]]
     else:
 
-        model = lmkit.load_model(args.model)
+        model = lmkit.load_model(args.model, device=device_of(args))
         tok = lmkit.load_tokenizer(args.model)
-        E = model.get_input_embeddings().weight.detach().float().numpy()
+        E = model.get_input_embeddings().weight.detach().float().cpu().numpy()
         if args.words:
             ids = [tok.encode(w, add_special_tokens=False) for w in args.words]
             bad = [w for w, i in zip(args.words, ids) if len(i) != 1]
@@ -141,6 +144,6 @@ def run_embeddings(args: argparse.Namespace) -> int:
 
 
 def run_lens(args: argparse.Namespace) -> int:
-    reading, inputs, tok = read(args.model, args.prompt)
+    reading, inputs, tok = read(args.model, args.prompt, device_of(args))
     print(f"wrote {draw(reading, inputs, tok, args.out)}")
     return 0

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from lmkit.cli.common import add_device_argument, device_of
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("prune", help="prune attention heads of a causal LM", description=__doc__)
@@ -12,13 +14,14 @@ def register(subparsers) -> None:
     p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
                    help="text for the importance scores and the evaluation (default pydocs)")
     p.add_argument("--batches", type=int, default=8, metavar="N", help="batches that estimate head importance")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from lmkit.compress.recipes import prune_folder
 
-    r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches)
+    r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches, device=device_of(args))
     print(f"pruned {r['heads_pruned']} heads: {r['parameters_before']:,} -> {r['parameters_after']:,} parameters")
     for layer, heads in r["pruned"].items():
         print(f"  {layer}: {heads}")

@@ -14,6 +14,7 @@ import argparse
 import json
 
 from lmkit.cli import utf8
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.data import load_corpus
 from lmkit.errors import ConfigError, CorpusError
 
@@ -33,7 +34,8 @@ def register(subparsers) -> None:
                     help="past N chunks use an IVF index instead of exact search (default 200000)")
     ix.add_argument("--batch-size", type=int, default=64, metavar="N", help="chunks per encoder batch (default 64)")
     ix.add_argument("--precision", choices=("fp32", "bf16"), default=None,
-                    help="encoder compute type (default: bf16 where this CPU has native bf16, else fp32)")
+                    help="encoder compute type (default: bf16 where the device has native bf16, else fp32)")
+    add_device_argument(ix)
     ix.set_defaults(func=run_index)
 
     rm = sub.add_parser("remove", help="remove documents from an index")
@@ -47,6 +49,7 @@ def register(subparsers) -> None:
     q.add_argument("--k", type=int, default=5, metavar="K", help="chunks to return (default 5)")
     q.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="hybrid",
                    help="dense cosine, BM25, or both fused by reciprocal rank (default)")
+    add_device_argument(q)
     q.add_argument("--json", action="store_true", help='one JSON list, best first: [{"source", "score", "text"}]')
     q.set_defaults(func=run_query)
 
@@ -58,15 +61,16 @@ def register(subparsers) -> None:
     a.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="hybrid")
     a.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
     a.add_argument("--show-prompt", action="store_true", help="print the grounded prompt before the answer")
+    add_device_argument(a)
     a.set_defaults(func=run_ask)
 
 
-def _dtype(precision: str | None):
+def _dtype(precision: str | None, device):
     import torch
 
     from lmkit.train.config import default_precision
 
-    return torch.bfloat16 if (precision or default_precision()) == "bf16" else None
+    return torch.bfloat16 if (precision or default_precision(device)) == "bf16" else None
 
 
 def run_index(args: argparse.Namespace) -> int:
@@ -80,7 +84,7 @@ def run_index(args: argparse.Namespace) -> int:
         raise ConfigError(f"--approximate-above must be at least 1, got {args.approximate_above}")
     out = Path(args.out)
     if (out / "manifest.json").is_file():
-        index = RagIndex.open(out, args.encoder, dtype=_dtype(args.precision))
+        index = RagIndex.open(out, args.encoder, dtype=_dtype(args.precision, device_of(args)), device=device_of(args))
         for flag, key in (("--chunk-tokens", "chunk_tokens"), ("--overlap", "overlap")):
             given = getattr(args, key)
             if given is not None and given != index.settings[key]:
@@ -91,8 +95,8 @@ def run_index(args: argparse.Namespace) -> int:
     else:
         index = RagIndex.create(args.encoder, 128 if args.chunk_tokens is None else args.chunk_tokens,
                                 16 if args.overlap is None else args.overlap,
-                                args.approximate_above or APPROXIMATE_ABOVE, dtype=_dtype(args.precision),
-                                batch_size=args.batch_size)
+                                args.approximate_above or APPROXIMATE_ABOVE, dtype=_dtype(args.precision, device_of(args)),
+                                batch_size=args.batch_size, device=device_of(args))
     counts = index.add(corpus)
     if not len(index):
 
@@ -123,7 +127,7 @@ def run_query(args: argparse.Namespace) -> int:
     from lmkit.rag.store import RagIndex
 
     utf8(args.query, "--query")
-    hits = retrieve(RagIndex.open(args.index), args.query, args.k, args.mode)
+    hits = retrieve(RagIndex.open(args.index, device=device_of(args)), args.query, args.k, args.mode)
     if args.json:
         print(json.dumps([h.to_json() for h in hits], ensure_ascii=False))
         return 0
@@ -138,8 +142,9 @@ def run_ask(args: argparse.Namespace) -> int:
     from lmkit.rag.store import RagIndex
 
     utf8(args.question, "--question")
-    result = answer(RagIndex.open(args.index), args.model, args.question, k=args.k, mode=args.mode,
-                    max_new_tokens=args.max_new_tokens)
+    device = device_of(args)  # the question's encoder and the answering decoder both run there
+    result = answer(RagIndex.open(args.index, device=device), args.model, args.question, k=args.k, mode=args.mode,
+                    max_new_tokens=args.max_new_tokens, device=device)
     import sys
 
     for notice in result.notices:

@@ -6,6 +6,7 @@ import hashlib
 import json
 
 from lmkit.cli import utf8
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.data import load_corpus
 from lmkit.data.cache import cache_dir
 from lmkit.errors import ConfigError, CorpusError
@@ -23,6 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--bf16", action="store_true", help="embed in bfloat16 (faster; cosines within ~1e-4)")
     p.add_argument("--no-cache", action="store_true", help="re-embed the paragraphs instead of reusing the cache")
     p.add_argument("--json", action="store_true", help="print results as JSON lines")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -38,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         utf8(query, "--query")
     if args.top_k < 1:
         raise ConfigError("--top-k must be at least 1")
-    encoder = SentenceEncoder.from_pretrained(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+    encoder = SentenceEncoder.from_pretrained(args.model, dtype=torch.bfloat16 if args.bf16 else None,
+                                              device=device_of(args))
     corpus = load_corpus(args.corpus)
     # every weight and setting of the model (pooling, Dense, prompts, tokenizer) keys the cached embeddings
     files = sorted(f for f in Path(args.model).rglob("*") if f.suffix in (".safetensors", ".json"))

@@ -5,6 +5,7 @@ Endpoints: /v1/completions, /v1/chat/completions, /v1/embeddings (encoder folder
 """
 from __future__ import annotations
 
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 
 
@@ -26,6 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--model-name", default=None, help="the model id /v1/models reports (default: the folder's name)")
     p.add_argument("--rag", default=None, metavar="INDEX",
                    help="answer chat turns from an `lmkit rag index` folder: sources returned beside the message")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -46,6 +48,6 @@ def run(args) -> int:
     sys.setswitchinterval(0.0002)
     app = build_app(args.model, api_key=args.api_key, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     cors_origins=args.cors_origins, max_body=args.max_body, prefill_chunk=args.prefill_chunk,
-                    model_name=args.model_name, rag=args.rag)
+                    model_name=args.model_name, rag=args.rag, device=device_of(args))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -15,10 +15,11 @@ from lmkit.peft.finetune import causal_lm_data, check_out, model_folder, save_mo
 
 def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch_size: int = 16,
                    seq_len: int | None = None, lr: float = 1e-3, every: int = 2, weights: DistillWeights | None = None,
-                   seed: int = 0, max_val_docs: int | None = None, log=None) -> dict:
-    """Student = every other teacher layer, trained against the teacher; saved to `out` with metrics."""
+                   seed: int = 0, max_val_docs: int | None = None, log=None, device=None) -> dict:
+    """Student = every other teacher layer, trained against the teacher on `device` (None: the CPU); saved to
+    `out` with metrics."""
     check_out(out, teacher_dir, "--teacher")
-    teacher, tok = model_folder(teacher_dir)
+    teacher, tok = model_folder(teacher_dir, device)
     data = causal_lm_data(teacher, tok, corpus, seq_len, max_val_docs)
     student = student_from_teacher(teacher, every)
     history = distill_causal_lm(teacher, student, data.stream, data.pad, steps, batch_size, lr,
@@ -32,12 +33,13 @@ def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch
 
 
 def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 8, batch_size: int = 8,
-                 seq_len: int | None = None, max_val_docs: int | None = None) -> dict:
-    """Prune the `heads` least important heads (importance from `batches` training batches); save to `out`."""
+                 seq_len: int | None = None, max_val_docs: int | None = None, device=None) -> dict:
+    """Prune the `heads` least important heads (importance from `batches` training batches, on `device`; None:
+    the CPU); save to `out`."""
     if batches < 1:
         raise ConfigError(f"--batches must be at least 1 (importance needs data), got {batches}")
     check_out(out, model_dir)
-    model, tok = model_folder(model_dir)
+    model, tok = model_folder(model_dir, device)
     data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
     before = data.evaluate(model)
     n_params = model.num_parameters()

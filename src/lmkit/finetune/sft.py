@@ -23,6 +23,7 @@ from torch import nn
 
 import lmkit
 from lmkit.atomic import staged_folder
+from lmkit.device import module_device, resolve_device, to_device
 from lmkit.errors import ConfigError, TrainingError
 from lmkit.finetune.sft_data import SFTExample, prepare, read_rows, row_format
 from lmkit.peft.finetune import check_out, default_lr, model_folder, peft_for_task
@@ -60,6 +61,7 @@ class SFTConfig:
     peft_settings: dict = field(default_factory=dict)
     log_every: int = 10
     time_budget: float | None = None   # seconds of training; the step count is planned from the first steps' speed
+    device: str | None = None          # "auto", "cpu", "cuda[:N]", "mps"; None: the CPU (torchrun: the rank's GPU)
 
 
 def collate(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -91,6 +93,8 @@ def collate(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
 
 def token_losses(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed -log p of the trained labels, their number) of one batch: labels[:, 1:] given inputs[:, :-1]."""
+    device = module_device(model)
+    batch = {k: to_device(v, device) for k, v in batch.items()}
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
     logits = out.logits[:, :-1].float()
     targets = batch["labels"][:, 1:]
@@ -204,7 +208,7 @@ def sft(config: SFTConfig, log=print) -> dict:
 
     Under torchrun (`torchrun --nproc-per-node N -m lmkit finetune --task sft ...`) every rank takes its share of
     each step's batch_size examples, DDP sums the gradients, and rank 0 writes the folder."""
-    ctx = distributed.setup()
+    ctx = distributed.setup(None if config.device is None else resolve_device(config.device, "device="))
     with distributed.agree_on_setup(ctx):  # a rank failing alone (its own files) stops every rank
         run = _set_up(config, ctx)
     run["engine"] = distributed.wrap_model(run["tuned"], ctx)  # DDP: its first broadcast is a collective
@@ -229,7 +233,7 @@ def _set_up(c: SFTConfig, ctx) -> dict:
     if c.batch_size % ctx.world_size:
         raise ConfigError(f"--batch-size {c.batch_size} does not divide among the {ctx.world_size} processes; pick a "
                           f"multiple of {ctx.world_size}")
-    model, _ = model_folder(c.model)
+    model, _ = model_folder(c.model, ctx.device)
     tok = lmkit.load_tokenizer(c.model)
     first = read_rows(c.train)[0]
     conversational = row_format(first[1], c.train) in ("messages", "conversational_prompt_completion")

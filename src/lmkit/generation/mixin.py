@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from lmkit.device import module_device
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
 from lmkit.generation.prompt_lookup import lookup_greedy, speculates
@@ -122,6 +123,11 @@ class GenerationMixin:
             model_kwargs["decoder_start_token_id"] = config.decoder_start_token_id
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        # the prompt goes where the model is (ids made on the host, a model on a GPU); the output stays there
+        device = module_device(self)
+        input_ids = input_ids.to(device)
+        attention_mask = None if attention_mask is None else attention_mask.to(device)
+        model_kwargs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in model_kwargs.items()}
         decoding = decoding_for(self, input_ids, attention_mask, config, self._prompt_length(input_ids, model_kwargs))
         cfg, attention_mask, options = decoding.config, decoding.attention_mask, decoding.options
         if streamer is not None and cfg.num_beams > 1:

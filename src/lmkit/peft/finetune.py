@@ -21,6 +21,7 @@ from lmkit.atomic import staged_folder
 from lmkit.data import load_corpus
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.tokenize import special_ids
+from lmkit.device import module_device, to_device
 from lmkit.errors import CheckpointError, ConfigError, TrainingError
 from lmkit.evaluate.perplexity import evaluate_rows
 from lmkit.hub.files import atomic_write_json
@@ -56,7 +57,7 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
     params = [p for p in model.parameters() if p.requires_grad]
     for step in range(steps):
         set_lr(opt, lr_at(step, lr, warmup_steps, steps, 0.1 * lr))
-        rows = stream.rows(seed, step, batch_size)
+        rows = to_device(stream.rows(seed, step, batch_size), module_device(model))
         inputs, targets = next_token_targets(rows, (rows != pad_id).long())
         loss, parts, out = loss_fn(model, inputs, targets)
         total = with_aux_loss(loss, getattr(out, "aux_loss", None), model.config.router_aux_loss_coef)
@@ -82,8 +83,10 @@ def next_token_accuracy(model: nn.Module, rows: torch.Tensor, mask: torch.Tensor
     """Share of scored positions whose argmax prediction is the next token (rows/mask from `eval_rows`)."""
     model.eval()
     right = total = 0
+    device = module_device(model)
     for start in range(0, len(rows), batch_size):
-        inputs, targets = next_token_targets(rows[start:start + batch_size], mask[start:start + batch_size])
+        inputs, targets = next_token_targets(rows[start:start + batch_size].to(device),
+                                             mask[start:start + batch_size].to(device))
         pred = model(inputs).logits.argmax(-1)
         keep = targets != -100
         right += int((pred[keep] == targets[keep]).sum())
@@ -127,12 +130,13 @@ def check_out(out, source, flag: str = "--model") -> None:
         raise ConfigError(f"--out {out} is a file; give a folder to write the model in")
 
 
-def model_folder(path):
-    """(causal LM, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights)."""
+def model_folder(path, device=None):
+    """(causal LM, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights); the model
+    on `device` (None: the CPU)."""
     folder = Path(path)
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json; pass a folder written by `lmkit train` (or add one)")
-    model = lmkit.load_model(folder)
+    model = lmkit.load_model(folder, device=device)
     if type(model).__name__ != "CausalLM":
         arch = model.config.architecture
         raise ConfigError(f"{folder} holds a{'n' if arch.startswith('e') else ''} {arch} model; this command works on "
@@ -192,11 +196,13 @@ def fitting_length(max_seq_len: int, method: str, settings: dict, asked: int | N
 def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pydocs",), steps: int = 100,
                               batch_size: int = 8, seq_len: int | None = None, lr: float | None = None, seed: int = 0,
                               max_val_docs: int | None = None, log=None, val_fraction: float = 0.05,
-                              warmup_ratio: float | None = None, weight_decay: float = 0.0, **settings) -> dict:
+                              warmup_ratio: float | None = None, weight_decay: float = 0.0, device=None,
+                              **settings) -> dict:
     """Fine-tune the causal LM of `model_dir` on `corpus` with a PEFT method (or "full"); write to `out`.
 
     Rows are `seq_len` tokens (default: what fits the model's context, at most 256); `val_fraction` of the
-    corpus's documents (by `Corpus.split`) are held out for the scores before and after. The learning rate
+    corpus's documents (by `Corpus.split`) are held out for the scores before and after; `device` is where it
+    trains (None: the CPU). The learning rate
     warms up over round(warmup_ratio * steps) steps (None: a tenth of them, at most 20), then decays by cosine.
 
     `out` gets the adapter in PEFT format (adapter_config.json + adapter_model.safetensors), or the whole
@@ -209,7 +215,7 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
         raise TrainingError(f"--warmup-ratio must lie in [0, 1] (a share of the steps), got {warmup_ratio}")
     if not 0.0 <= weight_decay < math.inf:
         raise TrainingError(f"--weight-decay must be a non-negative number, got {weight_decay}")
-    model, tok = model_folder(model_dir)
+    model, tok = model_folder(model_dir, device)
     data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, method, settings, "--max-length", val_fraction)
     before = data.evaluate(model)
     torch.manual_seed(seed)

@@ -86,14 +86,15 @@ def fit_sources(render, hits: list[Hit], room: int) -> tuple[object, list[int], 
 
 
 def answer(index, model_dir, question: str, k: int = 5, mode: str = "hybrid", max_new_tokens: int = 128,
-           model=None, tokenizer=None) -> Answer:
-    """Retrieve k chunks from `index` (a RagIndex), prompt the decoder in model_dir with them, decode greedily."""
+           model=None, tokenizer=None, device=None) -> Answer:
+    """Retrieve k chunks from `index` (a RagIndex), prompt the decoder in model_dir with them, decode greedily;
+    the decoder runs on device (None: the CPU) unless a loaded `model` is given."""
     import torch
 
 
     if max_new_tokens < 1:
         raise GenerationError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    model = model if model is not None else lmkit.load_model(model_dir)
+    model = model if model is not None else lmkit.load_model(model_dir, device=device)
     tokenizer = tokenizer if tokenizer is not None else lmkit.load_tokenizer(model_dir)
     if model.config.architecture != "decoder":
         raise GenerationError(f"{model_dir} is not a decoder-only model; `lmkit rag ask` answers with a decoder")
