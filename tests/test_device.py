@@ -10,7 +10,7 @@ from lmkit.cli import build_parser
 from lmkit.device import DeviceError, module_device, resolve_device
 from lmkit.models import build_model
 from lmkit.train.precision import bf16_supported, default_precision
-from tests.helpers.faults import fails
+from helpers.faults import fails
 
 # every command (and action) that runs a model; quantize (int8 kernels: CPU only) and word2vec (numba) do not
 RUNS_A_MODEL = ["train", "finetune", "generate", "eval", "chat", "serve", "harness", "rag index", "rag query",
@@ -133,7 +133,7 @@ def test_a_bad_device_is_one_line_and_exit_2_for_every_command(name, capsys, tmp
 
 
 def test_generate_with_device_cpu_and_auto_match_the_default(tiny_folder, capsys):
-    from tests.helpers.hf_folders import byte_level_bpe
+    from helpers.hf_folders import byte_level_bpe
 
     byte_level_bpe(["<|endoftext|>"]).save(str(tiny_folder / "tokenizer.json"))
     outputs = []
