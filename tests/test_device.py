@@ -26,7 +26,8 @@ def test_auto_picks_cuda_then_mps_then_cpu():
     want = "cuda" if torch.cuda.is_available() else "mps" if _mps() else "cpu"
     assert resolve_device("auto").type == want
     assert resolve_device(None) == resolve_device("auto")
-    assert resolve_device("cpu") == resolve_device(" CPU ") == resolve_device(torch.device("cpu")) == torch.device("cpu")
+    cpu = torch.device("cpu")
+    assert resolve_device("cpu") == resolve_device(" CPU ") == resolve_device(cpu) == cpu
 
 
 @pytest.mark.parametrize("spec", ["gpu", "cuda:", "cuda:x", "cuda:-1", "cpu:0", "mps:1", "auto:0", "", "cuda0"])

@@ -82,9 +82,9 @@ def run_index(args: argparse.Namespace) -> int:
     corpus = load_corpus(args.corpus)
     if args.approximate_above is not None and args.approximate_above < 1:
         raise ConfigError(f"--approximate-above must be at least 1, got {args.approximate_above}")
-    out = Path(args.out)
+    out, device = Path(args.out), device_of(args)
     if (out / "manifest.json").is_file():
-        index = RagIndex.open(out, args.encoder, dtype=_dtype(args.precision, device_of(args)), device=device_of(args))
+        index = RagIndex.open(out, args.encoder, dtype=_dtype(args.precision, device), device=device)
         for flag, key in (("--chunk-tokens", "chunk_tokens"), ("--overlap", "overlap")):
             given = getattr(args, key)
             if given is not None and given != index.settings[key]:
@@ -95,8 +95,8 @@ def run_index(args: argparse.Namespace) -> int:
     else:
         index = RagIndex.create(args.encoder, 128 if args.chunk_tokens is None else args.chunk_tokens,
                                 16 if args.overlap is None else args.overlap,
-                                args.approximate_above or APPROXIMATE_ABOVE, dtype=_dtype(args.precision, device_of(args)),
-                                batch_size=args.batch_size, device=device_of(args))
+                                args.approximate_above or APPROXIMATE_ABOVE, dtype=_dtype(args.precision, device),
+                                batch_size=args.batch_size, device=device)
     counts = index.add(corpus)
     if not len(index):
 

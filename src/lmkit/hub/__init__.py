@@ -97,7 +97,7 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None, device:
     """A model in eval mode from a Hugging Face format folder: float32 unless dtype is given (a torch dtype, its
     name such as "bfloat16", or "auto" for config.json's dtype / torch_dtype, as transformers takes them), on the
     CPU unless device is given ("auto", "cpu", "cuda", "cuda:1", "mps" or a torch.device: lmkit.device)."""
-    target = None if device is None else resolve_device(device, "device=")  # a device that is not there: refused before reading
+    target = None if device is None else resolve_device(device, "device=")  # refused before any file is read
     folder = Path(path)
     config, raw = load_config(folder)
     dtype = _resolve_dtype(dtype, raw)

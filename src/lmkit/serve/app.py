@@ -51,7 +51,8 @@ class Server:
                 from lmkit.rag.store import RagIndex
 
                 self.rag = RagIndex.open(self.rag_path, device=self.device)
-            model = None if (self.folder / "modules.json").is_file() else lmkit.load_model(self.folder, device=self.device)
+            encoder_folder = (self.folder / "modules.json").is_file()
+            model = None if encoder_folder else lmkit.load_model(self.folder, device=self.device)
             if model is None or model.config.architecture != "decoder":
                 self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder, device=self.device)
                 self.tokenizer = self.encoder.tokenizer
