@@ -143,3 +143,21 @@ def test_generate_with_device_cpu_and_auto_match_the_default(tiny_folder, capsys
                                "--max-new-tokens", "8", *extra]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] == outputs[2] and outputs[0].startswith("def f(x):")
+
+
+def test_the_api_objects_take_device(tiny_folder, minilm_path):
+    from lmkit.generation.engine import Engine
+
+    model = lmkit.load_model(tiny_folder)
+    assert Engine(model, max_batch=2, device="cpu").device == torch.device("cpu")
+    plain = lmkit.SentenceEncoder.from_pretrained(minilm_path)
+    placed = lmkit.SentenceEncoder.from_pretrained(minilm_path, device="auto")
+    assert module_device(placed.model) == resolve_device("auto")
+    sentences = ["A man is eating food.", "def f(x): return x"]
+    assert abs(placed.encode(sentences) - plain.encode(sentences)).max() < 1e-5
+    if NO_GPU:  # a device that is not there is refused where it is named, before any weight moves
+        with pytest.raises(DeviceError, match="^device=cuda:0: no CUDA device"):
+            Engine(model, device="cuda:0")
+        with pytest.raises(DeviceError, match="^device=cuda: no CUDA device"):
+            lmkit.SentenceEncoder.from_pretrained(minilm_path, device="cuda")
+        assert module_device(model) == torch.device("cpu")
