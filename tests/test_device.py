@@ -161,3 +161,15 @@ def test_the_api_objects_take_device(tiny_folder, minilm_path):
         with pytest.raises(DeviceError, match="^device=cuda: no CUDA device"):
             lmkit.SentenceEncoder.from_pretrained(minilm_path, device="cuda")
         assert module_device(model) == torch.device("cpu")
+
+
+def test_an_int8_folder_is_refused_on_a_gpu(tiny_folder, tmp_path, monkeypatch):
+    from lmkit.compress import quantize_dynamic_int8
+    from lmkit.errors import ConfigError
+
+    quantize_dynamic_int8(lmkit.load_model(tiny_folder)).save_pretrained(tmp_path)
+    assert module_device(lmkit.load_model(tmp_path, device="cpu")) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"int8 layers run on the CPU only; load it with device='cpu'"):
+        lmkit.load_model(tmp_path, device="cuda")

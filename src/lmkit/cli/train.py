@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"lmkit train: preset {c.preset}, {trainer.model.num_parameters() / 1e6:.2f}M parameters, "
                   f"vocab {trainer.model_config.vocab_size}, " + (f"data {c.data}" if c.data else f"corpus {' '.join(c.corpus)}")
                   + f" ({trainer.stream.num_tokens} training tokens), batch {c.batch_size} x {c.seq_len}, {c.precision}"
+                  + (f" on {ctx.device}" if ctx.device.type != "cpu" else "")
                   + (f", {ctx.world_size} processes ({'FSDP' if c.fsdp else 'DDP'}, {ctx.backend})" if ctx.world_size > 1 else "")
                   + (f", resuming at step {trainer.step}" if c.resume else ""))
         result = trainer.fit()  # an error while training may be one rank's own: every rank reports its own

@@ -110,6 +110,9 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None, device:
         raise ConfigError(f"{folder} holds {head}, the tensor of a task head (classification, question answering, "
                           f"multiple choice) that lmkit's {raw.get('model_type')} language model lacks; load a folder "
                           "of the language-model class")
+    if target is not None and target.type != "cpu" and config.compression.get("quantization"):
+        raise ConfigError(f"{folder} holds an int8 model (`lmkit quantize`), whose dynamic int8 layers run on the CPU "
+                          f"only; load it with device='cpu', or load the float model it was made from on {target}")
     hooks = folder_hooks(config)
     kept = {}  # what each hook's restore needs (the int8 values of quantized layers)
     for hook in hooks:
