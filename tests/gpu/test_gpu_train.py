@@ -42,8 +42,8 @@ def whole(shards):
 
 def test_cuda_training_takes_the_cpu_losses(shards, whole):
     cpu = train(shards / "cpu", shards / "data", "--max-steps", "2", "--precision", "fp32", "--device", "cpu")
-    for step in (1, 2):
-        assert abs(cpu[step]["loss"] - whole[step]["loss"]) < 1e-4, step
+    assert abs(cpu[1]["loss"] - whole[1]["loss"]) < 1e-4  # the same weights, data and loss: float32 apart
+    assert abs(cpu[2]["loss"] - whole[2]["loss"]) < 1e-3  # after one AdamW step, which divides by tiny moments
     model = lmkit.load_model(shards / "whole")  # what a GPU run saves loads anywhere
     assert model.device == torch.device("cpu")
 
@@ -53,8 +53,8 @@ def test_a_cuda_run_resumes_with_the_losses_it_would_have_had(shards, whole):
     train(out, shards / "data", "--max-steps", "2", "--precision", "fp32", "--device", "cuda")
     resumed = train(out, shards / "data", "--max-steps", "4", "--resume", "--device", "cuda")
     assert sorted(resumed) == [1, 2, 3, 4]
-    for step in (3, 4):  # scatter-add backward kernels are not bitwise repeatable on a GPU: a float32 hair apart
-        assert abs(resumed[step]["loss"] - whole[step]["loss"]) < 1e-5, step
+    for step in (3, 4):  # GPU kernels are not all bitwise repeatable: a hair apart, where a wrong resume is 1e-2
+        assert abs(resumed[step]["loss"] - whole[step]["loss"]) < 1e-4, step
 
 
 def test_bf16_is_the_default_where_the_gpu_has_it(shards, capsys):
@@ -75,7 +75,7 @@ def test_two_nccl_ranks_take_the_losses_of_one_process(shards, whole):
     assert "(DDP, nccl)" in r.stdout
     two = {row["step"]: row for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     for step in range(1, 5):
-        assert abs(two[step]["loss"] - whole[step]["loss"]) < 1e-4, step
+        assert abs(two[step]["loss"] - whole[step]["loss"]) < (1e-4 if step == 1 else 1e-3), step
 
 
 def test_fine_tuning_and_distillation_run_on_cuda(shards, whole, tmp_path):
