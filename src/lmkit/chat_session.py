@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from lmkit.device import place
 from lmkit.errors import GenerationError
 
 # the sampling `finetune --task sft` writes into generation_config.json, so that every chat surface reads the same
@@ -75,15 +76,17 @@ def reply_room(context: int, default: int = DEFAULT_REPLY_TOKENS) -> int:
 
 class ChatSession:
     def __init__(self, model, tok, system: str | None = None, max_new_tokens: int | None = None,
-                 temperature: float | None = None, top_p: float | None = None, top_k: int | None = None):
+                 temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                 device: str | torch.device | None = None):
         """Unset settings: max_new_tokens `reply_room(context)`, sampling the folder's `sampling_defaults`
-        (else temperature 1, as generate's)."""
+        (else temperature 1, as generate's); the model is moved to `device` when given ("auto", "cpu", "cuda[:N]",
+        "mps")."""
         if tok.chat_template is None:
             raise GenerationError("this model's tokenizer has no chat template; fine-tune it with `lmkit finetune "
                                   "--task sft --chat-template chatml`, or add a chat_template.jinja to the folder")
         if model.config.architecture != "decoder":
             raise GenerationError("lmkit chat talks to causal language models (decoder-only)")
-        self.model, self.tok, self.system = model, tok, system
+        self.model, self.tok, self.system = place(model, device), tok, system
         self.context = model.config.max_seq_len
         folder = sampling_defaults(model)
         self.temperature = temperature if temperature is not None else folder.get("temperature", 1.0)

@@ -137,7 +137,7 @@ def test_rank_1_reports_its_own_errors_while_training(monkeypatch):
         def fit(self):
             raise TrainingError("rank 1's own trouble")
 
-    monkeypatch.setattr(distributed, "setup", lambda: distributed.DistContext(rank=1, world_size=2))
+    monkeypatch.setattr(distributed, "setup", lambda device=None: distributed.DistContext(rank=1, world_size=2))
     monkeypatch.setattr(distributed, "agree_on_setup", lambda ctx: contextlib.nullcontext())  # no group here
     monkeypatch.setattr(cli_train, "config_from_args", lambda args: (None, set()))
     monkeypatch.setattr(cli_train, "Trainer", FakeTrainer)

@@ -12,6 +12,7 @@ import re
 import sys
 
 from lmkit import __version__
+from lmkit.cli.common import device_of
 from lmkit.errors import LmkitError, user_message
 
 SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "distill", "prune", "quantize",
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "device", None) is not None:  # one line and exit 2 for a device not there, before any work
+            args.device = device_of(args)
         return int(args.func(args) or 0)
     except BrokenPipeError:  # the reader went away (`lmkit eval ... | head -1`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not raise again

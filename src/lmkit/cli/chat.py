@@ -11,6 +11,7 @@ import re
 import sys
 
 import lmkit
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.cli.generate import TerminalStreamer
 from lmkit.cli.helptext import add_command
 from lmkit.errors import GenerationError, LmkitError
@@ -33,6 +34,7 @@ def register(subparsers) -> None:
                    help="longest reply in tokens (default 256, at most half the model's context)")
     p.add_argument("--seed", type=int, metavar="N", help="seed for sampling, for repeatable replies (default: a fresh "
                    "one each run)")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise GenerationError("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.seed is not None:
         torch.manual_seed(args.seed)
-    model, tok = lmkit.load_model(args.model), lmkit.load_tokenizer(args.model)
+    model, tok = lmkit.load_model(args.model, device=device_of(args)), lmkit.load_tokenizer(args.model)
     session = ChatSession(model, tok, args.system, args.max_new_tokens, args.temperature, args.top_p)
     out = sys.stdout
     out.write(f"lmkit chat: {args.model} ({model.config.max_seq_len} positions, replies up to {session.max_new_tokens} "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from lmkit.cli.helptext import add_command
+from lmkit.cli.common import device_of
+from lmkit.cli.finetune import add_run_arguments
 
 
 def register(subparsers) -> None:
@@ -24,8 +26,6 @@ def register(subparsers) -> None:
     p.add_argument("--gamma", type=float, default=1.0, metavar="X", help="weight of 1 - cos(hidden states)")
     p.add_argument("--temperature", type=float, default=2.0, metavar="T", help="softmax temperature of the soft targets")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed")
-    from lmkit.cli.finetune import add_run_arguments
-
     add_run_arguments(p)
     p.set_defaults(func=run)
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         r, status = on_every_rank(lambda: distill_folder(args.teacher, args.out, args.corpus, args.max_steps,
                                                          args.batch_size, args.seq_len, args.lr, args.every, w,
-                                                         args.seed, log=log, **run_settings(args)))
+                                                         args.seed, log=log, **run_settings(args)), device_of(args))
     finally:
         bar.close()
     if r is None:

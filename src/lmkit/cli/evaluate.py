@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lmkit
 from lmkit.cli.helptext import add_command
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.data import load_corpus
 from lmkit.data.builtin import BUILTIN
 from lmkit.data.corpus import same_files
@@ -32,6 +33,7 @@ def register(subparsers) -> None:
     p.add_argument("--stride", type=int, metavar="N", help="causal LMs: read each document in windows of the model's "
                    "context that start N tokens apart, so every token is scored after at least context - N tokens "
                    "(transformers' perplexity recipe); default: pieces of the context, each read after BOS")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.corpus and trained_on and args.corpus != trained_on and same_files(args.corpus, trained_on):
         # the training files spelled otherwise: document ids (and so the split) follow the spelling training used
         corpus = args.corpus = trained_on
-    model = lmkit.load_model(args.model)
+    model = lmkit.load_model(args.model, device=device_of(args))
     arch = model.config.architecture
     if (args.pairs or args.task) and arch != "encoder-decoder":
         raise ConfigError(f"--pairs and --task score text-to-text (encoder-decoder) models, and {args.model} holds "

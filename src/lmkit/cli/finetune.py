@@ -7,6 +7,7 @@ import argparse
 import json
 
 from lmkit.cli.helptext import add_command
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
@@ -76,22 +77,24 @@ def add_run_arguments(parser) -> None:
                    "every N steps (default: none)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint, with "
                    "the losses it would have had")
+    add_device_argument(parser)
 
 
 def run_settings(args: argparse.Namespace) -> dict:
     """The loop's settings from the parsed run flags (as the jobs' configs name them)."""
-    settings = dict(precision=args.precision, save_every=args.save_every, resume=args.resume)
+    settings = dict(precision=args.precision, save_every=args.save_every, resume=args.resume,
+                    device=str(device_of(args)))
     if args.lr_schedule is not None:
         settings["lr_schedule"] = args.lr_schedule
     return settings
 
 
-def on_every_rank(body):
+def on_every_rank(body, device=None):
     """(body(), 0) in one process or on every rank under torchrun; (None, status) on the ranks other than 0,
     which print nothing."""
     from lmkit.train import distributed
 
-    ctx = distributed.setup()  # torchrun: one process per rank, rank 0 prints and writes
+    ctx = distributed.setup(device)  # torchrun: one process per rank (cuda: each its own GPU), rank 0 prints and writes
     result, status = distributed.run_ranks(ctx, body)
     return (result, status) if ctx.is_main else (None, status)
 
@@ -148,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         return run_clm(args, method, settings)
     config = FinetuneConfig(**{f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None}, peft=method,
                             peft_settings=settings, **run_settings(args))
-    best, status = on_every_rank(lambda: finetune(config))
+    best, status = on_every_rank(lambda: finetune(config), device_of(args))
     if best is None:
         return status
     print(f"lmkit finetune: best epoch {best['epoch']}: accuracy {best['accuracy']:.4f}, macro-F1 {best['macro_f1']:.4f}; "
@@ -163,7 +166,7 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
     given = {k: getattr(args, k) for k in ("val_fraction", "warmup_ratio", "weight_decay") if getattr(args, k) is not None}
     r, status = on_every_rank(lambda: finetune_causal_lm_folder(
         args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
-        args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings))
+        args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings), device_of(args))
     if r is None:
         return status
     b, a = r["before"], r["after"]
@@ -188,7 +191,7 @@ def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
         if getattr(args, name) is not None:
             fields[key] = getattr(args, name)
     log = lambda line: print(f"lmkit finetune --task sft: {line}", flush=True)  # noqa: E731
-    r, status = on_every_rank(lambda: sft(SFTConfig(**fields), log=log))
+    r, status = on_every_rank(lambda: sft(SFTConfig(**fields), log=log), device_of(args))
     if r is None:
         return status
     held = (f"; held-out loss {r['eval_loss_before']:.4f} -> {r['eval_loss_after']:.4f}"

@@ -14,6 +14,7 @@ from pathlib import Path
 import lmkit
 from lmkit.cli import utf8
 from lmkit.cli.helptext import add_command
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import GenerationError
 
 
@@ -40,6 +41,7 @@ def register(subparsers) -> None:
                         "default: off)")
     p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
                    help="put BOS before the prompt (default: when the folder holds an lmkit training run; other folders: the tokenizer's own special tokens)")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise GenerationError(f"--prompt-lookup must be >= 1, got {args.prompt_lookup}")
     if not args.repetition_penalty > 0:
         raise GenerationError(f"--repetition-penalty must be > 0 (1: none), got {args.repetition_penalty}")
-    model = lmkit.load_model(args.model)
+    model = lmkit.load_model(args.model, device=device_of(args))
     tok = lmkit.load_tokenizer(args.model)
     # an id past the embedding table fails deep in the model, or silently never matters: refuse it up front
     check_fits(tok, model.config.vocab_size, Path(args.model) / "tokenizer.json", args.model)

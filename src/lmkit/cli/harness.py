@@ -11,6 +11,7 @@ import sys
 
 from lmkit.atomic import atomic_write_text
 from lmkit.cli.helptext import add_command
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 
 
@@ -34,6 +35,7 @@ def register(subparsers) -> None:
                         "lm-eval's own default is 100000)")
     p.add_argument("--gen-kwargs", metavar="K=V,...", help="generation settings over the tasks' (e.g. max_gen_toks=32; default: each task's own)")
     p.add_argument("--output", metavar="FILE", help="write lm-eval's results JSON here (default: the table only)")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     results = harness_run.run(args.model, tasks, num_fewshot=args.num_fewshot,
                               apply_chat_template=args.apply_chat_template, include_path=args.include_path,
-                              limit=limit, batch_size=args.batch_size, gen_kwargs=args.gen_kwargs,
+                              limit=limit, batch_size=args.batch_size, device=device_of(args), gen_kwargs=args.gen_kwargs,
                               bootstrap_iters=args.bootstrap_iters)
     print(harness_run.results_table(results))
     if args.bootstrap_iters == 0:

@@ -10,6 +10,7 @@ import argparse
 import lmkit
 from lmkit.cli import utf8
 from lmkit.cli.helptext import add_command, hidden_alias
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 from lmkit.plots.lens import plot_lens
 
@@ -32,16 +33,18 @@ def add_arguments(p) -> None:
     p.add_argument("--embeddings-row", action="store_true",
                    help="draw the embeddings row of a model whose output head is its input embedding (default: left "
                         "out, as it predicts each input token itself at about 1.0 and flattens the colour scale)")
+    add_device_argument(p)
 
 
-def read(model_dir: str, prompt: str):
-    """(reading, token strings of the prompt, tokenizer) for the prompt through the model at model_dir."""
+def read(model_dir: str, prompt: str, device=None):
+    """(reading, token strings of the prompt, tokenizer) for the prompt through the model at model_dir, on
+    `device` (None: the CPU)."""
     import torch
 
     from lmkit.lens import logit_lens
 
     utf8(prompt, "--prompt")
-    model = lmkit.load_model(model_dir)
+    model = lmkit.load_model(model_dir, device=device)
     tok = lmkit.load_tokenizer(model_dir)
     ids = tok.encode(prompt)
     if not ids:
@@ -67,7 +70,7 @@ def draw(reading, inputs, tok, out: str, model: str = "", prompt: str = "", embe
 
 
 def run(args: argparse.Namespace) -> int:
-    reading, inputs, tok = read(args.model, args.prompt)
+    reading, inputs, tok = read(args.model, args.prompt, device_of(args))
     probs, ids = reading.top(max(1, args.top))
     show = lambda i: repr(tok.decode([int(i)]))  # noqa: E731
     print("input:  " + " ".join(repr(t) for t in inputs))

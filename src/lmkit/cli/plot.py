@@ -12,6 +12,7 @@ import argparse
 import lmkit
 from lmkit.cli import utf8
 from lmkit.cli.helptext import add_command, hidden_alias, old_spellings
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.cli.lens import add_arguments, draw, read
 from lmkit.data import load_corpus
 from lmkit.errors import ConfigError
@@ -45,6 +46,7 @@ def register(subparsers) -> None:
     att.add_argument("--html", default=None, metavar="FILE", help="the offline viewer (default: the PNG's name, .html)")
     att.add_argument("--layers", type=int, nargs="+", metavar="N", help="only these attention layers (1 = the first; all by default)")
     att.add_argument("--heads", type=int, nargs="+", metavar="H", help="only these heads (1 = the first; all by default)")
+    add_device_argument(att)
     att.set_defaults(func=run_attention)
     emb = add_command(sub, "embeddings", help="2-D PCA of token embeddings or word vectors",
                       description="The first two principal components of a model's input token embeddings, or of "
@@ -63,6 +65,7 @@ def register(subparsers) -> None:
                      help="with --model, rank words by their count in this corpus (default: the corpus the run was "
                           "trained on, from its checkpoint or its parent run's; else the tokenizer's first word pieces)")
     emb.add_argument("--out", default="embeddings.png", metavar="PNG", help="the picture")
+    add_device_argument(emb)
     emb.set_defaults(func=run_embeddings)
     lens = add_command(sub, "lens", help="the logit-lens grid",
                        description="The logit-lens grid of a causal model on a prompt: each layer's top next token "
@@ -91,12 +94,12 @@ def run_attention(args: argparse.Namespace) -> int:
     from lmkit.plots.attention import attention_html, plot_attention_grid
 
     utf8(args.text, "--prompt")
-    model = lmkit.load_model(args.model)
+    model = lmkit.load_model(args.model, device=device_of(args))
     tok = lmkit.load_tokenizer(args.model)
     ids = tok.encode(args.text)
     if not ids:
         raise ConfigError("--prompt encodes to no tokens; give some text")
-    input_ids = torch.tensor([ids])
+    input_ids = torch.tensor([ids], device=model.device)
     maps = attention_maps(model, input_ids)
     tokens = [tok.decode([i]) for i in ids]
     start = getattr(model.config, "decoder_start_token_id", None) or 0
@@ -108,7 +111,7 @@ def run_attention(args: argparse.Namespace) -> int:
             return tokens, tokens
         return decoder_tokens, tokens if label.endswith(" cross") else decoder_tokens
 
-    arrays = {l: m[0].float().numpy() for l, m in maps.items()}
+    arrays = {l: m[0].float().cpu().numpy() for l, m in maps.items()}
     arrays = {l: arrays[l] for l in select(list(arrays), args.layers, "--layers")}
     if args.heads:
         n_heads = min(a.shape[0] for a in arrays.values())
@@ -184,9 +187,9 @@ def run_embeddings(args: argparse.Namespace) -> int:
         matrix = vectors.vectors[[vectors.index[w] for w in labels]]
         title = f"word vectors of {model_name(args.vectors)}: PCA of {len(labels)} words"
     else:
-        model = lmkit.load_model(args.model)
+        model = lmkit.load_model(args.model, device=device_of(args))
         tok = lmkit.load_tokenizer(args.model)
-        E = model.get_input_embeddings().weight.detach().float().numpy()
+        E = model.get_input_embeddings().weight.detach().float().cpu().numpy()
         name = model_name(args.model)
         if args.words:
             ids = [tok.encode(w, add_special_tokens=False) for w in args.words]
@@ -216,6 +219,6 @@ def run_embeddings(args: argparse.Namespace) -> int:
 
 
 def run_lens(args: argparse.Namespace) -> int:
-    reading, inputs, tok = read(args.model, args.prompt)
+    reading, inputs, tok = read(args.model, args.prompt, device_of(args))
     print(f"wrote {draw(reading, inputs, tok, args.out, args.model, args.prompt, args.embeddings_row)}")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from lmkit.cli.helptext import add_command
+from lmkit.cli.common import add_device_argument, device_of
 
 
 def register(subparsers) -> None:
@@ -15,6 +16,7 @@ def register(subparsers) -> None:
     p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
                    help="text for the importance scores and the evaluation (default pydocs)")
     p.add_argument("--batches", type=int, default=8, metavar="N", help="batches that estimate head importance (default 8)")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -23,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lmkit.compress.recipes import prune_folder
 
-    r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches, progress=True,
+    r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches, progress=True, device=device_of(args),
                      stage=lambda text: print(f"lmkit prune: {text}", file=sys.stderr, flush=True))
     print(f"pruned {r['heads_pruned']} heads: {r['parameters_before']:,} -> {r['parameters_after']:,} parameters")
     for layer, heads in r["pruned"].items():

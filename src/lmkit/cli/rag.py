@@ -15,6 +15,7 @@ import json
 
 from lmkit.cli import utf8
 from lmkit.cli.helptext import add_command
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.data import load_corpus
 from lmkit.errors import ConfigError, CorpusError
 
@@ -46,7 +47,8 @@ def register(subparsers) -> None:
                     help="past N chunks use an IVF index instead of exact search (default 200000)")
     ix.add_argument("--batch-size", type=int, default=64, metavar="N", help="chunks per encoder batch (default 64)")
     ix.add_argument("--precision", choices=("fp32", "bf16"), default=None,
-                    help="encoder compute type (default: bf16 where this CPU has native bf16, else fp32)")
+                    help="encoder compute type (default: bf16 where the device has native bf16, else fp32)")
+    add_device_argument(ix)
     ix.set_defaults(func=run_index)
 
     rm = add_command(sub, "remove", help="remove documents from an index",
@@ -65,6 +67,7 @@ def register(subparsers) -> None:
     q.add_argument("--k", type=int, default=5, metavar="K", help="chunks to return (default 5)")
     q.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="hybrid",
                    help="dense cosine, BM25, or both fused by reciprocal rank (default: hybrid)")
+    add_device_argument(q)
     q.add_argument("--json", action="store_true",
                    help='one JSON list, best first: [{"source", "score", "text"}] (default: a readable list)')
     q.set_defaults(func=run_query)
@@ -90,15 +93,16 @@ def register(subparsers) -> None:
                         "(default: refuse with an error naming the room)")
     a.add_argument("--show-prompt", action="store_true",
                    help="print the grounded prompt before the answer (default: the answer and sources only)")
+    add_device_argument(a)
     a.set_defaults(func=run_ask)
 
 
-def _dtype(precision: str | None):
+def _dtype(precision: str | None, device):
     import torch
 
     from lmkit.train.config import default_precision
 
-    return torch.bfloat16 if (precision or default_precision()) == "bf16" else None
+    return torch.bfloat16 if (precision or default_precision(device)) == "bf16" else None
 
 
 def run_index(args: argparse.Namespace) -> int:
@@ -114,9 +118,9 @@ def run_index(args: argparse.Namespace) -> int:
         corpus.documents = corpus.documents[:args.limit]
     if args.approximate_above is not None and args.approximate_above < 1:
         raise ConfigError(f"--approximate-above must be at least 1, got {args.approximate_above}")
-    out = Path(args.out)
+    out, device = Path(args.out), device_of(args)
     if (out / "manifest.json").is_file():
-        index = RagIndex.open(out, args.encoder, dtype=_dtype(args.precision))
+        index = RagIndex.open(out, args.encoder, dtype=_dtype(args.precision, device), device=device)
         for flag, key in (("--chunk-tokens", "chunk_tokens"), ("--overlap", "overlap")):
             given = getattr(args, key)
             if given is not None and given != index.settings[key]:
@@ -127,8 +131,8 @@ def run_index(args: argparse.Namespace) -> int:
     else:
         index = RagIndex.create(args.encoder, 128 if args.chunk_tokens is None else args.chunk_tokens,
                                 16 if args.overlap is None else args.overlap,
-                                args.approximate_above or APPROXIMATE_ABOVE, dtype=_dtype(args.precision),
-                                batch_size=args.batch_size)
+                                args.approximate_above or APPROXIMATE_ABOVE, dtype=_dtype(args.precision, device),
+                                batch_size=args.batch_size, device=device)
     print(f"lmkit rag index: {len(corpus)} documents of {' '.join(args.corpus)} into {out}", file=sys.stderr)
     counts = index.add(corpus, progress=True)
     if not len(index):
@@ -160,7 +164,7 @@ def run_query(args: argparse.Namespace) -> int:
     from lmkit.rag.store import RagIndex
 
     utf8(args.query, "--query")
-    hits = retrieve(RagIndex.open(args.index), args.query, args.k, args.mode)
+    hits = retrieve(RagIndex.open(args.index, device=device_of(args)), args.query, args.k, args.mode)
     if args.json:
         print(json.dumps([h.to_json() for h in hits], ensure_ascii=False))
         return 0
@@ -175,8 +179,9 @@ def run_ask(args: argparse.Namespace) -> int:
     from lmkit.rag.store import RagIndex
 
     utf8(args.question, "--question")
-    result = answer(RagIndex.open(args.index), args.model, args.question, k=args.k, mode=args.mode,
-                    max_new_tokens=args.max_new_tokens, allow_ungrounded=args.allow_ungrounded)
+    device = device_of(args)  # the question's encoder and the answering decoder both run there
+    result = answer(RagIndex.open(args.index, device=device), args.model, args.question, k=args.k, mode=args.mode,
+                    max_new_tokens=args.max_new_tokens, allow_ungrounded=args.allow_ungrounded, device=device)
     import sys
 
     for notice in result.notices:

@@ -7,6 +7,7 @@ import json
 
 from lmkit.cli import utf8
 from lmkit.cli.helptext import add_command, hidden_alias
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.data import load_corpus
 from lmkit.data.cache import cache_dir
 from lmkit.errors import ConfigError, CorpusError
@@ -30,6 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="re-embed the paragraphs instead of reusing the cache (reused by default)")
     p.add_argument("--json", action="store_true", help="print results as JSON lines (default: a readable list)")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -46,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     if args.top_k < 1:
         raise ConfigError(f"--k must be at least 1, got {args.top_k}")
     bf16 = args.precision == "bf16"
-    encoder = SentenceEncoder.from_pretrained(args.model, dtype=torch.bfloat16 if bf16 else None)
+    encoder = SentenceEncoder.from_pretrained(args.model, dtype=torch.bfloat16 if bf16 else None,
+                                              device=device_of(args))
     corpus = load_corpus(args.corpus)
     # every weight and setting of the model (pooling, Dense, prompts, tokenizer) keys the cached embeddings
     files = sorted(f for f in Path(args.model).rglob("*") if f.suffix in (".safetensors", ".json"))

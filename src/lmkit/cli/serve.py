@@ -6,6 +6,7 @@ Endpoints: /v1/completions, /v1/chat/completions, /v1/embeddings (encoder folder
 from __future__ import annotations
 
 from lmkit.cli.helptext import add_command
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 
 
@@ -33,6 +34,7 @@ def register(subparsers) -> None:
     p.add_argument("--rag", default=None, metavar="INDEX",
                    help="answer chat turns from an `lmkit rag index` folder: sources returned beside the message "
                         "(default: no retrieval)")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -50,7 +52,8 @@ def run(args) -> int:
         raise ConfigError("--max-concurrency and --prefill-chunk must be >= 1 and --max-queue >= 0")
     app = build_app(args.model, api_key=args.api_key, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     cors_origins=args.cors_origins, max_body=args.max_body, prefill_chunk=args.prefill_chunk,
-                    model_name=args.model_name, rag=args.rag, access_log=None if args.quiet else sys.stderr)
+                    model_name=args.model_name, rag=args.rag, access_log=None if args.quiet else sys.stderr,
+                    device=device_of(args))
     server = app.state.server
     server.load()  # before the port opens: a folder that cannot serve is one line and exit 2, not 503s
     if server.load_error:

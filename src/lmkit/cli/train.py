@@ -6,6 +6,7 @@ import shlex
 import sys
 
 from lmkit.cli.helptext import add_command
+from lmkit.cli.common import add_device_argument, device_of
 from lmkit.config import PRESETS
 from lmkit.errors import ConfigError
 from lmkit.train import Trainer, distributed
@@ -59,6 +60,7 @@ def register(subparsers) -> None:
     p.add_argument("--fsdp", action="store_const", const=True,
                    help="under torchrun: shard parameters and optimizer state (FSDP) instead of replicating them (DDP, the "
                         "default)")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -77,7 +79,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    ctx = distributed.setup()  # torchrun: one process per rank; plain `lmkit train`: one process
+    ctx = distributed.setup(device_of(args))  # torchrun: one process per rank (cuda: each its own GPU); else one
     started: dict = {}  # the run's folder and trainer once set up, for the message of a Ctrl-C
 
     def body():
@@ -93,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"lmkit train: preset {c.preset}, {trainer.model.num_parameters() / 1e6:.2f}M parameters, "
                   f"vocab {trainer.model_config.vocab_size}, " + (f"data {c.data}" if c.data else f"corpus {' '.join(c.corpus)}")
                   + f" ({trainer.stream.num_tokens} training tokens), batch {c.batch_size} x {c.seq_len}, {c.precision}"
+                  + (f" on {ctx.device}" if ctx.device.type != "cpu" else "")
                   + (f", {ctx.world_size} processes ({'FSDP' if c.fsdp else 'DDP'}, {ctx.backend})" if ctx.world_size > 1 else "")
                   + (f", resuming at step {trainer.step}" if c.resume else ""))
         result = trainer.fit()  # an error while training may be one rank's own: every rank reports its own

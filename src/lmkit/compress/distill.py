@@ -109,7 +109,8 @@ def student_from_teacher(teacher: nn.Module, every: int = 2) -> nn.Module:
         elif int(m.group(2)) in keep[m.group(1)]:
             state[f"{m.group(1)}{keep[m.group(1)].index(int(m.group(2)))}{m.group(3)}"] = tensor
     student.load_state_dict(state)
-    return student.to(next(teacher.parameters()).dtype).train(teacher.training)
+    teacher_weight = next(teacher.parameters())
+    return student.to(teacher_weight.device, teacher_weight.dtype).train(teacher.training)
 
 
 class DistillationObjective:

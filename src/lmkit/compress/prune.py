@@ -18,6 +18,7 @@ import warnings
 import torch
 from torch import nn
 
+from lmkit.device import module_device
 from lmkit.errors import ConfigError
 from lmkit.hub.hooks import FolderHook, register_folder_hook
 from lmkit.nn.attention import Attention
@@ -47,7 +48,8 @@ def head_gates(model: nn.Module):
 
 
 def causal_lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss of rows (B, T + 1)."""
+    """Mean next-token loss of rows (B, T + 1), run where the model is."""
+    batch = batch.to(module_device(model))
     out = model(batch[:, :-1])
     return nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
 

@@ -19,12 +19,13 @@ from lmkit.train import distributed
 def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch_size: int = 16,
                    seq_len: int | None = None, lr: float = 1e-3, every: int = 2, weights: DistillWeights | None = None,
                    seed: int = 0, max_val_docs: int | None = None, log=None, precision: str | None = None,
-                   lr_schedule: str = "cosine", save_every: int | None = None, resume: bool = False) -> dict:
+                   lr_schedule: str = "cosine", save_every: int | None = None, resume: bool = False,
+                   device=None) -> dict:
     """Student = every other teacher layer, trained against the teacher; saved to `out` with metrics.jsonl (as
-    training goes; with `save_every`, checkpoints that `resume` continues from)."""
+    training goes; with `save_every`, checkpoints that `resume` continues from); on `device` (None: the CPU)."""
     check_out(out, teacher_dir, "--teacher")
     precision = check_run(out, resume, save_every, precision, lr_schedule)
-    teacher, tok = model_folder(teacher_dir)
+    teacher, tok = model_folder(teacher_dir, device)
     data = causal_lm_data(teacher, tok, corpus, seq_len, max_val_docs)
     student = student_from_teacher(teacher, every)
     history = distill_causal_lm(teacher, student, data.stream, data.pad, steps, batch_size, lr,
@@ -41,14 +42,15 @@ def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch
 
 def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 8, batch_size: int = 8,
                  seq_len: int | None = None, max_val_docs: int | None = None, progress: bool = False,
-                 stage=None) -> dict:
-    """Prune the `heads` least important heads (importance from `batches` training batches); save to `out`.
+                 stage=None, device=None) -> dict:
+    """Prune the `heads` least important heads (importance from `batches` training batches, on `device`;
+    None: the CPU); save to `out`.
     stage(text) hears each step as it starts; progress draws a bar over the importance batches (a terminal only)."""
     stage = stage or (lambda text: None)
     if batches < 1:
         raise ConfigError(f"--batches must be at least 1 (importance needs data), got {batches}")
     check_out(out, model_dir)
-    model, tok = model_folder(model_dir)
+    model, tok = model_folder(model_dir, device)
     data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
     stage(f"scoring the model on the validation split ({len(data.val_rows)} rows)")
     before = data.evaluate(model)

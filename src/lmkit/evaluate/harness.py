@@ -26,6 +26,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import normalize_gen_kwargs
 
 import lmkit
+from lmkit.device import resolve_device
 from lmkit.errors import ConfigError, TokenizerError
 from lmkit.evaluate.harness_generate import generate_batches, render_chat
 from lmkit.nn import KVCache
@@ -77,13 +78,14 @@ class LmkitLM(TemplateLM):
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{pretrained} is not a model folder (no config.json); pass --model DIR of a folder "
                               "that lmkit.load_model reads")
-        model = lmkit.load_model(folder, dtype=dtype if dtype not in (None, "auto") else None)
+        # device as lm-eval's HFLM takes it ("cuda:0", "cpu", ...), "auto" too; refused before the weights are read
+        self._device = resolve_device(device or "cpu", "device=")
+        model = lmkit.load_model(folder, dtype=dtype if dtype not in (None, "auto") else None, device=self._device)
         arch = model.config.architecture
         if arch not in ("decoder", "encoder-decoder"):
             raise ConfigError(f"{pretrained} holds an encoder-only model ({arch}); lm-eval scores and generates text, "
                               "which needs a decoder-only or encoder-decoder folder")
-        self._device = torch.device(device or "cpu")
-        self.model = model.to(self._device).eval()
+        self.model = model.eval()
         self.backend = "causal" if arch == "decoder" else "seq2seq"
         self.tokenizer = lmkit.load_tokenizer(folder)
         if self.tokenizer.eos_token_id is None and self.tokenizer.bos_token_id is None:

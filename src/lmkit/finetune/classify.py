@@ -20,6 +20,7 @@ import torch
 
 from lmkit.atomic import atomic_write_bytes
 from lmkit.config_sections import UNSET
+from lmkit.device import module_device, resolve_device, to_device
 from lmkit.errors import ConfigError, CorpusError
 from lmkit.finetune.common import check_out, check_run, fitting_length, peft_for_task
 from lmkit.finetune.data import Example, label_names, read_examples, split_examples
@@ -56,6 +57,7 @@ class FinetuneConfig:
     lr_schedule: str = "linear"     # after the warm-up: linear (to 0) | cosine | constant
     save_every: int | None = None   # a checkpoint every N steps (out/checkpoint), for resume
     resume: bool = False            # continue the run in out from its latest checkpoint
+    device: str | None = None       # "auto", "cpu", "cuda[:N]", "mps"; None: the CPU
 
     def check(self) -> None:
         if not 1e-7 <= self.lr <= 1e-2:
@@ -124,13 +126,15 @@ def reads_last_position(model) -> bool:
 
 
 def _batches(tok, examples: list[Example], labels: dict[str, int], batch_size: int, max_length: int,
-             order: list[int]):
+             order: list[int], device: torch.device | None = None):
+    device = device or torch.device("cpu")
     for start in range(0, len(order), batch_size):
         part = [examples[i] for i in order[start:start + batch_size]]
         pairs = [e.text_pair for e in part]
         enc = tok([e.text for e in part], pair=pairs if any(p is not None for p in pairs) else None, padding=True,
                   truncation=True, max_length=max_length)
-        yield ({k: torch.tensor(v) for k, v in enc.items()}, torch.tensor([labels[e.label] for e in part]))
+        yield ({k: to_device(torch.tensor(v), device) for k, v in enc.items()},
+               to_device(torch.tensor([labels[e.label] for e in part]), device))
 
 
 @torch.no_grad()
@@ -141,7 +145,7 @@ def predict(model, tok, examples: list[Example], labels: dict[str, int], batch_s
     model.eval()
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].text))
     preds = [0] * len(examples)
-    for (inputs, _), idx in zip(_batches(tok, examples, labels, batch_size, max_length, order),
+    for (inputs, _), idx in zip(_batches(tok, examples, labels, batch_size, max_length, order, module_device(model)),
                                 (order[s:s + batch_size] for s in range(0, len(order), batch_size))):
         logits = model(inputs["input_ids"], attention_mask=inputs["attention_mask"],
                        token_type_ids=inputs.get("token_type_ids") if model.config.type_vocab_size else None).logits
@@ -175,6 +179,8 @@ def finetune(cfg: FinetuneConfig) -> dict:
     labels = {n: i for i, n in enumerate(names)}
     tok = load_tokenizer(cfg.model)
     model = classifier_from_pretrained(cfg.model, len(names), cfg.pooling, {str(i): n for i, n in enumerate(names)})
+    device = resolve_device(cfg.device or "cpu", "device=")
+    model = model.to(device)  # before PEFT, whose layers are made where the weights they wrap are
     if reads_last_position(model):
         tok.padding_side = "left"
 
@@ -187,7 +193,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
     settings = LoopSettings(lr=cfg.lr, max_steps=cfg.epochs * per_epoch, lr_schedule=cfg.lr_schedule, grad_clip=1.0,
                             precision=precision, log_every=per_epoch, eval_every=per_epoch, save_every=cfg.save_every,
                             resume=cfg.resume, progress=cfg.progress)
-    ctx = distributed.setup()
+    ctx = distributed.setup(device)
     loop = TrainLoop(job, settings, cfg.out, ctx)
     if cfg.resume:
         loop.resume()

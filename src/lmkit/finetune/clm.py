@@ -15,6 +15,7 @@ from lmkit.atomic import atomic_write_json, staged_folder
 from lmkit.data import load_corpus
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.tokenize import special_ids
+from lmkit.device import module_device, to_device
 from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import evaluate_rows
 from lmkit.finetune.common import (check_out, check_run, default_lr, fitting_length, model_folder, peft_for_task,
@@ -79,7 +80,7 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
     out/metrics.jsonl as it goes and, with `save_every`, checkpoints that `resume` continues from."""
     if not isinstance(steps, int) or steps < 1:
         raise TrainingError(f"--max-steps must be at least 1, got {steps}")
-    ctx = distributed.setup()
+    ctx = distributed.setup(module_device(model))  # where model_folder put it
     job = CausalLMJob(model, stream, pad_id, batch_size, lr, warmup_steps, seed, weight_decay, objective,
                       log if ctx.is_main else None, data)
     settings = LoopSettings(lr=lr, max_steps=steps, min_lr=0.1 * lr, lr_schedule=lr_schedule, grad_clip=grad_clip,
@@ -98,8 +99,10 @@ def next_token_accuracy(model: nn.Module, rows: torch.Tensor, mask: torch.Tensor
     """Share of scored positions whose argmax prediction is the next token (rows/mask from `eval_rows`)."""
     model.eval()
     right = total = 0
+    device = module_device(model)
     for start in range(0, len(rows), batch_size):
-        inputs, targets = next_token_targets(rows[start:start + batch_size], mask[start:start + batch_size])
+        inputs, targets = next_token_targets(to_device(rows[start:start + batch_size], device),
+                                             to_device(mask[start:start + batch_size], device))
         pred = model(inputs).logits.argmax(-1)
         keep = targets != -100
         right += int((pred[keep] == targets[keep]).sum())
@@ -140,7 +143,7 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
                               max_val_docs: int | None = None, log=None, val_fraction: float = 0.05,
                               warmup_ratio: float | None = None, weight_decay: float = 0.0,
                               precision: str | None = None, lr_schedule: str = "cosine", save_every: int | None = None,
-                              resume: bool = False, **settings) -> dict:
+                              resume: bool = False, device=None, **settings) -> dict:
     """Fine-tune the causal LM of `model_dir` on `corpus` with a PEFT method (or "full"); write to `out`.
 
     Rows are `seq_len` tokens (default: what fits the model's context, at most 256); `val_fraction` of the
@@ -159,7 +162,7 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     if not 0.0 <= weight_decay < math.inf:
         raise TrainingError(f"--weight-decay must be a non-negative number, got {weight_decay}")
     precision = check_run(out, resume, save_every, precision, lr_schedule)
-    model, tok = model_folder(model_dir)
+    model, tok = model_folder(model_dir, device)
     data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, method, settings, "--max-length", val_fraction)
     before = data.evaluate(model)
     torch.manual_seed(seed)

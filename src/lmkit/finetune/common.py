@@ -50,12 +50,13 @@ def check_run(out, resume: bool, save_every: int | None, precision: str | None, 
     return precision
 
 
-def model_folder(path):
-    """(causal LM, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights)."""
+def model_folder(path, device=None):
+    """(causal LM, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights); the model
+    on `device` (None: the CPU)."""
     folder = Path(path)
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json; pass a folder written by `lmkit train` (or add one)")
-    model = load_model(folder)
+    model = load_model(folder, device=device)
     if type(model).__name__ != "CausalLM":
         arch = model.config.architecture
         raise ConfigError(f"{folder} holds a{'n' if arch.startswith('e') else ''} {arch} model; this command works on "

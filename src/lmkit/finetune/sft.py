@@ -23,6 +23,7 @@ from torch import nn
 from lmkit.atomic import staged_folder
 from lmkit.chat_session import chat_generation_defaults
 from lmkit.errors import ConfigError
+from lmkit.device import module_device, resolve_device, to_device
 from lmkit.finetune.common import check_out, check_run, default_lr, model_folder, peft_for_task
 from lmkit.finetune.sft_data import SFTExample, prepare, read_rows, row_format
 from lmkit.objectives import LossSum
@@ -67,6 +68,7 @@ class SFTConfig:
     lr_schedule: str = "cosine"        # after the warm-up: linear | cosine | constant, down to a tenth of --lr
     save_every: int | None = None      # a checkpoint every N steps (out/checkpoint), for resume
     resume: bool = False               # continue the run in out from its latest checkpoint
+    device: str | None = None          # "auto", "cpu", "cuda[:N]", "mps"; None: the CPU (torchrun: the rank's GPU)
 
 
 def collate(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -98,6 +100,7 @@ def collate(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
 
 def sft_loss(model: nn.Module, batch: dict) -> tuple[LossSum, torch.Tensor | None]:
     """(summed -log p of the trained labels and their number, the model's aux loss): labels[:, 1:] given inputs[:, :-1]."""
+    batch = to_device(batch, module_device(model))  # evaluation's batches are made on the host
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
     logits = out.logits[:, :-1].float()
     targets = batch["labels"][:, 1:]
@@ -221,7 +224,7 @@ def sft(config: SFTConfig, log=print) -> dict:
 
     Under torchrun (`torchrun --nproc-per-node N -m lmkit finetune --task sft ...`) every rank takes its share of
     each step's batch_size examples, DDP sums the gradients, and rank 0 writes the folder."""
-    ctx = distributed.setup()
+    ctx = distributed.setup(None if config.device is None else resolve_device(config.device, "device="))
     with distributed.agree_on_setup(ctx):  # a rank failing alone (its own files) stops every rank
         job = SFTJob(config, ctx)
     report = job.run(log if ctx.is_main else None)
@@ -247,7 +250,7 @@ class SFTJob(Job):
             raise ConfigError(f"--batch-size {c.batch_size} does not divide among the {ctx.world_size} processes; pick a "
                               f"multiple of {ctx.world_size}")
         self.precision = check_run(c.out, c.resume, c.save_every, c.precision, c.lr_schedule)
-        model, _ = model_folder(c.model)
+        model, _ = model_folder(c.model, ctx.device)
         tok = load_tokenizer(c.model)
         first = read_rows(c.train)[0]
         conversational = row_format(first[1], c.train) in ("messages", "conversational_prompt_completion")

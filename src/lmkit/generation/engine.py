@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from lmkit.device import module_device, place
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
 from lmkit.generation.processors import CountPenalties
@@ -99,7 +100,8 @@ class Engine:
     The engine takes the model as it is when it first decodes: change its weights or hooks, or torch's thread
     count, and make a new engine."""
 
-    def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 256):
+    def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 256, device: str | torch.device | None = None):
+        """`device` ("auto", "cpu", "cuda[:N]", "mps"): where the model is moved to run; None: where it is."""
         config = model.config
         if config.architecture != "decoder":
             raise GenerationError(f"the serving engine decodes decoder-only models; this folder is {config.architecture}")
@@ -107,8 +109,8 @@ class Engine:
             raise GenerationError("the serving engine does not implement sliding-window attention yet; use generate")
         if max_batch < 1 or prefill_chunk < 1:
             raise GenerationError(f"max_batch and prefill_chunk must be >= 1, got {max_batch} and {prefill_chunk}")
-        self.model, self.max_batch, self.prefill_chunk = model.eval(), max_batch, prefill_chunk
-        self.device = next(model.parameters()).device
+        self.model, self.max_batch, self.prefill_chunk = place(model, device).eval(), max_batch, prefill_chunk
+        self.device = module_device(self.model)
         self.cache = SlotCache(max_batch)
         self.free = list(range(max_batch))
         self.waiting: deque[Request] = deque()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lmkit.device import module_device
 from lmkit.errors import GenerationError
 from lmkit.generation.beam import beam_search
 from lmkit.generation.config import GenerationConfig
@@ -59,6 +60,11 @@ class GenerationMixin(DecodingInterface):
             model_kwargs["decoder_start_token_id"] = config.decoder_start_token_id
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        # the prompt goes where the model is (ids made on the host, a model on a GPU); the output stays there
+        device = module_device(self)
+        input_ids = input_ids.to(device)
+        attention_mask = None if attention_mask is None else attention_mask.to(device)
+        model_kwargs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in model_kwargs.items()}
         start = self.generation_prompt_length(input_ids, model_kwargs)
         decoding = decoding_for(self, input_ids, attention_mask, config, start)
         cfg, attention_mask = decoding.config, decoding.attention_mask

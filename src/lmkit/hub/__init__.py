@@ -14,6 +14,7 @@ import torch
 
 from lmkit.atomic import atomic_write_json
 from lmkit.config import ModelConfig
+from lmkit.device import resolve_device
 from lmkit.errors import CheckpointError, ConfigError
 from lmkit.generation.config import GenerationConfig
 from lmkit.hub.convert import DECODER_HEAD_TENSORS, from_hf, to_hf
@@ -93,9 +94,11 @@ def pruned_layout(config: ModelConfig, pruned: dict) -> ModelConfig:
     return config.replace(compression=compression, family=None)
 
 
-def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
+def load_model(path: str | Path, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None):
     """A model in eval mode from a Hugging Face format folder: float32 unless dtype is given (a torch dtype, its
-    name such as "bfloat16", or "auto" for config.json's dtype / torch_dtype, as transformers takes them)."""
+    name such as "bfloat16", or "auto" for config.json's dtype / torch_dtype, as transformers takes them), on the
+    CPU unless device is given ("auto", "cpu", "cuda", "cuda:1", "mps" or a torch.device: lmkit.device)."""
+    target = None if device is None else resolve_device(device, "device=")  # refused before any file is read
     folder = Path(path)
     config, raw = load_config(folder)
     dtype = _resolve_dtype(dtype, raw)
@@ -108,6 +111,9 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
         raise ConfigError(f"{folder} holds {head}, the tensor of a task head (classification, question answering, "
                           f"multiple choice) that lmkit's {raw.get('model_type')} language model lacks; load a folder "
                           "of the language-model class")
+    if target is not None and target.type != "cpu" and config.compression.get("quantization"):
+        raise ConfigError(f"{folder} holds an int8 model (`lmkit quantize`), whose dynamic int8 layers run on the CPU "
+                          f"only; load it with device='cpu', or load the float model it was made from on {target}")
     hooks = folder_hooks(config)
     kept = {}  # what each hook's restore needs (the int8 values of quantized layers)
     for hook in hooks:
@@ -133,7 +139,7 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None):
         if hook.restore is not None:
             model = hook.restore(model, kept.get(hook.key))
     model.generation_defaults = generation_defaults(folder)
-    return model.eval()
+    return (model if target is None else model.to(target)).eval()
 
 
 def _model_and_state(config: ModelConfig, family, raw: dict, hf: dict[str, torch.Tensor], folder: Path):

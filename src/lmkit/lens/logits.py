@@ -64,8 +64,9 @@ def lens_logits(model, h: torch.Tensor) -> torch.Tensor:
 
 
 def logit_lens(model, input_ids: torch.Tensor) -> LensReading:
-    """The lens of one sequence input_ids (T,) or (1, T) through every layer."""
-    ids = input_ids.reshape(1, -1)
+    """The lens of one sequence input_ids (T,) or (1, T) through every layer, run where the model is; the
+    reading comes back on the CPU (for printing and plotting)."""
+    ids = input_ids.reshape(1, -1).to(model.device)
     states = residual_stream(model, ids)
     E = model.get_input_embeddings().weight.detach()
     logits = torch.stack([lens_logits(model, h)[0] for h in states])
@@ -73,4 +74,4 @@ def logit_lens(model, input_ids: torch.Tensor) -> LensReading:
     names = ["embeddings"] + [f"layer {i + 1}" for i in range(len(states) - 1)]
     _, head = _causal_parts(model)
     tied = getattr(head, "weight", None) is not None and head.weight.data_ptr() == E.data_ptr()
-    return LensReading(ids[0], logits, nearest, names, tied)
+    return LensReading(ids[0].cpu(), logits.cpu(), nearest.cpu(), names, tied)

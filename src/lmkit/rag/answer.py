@@ -108,16 +108,17 @@ def fit_grounded(render, hits: list[Hit], room: Room, tokenizer, question: str, 
 
 
 def answer(index, model_dir, question: str, k: int = 5, mode: str = "hybrid", max_new_tokens: int | None = None,
-           model=None, tokenizer=None, allow_ungrounded: bool = False) -> Answer:
+           model=None, tokenizer=None, allow_ungrounded: bool = False, device=None) -> Answer:
     """Retrieve k chunks from `index` (a RagIndex), prompt the decoder in model_dir with them, decode greedily.
 
     max_new_tokens defaults to `default_answer_tokens` of the model's context (128, or a quarter of a short
     context). Where the full instruction leaves no source room, SHORT_INSTRUCTION is tried; with no source
-    fitting even then, UngroundedError unless allow_ungrounded (then the bare question is asked).
+    fitting even then, UngroundedError unless allow_ungrounded (then the bare question is asked). The decoder
+    runs on `device` (None: the CPU) unless a loaded `model` is given.
     """
     import torch
 
-    model = model if model is not None else lmkit.load_model(model_dir)
+    model = model if model is not None else lmkit.load_model(model_dir, device=device)
     tokenizer = tokenizer if tokenizer is not None else lmkit.load_tokenizer(model_dir)
     if model.config.architecture != "decoder":
         raise GenerationError(f"{model_dir} is not a decoder-only model; `lmkit rag ask` answers with a decoder")

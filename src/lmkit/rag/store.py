@@ -95,10 +95,11 @@ class RagIndex:
     # building -----------------------------------------------------------------------------------
     @classmethod
     def create(cls, encoder_dir, chunk_tokens: int = 128, overlap: int = 16, approximate_above: int = APPROXIMATE_ABOVE,
-               nprobe: int = 16, dtype=None, batch_size: int = 64) -> "RagIndex":
+               nprobe: int = 16, dtype=None, batch_size: int = 64, device=None) -> "RagIndex":
+        """A new, empty index under the encoder in encoder_dir, run in dtype on device (None: float32, the CPU)."""
         from lmkit.sentence import SentenceEncoder
 
-        encoder = SentenceEncoder.from_pretrained(encoder_dir, dtype=dtype)
+        encoder = SentenceEncoder.from_pretrained(encoder_dir, dtype=dtype, device=device)
         specials = len(encoder.tokenizer.encode("", add_special_tokens=True))
         check_sizes(chunk_tokens, overlap, encoder.max_seq_length - specials)
         settings = {"chunk_tokens": chunk_tokens, "overlap": overlap, "approximate_above": approximate_above,
@@ -240,8 +241,9 @@ class RagIndex:
                 shutil.rmtree(stale, ignore_errors=True)
 
     @classmethod
-    def open(cls, path, encoder_dir=None, dtype=None) -> "RagIndex":
-        """Read an index folder with its encoder (by default the folder named in its manifest)."""
+    def open(cls, path, encoder_dir=None, dtype=None, device=None) -> "RagIndex":
+        """Read an index folder with its encoder (by default the folder named in its manifest), run in dtype on
+        device (None: float32, the CPU)."""
         from lmkit.sentence import SentenceEncoder
 
         folder = Path(path)
@@ -267,7 +269,7 @@ class RagIndex:
         if index.ntotal != len(chunks) or len(chunks) != manifest["count"] or index.d != manifest["dim"]:
             raise CheckpointError(f"{folder} is damaged ({index.ntotal} vectors for {len(chunks)} chunks); rebuild it "
                                   "with `lmkit rag index`")
-        encoder = SentenceEncoder.from_pretrained(encoder_dir, dtype=dtype)
+        encoder = SentenceEncoder.from_pretrained(encoder_dir, dtype=dtype, device=device)
         settings = {key: manifest[key] for key in ("chunk_tokens", "overlap", "approximate_above", "nprobe", "dim",
                                                    "batch_size", "fingerprint")}
         out = cls(encoder, encoder_dir, settings, index, chunks, manifest["documents"], manifest["next_id"])

@@ -18,6 +18,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from lmkit.device import place
 from lmkit.errors import CheckpointError, ConfigError
 from lmkit.hub import load_model
 from lmkit.hub.files import read_json, read_weights
@@ -102,8 +103,10 @@ class SentenceEncoder:
     def __init__(self, model, tokenizer, pooling_modes: tuple[str, ...] = ("mean",),
                  head: list[Dense | str] | None = None, max_seq_length: int = 512, do_lower_case: bool = False,
                  prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
-                 include_prompt: bool = True, padding_side: str = "right", truncation_side: str = "right"):
-        self.model, self.tokenizer = model.eval(), tokenizer
+                 include_prompt: bool = True, padding_side: str = "right", truncation_side: str = "right",
+                 device: str | torch.device | None = None):
+        # device (sentence-transformers' argument): where the model runs; None leaves it where it is
+        self.model, self.tokenizer = place(model, device).eval(), tokenizer
         self.pooling_modes = tuple(pooling_modes)
         self.max_seq_length, self.do_lower_case = max_seq_length, do_lower_case
         if do_lower_case:
@@ -123,8 +126,10 @@ class SentenceEncoder:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model.config.pad_token_id or 0)
 
     @classmethod
-    def from_pretrained(cls, path, dtype: torch.dtype | None = None) -> "SentenceEncoder":
-        """Read a sentence-transformers folder; dtype (e.g. torch.bfloat16) is the model's compute type."""
+    def from_pretrained(cls, path, dtype: torch.dtype | None = None,
+                        device: str | torch.device | None = None) -> "SentenceEncoder":
+        """Read a sentence-transformers folder; dtype (e.g. torch.bfloat16) is the model's compute type, device
+        ("auto", "cpu", "cuda[:N]", "mps"; None: the CPU) where it runs. Embeddings come back on the CPU (numpy)."""
         folder = Path(path)
         if not folder.is_dir():
             raise CheckpointError(f"{folder} is not a folder; pass a sentence-transformers model folder")
@@ -137,7 +142,7 @@ class SentenceEncoder:
             kind, sub = _kind(module), folder / module.get("path", "")
             if kind == "transformer":
                 transformer_dir = sub
-                model = load_model(sub, dtype=dtype)
+                model = load_model(sub, dtype=dtype, device=device)
                 if model.config.architecture == "encoder-decoder" and model.config.family not in ("t5", "mt5"):
                     # sentence-transformers embeds T5 by its encoder alone, but BART by its decoder's states
                     raise ConfigError(f"{sub} holds a {model.config.family} encoder-decoder model; lmkit embeds "

@@ -35,8 +35,9 @@ class Server:
     """What the routes share: the loaded model, tokenizer, engine and metrics."""
 
     def __init__(self, folder: str | Path, max_concurrency: int = 16, max_queue: int = 256, prefill_chunk: int = 256,
-                 model_name: str | None = None, rag: str | Path | None = None):
+                 model_name: str | None = None, rag: str | Path | None = None, device=None):
         self.folder, self.rag_path, self.rag = Path(folder), rag, None
+        self.device = device  # where the model (and the RAG index's encoder) run; None: the CPU
         self.model_name = model_name or self.folder.name
         self.max_concurrency, self.max_queue, self.prefill_chunk = max_concurrency, max_queue, prefill_chunk
         self.ready = threading.Event()
@@ -57,10 +58,11 @@ class Server:
             if self.rag_path is not None:
                 from lmkit.rag.store import RagIndex
 
-                self.rag = RagIndex.open(self.rag_path)
-            model = None if (self.folder / "modules.json").is_file() else lmkit.load_model(self.folder)
+                self.rag = RagIndex.open(self.rag_path, device=self.device)
+            encoder_folder = (self.folder / "modules.json").is_file()
+            model = None if encoder_folder else lmkit.load_model(self.folder, device=self.device)
             if model is None or model.config.architecture != "decoder":
-                self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder)
+                self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder, device=self.device)
                 self.tokenizer = self.encoder.tokenizer
             else:
                 self.model = model
@@ -106,9 +108,9 @@ class Server:
 
 def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: int = 16, max_queue: int = 256,
               cors_origins: list[str] | None = None, max_body: int = 4 << 20, prefill_chunk: int = 256,
-              model_name: str | None = None, rag: str | Path | None = None, access_log=None) -> FastAPI:
+              model_name: str | None = None, rag: str | Path | None = None, access_log=None, device=None) -> FastAPI:
     """`access_log`: a text stream that gets one line per request (None: no log)."""
-    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag)
+    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag, device)
 
     async def lifespan(app):
         if not server.ready.is_set():

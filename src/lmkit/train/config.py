@@ -67,9 +67,9 @@ class TrainConfig:
     # (train/sizing.py): "auto" (the pydocs law), a law's name or fit.json, or "off" (the preset as it is)
     sizing: str = "auto"
 
-    def resolved(self, model: ModelConfig | None = None) -> "TrainConfig":
+    def resolved(self, model: ModelConfig | None = None, device: torch.device | str | None = None) -> "TrainConfig":
         """A copy with every None that has a default filled in (recipes first); `model`: the preset with the
-        model overrides, when the caller has it already."""
+        model overrides, when the caller has it already; `device`: where it trains (the default precision)."""
         recipe = RECIPES.get(self.preset, {})
         model = model or get_preset(self.preset, **self.model_overrides)
         # vocab_size (the tokenizer's target) is recorded so that a resumed run retrains the same tokenizer
@@ -79,7 +79,7 @@ class TrainConfig:
         values = {k: getattr(self, k) if getattr(self, k) is not None else recipe.get(k, generic[k]) for k in generic}
         cfg = dataclasses.replace(self, **values)
         if cfg.precision is None:
-            cfg.precision = default_precision()
+            cfg.precision = default_precision(device)
         if cfg.micro_batch_size is None:
             cfg.micro_batch_size = cfg.batch_size
         cfg.check()

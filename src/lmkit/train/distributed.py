@@ -35,13 +35,14 @@ class DistContext:
         return self.rank == 0
 
 
-def setup(device: str | None = None) -> DistContext:
-    """The process group from torchrun's environment; one process (no group) when WORLD_SIZE is unset or 1."""
+def setup(device: str | torch.device | None = None) -> DistContext:
+    """The process group from torchrun's environment; one process (no group) when WORLD_SIZE is unset or 1.
+    Under torchrun a CUDA `device` (None: CUDA when there is one) means this rank's GPU, cuda:LOCAL_RANK."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistContext(device=torch.device(device or "cpu"))
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    use_cuda = str(device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     backend = "nccl" if use_cuda else "gloo"
     if use_cuda:
         if torch.cuda.device_count() <= local:

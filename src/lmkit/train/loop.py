@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from lmkit.device import to_device
 from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import autocast
 from lmkit.objectives import with_aux_loss
@@ -37,19 +38,6 @@ from lmkit.train.schedule import EvalSaveSchedule
 from lmkit.train.seeds import resume_seed
 
 CALIBRATION_STEPS = 8  # steps timed before a --time-budget run fixes its step count
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """A micro-batch (tensors in dicts, lists and tuples) on `device`; on the CPU as it is."""
-    if device.type == "cpu":
-        return batch
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
 
 
 @dataclass

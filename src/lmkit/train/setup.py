@@ -82,7 +82,7 @@ def prepare_training(cfg: TrainConfig, explicit: set[str] | None = None, rank: i
         raise TrainingError(f"{out} already holds a training run; pass --resume to continue it, "
                             "or choose another --out (or remove that folder)")
     preset = get_preset(cfg.preset, **cfg.model_overrides)
-    cfg = cfg.resolved(preset)
+    cfg = cfg.resolved(preset, device)
     if not cfg.data:
         refuse_output_folder(cfg.corpus, "--out", out, RUN_FILES)
     if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from lmkit.device import to_device
 from lmkit.models import build_model
 from lmkit.train import distributed as D
 from lmkit.train.checkpoint import write_error
@@ -102,7 +103,7 @@ class Trainer(Job):
     def micro_batches(self, step: int, rank: int, world_size: int) -> list[dict[str, torch.Tensor]]:
         """The rows `PackedStream.rows(seed, step, ...)` as the objective's batch, cut into micro-batches."""
         cfg = self.cfg
-        rows = self.stream.rows(cfg.seed, step, cfg.batch_size, rank, world_size).to(self.device)
+        rows = to_device(self.stream.rows(cfg.seed, step, cfg.batch_size, rank, world_size), self.device)
         generator = torch.Generator().manual_seed(seed_int("batch", cfg.seed, step, rank))
         batch = self.objective.build_batch(rows, self.pad_id, generator)
         micro = cfg.micro_batch_size if world_size == 1 else max(1, cfg.micro_batch_size // world_size)
