@@ -10,8 +10,8 @@ import torch
 
 import lmkit
 from lmkit.cli import main
-from lmkit.data.prepare import prepare
 from lmkit.train.precision import default_precision
+from helpers.shards import small_shards
 from helpers.processes import process_env
 
 FLAGS = ["--preset", "tiny", "--batch-size", "8", "--seq-len", "32", "--save-every", "2", "--log-every", "1",
@@ -21,13 +21,7 @@ FLAGS = ["--preset", "tiny", "--batch-size", "8", "--seq-len", "32", "--save-eve
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory, small_pydocs):
-    root = tmp_path_factory.mktemp("gpu")
-    docs = small_pydocs(root / "c.jsonl", 30)
-    tok = lmkit.train_tokenizer([d.text for d in docs], kind="bpe", vocab_size=320,
-                                special_tokens=["<|endoftext|>", "<|pad|>"])
-    tok.save(str(root / "tok.json"))
-    prepare([str(root / "c.jsonl")], root / "tok.json", root / "data", workers=1, val_fraction=0.1)
-    return root
+    return small_shards(tmp_path_factory.mktemp("gpu"), small_pydocs)
 
 
 def train(out, data, *extra) -> dict[int, dict]:

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import lmkit
-from lmkit.data.prepare import prepare
+from helpers.shards import small_shards
 from helpers.processes import process_env
 
 FLAGS = ["--preset", "tiny", "--max-steps", "4", "--batch-size", "8", "--seq-len", "32", "--save-every", "2",
@@ -16,13 +16,7 @@ FLAGS = ["--preset", "tiny", "--max-steps", "4", "--batch-size", "8", "--seq-len
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory, small_pydocs):
-    root = tmp_path_factory.mktemp("dist")
-    docs = small_pydocs(root / "c.jsonl", 30)
-    tok = lmkit.train_tokenizer([d.text for d in docs], kind="bpe", vocab_size=320,
-                                special_tokens=["<|endoftext|>", "<|pad|>"])
-    tok.save(str(root / "tok.json"))
-    prepare([str(root / "c.jsonl")], root / "tok.json", root / "data", workers=1, val_fraction=0.1)
-    return root
+    return small_shards(tmp_path_factory.mktemp("dist"), small_pydocs)
 
 
 def run_train(out, data, nproc, *extra):

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from helpers.shards import small_shards
 from helpers.processes import kill_after_a_save, saved_steps
 
 import lmkit
@@ -20,13 +21,7 @@ FLAGS = ["--preset", "tiny", "--batch-size", "8", "--seq-len", "32", "--save-eve
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, small_pydocs):
-    root = tmp_path_factory.mktemp("faults")
-    docs = small_pydocs(root / "c.jsonl", 30)
-    tok = lmkit.train_tokenizer([d.text for d in docs], kind="bpe", vocab_size=300,
-                                special_tokens=["<|endoftext|>", "<|pad|>"])
-    tok.save(str(root / "tok.json"))
-    prepare([str(root / "c.jsonl")], root / "tok.json", root / "data", workers=1, val_fraction=0.1)
-    return root
+    return small_shards(tmp_path_factory.mktemp("faults"), small_pydocs, vocab_size=300)
 
 
 def command(data, out, steps, *extra):
