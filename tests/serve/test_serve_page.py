@@ -78,8 +78,8 @@ def test_page_reply_equals_the_api_and_markup_shows_as_text(browser, tmp_path):
 
 
 def _endless(folder):
-    """`folder` with as few end tokens as it can have (none in generation_config.json or the tokenizer, a template
-    of plain text, no end-of-turn token): a sampled reply runs on long enough for Stop to end it."""
+    """`folder` with no end token (none in the configs, a template of plain text, and the tokenizer's
+    <|endoftext|> renamed, since a tokenizer takes that name as its EOS): a sampled reply runs on until Stop."""
     import json
 
     for name, keys in (("config.json", ("eos_token_id", "bos_token_id")), ("generation_config.json",
@@ -91,6 +91,8 @@ def _endless(folder):
             raw["chat_template"] = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                                     "{% if add_generation_prompt %}assistant: {% endif %}")
         (folder / name).write_text(json.dumps(raw))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text((folder / name).read_text().replace("<|endoftext|>", "<|filler|>"))
     return folder
 
 
@@ -102,7 +104,9 @@ def test_stop_button_stops_the_stream(browser, tmp_path):
         browser.get(server.url + "/")
         reply = _send(browser, "tell me everything", temperature="1", max_tokens="3000")
         _wait(lambda: len(reply.text) > 0)
-        assert not browser.find_element(By.ID, "stop").get_property("disabled")
+        assert not browser.find_element(By.ID, "stop").get_property("disabled"), (
+            reply.text, reply.get_attribute("data-done"), browser.find_element(By.ID, "error").text,
+            browser.find_element(By.ID, "max-tokens").get_property("value"))
         browser.find_element(By.ID, "stop").click()
         _wait(lambda: reply.get_attribute("data-done") == "true")
         _wait(lambda: engine.counts() == (0, 0), timeout=20)  # the server freed the slot

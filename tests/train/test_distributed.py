@@ -133,7 +133,7 @@ def test_rank_1_reports_its_own_errors_while_training(monkeypatch):
 
     monkeypatch.setattr(distributed, "setup", lambda device=None: distributed.DistContext(rank=1, world_size=2))
     monkeypatch.setattr(distributed, "agree_on_setup", lambda ctx: contextlib.nullcontext())  # no group here
-    monkeypatch.setattr(cli_train, "config_from_args", lambda args: (None, set()))
+    monkeypatch.setattr(cli_train, "config_from_args", lambda args: (argparse.Namespace(out="run"), set()))
     monkeypatch.setattr(cli_train, "Trainer", FakeTrainer)
     with pytest.raises(TrainingError, match="rank 1's own trouble"):
         cli_train.run(argparse.Namespace())
