@@ -16,7 +16,8 @@ from lmkit.cli.common import device_of
 from lmkit.errors import LmkitError, user_message
 
 SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "distill", "prune", "quantize",
-               "finetune", "search", "chat", "serve", "harness", "rag", "embed", "lens", "plot", "scaling")
+               "finetune", "search", "chat", "serve", "harness", "rag", "embed", "lens", "plot", "scaling",
+               "code")
 
 
 def build_parser() -> argparse.ArgumentParser:
