@@ -374,7 +374,7 @@ def test_resume_and_out_folder_errors(corpus_file, tmp_path):
 
 @pytest.mark.parametrize("objective, message", [("mlm", "not available yet"), ("nope", "unknown objective")])
 def test_unknown_objectives(corpus_file, tmp_path, objective, message, monkeypatch):
-    from lmkit.train.tasks import OBJECTIVES
+    from lmkit.train.objectives import OBJECTIVES
 
     monkeypatch.delitem(OBJECTIVES, "mlm", raising=False)  # as before masked LM was registered
     with pytest.raises(TrainingError, match=message):
@@ -383,7 +383,7 @@ def test_unknown_objectives(corpus_file, tmp_path, objective, message, monkeypat
 
 
 def test_objective_must_fit_the_preset(corpus_file, tmp_path):
-    from lmkit.train.tasks import OBJECTIVES, Objective, clm_batch, clm_loss
+    from lmkit.train.objectives import OBJECTIVES, Objective, clm_batch, clm_loss
 
     OBJECTIVES["test-encoder"] = Objective("test-encoder", "encoder", clm_batch, clm_loss, None)
     try:
