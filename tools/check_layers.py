@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 # (module, lmkit module it imports): an import closing a circle that another change is breaking (most are made
-# inside a function; train/tasks.py imports its objectives at the bottom of the file). Empty this once those
+# inside a function; train/objectives.py imports its objectives at the bottom of the file). Empty this once those
 # changes are merged; an entry whose import is gone, or closes no circle any more, fails the check until removed.
 KNOWN_CIRCLES: set[tuple[str, str]] = set()
 # third-party names a place may import only inside a function: tokenizers stays torch-free on import

@@ -94,6 +94,38 @@ def test_rolling_bits_per_byte_equal_lmkit_eval_when_documents_fit_the_context(f
     assert ours["bits_per_byte,none"] == pytest.approx(ref["bpb"], rel=1e-5)
 
 
+def test_generation_has_a_bar_over_its_requests_moved_once_per_batch(folder, monkeypatch):
+    """generate_until draws a bar as the log-likelihoods do (stderr, on a terminal only): its total is the number
+    of requests and it moves once per batch, across the groups of generation settings."""
+    import io
+
+    from lm_eval.api.instance import Instance
+    from tqdm import tqdm
+
+    import lmkit.evaluate.harness_generate as harness_generate
+    from lmkit.evaluate.harness import LmkitLM
+
+    opened = []
+
+    def forced(enabled: bool = True, **kwargs):  # drawn as on a terminal, into a buffer
+        bar = tqdm(file=io.StringIO(), disable=not enabled, **kwargs)
+        moves = []
+        update = bar.update
+        bar.update = lambda n=1: moves.append(n) or update(n)
+        opened.append((kwargs, bar, moves))
+        return bar
+
+    monkeypatch.setattr(harness_generate, "progress_bar", forced)
+    settings = [{"until": ["\n"], "max_gen_toks": 4}] * 3 + [{"until": ["."], "max_gen_toks": 3}] * 2
+    reqs = [Instance("generate_until", {}, (f"def f{i}(x):", s), i) for i, s in enumerate(settings)]
+    out = LmkitLM(pretrained=folder, batch_size=2).generate_until(reqs)
+    assert len(out) == 5 and all(isinstance(t, str) for t in out)
+    (kwargs, bar, moves), = opened
+    assert kwargs["desc"] == "generate_until" and bar.total == bar.n == len(reqs)
+    assert moves == [2, 1, 2]  # batches of 2 within each group of settings (3 requests, then 2)
+    assert "5/5" in bar.fp.getvalue()
+
+
 # what `lmkit harness` writes to stderr outside a git checkout: no `fatal: not a git repository` (lm-eval asks git for
 # the results' git_hash), and one line saying why the Stderr column is N/A; --bootstrap-iters fills that column
 def harness(folder, cwd, *flags):

@@ -9,7 +9,7 @@ import torch
 import lmkit
 from lmkit.objectives import IGNORE_INDEX
 from lmkit.train.config import TrainConfig
-from lmkit.train.tasks import get_objective
+from lmkit.train.objectives import get_objective
 from lmkit.train.trainer import Trainer
 
 SMALL = dict(d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, attention_dropout=0.0)

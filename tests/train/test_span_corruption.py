@@ -130,7 +130,7 @@ def test_span_objective_numbers_sentinels_down_from_the_top_like_t5():
     import lmkit
     from lmkit.data.tokenize import vocab_size_of
     from lmkit.train.denoise import SENTINELS
-    from lmkit.train.tasks import get_objective
+    from lmkit.train.objectives import get_objective
 
     tok = lmkit.train_tokenizer(["def f(x): return x + 1. print(f(2))."] * 20, kind="bpe", vocab_size=300)
     before = vocab_size_of(tok)

@@ -101,7 +101,7 @@ def test_validation_rows_without_padding_still_pad_the_corrupted_sources(objecti
     from lmkit.config import get_preset
     from lmkit.data.tokenize import special_ids
     from lmkit.models import build_model
-    from lmkit.train.tasks import get_objective
+    from lmkit.train.objectives import get_objective
 
     texts = [f"The value {i} is here. It ends {i * 7} times." for i in range(40)]
     tok = lmkit.train_tokenizer(texts, kind="bpe", vocab_size=300, special_tokens=["<|endoftext|>", "<|pad|>"])

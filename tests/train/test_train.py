@@ -79,6 +79,41 @@ def test_left_out_warmup_is_fixed_from_the_planned_steps_and_recorded(corpus_fil
     assert lrs(out)[3:] == pytest.approx([lr_at(s, peak, 10, 6, floor) for s in range(3, 6)])
 
 
+def test_lr_schedule_constant_holds_lr_after_warmup_and_resume_keeps_it(corpus_file, tmp_path):
+    """`lmkit train --lr-schedule constant`: metrics.jsonl's lr rises over the warm-up, then stays at --lr; the
+    schedule is recorded in the checkpoint, so --resume keeps it (another one is refused), and a checkpoint saved
+    before the flag existed resumes with cosine."""
+    from lmkit.cli import main
+
+    def lrs(out):
+        return [r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+    def train(out, *extra):
+        return main(["train", "--preset", "tiny", "--corpus", corpus_file, "--out", str(out), "--batch-size", "4",
+                     "--seq-len", "32", "--precision", "fp32", "--log-every", "1", "--save-every", "3",
+                     "--warmup-steps", "2", "--lr", "2e-3", *extra])
+
+    out = tmp_path / "constant"
+    assert train(out, "--max-steps", "6", "--lr-schedule", "constant") == 0
+    assert lrs(out) == pytest.approx([1e-3, 2e-3, 2e-3, 2e-3, 2e-3, 2e-3])
+    ckpt = _back_to_step_3(out)
+    assert json.loads((ckpt / "state.json").read_text())["train_config"]["lr_schedule"] == "constant"
+    assert train(out, "--max-steps", "8", "--resume") == 0
+    assert lrs(out) == pytest.approx([1e-3] + [2e-3] * 7)
+    with pytest.raises(TrainingError, match="--lr-schedule cosine differs from the run being resumed"):
+        Trainer(config(corpus_file, out, resume=True, lr_schedule="cosine"), explicit={"lr_schedule"})
+
+    out = tmp_path / "old"  # saved before --lr-schedule: its train config has none, and reads as cosine
+    assert train(out, "--max-steps", "6") == 0
+    assert json.loads((out / "checkpoint" / "step-00000006" / "state.json").read_text()
+                      )["train_config"]["lr_schedule"] == "cosine"
+    _back_to_step_3(out, lambda state: state["train_config"].pop("lr_schedule"))
+    assert train(out, "--max-steps", "6", "--resume") == 0
+    assert lrs(out) == pytest.approx([lr_at(s, 2e-3, 2, 6, 2e-4) for s in range(6)])
+    with pytest.raises(TrainingError, match="--lr-schedule must be one of linear, cosine, constant"):
+        config(corpus_file, tmp_path / "bad", lr_schedule="step").resolved()
+
+
 @pytest.mark.parametrize("preset", ["tiny", "default"])
 def test_no_decay_on_biases_norms_and_embeddings(preset):
     model = CausalLM(get_preset(preset, vocab_size=128, n_layers=1))
@@ -374,7 +409,7 @@ def test_resume_and_out_folder_errors(corpus_file, tmp_path):
 
 @pytest.mark.parametrize("objective, message", [("mlm", "not available yet"), ("nope", "unknown objective")])
 def test_unknown_objectives(corpus_file, tmp_path, objective, message, monkeypatch):
-    from lmkit.train.tasks import OBJECTIVES
+    from lmkit.train.objectives import OBJECTIVES
 
     monkeypatch.delitem(OBJECTIVES, "mlm", raising=False)  # as before masked LM was registered
     with pytest.raises(TrainingError, match=message):
@@ -383,7 +418,7 @@ def test_unknown_objectives(corpus_file, tmp_path, objective, message, monkeypat
 
 
 def test_objective_must_fit_the_preset(corpus_file, tmp_path):
-    from lmkit.train.tasks import OBJECTIVES, Objective, clm_batch, clm_loss
+    from lmkit.train.objectives import OBJECTIVES, Objective, clm_batch, clm_loss
 
     OBJECTIVES["test-encoder"] = Objective("test-encoder", "encoder", clm_batch, clm_loss, None)
     try:

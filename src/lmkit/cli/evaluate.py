@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         val, part = text.split(settings.get("val_fraction", 0.05))[1], "validation split:"
     if corrupting:  # the loss of the corrupted tokens (mlm: masked; span / denoise: targets), as training reports it
-        from lmkit.train.tasks import evaluate_corpus
+        from lmkit.train.objectives import evaluate_corpus
 
         r = evaluate_corpus(model, tokenizer, val, corrupting, settings.get("seq_len"))
     else:

@@ -13,9 +13,9 @@ from lmkit.train import Trainer, distributed
 from lmkit.train.config import TrainConfig
 
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
-FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "warmup_steps",
-         "optimizer", "precision", "log_every", "save_every", "seed", "data", "micro_batch_size", "keep_checkpoints",
-         "fsdp", "sizing")
+FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "lr_schedule",
+         "warmup_steps", "optimizer", "precision", "log_every", "save_every", "seed", "data", "micro_batch_size",
+         "keep_checkpoints", "fsdp", "sizing")
 
 
 def register(subparsers) -> None:
@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, metavar="N", help="sequences per optimizer step, global under torchrun (default: the preset's recipe: default 24, tiny 8, others 16)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence, the model's context (default: the preset's recipe: default 128, others the model's context, at most 1024)")
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default: the preset's recipe: default and tiny 3e-3, others 1e-3)")
+    p.add_argument("--lr-schedule", choices=["linear", "cosine", "constant"],
+                   help="after the linear warm-up: cosine or linear down to a tenth of --lr, or constant at --lr "
+                        "(default: cosine)")
     p.add_argument("--warmup-steps", type=int, metavar="N",
                    help="steps of linear warm-up to the peak lr, used as given; default: the preset's (default 50, tiny "
                         "10, others 100), at most a tenth of the planned steps (--max-steps 40: 4)")

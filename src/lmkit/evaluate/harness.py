@@ -352,7 +352,7 @@ class LmkitLM(TemplateLM):
                 else self.max_length
             cuts.append(len(self.tok_encode(context)) - room)
         warn_truncated("generate_until", cuts, len(requests), self.max_length)
-        return generate_batches(self, requests)
+        return generate_batches(self, requests, disable_tqdm=disable_tqdm)
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The folder's chat template over the few-shot turns (HFLM's call: text, and the final assistant message

@@ -12,6 +12,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from lmkit.errors import GenerationError, TokenizerError
 from lmkit.generation.prompt_lookup import MAX_DRAFT, speculates
 from lmkit.generation.stopping import StopWindow
+from lmkit.progress import progress_bar
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
@@ -65,8 +66,9 @@ def generate_rows(lm, ids: torch.Tensor, mask: torch.Tensor, max_new: int, until
                           stopping_criteria=[stop] if stop else None, **extra, **sampling)
 
 
-def generate_batches(lm, requests) -> list[str]:
-    """One string per request, in request order."""
+def generate_batches(lm, requests, disable_tqdm: bool = False) -> list[str]:
+    """One string per request, in request order; a bar over the requests (stderr, on a terminal only) moves once
+    per batch."""
     args = [req.args for req in requests]
     groups: dict[str, list[int]] = {}
     for i, (_, gen_kwargs) in enumerate(args):
@@ -76,34 +78,38 @@ def generate_batches(lm, requests) -> list[str]:
     eos_text = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
     pad = _pad_id(lm.tokenizer)
     results: list[str | None] = [None] * len(args)
-    for members in groups.values():
-        lengths = {i: len(lm.tok_encode(args[i][0])) for i in members}
-        members = sorted(members, key=lambda i: (-lengths[i], args[i][0]))
-        kwargs = normalize_gen_kwargs(args[members[0]][1], lm.max_gen_toks)
-        until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
-        max_gen = int(kwargs.pop("max_gen_toks"))
-        do_sample = bool(kwargs.get("do_sample"))
-        sampling = {k: kwargs[k] for k in SAMPLING_KEYS if do_sample and kwargs.get(k) is not None}
-        sampling["do_sample"] = do_sample
-        if lm.backend == "causal":
-            max_ctx = lm.max_length - max_gen
-            if max_ctx <= 0:
-                raise GenerationError(f"max_gen_toks ({max_gen}) must be below the model's context ({lm.max_length})")
-        else:
-            max_ctx = lm.max_length
-        for start in range(0, len(members), lm.batch_size):
-            batch = members[start:start + lm.batch_size]
-            contexts = [args[i][0] for i in batch]
-            ids, mask = _encode_prompts(lm, contexts, max_ctx)
-            # HFLM asks for max_length = prompt columns + max_gen_toks; an encoder-decoder counts that on the
-            # decoder's side, start token included
-            new = max_gen if lm.backend == "causal" else ids.shape[1] + max_gen - 1
-            out = generate_rows(lm, ids, mask, new, until, pad, sampling)
-            for i, row in zip(batch, out.tolist()):
-                row = row[ids.shape[1]:] if lm.backend == "causal" else row
-                text = lm.tok_decode(row, skip_special_tokens=True)
-                results[i] = postprocess_generated_text(text, until, None)
-                lm.cache_hook.add_partial("generate_until", args[i], results[i])
+    with progress_bar(not disable_tqdm, total=len(args), desc="generate_until", unit="request",
+                      dynamic_ncols=True) as bar:  # stderr, on a terminal only
+        for members in groups.values():
+            lengths = {i: len(lm.tok_encode(args[i][0])) for i in members}
+            members = sorted(members, key=lambda i: (-lengths[i], args[i][0]))
+            kwargs = normalize_gen_kwargs(args[members[0]][1], lm.max_gen_toks)
+            until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
+            max_gen = int(kwargs.pop("max_gen_toks"))
+            do_sample = bool(kwargs.get("do_sample"))
+            sampling = {k: kwargs[k] for k in SAMPLING_KEYS if do_sample and kwargs.get(k) is not None}
+            sampling["do_sample"] = do_sample
+            if lm.backend == "causal":
+                max_ctx = lm.max_length - max_gen
+                if max_ctx <= 0:
+                    raise GenerationError(f"max_gen_toks ({max_gen}) must be below the model's context "
+                                          f"({lm.max_length})")
+            else:
+                max_ctx = lm.max_length
+            for start in range(0, len(members), lm.batch_size):
+                batch = members[start:start + lm.batch_size]
+                contexts = [args[i][0] for i in batch]
+                ids, mask = _encode_prompts(lm, contexts, max_ctx)
+                # HFLM asks for max_length = prompt columns + max_gen_toks; an encoder-decoder counts that on the
+                # decoder's side, start token included
+                new = max_gen if lm.backend == "causal" else ids.shape[1] + max_gen - 1
+                out = generate_rows(lm, ids, mask, new, until, pad, sampling)
+                for i, row in zip(batch, out.tolist()):
+                    row = row[ids.shape[1]:] if lm.backend == "causal" else row
+                    text = lm.tok_decode(row, skip_special_tokens=True)
+                    results[i] = postprocess_generated_text(text, until, None)
+                    lm.cache_hook.add_partial("generate_until", args[i], results[i])
+                bar.update(len(batch))
     return results
 
 

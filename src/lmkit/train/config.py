@@ -11,7 +11,7 @@ import torch
 
 from lmkit.config import ModelConfig, get_preset
 from lmkit.errors import TrainingError
-from lmkit.train.optim import OPTIMIZERS
+from lmkit.train.optim import OPTIMIZERS, SCHEDULES
 from lmkit.train.precision import bf16_supported, default_precision  # noqa: F401  (re-exported)
 
 # Defaults per preset where the generic ones below do not fit; flags override them.
@@ -28,7 +28,7 @@ GENERIC_WARMUP = 100  # warm-up steps of presets without a recipe for it
 
 # Settings that change the numbers of a run: a resumed run must keep them.
 RUN_DEFINING = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "optimizer",
-                "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "precision", "seed", "vocab_size", "val_fraction",
+                "min_lr_ratio", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip", "precision", "seed", "vocab_size", "val_fraction",
                 "model_overrides")
 
 
@@ -45,6 +45,7 @@ class TrainConfig:
     seq_len: int | None = None            # None: the preset's max_seq_len (at most 1024); the model's context
     lr: float | None = None
     min_lr_ratio: float = 0.1
+    lr_schedule: str = "cosine"          # after the warm-up: cosine | linear (to min_lr) | constant (lr)
     warmup_steps: int | None = None       # None: the preset's, at most a tenth of the planned steps (warmup_for)
     weight_decay: float = 0.1
     optimizer: str | None = None          # adamw | muon (Muon for the hidden matrices); None: the preset's recipe
@@ -98,6 +99,8 @@ class TrainConfig:
             raise TrainingError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
         if self.optimizer not in OPTIMIZERS:
             raise TrainingError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.lr_schedule not in SCHEDULES:
+            raise TrainingError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
         if self.precision not in ("fp32", "bf16"):
             raise TrainingError(f"--precision must be fp32 or bf16, got {self.precision!r}")
         if self.batch_size % self.micro_batch_size:

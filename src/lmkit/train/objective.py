@@ -4,7 +4,7 @@ An `Objective` turns the raw token rows of a step into model inputs (`build_batc
 use the step's seeded generator, e.g. for masking), says how many targets they score
 (`count`), computes the summed loss (`loss`), and evaluates a model on validation data. It is the
 one training loop's objective (lmkit.train.job.Objective: count and loss) with what pre-training adds;
-the registry of names is lmkit.train.tasks.
+the registry of names is lmkit.train.objectives.
 """
 from __future__ import annotations
 

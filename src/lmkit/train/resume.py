@@ -36,7 +36,8 @@ def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | 
     """
     if explicit is None:
         explicit = {f.name for f in dataclasses.fields(TrainConfig) if getattr(cfg, f.name) != _default(f)}
-    merged = {"optimizer": "adamw", **saved}  # runs saved before --optimizer existed trained with AdamW
+    # runs saved before --optimizer existed trained with AdamW, before --lr-schedule with cosine (the field's default)
+    merged = {"optimizer": "adamw", **saved}
     movable = ("data", "corpus") if content_checked else ()
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     for key in RUN_DEFINING:
@@ -60,7 +61,7 @@ def resume_config(cfg: TrainConfig, saved: dict[str, Any], explicit: set[str] | 
 
 # run-defining settings that `lmkit train` takes as flags (the others are the Python API's alone)
 CLI_FLAGS = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "optimizer",
-             "warmup_steps", "precision", "seed")
+             "lr_schedule", "warmup_steps", "precision", "seed")
 
 
 def _default(f: dataclasses.Field) -> Any:

@@ -28,7 +28,7 @@ from lmkit.train.denoise import seq2seq_run_settings
 from lmkit.train.resume import (check_architecture, check_same_data, load_checkpoint_state, preset_drift,
                                resume_config)
 from lmkit.train.seeds import seed_int
-from lmkit.train.tasks import get_objective
+from lmkit.train.objectives import get_objective
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # what a run writes into --out (a checkpoint's files stand for all of them): none may be read as its corpus
@@ -57,7 +57,7 @@ class TrainingSetup:
     cfg: TrainConfig                 # resolved: every default filled in, a resumed run's settings merged
     out: Path
     checkpoint: Path | None          # the latest checkpoint in `out` (the one --resume continues)
-    objective: Any                   # train.tasks.Objective, prepared for the tokenizer
+    objective: Any                   # train.objectives.Objective, prepared for the tokenizer
     data: RunData
     model_config: ModelConfig        # the preset (or the checkpoint's model) with the run's vocabulary and ids
     model: torch.nn.Module           # built from model_config, in training mode on the device

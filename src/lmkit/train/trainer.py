@@ -69,10 +69,10 @@ class Trainer(Job):
         self.data_identity = data.identity
         max_steps = DEFAULT_STEPS if cfg.max_steps is None and cfg.time_budget is None else cfg.max_steps
         settings = LoopSettings(lr=cfg.lr, max_steps=max_steps, time_budget=cfg.time_budget,
-                                min_lr=cfg.lr * cfg.min_lr_ratio, grad_clip=cfg.grad_clip, precision=cfg.precision,
-                                log_every=cfg.log_every, eval_every=cfg.eval_every, save_every=cfg.save_every,
-                                keep_checkpoints=cfg.keep_checkpoints, spaced=True, resume=cfg.resume,
-                                progress=cfg.progress, fsdp=cfg.fsdp)
+                                min_lr=cfg.lr * cfg.min_lr_ratio, lr_schedule=cfg.lr_schedule, grad_clip=cfg.grad_clip,
+                                precision=cfg.precision, log_every=cfg.log_every, eval_every=cfg.eval_every,
+                                save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, spaced=True,
+                                resume=cfg.resume, progress=cfg.progress, fsdp=cfg.fsdp)
         self.loop = TrainLoop(self, settings, self.out, self.ctx)
         self.engine, self.optimizer = self.loop.engine, self.loop.optimizer
         self._last: dict[str, Any] = {}
