@@ -38,6 +38,28 @@ def test_onednn_max_cpu_isa_avx2_turns_bf16_off():
         assert _probe() == [True, "bf16", "torch.bfloat16"]
 
 
+def test_fine_tuning_defaults_to_bf16_only_where_it_is_faster(monkeypatch):
+    """fast_precision (the fine-tuning jobs' default) is default_precision, but fp32 on a CPU whose native bf16 is no
+    faster than fp32: Intel's AVX512-BF16 without AMX."""
+    from lmkit.finetune.common import check_run
+    from lmkit.train import precision as P
+
+    assert check_run(None, False, None, None, "cosine") == P.fast_precision()
+    assert check_run(None, False, None, "bf16", "cosine") == "bf16"  # asked for: kept on any CPU
+    assert P.fast_precision() == ("bf16" if P.bf16_faster() else "fp32")
+    assert not P.bf16_faster() or P.bf16_supported()
+    for native, amx, vendor, want in ((False, False, "AuthenticAMD", False), (True, True, "GenuineIntel", True),
+                                      (True, False, "GenuineIntel", False), (True, False, "AuthenticAMD", True)):
+        monkeypatch.setattr(P, "bf16_supported", lambda: native)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        monkeypatch.setattr(P, "cpu_vendor", lambda: vendor)
+        assert P.bf16_faster.__wrapped__() is want
+        monkeypatch.setattr(P, "bf16_faster", lambda: want)
+        assert P.fast_precision() == P.fast_precision("cpu") == ("bf16" if want else "fp32")
+        assert P.fast_precision("mps") == "fp32"
+        monkeypatch.undo()
+
+
 def _bench_machine():
     import importlib.util
     from pathlib import Path

@@ -70,7 +70,7 @@ def add_run_arguments(parser) -> None:
     """The flags of the one training loop that every fine-tuning job shares (also `lmkit distill`'s)."""
     g = parser.add_argument_group("training run")
     g.add_argument("--precision", choices=["fp32", "bf16"], help="bf16: autocast matrix products to bfloat16 "
-                   "(default: bf16 where the CPU has native bf16, else fp32)")
+                   "(default: bf16 where the CPU multiplies bf16 natively and faster than fp32, else fp32)")
     g.add_argument("--lr-schedule", choices=["linear", "cosine", "constant"],
                    help="after the linear warm-up (default: cosine; classification: linear)")
     g.add_argument("--save-every", type=int, metavar="N", help="write a resumable checkpoint into --out/checkpoint "

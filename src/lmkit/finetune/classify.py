@@ -53,7 +53,7 @@ class FinetuneConfig:
     progress: bool = True
     peft: str = "full"              # full, or a PEFT method (lora, qlora, prefix, prompt, adapter, ia3)
     peft_settings: dict | None = None  # PeftConfig fields (r, alpha, target_modules, ...)
-    precision: str | None = None    # fp32 | bf16 (autocast); None: bf16 where the CPU has native bf16
+    precision: str | None = None    # fp32 | bf16 (autocast); None: bf16 where faster (fast_precision)
     lr_schedule: str = "linear"     # after the warm-up: linear (to 0) | cosine | constant
     save_every: int | None = None   # a checkpoint every N steps (out/checkpoint), for resume
     resume: bool = False            # continue the run in out from its latest checkpoint

@@ -16,7 +16,7 @@ from lmkit.peft.model import get_peft_model
 from lmkit.tokenizers import load_tokenizer
 from lmkit.train.checkpoint import CHECKPOINT_DIR
 from lmkit.train.optim import SCHEDULES
-from lmkit.train.precision import default_precision
+from lmkit.train.precision import fast_precision
 
 TASK_HEADS = ("classifier", "qa_outputs", "score")  # task heads a PEFT method trains in full, as the PEFT library does
 
@@ -32,12 +32,13 @@ def check_out(out, source, flag: str = "--model") -> None:
 
 
 def check_run(out, resume: bool, save_every: int | None, precision: str | None, lr_schedule: str) -> str:
-    """Check the run flags every fine-tuning job shares; the precision to use (None: bf16 where native)."""
+    """Check the run flags every fine-tuning job shares; the precision to use (None: bf16 where the CPU multiplies
+    bf16 natively and faster than fp32, `fast_precision`)."""
     if save_every is not None and save_every < 1:
         raise ConfigError(f"--save-every must be at least 1, got {save_every}")
     if lr_schedule not in SCHEDULES:
         raise ConfigError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, got {lr_schedule!r}")
-    precision = precision or default_precision()
+    precision = precision or fast_precision()
     if precision not in ("fp32", "bf16"):
         raise ConfigError(f"--precision must be fp32 or bf16, got {precision!r}")
     saved = out is not None and (Path(out) / CHECKPOINT_DIR).is_dir()

@@ -64,7 +64,7 @@ class SFTConfig:
     peft_settings: dict = field(default_factory=dict)
     log_every: int = 10
     time_budget: float | None = None   # seconds of training; the step count is planned from the first steps' speed
-    precision: str | None = None       # fp32 | bf16 (autocast); None: bf16 where the CPU has native bf16
+    precision: str | None = None       # fp32 | bf16 (autocast); None: bf16 where faster (fast_precision)
     lr_schedule: str = "cosine"        # after the warm-up: linear | cosine | constant, down to a tenth of --lr
     save_every: int | None = None      # a checkpoint every N steps (out/checkpoint), for resume
     resume: bool = False               # continue the run in out from its latest checkpoint
