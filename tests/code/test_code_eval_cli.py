@@ -79,3 +79,30 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lmkit: error: ") and message in lines[0], stderr
     assert not (tmp_path / "samples.jsonl_results.jsonl").exists()
+
+
+def test_a_bar_over_the_samples_moves_once_for_each(monkeypatch):
+    """`code eval` draws a bar over the samples as they finish (stderr, a terminal only): here forced on."""
+    import io
+
+    from tqdm import tqdm
+
+    import lmkit.code.evaluate as evaluate
+    from lmkit.code.sandbox import isolation_available
+
+    if isolation_available():
+        pytest.skip("the kernel refuses the sandbox's namespaces here")
+    opened = []
+
+    def forced(enabled: bool = True, **kwargs):  # drawn as on a terminal, into a buffer
+        bar = tqdm(file=io.StringIO(), disable=not enabled, **kwargs)
+        opened.append(bar)
+        return bar
+
+    monkeypatch.setattr(evaluate, "progress_bar", forced)
+    problems = {p["task_id"]: p for p in PROBLEMS}
+    rows = [{"task_id": "t/double", "completion": "    return 2 * x\n"}] * 3
+    results = evaluate.evaluate_samples(rows, problems, timeout=5, workers=2, progress=True)
+    assert [r.passed for r in results] == [True, True, True]
+    (bar,) = opened
+    assert bar.total == bar.n == 3 and "3/3" in bar.fp.getvalue()

