@@ -56,7 +56,8 @@ def test_a_sigkilled_fine_tuning_run_resumes_with_the_uninterrupted_losses(comma
     r = subprocess.run(_cli(commands[job], straight), capture_output=True, text=True, env=process_env(), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     kill_after_a_save(_cli(commands[job], killed), killed, 3, random.Random(0))
-    assert not (killed / "model.safetensors").exists() and not (killed / "adapter_model.safetensors").exists()
+    if job != "classify":  # (kill_after_a_save checks the run had not ended; classification writes its best epoch)
+        assert not (killed / "model.safetensors").exists() and not (killed / "adapter_model.safetensors").exists()
     r = subprocess.run(_cli(commands[job], killed) + ["--resume"], capture_output=True, text=True, env=process_env(),
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
