@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmkit.config_sections import Compression, TaskHead, check_types
+from lmkit.config_sections import Compression, SparseAttention, TaskHead, check_types
 from lmkit.errors import ConfigError
 
 ARCHITECTURES = ("decoder", "encoder", "encoder-decoder")
@@ -101,6 +101,7 @@ class ModelConfig:
     # the task head of an encoder or XLNet; what pruning and quantization changed (config_sections.py)
     task: TaskHead = field(default_factory=TaskHead)
     compression: Compression = field(default_factory=Compression)
+    sparse: SparseAttention = field(default_factory=SparseAttention)  # Longformer's or BigBird's attention pattern
     # free-form: family name and HF settings that pass through untouched (label names, generation settings)
     family: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -112,7 +113,7 @@ class ModelConfig:
     def _absorb_extra(self) -> None:
         """Settings given in `extra` under their config.json keys (lmkit's own folders keep them there) move
         to their typed fields; what is left in `extra` passes through untouched."""
-        for name, kind in (("task", TaskHead), ("compression", Compression)):
+        for name, kind in (("task", TaskHead), ("compression", Compression), ("sparse", SparseAttention)):
             section = getattr(self, name)
             if isinstance(section, dict):
                 unknown = sorted(set(section) - set(kind.keys()))
@@ -124,7 +125,7 @@ class ModelConfig:
         for name in _FLAT_IN_EXTRA:
             if name in self.extra:
                 setattr(self, name, self.extra[name])
-        moved = set(TaskHead.keys()) | set(Compression.keys()) | set(_FLAT_IN_EXTRA)
+        moved = set(TaskHead.keys()) | set(Compression.keys()) | set(SparseAttention.keys()) | set(_FLAT_IN_EXTRA)
         if moved & set(self.extra):
             self.extra = {k: v for k, v in self.extra.items() if k not in moved}
 
@@ -218,6 +219,11 @@ class ModelConfig:
                               f"an even d_model, got {self.d_model}")
         if self.mem_len is not None and self.mem_len < 0 or self.reuse_len is not None and self.reuse_len < 0:
             raise ConfigError(f"mem_len and reuse_len must be 0 or more, or null; got {self.mem_len}, {self.reuse_len}")
+        window = self.sparse.get("attention_window")
+        if window is not None and len(window) != self.n_layers:
+            raise ConfigError(f"attention_window lists {len(window)} windows for {self.n_layers} layers; give one per layer")
+        if self.sparse.get("sparse_attention") is not None and self.architecture != "encoder":
+            raise ConfigError("sparse attention (Longformer, BigBird) is built for encoders; set architecture='encoder'")
         if self.n_experts and not 1 <= self.n_experts_per_token <= self.n_experts:
             raise ConfigError(f"n_experts_per_token={self.n_experts_per_token} must lie in 1..n_experts={self.n_experts}")
 
@@ -225,8 +231,8 @@ class ModelConfig:
         """The fields as JSON values; the sections' given settings, and the flat ones that differ from their
         default, sit in `extra` under their config.json keys."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("task", "compression") and f.name not in _FLAT_IN_EXTRA}
-        extra = {**self.extra, **self.task.given(), **self.compression.given()}
+               if f.name not in ("task", "compression", "sparse") and f.name not in _FLAT_IN_EXTRA}
+        extra = {**self.extra, **self.task.given(), **self.compression.given(), **self.sparse.given()}
         extra.update({name: getattr(self, name) for name, default in _FLAT_IN_EXTRA.items()
                       if getattr(self, name) != default})
         return copy.deepcopy({**out, "extra": extra})
@@ -310,6 +316,11 @@ PRESETS["xlnet-tiny"] = dict(architecture="encoder", position="xl", norm_placeme
                              activation="gelu", norm_eps=1e-12, attention_bias=False, vocab_size=4096, d_model=128,
                              n_layers=2, n_heads=2, d_ff=512, max_seq_len=128, mem_len=128, dropout=0.1,
                              attention_dropout=0.1, activation_dropout=0.1, family="xlnet", extra={"head": "lm"})
+# Longformer at bert-tiny's size over 1024 tokens: RoBERTa's positions, a 64-token sliding window on every layer
+# (global tokens where a task asks for them): masked-LM pre-training whose memory grows linearly with the length
+PRESETS["longformer-tiny"] = dict(PRESETS["roberta"], vocab_size=4096, d_model=128, n_layers=2, n_heads=2, d_ff=512,
+                                  max_seq_len=1024, family="longformer",
+                                  sparse={"sparse_attention": "longformer", "attention_window": [64, 64]})
 
 
 def get_preset(name: str, **overrides: Any) -> ModelConfig:

@@ -1,5 +1,5 @@
-"""Typed sections of `ModelConfig` for settings only some models carry: a task head (`TaskHead`) and what
-compression changed (`Compression`).
+"""Typed sections of `ModelConfig` for settings only some models carry: a task head (`TaskHead`), what
+compression changed (`Compression`) and a sparse self-attention pattern (`SparseAttention`).
 
 A setting holds `UNSET` until it is given, and only given settings are written: they serialize into the
 `extra` object of lmkit's config under the keys (transformers' names) that config.json has always used, so
@@ -110,3 +110,39 @@ def check_types(obj) -> None:
         if not ok:
             shown = [k for k in kinds if k != "Unset"]
             raise ConfigError(f"{f.name}={value!r} is not of type {' | '.join(shown)}; fix that field")
+
+
+SPARSE_KINDS = ("longformer", "bigbird")
+BIGBIRD_TYPES = ("block_sparse", "original_full")
+
+
+@dataclass(frozen=True)
+class SparseAttention(_Section):
+    """An encoder's sparse self-attention pattern (`lmkit.nn.sparse_attention`), under transformers' key names.
+
+    Longformer: each layer's queries see the keys within attention_window / 2 positions plus the global tokens.
+    BigBird: blocks of block_size tokens see their neighbour blocks, the global first and last blocks and
+    num_random_blocks random ones (attention_type "block_sparse"), or every token ("original_full")."""
+
+    sparse_attention: str | Unset = UNSET      # "longformer" or "bigbird"; unset: dense attention
+    attention_window: list[int] | Unset = UNSET  # Longformer: the two-sided window of each layer (even, > 0)
+    attention_type: str | Unset = UNSET        # BigBird: "block_sparse" (unset default) or "original_full"
+    block_size: int | Unset = UNSET            # BigBird: tokens per block; unset: 64
+    num_random_blocks: int | Unset = UNSET     # BigBird: random key blocks per query block; unset: 3
+    random_seed: int | Unset = UNSET           # BigBird: seed of the random blocks (layer i draws from seed + i)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        kind = self.get("sparse_attention")
+        if kind is not None and kind not in SPARSE_KINDS:
+            raise ConfigError(f"sparse_attention={kind!r} is not supported; choose one of {', '.join(SPARSE_KINDS)}")
+        window = self.get("attention_window")
+        if window is not None and not all(w > 0 and w % 2 == 0 for w in window):
+            raise ConfigError(f"attention_window must hold one even, positive window per layer, got {window!r}")
+        kind_of = self.get("attention_type")
+        if kind_of is not None and kind_of not in BIGBIRD_TYPES:
+            raise ConfigError(f"attention_type={kind_of!r} is not supported; choose one of {', '.join(BIGBIRD_TYPES)}")
+        for name in ("block_size", "num_random_blocks"):
+            value = self.get(name)
+            if value is not None and (value < 1 if name == "block_size" else value < 0):
+                raise ConfigError(f"{name} must be {'positive' if name == 'block_size' else '0 or more'}, got {value!r}")

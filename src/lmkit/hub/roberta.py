@@ -50,17 +50,18 @@ def config_from_hf(hf: dict) -> ModelConfig:
     return cfg.replace(task=dataclasses.replace(cfg.task, mlm_activation="gelu"))
 
 
-def config_to_hf(cfg: ModelConfig) -> dict:
+def config_to_hf(cfg: ModelConfig, fmt: EncoderFormat = FORMAT) -> dict:
+    """config.json of a RoBERTa-like model, in the format `fmt` (RoBERTa's, or a family built on it)."""
     if cfg.pad_token_id is None or cfg.position_offset != cfg.pad_token_id + 1 or not cfg.position_skip_padding:
-        raise ConfigError("the RoBERTa format needs positions that skip padding and start at pad_token_id + 1 "
+        raise ConfigError(f"the {fmt.model_type} format needs positions that skip padding and start at pad_token_id + 1 "
                           "(position_skip_padding=True, position_offset=pad_token_id + 1); use family='bert' otherwise")
     mlm_act = cfg.task.get("mlm_activation", cfg.activation)
     if cfg.task.get("head") == "mlm" and mlm_act != "gelu":
-        raise ConfigError(f"the RoBERTa format runs the masked-LM head with exact GELU whatever hidden_act says, and "
+        raise ConfigError(f"the {fmt.model_type} format runs the masked-LM head with exact GELU whatever hidden_act says, and "
                           f"this model's head runs {mlm_act}; build it with task=TaskHead(mlm_activation='gelu') or save it "
                           "with family=None")
-    raw = encoder_config_to_hf(cfg, "roberta", cfg.max_seq_len + cfg.position_offset)
-    return with_architecture(FORMAT, cfg, raw)
+    raw = encoder_config_to_hf(cfg, fmt.model_type, cfg.max_seq_len + cfg.position_offset)
+    return with_architecture(fmt, cfg, raw)
 
 
 def rules(cfg: ModelConfig) -> list[Rule]:

@@ -85,8 +85,12 @@ class Encoder(PreTrainedModel):
                 token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 next_sentence_label: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None) -> ModelOutput:
+                end_positions: torch.Tensor | None = None,
+                global_attention_mask: torch.Tensor | None = None) -> ModelOutput:
         """Hidden states (B, T, d) and the head's logits; with labels, the head's mean loss.
+
+        global_attention_mask (B, T), Longformer only: 1 marks a token that attends to, and is attended by, every
+        token; a Longformer sequence head without one makes the first token global, as transformers does.
 
         position_ids index the position table as transformers' classes do: from 0 for BERT and DistilBERT, and as
         table rows for RoBERTa (whose own positions start at pad + 1)."""
@@ -94,13 +98,19 @@ class Encoder(PreTrainedModel):
         if self.head == "choice":
             choices, input_ids, inputs_embeds, (attention_mask, token_type_ids, position_ids) = flatten_choices(
                 input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        if global_attention_mask is None and self.head == "sequence" \
+                and cfg.sparse.get("sparse_attention") == "longformer":
+            ref = input_ids if input_ids is not None else inputs_embeds[..., 0]
+            global_attention_mask = torch.zeros(ref.shape, dtype=torch.long, device=ref.device)
+            global_attention_mask[:, 0] = 1
         if cfg.position_skip_padding and position_ids is not None:
             # RobertaEmbeddings indexes its table with given position_ids as they are (its own start at pad + 1)
             position_ids = position_ids - cfg.position_offset
         elif cfg.position_skip_padding and input_ids is not None:
             position_ids = padding_skipping_positions(input_ids, cfg.pad_token_id)
         h = self.encoder(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
+                         token_type_ids=token_type_ids, inputs_embeds=inputs_embeds,
+                         global_attention_mask=global_attention_mask)
         out = ModelOutput(last_hidden_state=h)
         if cfg.n_experts:  # the unscaled load-balancing loss over unpadded tokens; trainers add coef * aux_loss
             out.aux_loss, out.router_logits = self.encoder.aux_loss(attention_mask), self.encoder.router_logits()

@@ -9,11 +9,13 @@ import torch
 from torch import nn
 
 from lmkit.config import ModelConfig
+from lmkit.errors import ConfigError
 from lmkit.nn import (Attention, Block, Embeddings, KVCache, RelativePositionBias, RotaryEmbedding,
                       build_attention_bias, build_norm)
 from lmkit.nn.masks import additive_mask, allowed_positions
 from lmkit.nn.moe import MoEFeedForward, load_balancing_loss
 from lmkit.nn.plain import plain
+from lmkit.nn.sparse_attention import token_mask
 
 
 class Stack(nn.Module):
@@ -27,7 +29,8 @@ class Stack(nn.Module):
         self.embeddings = embeddings if embeddings is not None else Embeddings(config)
         self.rotary = RotaryEmbedding(config) if config.position == "rope" else None
         self.relative_bias = RelativePositionBias(config, bidirectional=not causal) if config.position == "relative" else None
-        self.layers = nn.ModuleList(Block(config, causal=causal, cross=cross) for _ in range(n_layers or config.n_layers))
+        self.layers = nn.ModuleList(Block(config, causal=causal, cross=cross, layer=i)
+                                    for i in range(n_layers or config.n_layers))
         if config.attention_scale_by_layer:  # as GPT-2's scale_attn_by_inverse_layer_idx: 1/sqrt(d_head) / (i + 1)
             base = config.attention_scale if config.attention_scale is not None else config.resolved_head_dim ** -0.5
             for i, block in enumerate(self.layers):
@@ -38,9 +41,10 @@ class Stack(nn.Module):
                 position_ids: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
                 cache: KVCache | None = None, memory: torch.Tensor | None = None,
                 memory_mask: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                keep: torch.Tensor | None = None) -> torch.Tensor:
+                keep: torch.Tensor | None = None, global_attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The last hidden states (B, T, d); with `keep` (positions 0..T-1) those at `keep` alone, (B, len(keep), d),
-        the last block then attending and running its FFN at those positions only (`_prunes`)."""
+        the last block then attending and running its FFN at those positions only (`_prunes`).
+        global_attention_mask (B, T): the tokens with global attention of a sparse (Longformer) stack."""
         if inputs_embeds is None:
             B, T = input_ids.shape
         else:
@@ -53,7 +57,12 @@ class Stack(nn.Module):
                             inputs_embeds=inputs_embeds)
         dtype, device = h.dtype, h.device
         windows = [self.config.layer_window(i) if self.causal else None for i in range(len(self.layers))]
-        masks = {w: self._self_attention_bias(attention_mask, B, T, past, dtype, device, w) for w in set(windows)}
+        if self.config.sparse.get("sparse_attention") is not None:  # a per-token mask; the layers never build T x T
+            masks = {None: (token_mask(attention_mask, global_attention_mask, B, T, device), False)}
+        elif global_attention_mask is not None:
+            raise ConfigError("global_attention_mask is read by Longformer models only; leave it out for this model")
+        else:
+            masks = {w: self._self_attention_bias(attention_mask, B, T, past, dtype, device, w) for w in set(windows)}
         rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
         memory_bias = None
         if memory is not None and memory_mask is not None:

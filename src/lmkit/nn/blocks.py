@@ -19,6 +19,7 @@ from lmkit.nn.dropout import Dropout
 from lmkit.nn.ffn import FeedForward
 from lmkit.nn.moe import MoEFeedForward
 from lmkit.nn.norms import build_norm
+from lmkit.nn.sparse_attention import build_self_attention
 
 
 def build_ffn(config: ModelConfig) -> nn.Module:
@@ -60,9 +61,9 @@ class Residual(nn.Module):
 class Block(nn.Module):
     """Self-attention, optional cross-attention, then the feed-forward network."""
 
-    def __init__(self, config: ModelConfig, causal: bool, cross: bool = False):
+    def __init__(self, config: ModelConfig, causal: bool, cross: bool = False, layer: int = 0):
         super().__init__()
-        self.self_attn = Residual(config, Attention(config, causal=causal))
+        self.self_attn = Residual(config, build_self_attention(config, causal, layer))
         self.cross_attn = Residual(config, Attention(config, causal=False, cross=True)) if cross else None
         self.mlp = Residual(config, build_ffn(config))
 
