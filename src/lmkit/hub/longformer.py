@@ -51,7 +51,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         raise ConfigError("the Longformer format needs Longformer attention (sparse_attention='longformer' with an "
                           "attention_window per layer); save this model with family='roberta' or None")
     raw = roberta.config_to_hf(cfg, FORMAT)
-    raw.update(attention_window=list(cfg.sparse.attention_window), sep_token_id=cfg.extra.get("sep_token_id", 2),
+    raw.update(attention_window=list(cfg.sparse.attention_window), sep_token_id=cfg.extra.get("sep_token_id", 2 if cfg.eos_token_id is None else cfg.eos_token_id),
                onnx_export=False)
     return raw
 

@@ -54,6 +54,13 @@ def global_slots(glob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return order, valid
 
 
+def softmax_at_least_fp32(scores: torch.Tensor) -> torch.Tensor:
+    """softmax over the last dimension, in float32 for half-precision scores (as transformers does), back in their
+    dtype."""
+    wide = torch.float32 if scores.element_size() < 4 else scores.dtype
+    return torch.softmax(scores, dim=-1, dtype=wide).to(scores.dtype)
+
+
 def _gather_heads(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """x (B, H, T, D) at positions index (B, G) -> (B, H, G, D)."""
     B, H, _, D = x.shape
@@ -93,7 +100,7 @@ def sliding_global_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         kg, vg = _gather_heads(k, index)[:, :, None], _gather_heads(v, index)[:, :, None]   # (B, H, 1, G, D)
         to_global = torch.matmul(qb, kg.transpose(-1, -2)).masked_fill(~valid[:, None, None, None], low)
         scores = torch.cat([to_global, scores], dim=-1)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    probs = softmax_at_least_fp32(scores)
     probs = probs.masked_fill(~keep.view(B, 1, nb, w, 1), 0.0)
     if dropout:
         probs = F.dropout(probs, p=dropout)
@@ -140,7 +147,7 @@ class LongformerAttention(Attention):
         kg, vg = self._heads(self.k_global(x), H), self._heads(self.v_global(x), H)
         scores = torch.matmul(qg, kg.transpose(-1, -2))                         # (B, H, G, T)
         scores = scores.masked_fill(~keep[:, None, None, :], torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(qg.dtype)
+        probs = softmax_at_least_fp32(scores)
         if dropout:
             probs = F.dropout(probs, p=dropout)
         rows = torch.matmul(probs, vg)                                          # (B, H, G, D)

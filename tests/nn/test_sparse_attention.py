@@ -1,0 +1,48 @@
+"""Longformer's sliding-window + global attention (`lmkit.nn.sparse_attention`) against its definition written as
+a dense n x n mask in float64: values and gradients, odd lengths, windows wider than the sequence, padding and
+global tokens anywhere."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmkit.errors import ConfigError
+from lmkit.nn.sparse_attention import sliding_global_attention, token_mask
+
+
+def dense_reference(q, k, v, keep, glob, w):
+    """softmax over {j : |i - j| <= w, keep_j, not glob_j} and {j : glob_j}, zeros at padding queries."""
+    T = q.shape[2]
+    i = torch.arange(T)
+    allowed = ((i[:, None] - i[None]).abs() <= w) & (keep & ~glob)[:, None, None, :] | glob[:, None, None, :]
+    scores = (q @ k.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+    out = torch.softmax(scores, -1) @ v
+    return out.masked_fill(~keep[:, None, :, None], 0.0)
+
+
+@pytest.mark.parametrize("T,w", [(23, 2), (16, 4), (5, 8), (1, 3), (37, 5)])
+def test_sliding_global_attention_equals_the_dense_masked_formula(T, w):
+    g = torch.Generator().manual_seed(T * 10 + w)
+    B, H, D = 3, 2, 5
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, T // 2 + 1:] = 0
+    mask[2, max(T - 2, 1):] = 0
+    glob = torch.zeros(B, T, dtype=torch.long)
+    glob[0, [0, T - 1]] = 1
+    glob[1, T // 2] = 1
+    glob[2, -1] = 1  # a padding token marked global stays padding
+    m = token_mask(mask, glob, B, T, q.device)
+    got = sliding_global_attention(q, k, v, m, w)
+    want = dense_reference(q, k, v, m.keep, m.glob, w)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    weights = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    grads = torch.autograd.grad((got * weights).sum(), (q, k, v))
+    expected = torch.autograd.grad((want * weights).sum(), (q, k, v))
+    for a, b in zip(grads, expected):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_a_mask_not_shaped_like_the_input_is_refused():
+    with pytest.raises(ConfigError, match=r"attention_mask has shape \(2, 6\).*shaped like input_ids"):
+        token_mask(torch.ones(2, 6), None, 2, 7, torch.device("cpu"))
