@@ -68,7 +68,7 @@ class TaskHead(_Section):
     """The head of an encoder or XLNet model and the settings its loss and classifier read."""
 
     head: str | None | Unset = UNSET        # None: the bare model; unset: the class's default (Encoder "mlm", XLNet "lm")
-    pooler: str | None | Unset = UNSET      # dense + "tanh" or "relu" on the pooled state, None: no pooler;
+    pooler: str | None | Unset = UNSET      # dense + "tanh", "relu" (or BigBird: its activation) on the pooled state, None: none;
                                             # unset: "tanh" for the heads that read the pooled output
     pooling: str | Unset = UNSET            # the pooled state: "cls" (first position, the unset default) or "mean"
     num_labels: int | Unset = UNSET         # outputs of a classification head; unset: 2

@@ -26,7 +26,7 @@ from lmkit.models.base import register_folder_writer
 
 # the modules of lmkit.hub that each define FAMILY, a `Family` (hub/family.py)
 FAMILY_MODULES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "roberta", "distilbert", "t5", "bart",
-                  "mbart", "xlnet", "longformer")
+                  "mbart", "xlnet", "longformer", "big_bird")
 
 
 def _families() -> dict[str, Family]:

@@ -125,9 +125,9 @@ def check_encoder(cfg: ModelConfig, family: str) -> str:
     """The HF hidden_act of an lmkit config that fits a BERT-like format, or a ConfigError saying why not."""
     act = hf_activation_name(cfg.activation, HF_ACTIVATIONS)
     sparse = cfg.sparse.get("sparse_attention")
-    if sparse not in (None, family):
+    if sparse is not None and sparse != family.replace("_", ""):
         raise ConfigError(f"this model attends with {sparse}'s sparse pattern, which the {family} format cannot hold; "
-                          f"save it with family={sparse!r} or family=None")
+                          f"save it with family={'big_bird' if sparse == 'bigbird' else sparse!r} or family=None")
     if act is None or cfg.architecture != "encoder" or cfg.position != "learned" or cfg.norm != "layernorm" \
             or cfg.norm_placement != "post" or not cfg.embedding_norm or cfg.final_norm or cfg.resolved_n_kv_heads != cfg.n_heads \
             or not cfg.bias or cfg.resolved_head_dim * cfg.n_heads != cfg.d_model or cfg.n_experts:

@@ -21,7 +21,8 @@ from lmkit.nn.norms import build_norm
 # head name -> (what it predicts); None is the bare encoder
 HEADS = (None, "mlm", "pretraining", "nsp", "sequence", "token", "qa", "choice")
 POOLINGS = ("cls", "mean")
-POOLER_ACTIVATIONS = {"tanh": torch.tanh, "relu": F.relu}
+# tanh and ReLU (BERT, DistilBERT); BigBird's classifier runs the model's hidden activation
+POOLER_ACTIVATIONS = {"tanh": torch.tanh, **{name: activation(name) for name in ("relu", "gelu", "gelu_tanh", "silu")}}
 
 
 def pool(h: torch.Tensor, attention_mask: torch.Tensor | None, mode: str) -> torch.Tensor:
@@ -45,7 +46,7 @@ class Pooler(nn.Module):
         if pooling not in POOLINGS:
             raise ConfigError(f"pooling={pooling!r} is not supported; choose one of {', '.join(POOLINGS)}")
         if act not in POOLER_ACTIVATIONS:
-            raise ConfigError(f"pooler activation {act!r} is not supported; choose tanh or relu")
+            raise ConfigError(f"pooler activation {act!r} is not supported; choose one of {', '.join(POOLER_ACTIVATIONS)}")
         self.pooling, self.act_name = pooling, act
         self.act = POOLER_ACTIVATIONS[act]
         self.dense = nn.Linear(d_model, d_model)

@@ -19,7 +19,9 @@ from lmkit.nn.dropout import Dropout
 from lmkit.nn.ffn import FeedForward
 from lmkit.nn.moe import MoEFeedForward
 from lmkit.nn.norms import build_norm
-from lmkit.nn.sparse_attention import build_self_attention
+from lmkit.errors import ConfigError
+from lmkit.nn.bigbird_attention import BigBirdAttention
+from lmkit.nn.sparse_attention import LongformerAttention
 
 
 def build_ffn(config: ModelConfig) -> nn.Module:
@@ -27,6 +29,19 @@ def build_ffn(config: ModelConfig) -> nn.Module:
     if config.n_experts:
         return MoEFeedForward(config)
     return FeedForward(config)
+
+
+def build_self_attention(config: ModelConfig, causal: bool, layer: int) -> nn.Module:
+    """The self-attention of layer `layer`: Longformer's or BigBird's where config.sparse says so, else `Attention`."""
+    kind = config.sparse.get("sparse_attention")
+    if kind == "longformer":
+        window = config.sparse.get("attention_window")
+        if window is None:
+            raise ConfigError("a Longformer config needs attention_window (one even window per layer)")
+        return LongformerAttention(config, window[layer])
+    if kind == "bigbird":
+        return BigBirdAttention(config, layer)
+    return Attention(config, causal=causal)
 
 
 class Residual(nn.Module):

@@ -156,14 +156,3 @@ class LongformerAttention(Attention):
         spare = torch.cat([out, out.new_zeros(B, H, 1, D)], dim=2)
         spare = spare.scatter(2, target[:, None, :, None].expand(B, H, target.shape[1], D), rows)
         return spare[:, :, :T]
-
-
-def build_self_attention(config: ModelConfig, causal: bool, layer: int) -> nn.Module:
-    """The self-attention of layer `layer`: Longformer's where the config says so, else the dense `Attention`."""
-    kind = config.sparse.get("sparse_attention")
-    if kind == "longformer":
-        window = config.sparse.get("attention_window")
-        if window is None:
-            raise ConfigError("a Longformer config needs attention_window (one even window per layer)")
-        return LongformerAttention(config, window[layer])
-    return Attention(config, causal=causal)
