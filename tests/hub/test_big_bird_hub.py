@@ -116,3 +116,10 @@ def test_a_bert_format_refuses_a_bigbird_model(tmp_path):
     cfg = lmkit.config.get_preset("bert-tiny", sparse={"sparse_attention": "bigbird"})
     with pytest.raises(ConfigError, match="family='big_bird'"):
         build_model(cfg).save_pretrained(tmp_path)
+
+
+def test_a_global_attention_mask_is_refused_by_bigbird_in_one_line():
+    model = build_model(lmkit.config.get_preset("bert-tiny", family="big_bird", sparse={"sparse_attention": "bigbird"}))
+    ids = torch.randint(3, 100, (1, 9))
+    with pytest.raises(ConfigError, match="Longformer models only"):
+        model(ids, global_attention_mask=torch.zeros_like(ids))

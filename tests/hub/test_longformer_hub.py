@@ -4,6 +4,8 @@ the first, middle and last positions, batches with right padding), in eval mode;
 1e-5."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -101,3 +103,15 @@ def test_a_roberta_format_refuses_a_longformer_model(tmp_path):
     cfg = get_preset("longformer-tiny", vocab_size=VOCAB, max_seq_len=40)
     with pytest.raises(ConfigError, match="family='longformer'"):
         build_model(cfg.replace(family="roberta")).save_pretrained(tmp_path)
+
+
+def test_windows_transformers_cannot_run_are_refused_on_save_and_odd_windows_on_build(tmp_path):
+    base = get_preset("longformer-tiny", vocab_size=VOCAB, max_seq_len=40)
+    for windows in ([4, 6], [2, 4]):
+        cfg = base.replace(sparse=dataclasses.replace(base.sparse, attention_window=windows))
+        with pytest.raises(ConfigError, match=r"cannot run attention_window .*divide the largest one"):
+            build_model(cfg).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="one even, positive window per layer"):
+        get_preset("longformer-tiny", sparse={"sparse_attention": "longformer", "attention_window": [64, 7]})
+    with pytest.raises(ConfigError, match="lists 3 windows for 2 layers"):
+        get_preset("longformer-tiny", sparse={"sparse_attention": "longformer", "attention_window": [8, 8, 8]})

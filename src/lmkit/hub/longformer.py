@@ -50,6 +50,12 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.sparse.get("sparse_attention") != "longformer":
         raise ConfigError("the Longformer format needs Longformer attention (sparse_attention='longformer' with an "
                           "attention_window per layer); save this model with family='roberta' or None")
+    windows = cfg.sparse.attention_window
+    if min(windows) < 4 or any(max(windows) % w for w in windows):
+        # transformers pads to the largest window and cuts each layer's keys into chunks of its own window
+        raise ConfigError(f"transformers' Longformer cannot run attention_window {windows}: each window must be 4 or "
+                          "more and divide the largest one (lmkit runs any even windows); change the windows or save "
+                          "with family=None")
     raw = roberta.config_to_hf(cfg, FORMAT)
     raw.update(attention_window=list(cfg.sparse.attention_window), sep_token_id=cfg.extra.get("sep_token_id", 2 if cfg.eos_token_id is None else cfg.eos_token_id),
                onnx_export=False)

@@ -57,10 +57,11 @@ class Stack(nn.Module):
                             inputs_embeds=inputs_embeds)
         dtype, device = h.dtype, h.device
         windows = [self.config.layer_window(i) if self.causal else None for i in range(len(self.layers))]
-        if self.config.sparse.get("sparse_attention") is not None:  # a per-token mask; the layers never build T x T
-            masks = {None: (token_mask(attention_mask, global_attention_mask, B, T, device), False)}
-        elif global_attention_mask is not None:
+        sparse = self.config.sparse.get("sparse_attention")
+        if global_attention_mask is not None and sparse != "longformer":
             raise ConfigError("global_attention_mask is read by Longformer models only; leave it out for this model")
+        if sparse is not None:  # a per-token mask; the layers never build T x T
+            masks = {None: (token_mask(attention_mask, global_attention_mask, B, T, device), False)}
         else:
             masks = {w: self._self_attention_bias(attention_mask, B, T, past, dtype, device, w) for w in set(windows)}
         rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
