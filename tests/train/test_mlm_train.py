@@ -173,3 +173,26 @@ def test_lmkit_eval_refuses_a_masked_lm_folder_whose_tokenizer_has_no_mask_token
     capsys.readouterr()
     assert main(["eval", "--model", str(tmp_path / "bert"), "--corpus", str(tmp_path / "held_out.txt")]) == 2
     assert "the tokenizer has no mask token for --objective mlm" in capsys.readouterr().err
+
+
+def test_longformer_tiny_preset_trains_into_a_folder_transformers_reads(corpus_file, tmp_path):
+    """`--preset longformer-tiny --objective mlm`: sequences longer than the 64-token window, global tokens none; the
+    run's folder is a LongformerForMaskedLM with the same logits, global tokens given or not."""
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "lf"
+    cfg = TrainConfig(preset="longformer-tiny", objective="mlm", corpus=[corpus_file], out=str(out), max_steps=3,
+                      batch_size=4, seq_len=150, lr=3e-3, warmup_steps=1, vocab_size=400, precision="fp32",
+                      progress=False)
+    Trainer(cfg).fit()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    ours = lmkit.load_model(out).eval()
+    assert ours.config.sparse.attention_window == [64, 64] and ours.config.family == "longformer"
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == "LongformerForMaskedLM"
+    ids = torch.randint(5, ours.config.vocab_size, (2, 150), generator=torch.Generator().manual_seed(0))
+    glob = torch.zeros_like(ids)
+    glob[:, [0, 99]] = 1
+    with torch.no_grad():
+        for kwargs in ({}, {"global_attention_mask": glob}):
+            torch.testing.assert_close(ours(ids, **kwargs).logits, hf(ids, **kwargs).logits, atol=1e-4, rtol=0)
