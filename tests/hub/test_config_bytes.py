@@ -46,6 +46,10 @@ SMALL = {
     "mbart": dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
                   encoder_ffn_dim=24, decoder_ffn_dim=24, vocab_size=50, max_position_embeddings=32),
     "xlnet": dict(d_model=16, n_layer=2, n_head=2, d_inner=24, vocab_size=50),
+    "longformer": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24, vocab_size=50,
+                       max_position_embeddings=40, attention_window=[8, 4]),
+    "big_bird": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24, vocab_size=50,
+                     max_position_embeddings=40, block_size=4, num_random_blocks=1),
 }
 # settings a task head reads, as config.json spells them
 LABELS = dict(num_labels=3, problem_type="multi_label_classification", classifier_dropout=0.3,
