@@ -1,13 +1,16 @@
 """Memory and time of Longformer's and BigBird's sparse attention against dense attention, by sequence length.
 
-Models (bare encoders, no head): the `longformer-tiny` preset (width 128, 2 layers, 2 heads, window 64), BigBird at the same size (blocks of
-64, 3 random blocks) and a dense RoBERTa of the same size, one row each, lengths 512..8192 (positions for 8192).
+Models (bare encoders, no head): the `longformer-tiny` preset (width 128, 2 layers, 2 heads, window 64), BigBird at
+the same size (blocks of 64, 3 random blocks), a dense RoBERTa of the same size through lmkit's kernels (PyTorch's
+SDPA, whose CPU kernel tiles and never stores the n x n matrix in a forward) and the same RoBERTa attending in
+matrix products with the probabilities kept ("naive": the formula as written), lengths 512..8192.
 Each (model, length) runs in a fresh process, so the peak resident memory it reports is its own:
 - forward: the growth of peak RSS over the process's RSS after building the model, for one forward in inference mode;
 - training: the bytes of the tensors autograd saves for backward in one forward (what a training step holds),
   counted by a saved-tensors hook: exact, whatever the allocator does;
 - time: the best of --runs forwards, in the process's CPU seconds with one thread (a shared machine).
-The fitted exponent is the slope of log(memory) and log(time) against log(length) (1: linear, 2: quadratic).
+The fitted exponent is the slope of log(memory) and log(time) against log(length) (1: linear, 2: quadratic), over
+the lengths from 1024 on.
 
     python bench/bench_sparse_attention.py [--lengths 512,1024,2048,4096,8192] [--runs 2]
 """
@@ -26,7 +29,8 @@ import torch
 import machine  # bench/machine.py (the script's folder is on sys.path)
 
 SIZE = dict(vocab_size=4096, d_model=128, n_layers=2, n_heads=2, d_ff=512, dropout=0.0, attention_dropout=0.0)
-MODELS = ("longformer", "bigbird", "dense")
+MODELS = ("longformer", "bigbird", "dense", "naive")
+FIT_FROM = 1024  # BigBird falls back to full attention up to (5 + 2 * 3) * 64 = 704 tokens: fit where it is sparse
 
 
 def build(kind: str, length: int):
@@ -41,7 +45,14 @@ def build(kind: str, length: int):
                          sparse={"sparse_attention": "bigbird", "block_size": 64, "num_random_blocks": 3})
     else:
         cfg = get_preset("roberta", **SIZE, max_seq_len=length)
-    return Encoder(cfg, head=None, pooler=None)
+    model = Encoder(cfg, head=None, pooler=None)
+    if kind == "naive":  # softmax(QK^T)V in matrix products, the n x n probabilities kept: the formula as written
+        from lmkit.nn.attention import Attention
+
+        for m in model.modules():
+            if isinstance(m, Attention):
+                m.keep_probabilities = True
+    return model
 
 
 def rss_bytes() -> int:
@@ -116,7 +127,7 @@ def main() -> None:
     print("| model | exponent: forward memory | exponent: saved for backward | exponent: time |")
     print("| --- | ---: | ---: | ---: |")
     for kind in MODELS:
-        mine = [r for r in rows if r["model"] == kind]
+        mine = [r for r in rows if r["model"] == kind and r["length"] >= FIT_FROM]
         xs = [r["length"] for r in mine]
         print(f"| {kind} | {slope(xs, [r['forward_peak_mb'] for r in mine]):.2f} | "
               f"{slope(xs, [r['saved_mb'] for r in mine]):.2f} | {slope(xs, [r['seconds'] for r in mine]):.2f} |")
