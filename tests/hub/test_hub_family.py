@@ -15,13 +15,14 @@ from lmkit.hub import _families
 from lmkit.hub.family import Family
 
 
-# presets, with the changes some formats need (Qwen2: q/k/v biases; mBART: pre-norm; mT5: an untied, unscaled head)
+# presets, with the changes some formats need (Qwen2: q/k/v biases; mBART: pre-norm; mT5: an untied, unscaled head;
+# BigBird: its attention pattern)
 CANDIDATES = [("tiny", {}), ("default", {}), ("moe", {}),
               ("default", dict(attention_bias=True, attention_out_bias=False)),
               ("bert", {}), ("roberta", {}), ("distilbert", {}),
               ("t5-tiny", {}), ("t5-tiny", dict(output_scale=1.0, tie_embeddings=False)),
               ("bart", {}), ("bart", dict(norm_placement="pre", final_norm=True, decoder_start_from_labels=True)),
-              ("xlnet-tiny", {})]
+              ("xlnet-tiny", {}), ("longformer-tiny", {}), ("bert", dict(sparse={"sparse_attention": "bigbird"}))]
 
 
 @pytest.mark.parametrize("model_type", sorted(_families()))
