@@ -27,9 +27,10 @@ def _hf_configs():
 
     bases = []
     for model_type, family in sorted(_families().items()):
-        for preset in ("tiny", "bert", "t5-small", "bart-base"):
+        pattern = {"sparse": {"sparse_attention": "bigbird"}} if model_type == "big_bird" else {}
+        for preset in ("tiny", "bert", "t5-small", "bart-base", "longformer-tiny"):
             try:
-                cfg = get_preset(preset, family=model_type)
+                cfg = get_preset(preset, family=model_type, **pattern)
                 bases.append(family.config_to_hf(cfg))
                 break
             except (LmkitError, TypeError, ValueError, KeyError, AttributeError):

@@ -36,6 +36,8 @@ def config_from_hf(hf: dict) -> ModelConfig:
     cfg = roberta.config_from_hf(hf)
     n = cfg.n_layers
     window = hf.get("attention_window", 512)
+    if not isinstance(window, (int, list)):
+        raise ConfigError(f"attention_window={window!r} must be one even window for every layer or a list of one per layer")
     windows = [window] * n if isinstance(window, int) else list(window)
     if len(windows) != n:
         raise ConfigError(f"attention_window lists {len(windows)} windows for {n} layers; give one per layer")
