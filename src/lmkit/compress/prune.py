@@ -124,6 +124,8 @@ def prune_attention(attn: Attention, heads: list[int]) -> list[int]:
     attn.k_proj = _sliced(attn.k_proj, _rows(keep_kv, D), 0)
     attn.v_proj = _sliced(attn.v_proj, _rows(keep_kv, D), 0)
     attn.o_proj = _sliced(attn.o_proj, _rows(keep, D), 1)
+    for extra in getattr(attn, "query_head_projections", ()):  # Longformer's global projections follow the heads
+        setattr(attn, extra, _sliced(getattr(attn, extra), _rows(keep, D), 0))
     attn.n_heads, attn.n_kv_heads = len(keep), len(keep_kv)
     return keep
 
@@ -224,6 +226,8 @@ def apply_head_layout(model: nn.Module) -> nn.Module:
         attn.k_proj = _linear(d, n_kv * D, bias, **at)
         attn.v_proj = _linear(d, n_kv * D, bias, **at)
         attn.o_proj = _linear(n_heads * D, attn.o_proj.out_features, attn.o_proj.bias is not None, **at)
+        for extra in getattr(attn, "query_head_projections", ()):
+            setattr(attn, extra, _linear(d, n_heads * D, bias, **at))
         attn.n_heads, attn.n_kv_heads = n_heads, n_kv
     return model
 

@@ -123,6 +123,9 @@ class LongformerAttention(Attention):
         self.v_global = nn.Linear(d, inner, bias=bias)
         self.window = window
 
+    # projections with one output block per query head, which head pruning slices along with q_proj
+    query_head_projections = ("q_global", "k_global", "v_global")
+
     def forward(self, x: torch.Tensor, bias: TokenMask | None = None, **kwargs) -> torch.Tensor:
         """x (B, T, d) -> (B, T, d); `bias` is the stack's `TokenMask` (none: every token kept, none global)."""
         B, T, _ = x.shape
