@@ -74,3 +74,13 @@ def test_pruning_a_longformer_head_equals_gating_it_off_and_the_pruned_folder_lo
     with torch.no_grad():
         again = lmkit.load_model(tmp_path)(ids, global_attention_mask=glob).logits
     torch.testing.assert_close(again, got, atol=0, rtol=0)
+
+
+def test_attention_maps_of_a_sparse_model_are_refused_in_one_line():
+    from lmkit.config import get_preset
+    from lmkit.lens.attention import attention_maps
+    from lmkit.models import build_model
+
+    model = build_model(get_preset("longformer-tiny", vocab_size=90, max_seq_len=80)).eval()
+    with pytest.raises(ConfigError, match="not kept by sparse attention"):
+        attention_maps(model, torch.randint(3, 90, (1, 30)))

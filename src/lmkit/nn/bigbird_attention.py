@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from lmkit.config import ModelConfig
 from lmkit.nn.attention import Attention
 from lmkit.nn.masks import build_attention_bias
-from lmkit.nn.sparse_attention import TokenMask, softmax_at_least_fp32, token_mask
+from lmkit.nn.sparse_attention import TokenMask, refuse_maps, softmax_at_least_fp32, token_mask
 
 
 def full_attention_needed(T: int, block: int, r: int) -> bool:
@@ -96,6 +96,7 @@ class BigBirdAttention(Attention):
         if not self.sparse or full_attention_needed(T, self.block, self.n_random):
             dense, _ = build_attention_bias(mask.keep.long(), B, T, T, False, x.dtype, x.device)
             return super().forward(x, bias=dense)
+        refuse_maps(self)
         scale = self.head_dim ** -0.5 if self.scale is None else self.scale
         q, k, v = self._project(x)
         q, k, v = self._heads(q, self.n_heads) * scale, self._heads(k, self.n_heads), self._heads(v, self.n_heads)

@@ -45,6 +45,13 @@ def token_mask(attention_mask: torch.Tensor | None, global_attention_mask: torch
     return TokenMask(keep, glob)
 
 
+def refuse_maps(attn: Attention) -> None:
+    """Sparse attention never forms the T x T probabilities that attention maps (`lmkit.lens`) read."""
+    if attn.keep_probabilities:
+        raise ConfigError("attention maps are not kept by sparse attention (Longformer, BigBird): it never forms the "
+                          "T x T probabilities; read maps from a dense model")
+
+
 def global_slots(glob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The global positions of each row, in order, padded to the most any row has: index (B, G) and valid (B, G)."""
     count = glob.sum(1)
@@ -129,6 +136,7 @@ class LongformerAttention(Attention):
     def forward(self, x: torch.Tensor, bias: TokenMask | None = None, **kwargs) -> torch.Tensor:
         """x (B, T, d) -> (B, T, d); `bias` is the stack's `TokenMask` (none: every token kept, none global)."""
         B, T, _ = x.shape
+        refuse_maps(self)
         mask = bias if bias is not None else token_mask(None, None, B, T, x.device)
         dropout = self.dropout if self.training else 0.0
         scale = self.head_dim ** -0.5 if self.scale is None else self.scale
