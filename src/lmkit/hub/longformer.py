@@ -12,7 +12,7 @@ from lmkit.config import ModelConfig
 from lmkit.config_sections import SparseAttention
 from lmkit.errors import ConfigError
 from lmkit.hub import roberta
-from lmkit.hub.bert import _LAYER, EncoderFormat, build_encoder, format_rules, linear
+from lmkit.hub.bert import _LAYER, build_encoder, format_rules, linear
 from lmkit.hub.convert import Rule
 from lmkit.hub.family import Family
 

@@ -10,7 +10,6 @@ on each choice's pooler output, the C scores of a question side by side.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lmkit.config import ModelConfig
