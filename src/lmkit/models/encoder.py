@@ -96,8 +96,8 @@ class Encoder(PreTrainedModel):
         table rows for RoBERTa (whose own positions start at pad + 1)."""
         cfg = self.config
         if self.head == "choice":
-            choices, input_ids, inputs_embeds, (attention_mask, token_type_ids, position_ids) = flatten_choices(
-                input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+            choices, input_ids, inputs_embeds, (attention_mask, token_type_ids, position_ids, global_attention_mask) = \
+                flatten_choices(input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids, global_attention_mask)
         if global_attention_mask is None and self.head == "sequence" \
                 and cfg.sparse.get("sparse_attention") == "longformer":
             ref = input_ids if input_ids is not None else inputs_embeds[..., 0]
