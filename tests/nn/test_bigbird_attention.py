@@ -1,6 +1,6 @@
 """BigBird's block-sparse attention (`lmkit.nn.bigbird_attention`) against its definition written as a dense mask over
 blocks in float64: global first and last query blocks, window and global key blocks, random blocks (duplicates
-counted as often as they are listed, as transformers' eval mode lists block 0), padding."""
+counted as often as they are listed, as transformers' eval mode lists block 0), padding; values and gradients."""
 from __future__ import annotations
 
 import pytest
@@ -32,9 +32,14 @@ def test_block_sparse_attention_equals_its_dense_definition(n, b, r, eval_mode):
     g = torch.Generator().manual_seed(n * b + r)
     B, H, D = 2, 3, 4
     T = n * b
-    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(3))
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
     keep = torch.ones(B, T, dtype=torch.bool)
     keep[1, T - b - 2:] = False   # padding reaching into the last two blocks
     rand = torch.zeros(H, n - 2, r, dtype=torch.long) if eval_mode else random_blocks(n, r, H, seed=3)
     got = block_sparse_attention(q, k, v, keep, b, rand)
-    torch.testing.assert_close(got, dense_reference(q, k, v, keep, b, rand), atol=1e-12, rtol=0)
+    want = dense_reference(q, k, v, keep, b, rand)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    weights = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    for a, e in zip(torch.autograd.grad((got * weights).sum(), (q, k, v)),
+                    torch.autograd.grad((want * weights).sum(), (q, k, v))):
+        torch.testing.assert_close(a, e, atol=1e-12, rtol=0)
