@@ -34,7 +34,7 @@ class CausalLMJob(Job):
 
     def __init__(self, model: nn.Module, stream, pad_id: int, batch_size: int, lr: float, warmup_steps: int,
                  seed: int = 0, weight_decay: float = 0.0, objective: Objective | None = None,
-                 log: Callable[[dict], None] | None = None, data: "CausalLMData | None" = None):
+                 log: Callable[[dict], None] | None = None, data: "CausalLMData | None" = None, pruning=None):
         for flag, value in (("--batch-size", batch_size),):
             if not isinstance(value, int) or value < 1:
                 raise TrainingError(f"{flag} must be at least 1, got {value}")
@@ -46,6 +46,15 @@ class CausalLMJob(Job):
         self.lr, self.warmup_steps, self.seed, self.weight_decay = lr, warmup_steps, seed, weight_decay
         self.objective = objective or CLM
         self.log, self.data, self.history = log, data, []
+        self.pruning = pruning  # before_step(model, step) / after_step(model): masks held through training
+
+    def train_step(self, step: int) -> float:
+        if self.pruning is None:
+            return self.loop.train_step(step)
+        self.pruning.before_step(self.model, step)
+        loss = self.loop.train_step(step)
+        self.pruning.after_step(self.model)  # the optimizer moved pruned weights: zero them again
+        return loss
 
     def build_optimizer(self) -> torch.optim.Optimizer:
         return build_optimizer(self.model, self.lr, self.weight_decay)
@@ -74,7 +83,8 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
                     warmup_steps: int = 20, seed: int = 0, weight_decay: float = 0.0, grad_clip: float = 1.0,
                     objective: Objective | None = None, log: Callable[[dict], None] | None = None, out=None,
                     precision: str = "fp32", lr_schedule: str = "cosine", save_every: int | None = None,
-                    resume: bool = False, log_every: int = 1, data: "CausalLMData | None" = None) -> list[dict]:
+                    resume: bool = False, log_every: int = 1, data: "CausalLMData | None" = None,
+                    pruning=None) -> list[dict]:
     """Train `model` on `steps` batches of `stream.rows(seed, step, batch_size)` in the one loop (learning rate
     warming up over `warmup_steps`, then `lr_schedule` down to a tenth); the logged rows. With `out`:
     out/metrics.jsonl as it goes and, with `save_every`, checkpoints that `resume` continues from."""
@@ -82,7 +92,7 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
         raise TrainingError(f"--max-steps must be at least 1, got {steps}")
     ctx = distributed.setup(module_device(model))  # where model_folder put it
     job = CausalLMJob(model, stream, pad_id, batch_size, lr, warmup_steps, seed, weight_decay, objective,
-                      log if ctx.is_main else None, data)
+                      log if ctx.is_main else None, data, pruning)
     settings = LoopSettings(lr=lr, max_steps=steps, min_lr=0.1 * lr, lr_schedule=lr_schedule, grad_clip=grad_clip,
                             precision=precision, log_every=log_every, save_every=save_every, resume=resume)
     loop = TrainLoop(job, settings, out, ctx)
