@@ -99,24 +99,25 @@ def test_bad_specs_are_refused():
 
 
 def test_finetune_clm_cli_reports_forgetting(tmp_path, capsys):
-    old = "\n\n".join(f"the quick brown fox number {i} jumps over the lazy dog" for i in range(120))
-    new = "\n\n".join(f"def f_{i}(x):\n    return x * {i}" for i in range(120))
-    (tmp_path / "old.txt").write_text(old)
-    (tmp_path / "new.txt").write_text(new)
+    old = [f"the quick brown fox number {i} jumps over the lazy dog" for i in range(120)]
+    new = [f"def f_{i}(x):\n    return x * {i}" for i in range(120)]
+    for name, docs in (("old", old), ("new", new)):  # one document a line
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    old, new = "\n\n".join(old), "\n\n".join(new)
     tok = lmkit.train_tokenizer([old, new], kind="bpe", vocab_size=300, special_tokens=["<|endoftext|>", "<|pad|>"])
     torch.manual_seed(0)
     build_model(ModelConfig(vocab_size=vocab_size_of(tok), d_model=16, n_layers=1, n_heads=2, max_seq_len=32,
                             family="gpt2")).save_pretrained(tmp_path / "base")
     tok.save(str(tmp_path / "base" / "tokenizer.json"))
-    args = ["finetune", "--task", "clm", "--model", str(tmp_path / "base"), "--train", str(tmp_path / "new.txt"),
+    args = ["finetune", "--task", "clm", "--model", str(tmp_path / "base"), "--train", str(tmp_path / "new.jsonl"),
             "--peft", "full", "--max-steps", "3", "--batch-size", "4", "--max-length", "16",
-            "--forgetting-corpus", str(tmp_path / "old.txt")]
+            "--forgetting-corpus", str(tmp_path / "old.jsonl")]
     assert main(args + ["--out", str(tmp_path / "ewc"), "--regularize", "ewc:10"]) == 0
     report = json.loads((tmp_path / "ewc" / "finetune.json").read_text())
-    assert report["regularize"] == "ewc:10" and report["forgetting"]["corpus"] == str(tmp_path / "old.txt")
+    assert report["regularize"] == "ewc:10" and report["forgetting"]["corpus"] == str(tmp_path / "old.jsonl")
     assert "forgetting on" in capsys.readouterr().out
     assert main(args + ["--out", str(tmp_path / "bad"), "--regularize", "ewc:0"]) == 2
     assert "l2sp:LAMBDA" in capsys.readouterr().err
-    assert main(["finetune", "--model", str(tmp_path / "base"), "--train", str(tmp_path / "new.txt"), "--out",
+    assert main(["finetune", "--model", str(tmp_path / "base"), "--train", str(tmp_path / "new.jsonl"), "--out",
                  str(tmp_path / "c"), "--regularize", "l2sp:1"]) == 2
     assert "--task clm only" in capsys.readouterr().err
