@@ -42,6 +42,15 @@ def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch
     return report
 
 
+def _scored(model_dir, out, corpus, seq_len, max_val_docs, device, stage):
+    """(model, tokenizer, data, validation scores) of the folder a compression job starts from."""
+    check_out(out, model_dir)
+    model, tok = model_folder(model_dir, device)
+    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
+    stage(f"scoring the model on the validation split ({len(data.val_rows)} rows)")
+    return model, tok, data, data.evaluate(model)
+
+
 def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 8, batch_size: int = 8,
                  seq_len: int | None = None, max_val_docs: int | None = None, progress: bool = False,
                  stage=None, device=None) -> dict:
@@ -51,11 +60,7 @@ def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 
     stage = stage or (lambda text: None)
     if batches < 1:
         raise ConfigError(f"--batches must be at least 1 (importance needs data), got {batches}")
-    check_out(out, model_dir)
-    model, tok = model_folder(model_dir, device)
-    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
-    stage(f"scoring the model on the validation split ({len(data.val_rows)} rows)")
-    before = data.evaluate(model)
+    model, tok, data, before = _scored(model_dir, out, corpus, seq_len, max_val_docs, device, stage)
     n_params = model.num_parameters()
     rows = [data.stream.rows(1234, i, batch_size) for i in range(batches)]
     stage(f"head importance from {batches} batches")
@@ -80,11 +85,7 @@ def sparsify_folder(model_dir, out, sparsity: float, scope: str = "global", step
     check_sparsity(sparsity)
     if not isinstance(steps, int) or steps < 0:
         raise ConfigError(f"--gradual-steps must be 0 (prune at once) or a positive number of steps, got {steps}")
-    check_out(out, model_dir)
-    model, tok = model_folder(model_dir, device)
-    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
-    stage(f"scoring the model on the validation split ({len(data.val_rows)} rows)")
-    before = data.evaluate(model)
+    model, tok, data, before = _scored(model_dir, out, corpus, seq_len, max_val_docs, device, stage)
     if steps == 0:
         apply_masks(model, magnitude_masks(model, sparsity, scope))
     else:

@@ -67,6 +67,10 @@ def plot_loss_vs(rows: list[dict], path: str | Path, law: ScalingLaw | None = No
         ax.set_xlabel(label)
         ax.set_ylabel("validation loss (nats/token)")
         ax.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
+def _save(plt, fig, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -97,6 +101,4 @@ def plot_kaplan(rows: list[dict], laws: dict, path: str | Path) -> None:
         ax.set_xlabel(label)
         ax.set_ylabel("validation loss (nats/token)")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
