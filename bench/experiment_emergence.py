@@ -39,7 +39,8 @@ def score(folder: Path, digits: int, limit: int) -> dict:
     from lmkit.evaluate.harness_tasks.lmkit_tasks import addition
 
     model, tok = lmkit.load_model(folder), lmkit.load_tokenizer(folder)
-    rows = addition(digits)["test"][:limit]
+    test = addition(digits)["test"]
+    rows = [test[i] for i in range(min(limit, len(test)))]
     exact = logp = dist = tokens = 0.0
     for row in rows:
         prompt = tok.encode(f"Question: {row['question']}\nAnswer: The answer is")
