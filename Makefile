@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or PYTHON=...)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
-	$(PIP) -e '.[test,serve,eval,rag,docs]'
+	$(PIP) -e '.[test,serve,eval,rag,data,docs]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -1,5 +1,6 @@
 """Chain of thought at small scale: one small decoder trained for the same compute on addition written as steps and
-on answers alone, both scored through `lmkit harness` on addition_cot_d1..d4 and addition_direct_d1..d4.
+on answers alone, both scored through `lmkit harness` on addition_cot_d1..d4, addition_direct_d1..d4 and
+addition_cot_zeroshot_d1..d4.
 
 The two corpora hold the same problems (seeded, 1 to 4 digits, the harness's test problems left out) in the
 prompt format of the harness tasks, "Question: 15+27\\nAnswer: ...", problems of a document separated by blank
@@ -33,6 +34,9 @@ from lmkit.evaluate.harness_tasks.lmkit_tasks import addition, addition_problems
 DIGITS = (1, 2, 3, 4)
 PROBLEMS_PER_DOCUMENT = 16
 STEPS, BATCH = 2000, 32
+# the harness tasks of each prompt: 3 worked exemplars, 3 answer-only exemplars, and zero-shot CoT (Kojima et al.'s
+# trigger "Let's think step by step." opening the answer, no exemplar)
+PROMPTS = {"cot": "cot exemplars", "direct": "direct exemplars", "cot_zeroshot": "zero-shot, \"Let's think step by step.\""}
 
 
 def held_out(digits: int) -> set[tuple[int, int]]:
@@ -199,7 +203,7 @@ def main() -> None:
     else:
         run_all([(script + ["--out", str(out), "--train-one", kind], out / f"train-{kind}.log")
                  for kind in corpora if trained_steps(models[kind]) < args.steps])
-    tasks = ",".join(f"addition_{p}_d{d}" for p in ("cot", "direct") for d in DIGITS)
+    tasks = ",".join(f"addition_{p}_d{d}" for p in PROMPTS for d in DIGITS)
     run_all([([sys.executable, "-m", "lmkit", "harness", "--model", str(models[kind]), "--tasks", tasks,
                "--limit", str(args.limit), "--batch-size", "16", "--gen-kwargs", f"max_gen_toks={args.max_gen_toks}",
                "--output", str(out / f"harness-{kind}.json")], out / f"harness-{kind}.log")
@@ -216,13 +220,15 @@ def results_table(scores: dict[str, dict]) -> str:
     head = "| trained on | prompt | " + " | ".join(f"{d} digit{'s' * (d > 1)}" for d in DIGITS) + " |"
     rows = [head, "| --- | --- |" + " ---: |" * len(DIGITS)]
     for kind, results in scores.items():
-        for prompt in ("cot", "direct"):
+        for prompt, label in PROMPTS.items():
+            if f"addition_{prompt}_d1" not in results:  # a results file from before the zero-shot tasks
+                continue
             cells = []
             for d in DIGITS:
                 r = results[f"addition_{prompt}_d{d}"]
                 cells.append(f"{r['exact_match,strict-match']:.2f} / {r['exact_match,flexible-extract']:.2f}")
             trained = {"cot": "step-by-step traces", "direct": "answers alone"}[kind]
-            rows.append(f"| {trained} | {prompt} exemplars | " + " | ".join(cells) + " |")
+            rows.append(f"| {trained} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

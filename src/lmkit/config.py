@@ -18,7 +18,7 @@ ARCHITECTURES = ("decoder", "encoder", "encoder-decoder")
 POSITIONS = ("learned", "sinusoidal", "rope", "relative", "xl", "none")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "peri")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh", "reglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "quick_gelu", "silu", "swiglu", "geglu", "geglu_tanh", "reglu")
 
 
 @dataclass
@@ -63,7 +63,7 @@ class ModelConfig:
     final_norm: bool = True                # a norm after the last block (pre-norm stacks)
     embedding_norm: bool = False           # LN right after the embeddings (BERT, BART)
     # feed-forward
-    activation: str = "gelu"               # relu | gelu | gelu_tanh | silu | swiglu | geglu | reglu
+    activation: str = "gelu"               # relu | gelu | gelu_tanh | quick_gelu | silu | swiglu | geglu | reglu
     bias: bool = True                      # biases of the linear layers
     attention_bias: bool | None = None     # None: = bias
     attention_out_bias: bool | None = None # o_proj's bias; None: = attention_bias (Qwen2: q/k/v biases, none here)

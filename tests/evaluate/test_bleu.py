@@ -10,7 +10,7 @@ import pytest
 
 from lmkit.errors import LmkitError, MetricError
 from lmkit.evaluate.bleu import corpus_bleu
-from lmkit.evaluate.rouge import corpus_rouge, lcs_length, rouge_scores
+from lmkit.evaluate.rouge import corpus_rouge, lcs_length, rouge_detail, rouge_scores
 
 HYPS = ["The cat sat on the mat.", "Ein Hund läuft über die Straße — schnell!", "", "a b c d e f g",
         "naïve café costs 3,50 €", "identical line here", "short"]
@@ -103,19 +103,26 @@ def test_rouge_equals_rouge_score():
     pairs = list(zip(HYPS, REFS)) + [(" ".join(rng.choices(words, k=rng.randint(0, 12))),
                                       " ".join(rng.choices(words, k=rng.randint(1, 12)))) for _ in range(40)]
     for hyp, ref in pairs:
-        ours = rouge_scores(hyp, ref)
+        ours = rouge_detail(hyp, ref)
         theirs = scorer.score(ref, hyp)  # rouge-score takes (target, prediction)
         for key in ours:
-            assert ours[key] == pytest.approx(theirs[key].fmeasure, abs=1e-12), (hyp, ref, key)
+            for part in ("precision", "recall", "fmeasure"):
+                assert getattr(ours[key], part) == pytest.approx(getattr(theirs[key], part), abs=1e-12), \
+                    (hyp, ref, key, part)
+            assert rouge_scores(hyp, ref)[key] == ours[key].fmeasure
     corpus = corpus_rouge([h for h, _ in pairs], [r for _, r in pairs])
-    mean = sum(scorer.score(r, h)["rougeL"].fmeasure for h, r in pairs) / len(pairs)
-    assert corpus["rougeL"] == pytest.approx(mean)
+    for key in ("rouge1", "rouge2", "rougeL"):
+        for name, part in ((key, "fmeasure"), (f"{key}_precision", "precision"), (f"{key}_recall", "recall")):
+            mean = sum(getattr(scorer.score(r, h)[key], part) for h, r in pairs) / len(pairs)
+            assert corpus[name] == pytest.approx(mean, abs=1e-12), name
 
 
 def test_rouge_hand_computed():
     # hyp "the cat sat", ref "the cat was sitting": unigrams 2/3, 2/4 -> F1 = 4/7; bigrams 1/2, 1/3 -> 2/5
     s = rouge_scores("The cat sat.", "the cat was sitting")
     assert s["rouge1"] == pytest.approx(4 / 7) and s["rouge2"] == pytest.approx(2 / 5)
+    one = rouge_detail("The cat sat.", "the cat was sitting")["rouge1"]
+    assert (one.precision, one.recall) == pytest.approx((2 / 3, 2 / 4))  # recall: over the reference's unigrams
     assert lcs_length(list("ABCBDAB"), list("BDCABA")) == 4  # the textbook LCS example
     assert rouge_scores("", "anything") == {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
     assert rouge_scores("same words", "Same, words!")["rougeL"] == 1.0
@@ -125,3 +132,52 @@ def test_rouge_hand_computed():
 def test_rouge_refuses_non_strings(hyps, refs):
     with pytest.raises(MetricError, match="must be strings"):
         corpus_rouge(hyps, refs)
+
+
+def _formula_bleu(hyps: list[str], refs: list[list[str]], max_n: int = 4) -> float:
+    """The texts' BLEU, written out: BP * exp(sum_n 1/N log p_n), p_n the clipped n-gram precision pooled over the
+    corpus (each n-gram counted at most as often as in the reference that holds it most), BP = min(1, exp(1 - r/c))
+    with r the sum of the reference lengths closest to each hypothesis's (the shorter on a tie)."""
+    import math
+    from collections import Counter
+    matched, total, c, r = [0] * max_n, [0] * max_n, 0, 0
+    for hyp, ref_set in zip(hyps, refs):
+        h, rs = hyp.split(), [x.split() for x in ref_set]
+        c += len(h)
+        r += min((abs(len(x) - len(h)), len(x)) for x in rs)[1]
+        for n in range(1, max_n + 1):
+            grams = Counter(tuple(h[i:i + n]) for i in range(len(h) - n + 1))
+            most = Counter()
+            for x in rs:
+                most |= Counter(tuple(x[i:i + n]) for i in range(len(x) - n + 1))
+            matched[n - 1] += sum((grams & most).values())
+            total[n - 1] += sum(grams.values())
+    if min(matched) == 0:
+        return 0.0
+    bp = 1.0 if c > r else math.exp(1 - r / c)
+    return 100 * bp * math.exp(sum(math.log(m / t) for m, t in zip(matched, total)) / max_n)
+
+
+def test_bleu_equals_the_formula_on_hand_built_cases():
+    """lmkit's BLEU against the formula itself (not sacrebleu against itself), so the test can fail."""
+    # one pair worked by hand: hyp 6 words, ref 7; p = 5/6, 3/5, 1/4, 0/3 -> 0 without smoothing
+    assert corpus_bleu(["the cat sat on the mat"], ["the cat is on the mat today"],
+                       smooth_method="none").score == 0.0
+    # p1 = 6/7, p2 = 4/6, p3 = 2/5, p4 = 1/4; c = 7 < r = 8 -> BP = exp(1 - 8/7)
+    hyp, ref = "the cat sat on the red mat", "the cat sat on a red mat today"
+    import math
+    want = 100 * math.exp(1 - 8 / 7) * (6 / 7 * 4 / 6 * 2 / 5 * 1 / 4) ** 0.25
+    assert corpus_bleu([hyp], [ref], smooth_method="none").score == pytest.approx(want, rel=1e-12)
+    assert _formula_bleu([hyp], [[ref]]) == pytest.approx(want, rel=1e-12)
+    # random corpora over a small vocabulary, one and two references, no punctuation (13a leaves words alone)
+    rng = random.Random(3)
+    words = "a b c d e f the cat".split()
+    for _ in range(30):
+        n = rng.randint(1, 6)
+        hyps = [" ".join(rng.choices(words, k=rng.randint(4, 14))) for _ in range(n)]
+        refs = [[" ".join(rng.choices(words, k=rng.randint(4, 14))) for _ in range(n)] for _ in range(rng.randint(1, 2))]
+        ours = corpus_bleu(hyps, refs, smooth_method="none").score
+        assert ours == pytest.approx(_formula_bleu(hyps, [list(x) for x in zip(*refs)]), rel=1e-9, abs=1e-9)
+    # clipping: "the the the the" against "the cat" has p1 = 1/4, not 4/4
+    assert corpus_bleu(["the the the the"], ["the cat"], smooth_method="none", max_ngram_order=1).score == \
+        pytest.approx(25.0)

@@ -15,7 +15,8 @@ from lmkit.evaluate import harness_run  # noqa: E402
 from lmkit.evaluate.harness import LmkitLM  # noqa: E402
 from lmkit.evaluate.harness_tasks import lmkit_tasks  # noqa: E402
 
-TASKS = ["pydoc_mc", "numbers_5shot", "addition_cot_d2", "addition_direct_d3", "pydocs_perplexity"]
+TASKS = ["pydoc_mc", "numbers_5shot", "addition_cot_d2", "addition_direct_d3", "addition_cot_zeroshot_d2",
+         "pydocs_perplexity"]
 LIMIT = 3
 GEN = {"max_gen_toks": 20}
 
@@ -51,6 +52,22 @@ def test_exemplar_texts_are_the_shots_lm_eval_writes():
             expected.append(task.doc_to_text(doc, shot.doc_to_text) + shot.target_delimiter
                             + task.doc_to_target(doc, shot.doc_to_target) + shot.fewshot_delimiter)
     assert lmkit_tasks.exemplar_texts() == expected
+
+
+def test_zero_shot_cot_prompts_have_the_trigger_and_no_exemplars():
+    """Kojima et al.'s zero-shot chain of thought: the question, then "Let's think step by step." opening the
+    answer, no exemplar; the answer is read by the same filters as the few-shot CoT task."""
+    from lm_eval.tasks import get_task_dict
+
+    names = ["addition_cot_zeroshot_d2", "addition_cot_d2"]
+    tasks = get_task_dict(names, harness_run.task_manager(names))
+    zero, few = tasks["addition_cot_zeroshot_d2"], tasks["addition_cot_d2"]
+    assert zero.config.num_fewshot == 0 and few.config.num_fewshot == 3
+    doc = zero.test_docs()[0]
+    prompt = zero.fewshot_context(doc, num_fewshot=0)
+    assert prompt == f"Question: {doc['question']}\nAnswer: Let's think step by step."
+    assert "The answer is" not in prompt and [f["name"] for f in zero.config.filter_list] == \
+        [f["name"] for f in few.config.filter_list]
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 10
                                        HealthCheck.data_too_large])
 # the activation names transformers accepts that lmkit runs; the others must be refused with a ConfigError
 SUPPORTED_ACTS = ("gelu", "gelu_new", "relu", "silu", "swish", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate",
-                  "gelu_python", "gelu_python_tanh")
-OTHER_ACTS = ("tanh", "sigmoid", "quick_gelu", "mish", "relu6", "gelu_10", "linear", "leaky_relu")
+                  "gelu_python", "gelu_python_tanh", "quick_gelu")
+OTHER_ACTS = ("tanh", "sigmoid", "mish", "relu6", "gelu_10", "linear", "leaky_relu")
 HEADS = {"bert": ["Model", "ForMaskedLM", "ForPreTraining", "ForNextSentencePrediction", "ForSequenceClassification",
                   "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice"],
          "roberta": ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",

@@ -5,11 +5,14 @@ import re
 import subprocess
 import sys
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
 
 from lmkit.scaling import BESIROGLU, CHINCHILLA, ScalingLaw, bootstrap_fit, fit_law, isoflop_fit
+from lmkit.errors import ConfigError
 from lmkit.scaling.fit import huber_objective
 from lmkit.scaling.shapes import DEFAULT_SHAPES, Shape, count_parameters, shape_parameters
 from lmkit.scaling.sweep import plan_sweep
@@ -230,3 +233,35 @@ def test_a_sweep_trains_its_points_and_a_second_run_continues_without_retraining
     assert again.returncode == 0
     assert "C=" not in again.stdout  # every point was already in results.jsonl
     assert [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").read_text().splitlines()] == rows
+
+
+def test_kaplan_single_variable_laws_are_fitted_back_on_their_frontier():
+    """Points on L(N) = (N_c/N)^a_N, plus points a data limit keeps above it, give a_N and N_c back exactly."""
+    from lmkit.scaling.kaplan import fit_power_law, frontier, kaplan_fit
+
+    n = np.geomspace(1e4, 1e7, 7)
+    on_law = (8.8e13 / n) ** 0.076
+    worse = on_law * 1.05  # the same sizes trained on fewer tokens
+    x, losses = np.concatenate([n, n]), np.concatenate([on_law, worse])
+    law = fit_power_law(x, losses, "N")
+    assert law.points == 7 and law.alpha == pytest.approx(0.076, rel=1e-9) and law.x_c == pytest.approx(8.8e13, rel=1e-6)
+    fx, fl = frontier([1, 2, 2, 3, 4], [5.0, 4.0, 3.0, 3.5, 2.0])
+    assert fx.tolist() == [1, 2, 4] and fl.tolist() == [5.0, 3.0, 2.0]  # 3 is beaten by the smaller 2
+    d = np.geomspace(1e5, 1e8, 6)
+    both = kaplan_fit(n[:6], d, (5.4e13 / d) ** 0.095)
+    assert both["D"].alpha == pytest.approx(0.095, rel=1e-9) and both["D"].x_c == pytest.approx(5.4e13, rel=1e-6)
+    with pytest.raises(ConfigError, match="two points"):
+        kaplan_fit(np.full(6, 1e6), d, (5.4e13 / d) ** 0.095)  # one model size: no L(N)
+    with pytest.raises(ConfigError, match="two points"):
+        fit_power_law(d, d ** 0.1, "D")  # the loss never falls: the frontier is the smallest point alone
+
+
+def test_scaling_fit_form_kaplan_writes_its_laws(tmp_path):
+    rows = [json.loads(line) for line in (Path(__file__).parents[2] / "bench/results/scaling_sweep.jsonl").open()]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, "-m", "lmkit", "scaling", "fit", "--results", str(tmp_path), "--form",
+                          "kaplan"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    fit = json.loads((tmp_path / "kaplan.json").read_text())
+    assert 0 < fit["alpha_N"] < 1 and 0 < fit["alpha_D"] < 1 and fit["published"]["alpha_N"] == 0.076
+    assert (tmp_path / "kaplan_laws.png").stat().st_size > 10_000 and "alpha_N" in out.stdout

@@ -50,6 +50,9 @@ def register(subparsers) -> None:
                     help="largest share of digits among non-space characters")
     cl.add_argument("--max-bad", type=float, default=0.001, metavar="X",
                     help="largest share of control/unassigned/U+FFFD characters")
+    cl.add_argument("--languages", metavar="CODE[,CODE...]",
+                    help="keep only documents in these languages (ISO 639-1, e.g. en,de; lingua detects them; "
+                         "default: every language)")
     cl.add_argument("--boilerplate-min-docs", type=int, default=5, metavar="N",
                     help="a line in at least N documents is boilerplate; 0 keeps all lines")
     cl.add_argument("--boilerplate-min-chars", type=int, default=20, metavar="N",
@@ -86,8 +89,9 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 def run_clean(args: argparse.Namespace) -> int:
     from lmkit.data.clean import CleanConfig, clean_files
+    from lmkit.data.language import parse_languages
 
-    config = CleanConfig(min_chars=args.min_chars, max_chars=args.max_chars, min_words=args.min_words,
+    config = CleanConfig(languages=parse_languages(args.languages), min_chars=args.min_chars, max_chars=args.max_chars, min_words=args.min_words,
                          min_alpha=args.min_alpha, max_digit=args.max_digit, max_bad=args.max_bad,
                          boilerplate_min_docs=args.boilerplate_min_docs, boilerplate_min_chars=args.boilerplate_min_chars,
                          near_threshold=None if args.no_near_dedup else args.near_threshold, num_perm=args.num_perm,

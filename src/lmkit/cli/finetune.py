@@ -11,7 +11,8 @@ from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
-CLM_ONLY = (("--max-steps", "max_steps"),)
+CLM_ONLY = (("--max-steps", "max_steps"), ("--regularize", "regularize"), ("--forgetting-corpus", "forgetting_corpus"))
+CLM_ONLY_NOT_SFT = CLM_ONLY[1:]
 SFT_ONLY = (("--packing", "packing"), ("--chat-template", "chat_template"), ("--train-on-all", "train_on_all"),
             ("--micro-batch-size", "micro_batch_size"))
 FIELDS = ("model", "train", "out", "eval", "epochs", "lr", "batch_size", "max_length", "pooling", "val_fraction",
@@ -61,6 +62,13 @@ def register(subparsers) -> None:
                      "--batch-size); the loss stays a mean over all trained tokens of the step")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (--task clm: default 200; --task sft: default "
                    "--epochs passes, a number here overrides them)")
+    clm = p.add_argument_group("--task clm")
+    clm.add_argument("--regularize", metavar="l2sp:LAMBDA|ewc:LAMBDA",
+                     help="pull the weights toward the starting ones against forgetting: L2-SP (lambda/2 |w - w0|^2) "
+                          "or EWC (Fisher-weighted, estimated on --forgetting-corpus or pydocs) (default: none)")
+    clm.add_argument("--forgetting-corpus", metavar="NAME|PATH",
+                     help="also score this corpus's validation split before and after, to measure forgetting "
+                          "(default: none)")
     add_run_arguments(p)
     add_peft_arguments(p)
     p.set_defaults(func=run)
@@ -115,6 +123,9 @@ def add_peft_arguments(parser) -> None:
                    help="layers LoRA/IA3 adapt, by name (q_proj v_proj, or the HF names; 're:REGEX' for a pattern; default: "
                         "q_proj v_proj for LoRA, k_proj v_proj down_proj for IA3)")
     g.add_argument("--qlora-bits", type=int, choices=(4, 8), default=4, help="QLoRA base weights: 4 (NF4, the default) or 8 bits")
+    g.add_argument("--qlora-double-quant", action="store_true",
+                   help="QLoRA: also quantize the NF4 block scales (8 bits, blocks of 256: about 0.37 bits a "
+                        "parameter saved; default off)")
     g.add_argument("--virtual-tokens", type=int, default=16, metavar="N", help="prefix / prompt length (default 16)")
     g.add_argument("--bottleneck", type=int, default=16, metavar="N", help="adapter bottleneck width (default 16)")
 
@@ -122,7 +133,7 @@ def add_peft_arguments(parser) -> None:
 def peft_settings(args) -> tuple[str, dict]:
     """(method, settings for peft_for_task) from the parsed --peft flags."""
     settings = dict(r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, bits=args.qlora_bits,
-                    num_virtual_tokens=args.virtual_tokens, bottleneck=args.bottleneck)
+                    double_quant=args.qlora_double_quant, num_virtual_tokens=args.virtual_tokens, bottleneck=args.bottleneck)
     if args.target_modules:
         settings["target_modules"] = list(args.target_modules)
     return args.peft, settings
@@ -134,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
 
     method, settings = peft_settings(args)
     if args.task == "sft":
+        given = [f for f, name in CLM_ONLY_NOT_SFT if getattr(args, name) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} applies to --task clm only; drop it")
         return run_sft(args, method, settings)
     given = [f for f, name in SFT_ONLY if getattr(args, name) not in (None, False)]
     if given:
@@ -163,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
 def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
     from lmkit.finetune.clm import finetune_causal_lm_folder
 
-    given = {k: getattr(args, k) for k in ("val_fraction", "warmup_ratio", "weight_decay") if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in ("val_fraction", "warmup_ratio", "weight_decay", "regularize",
+                                           "forgetting_corpus") if getattr(args, k) is not None}
     r, status = on_every_rank(lambda: finetune_causal_lm_folder(
         args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
         args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings), device_of(args))
@@ -173,6 +188,9 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
     print(f"lmkit finetune --task clm --peft {method}: {r['trainable']:,} of {r['total']:,} parameters trained "
           f"({r['percent']:.2f}%) in {r['seconds']:.0f} s; validation loss {b['loss']:.4f} -> {a['loss']:.4f}, "
           f"next-token accuracy {b['accuracy']:.4f} -> {a['accuracy']:.4f}; saved to {args.out}")
+    if "forgetting" in r:
+        f = r["forgetting"]
+        print(f"forgetting on {f['corpus']}: validation loss {f['before']['loss']:.4f} -> {f['after']['loss']:.4f}")
     return 0
 
 

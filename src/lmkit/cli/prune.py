@@ -1,4 +1,5 @@
-"""`lmkit prune`: remove the least important attention heads (Michel et al. 2019) structurally."""
+"""`lmkit prune`: remove the least important attention heads (Michel et al. 2019) structurally, or zero the
+smallest weights (`--unstructured`, magnitude pruning, at once or gradually as Zhu and Gupta 2017)."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +9,24 @@ from lmkit.cli.common import add_device_argument, device_of
 
 
 def register(subparsers) -> None:
-    p = add_command(subparsers, "prune", help="prune attention heads of a causal LM", description=__doc__,
-                    example_lines=("lmkit prune --model runs/demo --out runs/demo-pruned --heads 4",))
+    p = add_command(subparsers, "prune", help="prune attention heads or single weights of a causal LM",
+                    description=__doc__,
+                    example_lines=("lmkit prune --model runs/demo --out runs/demo-pruned --heads 4",
+                                   "lmkit prune --model runs/demo --out runs/demo-sparse --unstructured 0.5",
+                                   "lmkit prune --model runs/demo --out runs/demo-sparse --unstructured 0.8 "
+                                   "--gradual-steps 200"))
     p.add_argument("--model", required=True, metavar="DIR", help="model folder (from `lmkit train`)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the pruned model is written")
-    p.add_argument("--heads", required=True, type=int, metavar="N", help="number of heads to remove")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--heads", type=int, metavar="N", help="number of heads to remove")
+    what.add_argument("--unstructured", type=float, metavar="X",
+                      help="fraction of the blocks' linear weights to zero by magnitude, in [0, 1)")
+    p.add_argument("--scope", choices=["global", "layer"], default="global",
+                   help="--unstructured: rank the weights of all layers together, or prune each matrix to the same "
+                        "fraction (default global)")
+    p.add_argument("--gradual-steps", type=int, default=0, metavar="N",
+                   help="--unstructured: fine-tune N steps on --corpus while the sparsity rises along the cubic "
+                        "schedule (default 0: prune at once)")
     p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
                    help="text for the importance scores and the evaluation (default pydocs)")
     p.add_argument("--batches", type=int, default=8, metavar="N", help="batches that estimate head importance (default 8)")
@@ -23,10 +37,22 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from lmkit.compress.recipes import prune_folder
+    from lmkit.compress.recipes import prune_folder, sparsify_folder
 
+    stage = lambda text: print(f"lmkit prune: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    if args.unstructured is not None:
+        r = sparsify_folder(args.model, args.out, args.unstructured, args.scope, args.gradual_steps, args.corpus,
+                            device=device_of(args), stage=stage)
+        print(f"sparsity {r['sparsity']:.1%} of {r['prunable_parameters']:,} prunable weights ({r['scope']})")
+        for when in ("before", "after"):
+            m = r[when]
+            print(f"{when:6s} loss {m['loss']:.4f}  perplexity {m['perplexity']:.2f}  accuracy {m['accuracy']:.4f}")
+        t = r["matmul_seconds"]
+        print(f"widest layer x W^T: dense {t['dense'] * 1e3:.3f} ms, sparse CSR {t['sparse_csr'] * 1e3:.3f} ms")
+        print(f"written to {args.out}")
+        return 0
     r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches, progress=True, device=device_of(args),
-                     stage=lambda text: print(f"lmkit prune: {text}", file=sys.stderr, flush=True))
+                     stage=stage)
     print(f"pruned {r['heads_pruned']} heads: {r['parameters_before']:,} -> {r['parameters_after']:,} parameters")
     for layer, heads in r["pruned"].items():
         print(f"  {layer}: {heads}")

@@ -58,6 +58,10 @@ def register(subparsers) -> None:
     f.add_argument("--out", metavar="DIR", help="where fit.json and the plots go (default: beside the results)")
     f.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples (default 200)")
     f.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the bootstrap resampling")
+    f.add_argument("--form", choices=["chinchilla", "kaplan"], default="chinchilla",
+                   help="chinchilla: L(N, D) = E + A/N^alpha + B/D^beta (Approaches 3 and 2); kaplan: the single-"
+                        "variable laws L(N) = (N_c/N)^alpha_N and L(D) = (D_c/D)^alpha_D on the sweep's frontier, "
+                        "written to kaplan.json and kaplan_laws.png (default chinchilla)")
     f.set_defaults(func=run_fit)
 
     q = add_command(sub, "plan", help="the compute-optimal N, D and a shape for a budget",
@@ -119,6 +123,8 @@ def run_fit(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (results if results.is_dir() else results.parent)
     out.mkdir(parents=True, exist_ok=True)
     n, d, l, c = ([r[k] for r in rows] for k in ("n_params", "n_tokens", "val_loss", "compute"))
+    if args.form == "kaplan":
+        return _fit_kaplan(rows, n, d, l, out)
     law_fit = bootstrap_fit(n, d, l, samples=args.bootstrap, seed=args.seed, progress=True)
     try:
         iso = isoflop_fit(c, n, l, rows[0]["flops_per_token"], samples=args.bootstrap, seed=args.seed)
@@ -149,6 +155,27 @@ def run_fit(args: argparse.Namespace) -> int:
     plot_isoflops(rows, out / "isoflops.png", iso, law)
     plot_loss_vs(rows, out / "loss_vs_n_d.png", law)
     print(f"wrote {out / 'fit.json'}, {out / 'isoflops.png'}, {out / 'loss_vs_n_d.png'}")
+    return 0
+
+
+def _fit_kaplan(rows, n, d, l, out: Path) -> int:
+    from lmkit.scaling.kaplan import KAPLAN_PUBLISHED, kaplan_fit
+    from lmkit.scaling.plots import plot_kaplan
+
+    laws = kaplan_fit(n, d, l)
+    print(f"Kaplan et al. 2020's single-variable laws on {len(rows)} points (least squares in log-log on each "
+          "frontier):")
+    for var in ("N", "D"):
+        law = laws[var]
+        print(f"  L({var}) = ({var}_c / {var})^alpha_{var}: alpha_{var} = {law.alpha:.3f}, {var}_c = {law.x_c:.3g} "
+              f"({law.points} frontier points); published alpha_{var} = {KAPLAN_PUBLISHED['alpha_' + var]}, "
+              f"{var}_c = {KAPLAN_PUBLISHED[var + '_c']:.2g}")
+    atomic_write_json(out / "kaplan.json", {
+        "alpha_N": laws["N"].alpha, "N_c": laws["N"].x_c, "frontier_points_N": laws["N"].points,
+        "alpha_D": laws["D"].alpha, "D_c": laws["D"].x_c, "frontier_points_D": laws["D"].points,
+        "published": KAPLAN_PUBLISHED, "param_convention": rows[0].get("param_convention")})
+    plot_kaplan(rows, laws, out / "kaplan_laws.png")
+    print(f"wrote {out / 'kaplan.json'}, {out / 'kaplan_laws.png'}")
     return 0
 
 

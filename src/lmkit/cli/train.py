@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--preset", metavar="NAME", help=f"model preset ({', '.join(PRESETS)}); default: default")
     p.add_argument("--objective", choices=["clm", "mlm", "span", "denoise", "plm"], help="training objective (default: clm; span/denoise pick t5-tiny, plm xlnet-tiny)")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
-                   help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
+                   help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; NAME:WEIGHT items "
+                        "(pydocs:0.7,pycode:0.3) sample the sources by weight instead of joining them; default: pydocs")
     p.add_argument("--out", metavar="DIR", help="run folder; default: runs/PRESET")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (default 1000, or set by --time-budget)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
@@ -137,4 +138,6 @@ def summary(result: dict, out: str) -> str:
     if "val_loss" in result:
         line += (f"; validation loss {result['val_loss']:.4f} nats/token, perplexity {result['val_perplexity']:.2f}, "
                  f"{result['val_bpb']:.4f} bits per byte")
+    if "mixture" in result:
+        line += "; tokens by source " + ", ".join(f"{k} {v:.1%}" for k, v in result["mixture"].items())
     return line + f"; saved to {out}"

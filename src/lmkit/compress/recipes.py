@@ -9,8 +9,10 @@ import torch
 from lmkit.compress.distill import DistillWeights, distill_causal_lm, student_from_teacher
 from lmkit.compress.prune import head_importance, least_important, prune_heads
 from lmkit.compress.quantize import quantize_dynamic_int8, weight_bytes
+from lmkit.compress.sparsity import (GradualPruning, apply_masks, check_sparsity, magnitude_masks, prunable,
+                                     sparse_speed, sparsity_report)
 from lmkit.errors import ConfigError
-from lmkit.finetune.clm import causal_lm_data
+from lmkit.finetune.clm import causal_lm_data, train_causal_lm
 from lmkit.finetune.common import check_out, check_run, model_folder, save_model_folder
 from lmkit.progress import progress_bar
 from lmkit.train import distributed
@@ -40,6 +42,15 @@ def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch
     return report
 
 
+def _scored(model_dir, out, corpus, seq_len, max_val_docs, device, stage):
+    """(model, tokenizer, data, validation scores) of the folder a compression job starts from."""
+    check_out(out, model_dir)
+    model, tok = model_folder(model_dir, device)
+    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
+    stage(f"scoring the model on the validation split ({len(data.val_rows)} rows)")
+    return model, tok, data, data.evaluate(model)
+
+
 def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 8, batch_size: int = 8,
                  seq_len: int | None = None, max_val_docs: int | None = None, progress: bool = False,
                  stage=None, device=None) -> dict:
@@ -49,11 +60,7 @@ def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 
     stage = stage or (lambda text: None)
     if batches < 1:
         raise ConfigError(f"--batches must be at least 1 (importance needs data), got {batches}")
-    check_out(out, model_dir)
-    model, tok = model_folder(model_dir, device)
-    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
-    stage(f"scoring the model on the validation split ({len(data.val_rows)} rows)")
-    before = data.evaluate(model)
+    model, tok, data, before = _scored(model_dir, out, corpus, seq_len, max_val_docs, device, stage)
     n_params = model.num_parameters()
     rows = [data.stream.rows(1234, i, batch_size) for i in range(batches)]
     stage(f"head importance from {batches} batches")
@@ -64,6 +71,33 @@ def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 
     after = data.evaluate(model)
     report = {"pruned": {k: sorted(v) for k, v in chosen.items()}, "heads_pruned": sum(map(len, chosen.values())),
               "parameters_before": n_params, "parameters_after": model.num_parameters(), "before": before, "after": after}
+    save_model_folder(model, tok, out, {"prune.json": report})
+    return report
+
+
+def sparsify_folder(model_dir, out, sparsity: float, scope: str = "global", steps: int = 0, corpus=("pydocs",),
+                    batch_size: int = 8, lr: float = 1e-4, seq_len: int | None = None, max_val_docs: int | None = None,
+                    seed: int = 0, stage=None, device=None) -> dict:
+    """Zero the `sparsity` fraction of smallest-magnitude weights (`sparsity.py`): at once (steps=0), or gradually
+    over `steps` fine-tuning steps on `corpus` along the cubic schedule (reached at three quarters of the run).
+    Saved dense with zeros to `out`, with prune.json: scores before and after, sparsities, dense vs CSR time."""
+    stage = stage or (lambda text: None)
+    check_sparsity(sparsity)
+    if not isinstance(steps, int) or steps < 0:
+        raise ConfigError(f"--gradual-steps must be 0 (prune at once) or a positive number of steps, got {steps}")
+    model, tok, data, before = _scored(model_dir, out, corpus, seq_len, max_val_docs, device, stage)
+    if steps == 0:
+        apply_masks(model, magnitude_masks(model, sparsity, scope))
+    else:
+        end = (3 * (steps - 1)) // 4
+        stage(f"fine-tuning {steps} steps while pruning to {sparsity:.0%} (cubic schedule, reached at step {end + 1})")
+        train_causal_lm(model, data.stream, data.pad, steps, batch_size, lr, warmup_steps=0, seed=seed,
+                        pruning=GradualPruning(sparsity, 0, end, max(1, end // 8), scope))
+    stage("scoring the pruned model")
+    after = data.evaluate(model)
+    widest = max(prunable(model).values(), key=lambda w: w.numel()).detach().float().cpu()
+    report = {"method": "magnitude", "scope": scope, "target_sparsity": sparsity, "gradual_steps": steps,
+              **sparsity_report(model), "before": before, "after": after, "matmul_seconds": sparse_speed(widest)}
     save_model_folder(model, tok, out, {"prune.json": report})
     return report
 

@@ -3,9 +3,9 @@
 Two passes over the documents. Pass 1 counts, for every line of at least `boilerplate_min_chars`
 characters (stripped), the number of documents it appears in; lines found in at least
 `boilerplate_min_docs` documents are boilerplate (licence headers, navigation, footers). Pass 2,
-per document in order: drop boilerplate lines; filter by length (characters, words) and by
+per document in order: drop boilerplate lines; filter by length (characters, words), by
 character classes over the non-space characters (letters >= min_alpha, digits <= max_digit,
-control / private-use / unassigned / U+FFFD <= max_bad); drop exact duplicates (sha256 of the
+control / private-use / unassigned / U+FFFD <= max_bad) and, if asked, by language (`language.py`); drop exact duplicates (sha256 of the
 text); drop near duplicates by MinHash with LSH:
 
 - shingles S(d) are the n-grams of lower-cased words; MinHash signature sig_j(d) = min_{s in S(d)} h_j(s)
@@ -29,6 +29,7 @@ import regex
 
 from lmkit.atomic import atomic_open, atomic_write_json
 from lmkit.data.corpus import Corpus, Document, refuse_inputs
+from lmkit.data.language import detect_language
 from lmkit.data.prepare import stream_documents
 from lmkit.errors import CorpusError
 
@@ -38,10 +39,10 @@ DIGIT = regex.compile(r"\p{Nd}")
 BAD = regex.compile(r"[\p{Cc}\p{Co}\p{Cn}\p{Cs}\uFFFD--[\t\n\r]]", regex.V1)
 NONSPACE = regex.compile(r"\S")
 REASONS = ("too_short", "too_long", "too_few_words", "few_letters", "many_digits", "bad_characters",
-           "exact_duplicate", "near_duplicate")
+           "other_language", "exact_duplicate", "near_duplicate")
 FLAGS = {"too_short": "--min-chars", "too_long": "--max-chars", "too_few_words": "--min-words",
          "few_letters": "--min-alpha", "many_digits": "--max-digit", "bad_characters": "--max-bad",
-         "near_duplicate": "--near-threshold"}  # the flag that loosens each filter
+         "other_language": "--languages", "near_duplicate": "--near-threshold"}  # the flag that loosens each filter
 
 
 @dataclass
@@ -52,6 +53,7 @@ class CleanConfig:
     min_alpha: float = 0.25
     max_digit: float = 0.5
     max_bad: float = 0.001
+    languages: tuple[str, ...] | None = None  # ISO 639-1 codes to keep (data/language.py); None: every language
     boilerplate_min_docs: int = 5      # 0: keep every line
     boilerplate_min_chars: int = 20
     dedup_exact: bool = True
@@ -237,6 +239,10 @@ class Cleaner:
         bad = len(BAD.findall(text)) / visible
         if bad > c.max_bad:
             return "bad_characters", {"bad": round(bad, 4)}
+        if c.languages is not None:
+            language = detect_language(text)
+            if language not in c.languages:
+                return "other_language", {"language": language}
         return None
 
     def process(self, doc: Document) -> Document | None:

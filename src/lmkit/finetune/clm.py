@@ -18,6 +18,7 @@ from lmkit.data.tokenize import special_ids
 from lmkit.device import module_device, to_device
 from lmkit.errors import TrainingError
 from lmkit.evaluate.perplexity import evaluate_rows
+from lmkit.finetune.regularize import build_anchor, parse_regularize
 from lmkit.finetune.common import (check_out, check_run, default_lr, fitting_length, model_folder, peft_for_task,
                                    save_model_folder)
 from lmkit.objectives import next_token_targets
@@ -29,12 +30,21 @@ from lmkit.train.optim import build_optimizer
 from lmkit.train.objective import CLM
 
 
+FISHER_ROWS = 16  # sequences of the pre-training text that estimate EWC's Fisher diagonal
+
+
+def sequence_loss(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss of packed rows (no padding)."""
+    logits = model(rows[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].reshape(-1))
+
+
 class CausalLMJob(Job):
     """Rows of a packed stream, an objective on them (default: next-token prediction), AdamW on what trains."""
 
     def __init__(self, model: nn.Module, stream, pad_id: int, batch_size: int, lr: float, warmup_steps: int,
                  seed: int = 0, weight_decay: float = 0.0, objective: Objective | None = None,
-                 log: Callable[[dict], None] | None = None, data: "CausalLMData | None" = None):
+                 log: Callable[[dict], None] | None = None, data: "CausalLMData | None" = None, pruning=None):
         for flag, value in (("--batch-size", batch_size),):
             if not isinstance(value, int) or value < 1:
                 raise TrainingError(f"{flag} must be at least 1, got {value}")
@@ -46,6 +56,15 @@ class CausalLMJob(Job):
         self.lr, self.warmup_steps, self.seed, self.weight_decay = lr, warmup_steps, seed, weight_decay
         self.objective = objective or CLM
         self.log, self.data, self.history = log, data, []
+        self.pruning = pruning  # before_step(model, step) / after_step(model): masks held through training
+
+    def train_step(self, step: int) -> float:
+        if self.pruning is None:
+            return self.loop.train_step(step)
+        self.pruning.before_step(self.model, step)
+        loss = self.loop.train_step(step)
+        self.pruning.after_step(self.model)  # the optimizer moved pruned weights: zero them again
+        return loss
 
     def build_optimizer(self) -> torch.optim.Optimizer:
         return build_optimizer(self.model, self.lr, self.weight_decay)
@@ -74,7 +93,8 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
                     warmup_steps: int = 20, seed: int = 0, weight_decay: float = 0.0, grad_clip: float = 1.0,
                     objective: Objective | None = None, log: Callable[[dict], None] | None = None, out=None,
                     precision: str = "fp32", lr_schedule: str = "cosine", save_every: int | None = None,
-                    resume: bool = False, log_every: int = 1, data: "CausalLMData | None" = None) -> list[dict]:
+                    resume: bool = False, log_every: int = 1, data: "CausalLMData | None" = None,
+                    pruning=None, anchor=None) -> list[dict]:
     """Train `model` on `steps` batches of `stream.rows(seed, step, batch_size)` in the one loop (learning rate
     warming up over `warmup_steps`, then `lr_schedule` down to a tenth); the logged rows. With `out`:
     out/metrics.jsonl as it goes and, with `save_every`, checkpoints that `resume` continues from."""
@@ -82,10 +102,12 @@ def train_causal_lm(model: nn.Module, stream, pad_id: int, steps: int, batch_siz
         raise TrainingError(f"--max-steps must be at least 1, got {steps}")
     ctx = distributed.setup(module_device(model))  # where model_folder put it
     job = CausalLMJob(model, stream, pad_id, batch_size, lr, warmup_steps, seed, weight_decay, objective,
-                      log if ctx.is_main else None, data)
+                      log if ctx.is_main else None, data, pruning)
     settings = LoopSettings(lr=lr, max_steps=steps, min_lr=0.1 * lr, lr_schedule=lr_schedule, grad_clip=grad_clip,
                             precision=precision, log_every=log_every, save_every=save_every, resume=resume)
     loop = TrainLoop(job, settings, out, ctx)
+    if anchor is not None:  # L2-SP / EWC (finetune/regularize.py): the pull toward the starting weights
+        anchor.attach(loop.optimizer)
     if resume:
         loop.resume()
         job.history = [r for r in loop.metrics.read() if r["step"] <= loop.step]
@@ -143,7 +165,8 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
                               max_val_docs: int | None = None, log=None, val_fraction: float = 0.05,
                               warmup_ratio: float | None = None, weight_decay: float = 0.0,
                               precision: str | None = None, lr_schedule: str = "cosine", save_every: int | None = None,
-                              resume: bool = False, device=None, **settings) -> dict:
+                              resume: bool = False, device=None, regularize: str | None = None,
+                              forgetting_corpus=None, **settings) -> dict:
     """Fine-tune the causal LM of `model_dir` on `corpus` with a PEFT method (or "full"); write to `out`.
 
     Rows are `seq_len` tokens (default: what fits the model's context, at most 256); `val_fraction` of the
@@ -153,6 +176,10 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     `out` gets the adapter in PEFT format (adapter_config.json + adapter_model.safetensors), or the whole
     model for "full", plus finetune.json with the validation scores before and after and the parameter counts,
     and metrics.jsonl as training goes (with `save_every`, checkpoints that `resume` continues from).
+
+    `regularize` ("l2sp:LAMBDA" or "ewc:LAMBDA", `regularize.py`) pulls the weights toward the starting ones, EWC's
+    Fisher estimated on `forgetting_corpus` (default pydocs); with `forgetting_corpus`, finetune.json also holds
+    its validation scores before and after ("forgetting"): what the fine-tuning cost the model elsewhere.
     """
     check_out(out, model_dir)
     if not 0.0 < val_fraction < 1.0:
@@ -165,19 +192,29 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     model, tok = model_folder(model_dir, device)
     data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, method, settings, "--max-length", val_fraction)
     before = data.evaluate(model)
+    parse_regularize(regularize)  # a bad spec fails before any work
+    old = None
+    if forgetting_corpus is not None or (regularize or "").startswith("ewc"):
+        old = causal_lm_data(model, tok, [forgetting_corpus or "pydocs"], data.stream.seq_len, max_val_docs, method,
+                             settings, "--max-length")
+    old_before = old.evaluate(model) if forgetting_corpus is not None else None
     torch.manual_seed(seed)
     tuned = peft_for_task(model, method, **settings)
     if method == "full":
         for p in tuned.parameters():
             p.requires_grad_(True)
     summary = trainable_summary(tuned)
+    anchor = build_anchor(tuned, regularize, None if old is None else old.stream.rows(seed, 0, FISHER_ROWS),
+                          sequence_loss)
     history = train_causal_lm(tuned, data.stream, data.pad, steps, batch_size, lr or default_lr(method, "clm"),
                               warmup_steps=min(20, steps // 10) if warmup_ratio is None else round(warmup_ratio * steps),
                               seed=seed, weight_decay=weight_decay, log=log, out=out, precision=precision,
-                              lr_schedule=lr_schedule, save_every=save_every, resume=resume)
+                              lr_schedule=lr_schedule, save_every=save_every, resume=resume, anchor=anchor)
     after = data.evaluate(tuned)
     report = {"method": method, "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0,
-              "precision": precision, **summary, "before": before, "after": after}
+              "precision": precision, **summary, "before": before, "after": after, "regularize": regularize}
+    if old_before is not None:
+        report["forgetting"] = {"corpus": forgetting_corpus, "before": old_before, "after": old.evaluate(tuned)}
     if not distributed.setup().is_main:  # under torchrun rank 0 writes
         return report
     if method == "full":

@@ -88,9 +88,10 @@ def layer_rules(n_layers: int, table: list[tuple], ours_prefix: str, hf_prefix: 
 # lmkit writes for each
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu",
                   "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_accurate": "gelu_tanh",
-                  "gelu_python": "gelu", "gelu_python_tanh": "gelu_tanh"}
+                  "gelu_python": "gelu", "gelu_python_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 _GLU = {"gelu": "geglu", "gelu_tanh": "geglu_tanh", "relu": "reglu", "silu": "swiglu"}
-HF_GATED_ACTIVATIONS = {name: _GLU[act] for name, act in HF_ACTIVATIONS.items()}  # the same names gating a GLU FFN
+# the same names gating a GLU FFN (lmkit has no gated quick GELU, so such configs stay refused)
+HF_GATED_ACTIVATIONS = {name: _GLU[act] for name, act in HF_ACTIVATIONS.items() if act in _GLU}  # the same names gating a GLU FFN
 
 
 def hf_activation_name(act: str, table: dict, prefer: tuple[str, ...] = ()) -> str | None:

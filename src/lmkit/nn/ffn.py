@@ -1,6 +1,6 @@
 """Position-wise feed-forward networks.
 
-Plain: down(act(up(x))) with ReLU or GELU (exact or tanh). Gated (SwiGLU, GeGLU, ReGLU):
+Plain: down(act(up(x))) with ReLU, GELU (exact, tanh, or the sigmoid approximation x * sigmoid(1.702 x)). Gated (SwiGLU, GeGLU, ReGLU):
 down(act(gate(x)) * up(x)). d_ff defaults to 4d, or 2/3 * 4d (rounded up to 8) for gated ones.
 """
 from __future__ import annotations
@@ -14,11 +14,17 @@ from lmkit.nn.dropout import Dropout
 from lmkit.nn.kernels import UsesKernels
 from lmkit.nn.kernels.gelu import gelu_tanh
 
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """GELU's sigmoid approximation x * sigmoid(1.702 x) (Hendrycks and Gimpel 2016; CLIP's activation)."""
+    return x * torch.sigmoid(1.702 * x)
+
+
 _ACT = {
     "relu": F.relu, "reglu": F.relu,
     "gelu": F.gelu, "geglu": F.gelu,
     "gelu_tanh": gelu_tanh, "geglu_tanh": gelu_tanh,
     "silu": F.silu, "swiglu": F.silu,
+    "quick_gelu": quick_gelu,
 }
 _TANH_GELU = ("gelu_tanh", "geglu_tanh")  # the activations the module's kernels compute
 

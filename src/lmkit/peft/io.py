@@ -66,7 +66,8 @@ def load_adapter(model: nn.Module, path, trainable: bool = False) -> PeftModel:
                    full_tensor_prefix(method))
     if method in ("lora", "qlora"):
         if method == "qlora":
-            quant.quantize_linears(model, config.bits, config.block_size, skip=("lm_head", *config.modules_to_save))
+            quant.quantize_linears(model, config.bits, config.block_size, skip=("lm_head", *config.modules_to_save),
+                                   double_quant=config.double_quant)
         targets = _load_lora(model, raw, tensors, config)
     elif method == "ia3":
         targets = _load_ia3(model, raw, tensors)

@@ -30,6 +30,7 @@ class PeftConfig:
     use_rslora: bool = False                         # lora: scale alpha / sqrt(r) instead of alpha / r
     bits: int = 4                                    # qlora: 4 (NF4) or 8 (int8)
     block_size: int = 64
+    double_quant: bool = False                       # qlora: the NF4 block scales themselves in 8 bits (QLoRA's DQ)
     num_virtual_tokens: int = 10                     # prefix, prompt
     bottleneck: int = 16                             # adapter
     feedforward_modules: list[str] = field(default_factory=lambda: ["down_proj"])   # ia3
@@ -66,7 +67,8 @@ class PeftModel(nn.Module):
             self.targets = targets
         elif c.method in ("lora", "qlora"):
             if c.method == "qlora":
-                quant.quantize_linears(model, c.bits, c.block_size, skip=_head_names(model, c))
+                quant.quantize_linears(model, c.bits, c.block_size, skip=_head_names(model, c),
+                                      double_quant=c.double_quant)
             self.targets = lora.apply_lora(model, c.target_modules or ["q_proj", "v_proj"], c.r, c.alpha, c.dropout,
                                            c.use_rslora)
         elif c.method == "prefix":

@@ -67,6 +67,38 @@ def plot_loss_vs(rows: list[dict], path: str | Path, law: ScalingLaw | None = No
         ax.set_xlabel(label)
         ax.set_ylabel("validation loss (nats/token)")
         ax.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
+def _save(plt, fig, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_kaplan(rows: list[dict], laws: dict, path: str | Path) -> None:
+    """Loss against N and against D (log-log), each frontier marked, with the fitted (N_c / N)^alpha_N and
+    (D_c / D)^alpha_D lines."""
+    from lmkit.scaling.kaplan import frontier
+
+    plt = _figure()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    losses = np.array([r["val_loss"] for r in rows])
+    for ax, key, var, label in zip(axes, ("n_params", "n_tokens"), ("N", "D"), ("parameters N", "tokens D")):
+        x = np.array([r[key] for r in rows], dtype=float)
+        law = laws[var]
+        fx, fl = frontier(x, losses)
+        ax.scatter(x, losses, color="0.7", label="sweep points")
+        ax.scatter(fx, fl, color="C0", label="frontier (fitted)")
+        grid = np.geomspace(x.min() / 1.5, x.max() * 1.5, 50)
+        ax.plot(grid, [law.loss(g) for g in grid], "C3",
+                label=f"L({var}) = ({var}_c / {var})^{law.alpha:.3f}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+        ax.yaxis.set_minor_formatter(plt.NullFormatter())
+        ax.yaxis.set_major_formatter(plt.ScalarFormatter())
+        ax.set_xlabel(label)
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.legend(fontsize=8)
+    _save(plt, fig, path)

@@ -16,6 +16,8 @@ import torch
 from lmkit.config import ModelConfig, get_preset
 from lmkit.data import load_corpus
 from lmkit.data.corpus import refuse_output_folder
+from lmkit.data.documents import Corpus
+from lmkit.data.mixture import MixedStream, corpus_specs, parse_mixture
 from lmkit.data.shards import open_prepared, prepared_fingerprint
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.tokenize import corpus_tokenizer, special_ids, tokenizer_sha, vocab_size_of
@@ -84,7 +86,7 @@ def prepare_training(cfg: TrainConfig, explicit: set[str] | None = None, rank: i
     preset = get_preset(cfg.preset, **cfg.model_overrides)
     cfg = cfg.resolved(preset, device)
     if not cfg.data:
-        refuse_output_folder(cfg.corpus, "--out", out, RUN_FILES)
+        refuse_output_folder(corpus_specs(cfg.corpus), "--out", out, RUN_FILES)
     if cfg.batch_size % world_size:  # each rank reads an equal slice of the global batch
         raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
                             f"pick a multiple of {world_size}")
@@ -120,16 +122,24 @@ def prepare_data(cfg: TrainConfig, objective, vocab_size: int) -> tuple[RunData,
         tokenizer, stream, val = open_prepared(cfg.data, cfg.seq_len)
         content = prepared_fingerprint(cfg.data)
     else:
-        corpus = load_corpus(cfg.corpus)
-        content = corpus.fingerprint()
-        train, val_corpus = corpus.split(cfg.val_fraction)
+        mixture = parse_mixture(cfg.corpus)
+        sources = [load_corpus(s.spec) for s in mixture] if mixture else [load_corpus(cfg.corpus)]
+        splits = [c.split(cfg.val_fraction) for c in sources]
+        corpus = Corpus("+".join(c.name for c in sources), [d for c in sources for d in c.documents])
+        content = corpus.fingerprint() + ("".join(f":{s.spec}={s.weight!r}" for s in mixture) if mixture else "")
+        train = Corpus(corpus.name, [d for t, _ in splits for d in t.documents])
+        val_corpus = Corpus(corpus.name, [d for _, v in splits for d in v.documents])
         tokenizer = corpus_tokenizer(train, cfg.vocab_size or vocab_size)
     identity = {"tokenizer_sha256": tokenizer_sha(tokenizer), "content_sha256": content}
     if hasattr(objective, "prepare"):  # objectives that need tokens of their own (mlm: <|mask|>)
         objective = objective.prepare(tokenizer)
     bos_id, pad_id = special_ids(tokenizer)
     if not cfg.data:
-        stream = PackedStream(tokenize_corpus(train, tokenizer), bos_id, cfg.seq_len)
+        if mixture:
+            stream = MixedStream([PackedStream(tokenize_corpus(t, tokenizer), bos_id, cfg.seq_len) for t, _ in splits],
+                                 mixture)
+        else:
+            stream = PackedStream(tokenize_corpus(train, tokenizer), bos_id, cfg.seq_len)
         val = tokenize_corpus(val_corpus, tokenizer)
     val_rows, val_mask, val_bytes = eval_rows(val, bos_id, pad_id, cfg.seq_len)
     return RunData(tokenizer, stream, bos_id, pad_id, val_rows, val_mask, val_bytes, identity), objective

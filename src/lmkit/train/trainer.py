@@ -160,7 +160,10 @@ class Trainer(Job):
         plot_losses(loop.metrics.read(), self.out / "loss_curve.png", title=f"{self.cfg.preset} on {' '.join(self.cfg.corpus)}")
 
     def finish(self, loop) -> dict[str, Any]:
-        return {"step": loop.step, "train_tokens": loop.tokens_seen, "elapsed": loop.elapsed, **self._last}
+        result = {"step": loop.step, "train_tokens": loop.tokens_seen, "elapsed": loop.elapsed, **self._last}
+        if hasattr(self.stream, "realised"):  # a mixture: the share of tokens each source gave
+            result["mixture"] = self.stream.realised(self.cfg.seed, loop.step, self.cfg.batch_size)
+        return result
 
     def fit(self) -> dict[str, Any]:
         return self.loop.fit()
