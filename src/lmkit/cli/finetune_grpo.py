@@ -21,10 +21,10 @@ GRPO_ONLY = tuple(("--" + name.replace("_", "-"), name) for name in GRPO_FLAGS)
 def add_grpo_arguments(parser) -> None:
     g = parser.add_argument_group("--task grpo (reinforcement learning with verifiable rewards, as TRL's GRPOTrainer)")
     g.add_argument("--prompts", metavar="FILE", help="prompts: .jsonl rows {\"prompt\": text or messages, other columns "
-                   "passed to the reward}, or addition-cot (the harness's addition problems, answer column)")
+                   "passed to the reward}, or addition-cot (the harness's addition problems, answer column); required by --task grpo (default: none)")
     g.add_argument("--reward", metavar="NAME", help="exact-answer (the number after \"The answer is\" equals the row's "
                    "answer), regex:PATTERN, MODULE:FUNCTION (TRL's signature f(prompts, completions, **columns), run "
-                   "in a worker process), or a reward model folder")
+                   "in a worker process), or a reward model folder; required by --task grpo (default: none)")
     g.add_argument("--num-generations", type=int, metavar="N", help="completions sampled per prompt "
                    "(default 8); --batch-size counts completions, a multiple of it")
     g.add_argument("--beta", type=float, metavar="X", help="weight of the KL penalty to the starting model (default 0.0, "
