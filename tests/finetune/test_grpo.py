@@ -151,3 +151,31 @@ def test_the_builtin_addition_task_runs_with_the_exact_answer_reward(folders, tm
     assert code == 0, err
     row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["reward"] == 0.0 and row["completions/mean_length"] <= 5  # a random model answers nothing right
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_reward_model_folder_scores_as_transformers_and_drives_a_run(folders, tmp_path, family):
+    import shutil
+
+    import transformers
+
+    from lmkit.finetune.reward_model import RewardModel
+    from lmkit.tokenizers import load_tokenizer
+
+    cfg = transformers.AutoConfig.from_pretrained(folders[family])
+    cfg.num_labels, cfg.pad_token_id = 1, cfg.eos_token_id
+    torch.manual_seed(2)
+    hf = transformers.AutoModelForSequenceClassification.from_config(cfg).eval()
+    hf.save_pretrained(tmp_path / "rm")
+    shutil.copy(folders[family] / "tokenizer.json", tmp_path / "rm" / "tokenizer.json")
+    tok = load_tokenizer(tmp_path / "rm" / "tokenizer.json")
+    prompts, completions = ["hello world", "naïve", "def f(x):"], [" the fox", " café 東京", "\n    return x"]
+    with torch.no_grad():
+        want = [hf(torch.tensor([tok.encode(p + c, add_special_tokens=False)])).logits[0, 0].item()
+                for p, c in zip(prompts, completions)]
+    assert RewardModel(str(tmp_path / "rm"))(prompts, completions) == pytest.approx(want, abs=1e-5)
+    code, err = _run("--model", folders[family], "--prompts", _prompts(tmp_path / "p.jsonl"), "--reward",
+                     tmp_path / "rm", "--out", tmp_path / "out", "--max-steps", 1, "--num-generations", 2,
+                     "--batch-size", 4, "--max-completion-length", 4)
+    assert code == 0, err
+    assert json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])["reward_std"] > 0
