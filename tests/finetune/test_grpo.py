@@ -179,3 +179,26 @@ def test_a_reward_model_folder_scores_as_transformers_and_drives_a_run(folders, 
                      "--batch-size", 4, "--max-completion-length", 4)
     assert code == 0, err
     assert json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])["reward_std"] > 0
+
+
+def test_conversational_prompts_reach_the_reward_as_messages(folders, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chat_reward.py").write_text(
+        "def score(prompts, completions, topic, **_):\n"
+        "    assert prompts[0][-1]['role'] == 'user' and topic[0] in ('fox', 'code')\n"
+        "    return [float(c[-1]['role'] == 'assistant') + len(c[-1]['content']) % 2 for c in completions]\n")
+    rows = [{"prompt": [{"role": "user", "content": "tell me about the fox"}], "topic": "fox"},
+            {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def f(x):"}],
+             "topic": "code"}]
+    code, err = _run("--model", folders["llama"], "--prompts", _prompts(tmp_path / "p.jsonl", rows), "--reward",
+                     "chat_reward:score", "--out", tmp_path / "out", "--max-steps", 1, "--num-generations", 3,
+                     "--batch-size", 6, "--max-completion-length", 5)
+    assert code == 0, err
+    assert json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])["reward"] >= 1
+    assert lmkit_tokenizer(tmp_path / "out").chat_template == lmkit_tokenizer(folders["llama"]).chat_template
+
+
+def lmkit_tokenizer(folder):
+    from lmkit.tokenizers import load_tokenizer
+
+    return load_tokenizer(folder)

@@ -17,12 +17,14 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from lmkit.atomic import staged_folder
 from lmkit.device import resolve_device
 from lmkit.errors import ConfigError, RewardError
-from lmkit.finetune.common import check_out, check_run, model_folder, save_model_folder
+from lmkit.finetune.common import check_out, check_run, model_folder
 from lmkit.finetune.grpo_data import ADDITION_STOP, prompt_ids, read_prompts
 from lmkit.finetune.grpo_loss import LOSS_TYPES, SCALE_REWARDS, GRPOObjective, completion_logps, group_advantages
 from lmkit.finetune.rewards import checked, load_reward
+from lmkit.tokenizers import load_tokenizer
 from lmkit.train import distributed
 from lmkit.train.job import Job
 from lmkit.train.loop import LoopSettings, TrainLoop
@@ -104,7 +106,8 @@ class GRPOJob(Job):
         if c.reward == "exact-answer" and "answer" not in self.rows[0]:
             raise ConfigError(f"--reward exact-answer compares with each row's \"answer\"; {c.prompts} has no such "
                               "column")
-        model, tok = model_folder(c.model, ctx.device)
+        model = model_folder(c.model, ctx.device)[0]
+        tok = load_tokenizer(c.model)  # the folder: its chat template too
         self.ids = prompt_ids(tok, self.rows, c.prompts, c.max_prompt_length)
         room = model.config.max_seq_len - max(len(i) for i in self.ids)
         if c.max_completion_length is not None and c.max_completion_length > room:
@@ -126,6 +129,7 @@ class GRPOJob(Job):
         self.stop = list(ADDITION_STOP) if c.prompts == "addition-cot" else None
         self.stats: dict[str, float] = {}
         self.rewards_seen: list[float] = []
+        self._epoch, self._order = -1, []  # the shuffled prompt order of the epoch last drawn from
         self.log = None
 
     def close(self) -> None:
@@ -156,7 +160,7 @@ class GRPOJob(Job):
         out, n = [], len(self.rows)
         for k in range(step * self.per_step, (step + 1) * self.per_step):
             epoch = k // n
-            if getattr(self, "_epoch", None) != epoch:
+            if self._epoch != epoch:
                 self._epoch, self._order = epoch, list(range(n))
                 random.Random(f"grpo-order-{self.seed}-{epoch}").shuffle(self._order)
             out.append(self._order[k % n])
@@ -267,5 +271,8 @@ class GRPOJob(Job):
                   "max_completion_length": self.max_len, "seconds": round(loop.elapsed, 2),
                   "precision": self.precision, "config": asdict(c)}
         if c.out is not None:
-            save_model_folder(self.model, self.tok, c.out, {"grpo.json": report})
+            with staged_folder(c.out) as folder:  # moved in whole: a failed save leaves no half-written model
+                self.model.save_pretrained(folder)
+                self.tok.save_pretrained(folder)  # the chat template (tokenizer_config.json) too
+                (folder / "grpo.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
         return report
