@@ -38,8 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="where the best checkpoint and metrics.jsonl go")
     p.add_argument("--epochs", type=int, metavar="N", help="passes over the training data (default 3 to classify, 1 for --task sft; --task clm counts --max-steps)")
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default 3e-5 to classify; with --peft, --task clm or sft "
-                   "the method's own default, 1e-3 in full)")
-    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
+                   "the method's own default, 1e-3 in full; --task grpo: 1e-6, TRL's)")
+    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16; --task grpo: "
+                   "completions, a multiple of --num-generations)")
     p.add_argument("--max-length", type=int, metavar="N", help="tokens per example, cut beyond (default: what fits the model's "
                    "positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most 256; --task "
                    "sft: at most 1024)")
@@ -49,8 +50,8 @@ def register(subparsers) -> None:
     p.add_argument("--val-fraction", type=float, metavar="F",
                    help="held out when --eval is not given (default 0.1; --task clm: 0.05 of the documents)")
     p.add_argument("--warmup-ratio", type=float, metavar="F", help="share of steps warming up (default 0.1; --task clm: "
-                   "0.1, at most 20 steps)")
-    p.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default 0.01; --task clm: 0)")
+                   "0.1, at most 20 steps; --task grpo: 0)")
+    p.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default 0.01; --task clm and grpo: 0)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     p.add_argument("--task", choices=["classify", "clm", "sft", "grpo"], default="classify",
                    help="classify (the default); clm: next-token fine-tuning of a causal LM on the text of --train; sft: "
@@ -66,7 +67,7 @@ def register(subparsers) -> None:
     sft.add_argument("--micro-batch-size", type=int, metavar="N", help="examples per forward pass (default: "
                      "--batch-size); the loss stays a mean over all trained tokens of the step")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (--task clm: default 200; --task sft: default "
-                   "--epochs passes, a number here overrides them)")
+                   "--epochs passes, a number here overrides them; --task grpo: one pass over the prompts)")
     add_grpo_arguments(p)
     add_run_arguments(p)
     add_peft_arguments(p)

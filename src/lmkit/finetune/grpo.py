@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from lmkit.atomic import staged_folder
-from lmkit.device import resolve_device
+from lmkit.device import module_device, resolve_device, to_device
 from lmkit.errors import ConfigError, RewardError
 from lmkit.finetune.common import check_out, check_run, model_folder
 from lmkit.finetune.grpo_data import ADDITION_STOP, prompt_ids, read_prompts
@@ -212,6 +212,7 @@ class GRPOJob(Job):
         advantages, zero_std = group_advantages(rewards, self.c.num_generations, self.c.scale_rewards)
         batch = self.collate([self.ids[i] for i in picks for _ in range(self.c.num_generations)], completions)
         batch["advantages"] = advantages
+        batch = to_device(batch, module_device(self.model))  # the reference pass runs where the models are
         if self.reference is not None:
             with torch.no_grad():
                 batch["ref_logps"] = completion_logps(self.reference, batch["prompt_ids"], batch["prompt_mask"],
