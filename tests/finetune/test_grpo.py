@@ -202,3 +202,15 @@ def lmkit_tokenizer(folder):
     from lmkit.tokenizers import load_tokenizer
 
     return load_tokenizer(folder)
+
+
+def test_a_reward_function_in_a_file_elsewhere(folders, tmp_path, monkeypatch):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "my rewards.py").write_text("def one(prompts, completions, **_):\n"
+                                                    "    return [1.0 + len(c) % 2 for c in completions]\n")
+    monkeypatch.chdir(folders["gpt2"])
+    code, err = _run("--model", folders["gpt2"], "--prompts", _prompts(tmp_path / "p.jsonl"), "--reward",
+                     f"{tmp_path / 'lib' / 'my rewards.py'}:one", "--out", tmp_path / "out", "--max-steps", 1,
+                     "--num-generations", 2, "--batch-size", 4, "--max-completion-length", 4)
+    assert code == 0, err
+    assert json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])["reward"] >= 1

@@ -1,8 +1,8 @@
 """The worker process that runs a user's reward function (`--reward MODULE:FUNCTION`) outside lmkit's process.
 
-    python reward_worker.py MODULE:FUNCTION
+    python reward_worker.py MODULE:FUNCTION   (or FILE.py:FUNCTION)
 
-imports FUNCTION from MODULE (the working directory first on the path), then answers one JSON line per request
+imports FUNCTION from MODULE (the working directory first on the path) or from the file, then answers one JSON line per request
 line: {"prompts", "completions", "completion_ids", "columns"} -> {"rewards": [...]} from
 FUNCTION(prompts=..., completions=..., completion_ids=..., **columns), TRL's signature; or {"error", "row"} when it
 raises (row: the first row that raises alone, null when every row passes alone). Standard library only, so that
@@ -11,6 +11,7 @@ nothing of lmkit (or torch) is imported here; what the function prints goes to s
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -46,9 +47,17 @@ def main(spec: str) -> int:
     os.dup2(2, 1)  # the function's prints go to stderr
     sys.stdout = sys.stderr
     sys.path.insert(0, os.getcwd())
-    module_name, _, name = spec.partition(":")
+    module_name, _, name = spec.rpartition(":")
     try:
-        function = getattr(importlib.import_module(module_name), name)
+        if module_name.endswith(".py"):  # a file: FILE.py:FUNCTION
+            spec_ = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
+            if spec_ is None:
+                raise ImportError(f"cannot import {module_name}")
+            module = importlib.util.module_from_spec(spec_)
+            spec_.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+        function = getattr(module, name)
         if not callable(function):
             raise TypeError(f"{spec} is a {type(function).__name__}, not a function")
     except Exception as exc:  # noqa: BLE001 (report why the user's function cannot be loaded)

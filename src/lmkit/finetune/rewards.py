@@ -3,7 +3,7 @@
 
 - built-in names: `exact-answer` (1 when the number after "The answer is" equals the row's "answer" column),
   `regex:PATTERN` (1 when PATTERN occurs in the completion);
-- MODULE:FUNCTION: the user's function, run in a worker process (`reward_worker.py`), never in lmkit's own;
+- MODULE:FUNCTION (or FILE.py:FUNCTION): the user's function, run in a worker process (`reward_worker.py`), never in lmkit's own;
 - a folder: a reward model (transformers' ...ForSequenceClassification with num_labels=1), its score of
   prompt + completion.
 
@@ -53,10 +53,11 @@ class WorkerFunction:
     """A user's MODULE:FUNCTION in a worker process, called over JSON lines on its stdin and stdout."""
 
     def __init__(self, spec: str):
-        module, _, name = spec.partition(":")
+        module, _, name = spec.rpartition(":")
         if not module or not name.isidentifier():
             raise ConfigError(f"--reward {spec}: give MODULE:FUNCTION (a module importable from the working "
-                              f"directory), a reward model folder or one of {', '.join(BUILTIN_REWARDS)}")
+                              f"directory) or FILE.py:FUNCTION, a reward model folder or one of "
+                              f"{', '.join(BUILTIN_REWARDS)}")
         self.name = spec
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("reward_worker.py")), spec],
