@@ -4,7 +4,8 @@ A row is {"prompt": text} or {"prompt": [messages]} (conversational: rendered wi
 assistant's generation prompt, as TRL renders it); every other key is a column that the reward functions receive
 (as TRL passes them: one list per column, each row's value repeated for its G completions).
 
-`addition-cot`: the harness's addition problems (1 to 4 digits, its test problems left out) as zero-shot prompts
+`addition-cot`: the harness's addition problems (1 to 4 digits, up to 500 each, its test problems left out: 1550
+in all) as zero-shot prompts
 "Question: 15+27\\nAnswer:" with the column answer "42", checked by the built-in reward `exact-answer` on the
 number after "The answer is" (the strict-match filter of addition_cot_d*); a completion ends at its first line break.
 """
