@@ -135,11 +135,13 @@ def test_rewards_of_the_wrong_length_or_not_finite_name_function_and_row():
     ([{"prompt": "a"}], "regex:(", "not a regular expression"),
     ([{"prompt": "a"}], "nosuchmodule:f", "cannot load the function"),
     ([{"prompt": "hello world " * 30}], "regex:o", "more than --max-prompt-length 20"),
+    ([{"prompt": "a"}], "regex:o --loss-type sigmoid", "--loss-type must be one of grpo, bnpo, dr_grpo, dapo"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(folders, tmp_path, monkeypatch, rows, reward, needle):
     monkeypatch.chdir(tmp_path)
-    code, err = _run("--model", folders["gpt2"], "--prompts", _prompts(tmp_path / "p.jsonl", rows), "--reward", reward,
-                     "--out", tmp_path / "out", "--max-prompt-length", 20, "--num-generations", 2, "--batch-size", 2)
+    code, err = _run("--model", folders["gpt2"], "--prompts", _prompts(tmp_path / "p.jsonl", rows), "--reward",
+                     *reward.split(" "), "--out", tmp_path / "out", "--max-prompt-length", 20, "--num-generations", 2,
+                     "--batch-size", 2)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 

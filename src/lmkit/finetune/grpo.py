@@ -96,9 +96,12 @@ class GRPOJob(Job):
         if c.batch_size < G or c.batch_size % G:
             raise ConfigError(f"--batch-size {c.batch_size} (completions per step) must be a multiple of "
                               f"--num-generations {G}; use {max(G, c.batch_size // G * G)}")
-        if c.loss_type not in LOSS_TYPES or c.scale_rewards not in SCALE_REWARDS:
-            raise ConfigError(f"--loss-type must be one of {', '.join(LOSS_TYPES)} and --scale-rewards one of "
-                              f"{', '.join(SCALE_REWARDS)}")
+        if c.loss_type not in LOSS_TYPES:
+            raise ConfigError(f"--loss-type must be one of {', '.join(LOSS_TYPES)}, got {c.loss_type!r}")
+        if c.scale_rewards not in SCALE_REWARDS:
+            raise ConfigError(f"--scale-rewards must be one of {', '.join(SCALE_REWARDS)}, got {c.scale_rewards!r}")
+        if c.max_steps is not None and c.max_steps < 1:
+            raise ConfigError(f"--max-steps must be at least 1, got {c.max_steps}")
         if not c.temperature > 0 or not 0 < c.top_p <= 1 or c.top_k < 0 or c.epsilon < 0 or c.beta < 0:
             raise ConfigError("--temperature must be > 0, --top-p in (0, 1], --top-k, --epsilon and --beta >= 0")
         self.precision = check_run(c.out, c.resume, c.save_every, c.precision, c.lr_schedule)
