@@ -216,3 +216,25 @@ def test_a_reward_function_in_a_file_elsewhere(folders, tmp_path, monkeypatch):
                      "--num-generations", 2, "--batch-size", 4, "--max-completion-length", 4)
     assert code == 0, err
     assert json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])["reward"] >= 1
+
+
+def test_num_iterations_reuses_a_generation_and_resumes_within_it(folders, tmp_path):
+    """mu = 2: steps 1 and 2 train on one generation (the ratio against the policy that sampled it); a run resumed
+    after step 1 keeps that generation and ends with the weights of the run that was not stopped."""
+    import shutil
+
+    args = ("--model", folders["llama"], "--prompts", _prompts(tmp_path / "p.jsonl"), "--reward", "regex:o",
+            "--num-generations", 4, "--batch-size", 8, "--max-steps", 3, "--num-iterations", 2,
+            "--max-completion-length", 6, "--lr", 3e-2, "--beta", 0.1, "--precision", "fp32", "--save-every", 1)
+    for name in ("whole", "cut"):
+        assert _run(*args, "--out", tmp_path / name)[0] == 0
+    rows = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    same = ("reward", "reward_std", "completions/mean_length")
+    assert [rows[0][k] for k in same] == [rows[1][k] for k in same] and rows[0]["kl"] == 0 < rows[1]["kl"]
+    assert rows[1]["entropy"] != rows[0]["entropy"]  # step 2 scores the generation with the updated weights
+    assert rows[0]["clip_ratio/region_mean"] == 0 < rows[1]["clip_ratio/region_mean"]  # its ratio moved off 1
+    cut = tmp_path / "cut"
+    for step in (2, 3):
+        shutil.rmtree(cut / "checkpoint" / f"step-{step:08d}")
+    assert _run(*args, "--out", cut, "--resume")[0] == 0  # from step 1, inside generation 0
+    assert (cut / "model.safetensors").read_bytes() == (tmp_path / "whole" / "model.safetensors").read_bytes()

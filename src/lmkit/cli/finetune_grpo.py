@@ -13,7 +13,7 @@ NOT_GRPO = (("--train", "train"), ("--eval", "eval"), ("--epochs", "epochs"), ("
 
 
 # the --task grpo flags by argparse name: None when not given (other tasks refuse them; GRPOConfig has the defaults)
-GRPO_FLAGS = ("prompts", "reward", "num_generations", "beta", "epsilon", "epsilon_high", "temperature", "top_p", "top_k",
+GRPO_FLAGS = ("prompts", "reward", "num_generations", "num_iterations", "beta", "epsilon", "epsilon_high", "temperature", "top_p", "top_k",
               "max_completion_length", "max_prompt_length", "loss_type", "scale_rewards")
 GRPO_ONLY = tuple(("--" + name.replace("_", "-"), name) for name in GRPO_FLAGS)
 
@@ -27,6 +27,8 @@ def add_grpo_arguments(parser) -> None:
                    "in a worker process), or a reward model folder; required by --task grpo (default: none)")
     g.add_argument("--num-generations", type=int, metavar="N", help="completions sampled per prompt "
                    "(default 8); --batch-size counts completions, a multiple of it")
+    g.add_argument("--num-iterations", type=int, metavar="N", help="optimizer steps on each generation of completions, "
+                   "the ratio taken against the policy that sampled them (default 1, TRL's)")
     g.add_argument("--beta", type=float, metavar="X", help="weight of the KL penalty to the starting model (default 0.0, "
                    "TRL's: no reference model is held)")
     g.add_argument("--epsilon", type=float, metavar="X", help="clip range of the ratio (default 0.2)")

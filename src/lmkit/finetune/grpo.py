@@ -4,8 +4,9 @@ Each optimizer step takes batch_size / G prompts, samples G completions of each 
 (continuous batching over a KV cache, every group's generator seeded from (seed, step, prompt)), scores them with
 the reward function, turns the rewards into group-normalised advantages and takes one step on the loss of
 `grpo_loss` (its formulas there). The completions are sampled by the weights being trained (TRL's
-num_iterations=1), so the ratio is 1 in value and the clip acts through its gradient only; with beta > 0 a frozen
-copy of the starting model is the reference of the KL term.
+num_iterations=1), so the ratio is 1 in value and the clip acts through its gradient only; with num_iterations mu
+each generation serves mu steps, the ratio against the log-probabilities it was sampled with. With beta > 0 a
+frozen copy of the starting model is the reference of the KL term.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class GRPOConfig:
     reward: str                         # exact-answer | regex:PATTERN | MODULE:FUNCTION | a reward model folder
     out: str | None
     num_generations: int = 8            # G completions per prompt
+    num_iterations: int = 1             # optimizer steps on each generation (DeepSeekMath's mu)
     batch_size: int = 16                # completions per step (TRL's per_device_train_batch_size): batch_size / G prompts
     max_steps: int | None = None        # default: one pass over the prompts
     beta: float = 0.0
@@ -100,6 +102,8 @@ class GRPOJob(Job):
             raise ConfigError(f"--loss-type must be one of {', '.join(LOSS_TYPES)}, got {c.loss_type!r}")
         if c.scale_rewards not in SCALE_REWARDS:
             raise ConfigError(f"--scale-rewards must be one of {', '.join(SCALE_REWARDS)}, got {c.scale_rewards!r}")
+        if c.num_iterations < 1:
+            raise ConfigError(f"--num-iterations must be at least 1, got {c.num_iterations}")
         if c.max_steps is not None and c.max_steps < 1:
             raise ConfigError(f"--max-steps must be at least 1, got {c.max_steps}")
         if not c.temperature > 0 or not 0 < c.top_p <= 1 or c.top_k < 0 or c.epsilon < 0 or c.beta < 0:
@@ -133,6 +137,7 @@ class GRPOJob(Job):
         self.stats: dict[str, float] = {}
         self.rewards_seen: list[float] = []
         self._epoch, self._order = -1, []  # the shuffled prompt order of the epoch last drawn from
+        self._cached = None  # (generation, its batch, its stats)
         self.log = None
 
     def close(self) -> None:
@@ -202,8 +207,19 @@ class GRPOJob(Job):
         return torch.tensor(checked(self.c.reward, values, len(rows), where), dtype=torch.float32)
 
     def micro_batches(self, step: int, rank: int, world_size: int) -> list[dict[str, torch.Tensor]]:
-        picks = self.prompts_of(step)
-        completions = self.rollouts(step, picks)
+        """Generation `step // num_iterations`'s batch: sampled at its first step, reused by the next ones."""
+        cycle = step // self.c.num_iterations
+        if self._cached is None or self._cached[0] != cycle:
+            batch = self.generation(cycle)
+            self._cached = (cycle, batch, dict(self.stats))
+        self.stats = dict(self._cached[2])
+        return [self._cached[1]]
+
+    def generation(self, cycle: int) -> dict[str, torch.Tensor]:
+        """Rollouts of generation `cycle`, their rewards, advantages and reference log-probabilities; with
+        num_iterations > 1 also the sampling policy's log-probabilities (pi_old of the ratio)."""
+        picks = self.prompts_of(cycle)
+        completions = self.rollouts(cycle, picks)
         try:
             rewards = self.rewards(picks, completions)
         except RewardError as exc:
@@ -221,6 +237,11 @@ class GRPOJob(Job):
                 batch["ref_logps"] = completion_logps(self.reference, batch["prompt_ids"], batch["prompt_mask"],
                                                       batch["completion_ids"], batch["completion_mask"],
                                                       self.c.temperature)[0]
+        if self.c.num_iterations > 1:
+            with torch.no_grad():
+                batch["old_logps"] = completion_logps(self.model, batch["prompt_ids"], batch["prompt_mask"],
+                                                      batch["completion_ids"], batch["completion_mask"],
+                                                      self.c.temperature)[0]
         lengths = [len(ids) for ids in completions]
         scored = rewards[~torch.isnan(rewards)]
         self.stats = {"reward": float(scored.mean()) if scored.numel() else math.nan,
@@ -228,7 +249,7 @@ class GRPOJob(Job):
                       "frac_reward_zero_std": float(zero_std.float().mean()),
                       "completions/mean_length": sum(lengths) / len(lengths),
                       "completions/clipped_ratio": sum(n >= self.max_len for n in lengths) / len(lengths)}
-        return [batch]
+        return batch
 
     def collate(self, prompts: list[list[int]], completions: list[list[int]]) -> dict[str, torch.Tensor]:
         """Prompts left-padded and completions right-padded, with their masks (as TRL lays them out)."""
@@ -258,10 +279,20 @@ class GRPOJob(Job):
         return {"loss": f"{row['loss']:.3f}", "reward": f"{row['reward']:.3f}"}
 
     def state(self) -> dict:
-        return {"rewards_seen": self.rewards_seen}
+        state = {"rewards_seen": self.rewards_seen}
+        if self.c.num_iterations > 1 and self._cached is not None:  # a resume within a generation reuses it
+            cycle, batch, stats = self._cached
+            state["generation"] = {"cycle": cycle, "stats": stats,
+                                   "batch": {k: [str(v.dtype), v.cpu().tolist()] for k, v in batch.items()}}
+        return state
 
     def load_state(self, state: dict) -> None:
         self.rewards_seen = list(state.get("rewards_seen", []))
+        saved = state.get("generation")
+        if saved is not None:
+            batch = {k: torch.tensor(values, dtype=getattr(torch, dtype.removeprefix("torch.")),
+                                     device=module_device(self.model)) for k, (dtype, values) in saved["batch"].items()}
+            self._cached = (saved["cycle"], batch, saved["stats"])
 
     def checkpoint_info(self) -> dict:
         return {"grpo_config": {k: v for k, v in asdict(self.c).items() if k != "resume"}}
