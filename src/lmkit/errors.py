@@ -38,6 +38,10 @@ class TrainingError(LmkitError):
     """A training run that cannot go on (NaN loss, nothing to resume from)."""
 
 
+class RewardError(TrainingError):
+    """A reward function that raised, or returned the wrong number of rewards or a value that is not a number."""
+
+
 class MetricError(LmkitError):
     """Inputs or options a metric cannot score (BLEU, ROUGE): mismatched lists, unknown tokenizers or smoothing."""
 

@@ -116,13 +116,18 @@ def addition_rows(pairs, digits: int) -> list[dict]:
              "answer": str(a + b), "digits": digits} for a, b in pairs]
 
 
-def addition(digits: int = 2, seed: int = 0, **_) -> object:
-    """`digits`-digit + `digits`-digit problems; exemplars never repeat a test problem."""
+def addition_splits(digits: int = 2, seed: int = 0) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(test, exemplar) problems of addition_*_d{digits}: exemplars never repeat a test problem."""
     rng = random.Random(f"addition-{digits}-{seed}")
     low = 1 if digits == 1 else 10 ** (digits - 1)
     space = (10 ** digits - low) ** 2  # one digit has 81 problems: some are kept back as exemplars
     test = addition_problems(digits, min(ADDITION_TEST, space - ADDITION_TRAIN), rng)
-    train = addition_problems(digits, ADDITION_TRAIN, rng, avoid=set(test))
+    return test, addition_problems(digits, ADDITION_TRAIN, rng, avoid=set(test))
+
+
+def addition(digits: int = 2, seed: int = 0, **_) -> object:
+    """`digits`-digit + `digits`-digit problems; exemplars never repeat a test problem."""
+    test, train = addition_splits(digits, seed)
     return _dataset({"test": addition_rows(test, digits), "train": addition_rows(train, digits)})
 
 
