@@ -1,9 +1,11 @@
 """Continuous batching for decoder-only models: one running batch that requests join and leave between steps.
 
 Each request owns a slot of `SlotCache` (its keys and values, at its own length), its resolved settings, its own
-`torch.Generator` and stop criteria. A step admits waiting requests into free slots, prefills prompts in chunks
-of at most `prefill_chunk` tokens in all (so a long prompt delays the others by one chunk, not by its length),
-then runs one decoding step for every request past its prompt as one batch: new token i attends to its own slot's
+`torch.Generator` and stop criteria. A step admits waiting requests into free slots and spends a budget of
+`prefill_chunk` tokens as vLLM's chunked prefill does: one for each running stream's next token, what is left on
+chunks of waiting prompts (so arrivals lengthen a running stream's step by at most the budget, not by their
+prompts' length). It prefills those chunks, then runs one decoding step for every request past its prompt as one
+batch: new token i attends to its own slot's
 keys 0..L_i through a per-row mask, at position L_i. The next token comes from the same per-step core as
 `model.generate` (`step.next_scores` and `step.pick`), so greedy and seeded requests give the ids
 `model.generate` gives run alone (with torch.manual_seed(seed) before it), whatever else runs beside them.
@@ -233,7 +235,10 @@ class Engine:
                     request.slot = self.free.pop(0)
                     self.cache.lengths[request.slot] = 0
                     self.running.append(request)
-        budget, fresh = self.prefill_chunk, set()
+        # one token budget a step, as vLLM's chunked prefill: every running stream's next token first, prompt
+        # chunks in what is left, so that arrivals lengthen a running stream's step by at most the budget
+        decoding = sum(1 for r in self.running if r.output and not r.finished)
+        budget, fresh = max(self.prefill_chunk - decoding, 0), set()
         for request in self.running:
             if budget == 0:
                 break
