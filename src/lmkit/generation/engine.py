@@ -34,6 +34,7 @@ import torch
 from lmkit.device import module_device, place
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
+from lmkit.generation.prefix_cache import PrefixCache
 from lmkit.generation.processors import CountPenalties
 from lmkit.generation.step import Decoding, decoding_for, next_scores, pick
 from lmkit.generation.stopping import stop_reached
@@ -56,6 +57,7 @@ class Request:
     frequency_penalty: float = 0.0
     on_event: Callable[["Request"], None] | None = None
     group: "Group | None" = None  # set by Engine.prepare_group
+    adapter: str | None = None  # the LoRA adapter the request decodes with (Engine.adapters), None: the base model
     # ---- written by the engine
     output: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
@@ -69,6 +71,7 @@ class Request:
     generator: torch.Generator | None = None
     slot: int | None = None
     prefilled: int = 0
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -102,8 +105,10 @@ class Engine:
     The engine takes the model as it is when it first decodes: change its weights or hooks, or torch's thread
     count, and make a new engine."""
 
-    def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 256, device: str | torch.device | None = None):
-        """`device` ("auto", "cpu", "cuda[:N]", "mps"): where the model is moved to run; None: where it is."""
+    def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 256, device: str | torch.device | None = None,
+                 cache_memory: int = 0):
+        """`device` ("auto", "cpu", "cuda[:N]", "mps"): where the model is moved to run; None: where it is.
+        `cache_memory`: bytes of keys and values the prefix cache keeps for later requests (0: no prefix caching)."""
         config = model.config
         if config.architecture != "decoder":
             raise GenerationError(f"the serving engine decodes decoder-only models; this folder is {config.architecture}")
@@ -114,6 +119,7 @@ class Engine:
         self.model, self.max_batch, self.prefill_chunk = place(model, device).eval(), max_batch, prefill_chunk
         self.device = module_device(self.model)
         self.cache = SlotCache(max_batch)
+        self.prefix = PrefixCache(self.model, cache_memory) if cache_memory else None
         self.free = list(range(max_batch))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -235,6 +241,7 @@ class Engine:
                     request.slot = self.free.pop(0)
                     self.cache.lengths[request.slot] = 0
                     self.running.append(request)
+                    self._reuse(request)
         # one token budget a step, as vLLM's chunked prefill: every running stream's next token first, prompt
         # chunks in what is left, so that arrivals lengthen a running stream's step by at most the budget
         decoding = sum(1 for r in self.running if r.output and not r.finished)
@@ -270,6 +277,8 @@ class Engine:
                          use_cache=True, logits_to_keep=keep)
         self.cache.lengths[request.slot] = end
         request.prefilled = end
+        if self.prefix is not None:
+            self.prefix.store(self.cache, request.slot, prompt[:end], request.adapter)
         logits = out.logits[0].float()
         if request.prompt_logprobs is not None:
             self._prompt_logprobs(request, logits, start, end)
@@ -289,6 +298,15 @@ class Engine:
             else:
                 self._draw_group(request.group, {id(m): logits[-1:].clone() for m in members})
         return end - start
+
+    def _reuse(self, request: Request) -> None:
+        """Start a newly admitted request (a group's leader) from the longest prefix of its prompt the prefix cache
+        holds; not one that asked for prompt log-probabilities, which need every prompt position's logits."""
+        if self.prefix is None or request.prompt_logprobs is not None \
+                or (request.group is not None and request is not request.group.members[0]):
+            return
+        request.cached_tokens = request.prefilled = self.prefix.load(self.cache, request.slot, request.prompt,
+                                                                     request.adapter)
 
     def _prompt_logprobs(self, request: Request, logits: torch.Tensor, start: int, end: int) -> None:
         """log p(prompt[i] | prompt[:i]) for i in start+1..end-1 from this chunk's logits (the next chunk's first
@@ -371,6 +389,8 @@ class Engine:
         if request.finished:
             return
         request.finish_reason = reason
+        if request.slot is not None and self.prefix is not None and reason != "cancelled":
+            self.prefix.store(self.cache, request.slot, request.prompt + request.output, request.adapter)
         if request.slot is not None:
             self.free.append(request.slot)
             self.free.sort()  # low slots first keeps the batch's rows consecutive more often

@@ -27,6 +27,20 @@ class SlotCache:
             self.values[layer][target, :, :length] = self.values[layer][source, :, :length]
         self.lengths[target] = length
 
+    def read(self, slot: int, start: int, end: int) -> torch.Tensor:
+        """Slot `slot`'s keys and values of positions start..end-1: (layers, 2, H, end - start, D)."""
+        return torch.stack([torch.stack((self.keys[layer][slot, :, start:end], self.values[layer][slot, :, start:end]))
+                            for layer in sorted(self.keys)])
+
+    def write(self, slot: int, start: int, kv: torch.Tensor) -> None:
+        """Put `kv` (layers, 2, H, T, D), as `read` returns it, at positions start..start+T-1 of `slot`."""
+        end = start + kv.shape[3]
+        for layer in range(kv.shape[0]):
+            keys, values = self.buffers(layer, kv[layer, :1], end)
+            keys[slot, :, start:end] = kv[layer, 0]
+            values[slot, :, start:end] = kv[layer, 1]
+        self.lengths[slot] = end
+
     def buffers(self, layer: int, like: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys = self.keys.get(layer)
         if keys is None or keys.shape[2] < needed:
