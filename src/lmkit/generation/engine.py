@@ -34,6 +34,7 @@ import torch
 from lmkit.device import module_device, place
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
+from lmkit.generation.lora_rows import Adapters, Weights
 from lmkit.generation.prefix_cache import PrefixCache
 from lmkit.generation.processors import CountPenalties
 from lmkit.generation.step import Decoding, decoding_for, next_scores, pick
@@ -120,6 +121,8 @@ class Engine:
         self.device = module_device(self.model)
         self.cache = SlotCache(max_batch)
         self.prefix = PrefixCache(self.model, cache_memory) if cache_memory else None
+        self.adapters = Adapters(self.model)
+        self._model_lock = threading.Lock()  # held by a step, and by adding or removing an adapter
         self.free = list(range(max_batch))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -140,6 +143,8 @@ class Engine:
         if cfg.num_beams != 1 or cfg.num_return_sequences != 1:
             raise GenerationError("the engine decodes one sequence per request without beams; for n samples "
                                   "prepare n requests as a group (Engine.prepare_group)")
+        if request.adapter is not None and request.adapter not in self.adapters.names:
+            raise GenerationError(f"no adapter named {request.adapter!r} is loaded; load it first (add_adapter)")
         if decoding.stops and request.tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: set Request.tokenizer")
         if request.presence_penalty or request.frequency_penalty:  # the request's own processor, before the config's
@@ -188,6 +193,22 @@ class Engine:
         with self.wakeup:
             self.wakeup.notify()
 
+    def add_adapter(self, name: str, weights: Weights) -> None:
+        """Serve LoRA adapter `name` (module name -> (A, B, scaling)) beside the base model, per request."""
+        with self._model_lock:
+            with torch.inference_mode():  # the lean plans of the bare model serve the steps no adapter takes part in
+                self._plan(1), self._plan(2)
+            self.adapters.add(name, weights)
+            self.model = self.adapters.model
+
+    def remove_adapter(self, name: str) -> None:
+        with self._model_lock:
+            if name not in self.adapters.names:
+                raise GenerationError(f"no adapter named {name!r} is loaded")
+            if any(r.adapter == name for r in [*self.running, *self.waiting]):
+                raise GenerationError(f"adapter {name!r} still has requests running; unload it once they finish")
+            self.adapters.remove(name)
+
     def counts(self) -> tuple[int, int]:
         """(running, waiting)."""
         return len(self.running), len(self.waiting)
@@ -220,8 +241,12 @@ class Engine:
         self._emit_events()
 
     # ---- one step -------------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self) -> None:
+        with self._model_lock:
+            self._step()
+
+    @torch.inference_mode()
+    def _step(self) -> None:
         for request in [r for r in self.running if r.cancelled]:
             self._finish(request, "cancelled")
         self.running = [r for r in self.running if not r.finished]
@@ -273,12 +298,15 @@ class Engine:
         tokens = torch.tensor([prompt[start:end]], device=self.device)
         positions = torch.arange(start, end, device=self.device)[None]
         keep = 0 if request.prompt_logprobs is not None else 1
+        if self.adapters.names:
+            self.adapters.route([request.adapter])
         out = self.model(tokens, position_ids=positions, past_key_values=PrefillView(self.cache, request.slot),
                          use_cache=True, logits_to_keep=keep)
+        self.adapters.rows = {}  # a forward outside the engine (generate on the model) is the base model's
         self.cache.lengths[request.slot] = end
         request.prefilled = end
         if self.prefix is not None:
-            self.prefix.store(self.cache, request.slot, prompt[:end], request.adapter)
+            self.prefix.store(self.cache, request.slot, prompt[:end], self._namespace(request))
         logits = out.logits[0].float()
         if request.prompt_logprobs is not None:
             self._prompt_logprobs(request, logits, start, end)
@@ -306,7 +334,11 @@ class Engine:
                 or (request.group is not None and request is not request.group.members[0]):
             return
         request.cached_tokens = request.prefilled = self.prefix.load(self.cache, request.slot, request.prompt,
-                                                                     request.adapter)
+                                                                     self._namespace(request))
+
+    def _namespace(self, request: Request) -> int | None:
+        """What the prefix cache keys a request's blocks under besides its tokens: its adapter's index."""
+        return None if request.adapter is None else self.adapters.names[request.adapter]
 
     def _prompt_logprobs(self, request: Request, logits: torch.Tensor, start: int, end: int) -> None:
         """log p(prompt[i] | prompt[:i]) for i in start+1..end-1 from this chunk's logits (the next chunk's first
@@ -324,12 +356,14 @@ class Engine:
         slots = [r.slot for r in requests]
         view = DecodeView(self.cache, slots, self.device)
         tokens = torch.tensor([[r.output[-1]] for r in requests], device=self.device)
-        plan = self._plan(len(requests))
+        adapted = bool(self.adapters.names) and self.adapters.route([r.adapter for r in requests])
+        plan = None if adapted else self._plan(len(requests))
         if plan is not None:
             logits = plan.step(tokens, view, view.lengths[:, None], view.allowed)
         else:
             logits = self.model(tokens, attention_mask=view.allowed, position_ids=view.lengths[:, None],
                                 past_key_values=view, use_cache=True, logits_to_keep=1).logits[:, -1]
+            self.adapters.rows = {}
         for slot in slots:
             self.cache.lengths[slot] += 1
         logits = logits.float()
@@ -390,7 +424,7 @@ class Engine:
             return
         request.finish_reason = reason
         if request.slot is not None and self.prefix is not None and reason != "cancelled":
-            self.prefix.store(self.cache, request.slot, request.prompt + request.output, request.adapter)
+            self.prefix.store(self.cache, request.slot, request.prompt + request.output, self._namespace(request))
         if request.slot is not None:
             self.free.append(request.slot)
             self.free.sort()  # low slots first keeps the batch's rows consecutive more often
