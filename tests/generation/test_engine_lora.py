@@ -1,7 +1,5 @@
 """LoRA adapters per request: rows for different adapters and for the base model decode in one batch, each as the
 merged model (W + s B A) alone decodes it; adapters that do not fit are refused."""
-import copy
-
 import pytest
 import torch
 
@@ -9,21 +7,11 @@ import lmkit
 from lmkit.errors import GenerationError
 from lmkit.generation import GenerationConfig
 from lmkit.generation.engine import Engine, Request
-from lmkit.peft import get_peft_model, load_adapter, lora_weights, merge_and_unload, save_adapter
+from lmkit.peft import lora_weights
 
 pytest.importorskip("transformers")
+from helpers.lora_adapters import make_adapter  # noqa: E402
 from serving_folders import make_folder  # noqa: E402
-
-
-def make_adapter(model, folder, seed: int, targets) -> None:
-    """A LoRA of `model` with random A and B (B is zero when trained from scratch: no change to test)."""
-    peft = get_peft_model(copy.deepcopy(model), "lora", r=4, alpha=8, target_modules=targets)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in peft.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    save_adapter(peft, folder)
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
@@ -31,10 +19,8 @@ def served(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     model = lmkit.load_model(make_folder(root / "model", request.param))
     targets = {"a": ["q_proj", "v_proj"], "b": ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]}
-    merged = {}
-    for seed, (name, modules) in enumerate(targets.items()):
-        make_adapter(model, root / name, seed, modules)
-        merged[name] = merge_and_unload(load_adapter(copy.deepcopy(model), root / name).base_model)
+    merged = {name: make_adapter(model, root / name, seed, modules)
+              for seed, (name, modules) in enumerate(targets.items())}
     return model, root, merged
 
 

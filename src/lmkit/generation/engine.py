@@ -34,6 +34,7 @@ import torch
 from lmkit.device import module_device, place
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
+from lmkit.generation.logprobs import record_prompt_logprobs, top_logprobs
 from lmkit.generation.lora_rows import Adapters, Weights
 from lmkit.generation.prefix_cache import PrefixCache
 from lmkit.generation.processors import CountPenalties
@@ -90,14 +91,6 @@ class Group:
     def leader(self) -> Request | None:
         """The member that prefills the prompt for all: the first one not finished."""
         return next((m for m in self.members if not m.finished), None)
-
-
-def _top(log_probs: torch.Tensor, n: int, chosen: int) -> dict[int, float]:
-    """The n likeliest tokens' log-probabilities, and the chosen token's, from the one tensor."""
-    top = torch.topk(log_probs, min(n, log_probs.shape[-1])) if n else None
-    out = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist()))
-    out.setdefault(chosen, float(log_probs[chosen]))
-    return out
 
 
 class Engine:
@@ -180,6 +173,8 @@ class Engine:
                 self.prepare(member)
         now = time.perf_counter()
         with self.wakeup:
+            if request.adapter is not None and request.adapter not in self.adapters.names:  # unloaded meanwhile
+                raise GenerationError(f"no adapter named {request.adapter!r} is loaded; load it first (add_adapter)")
             for member in batch:
                 if not member.submitted:
                     member.submitted = now
@@ -202,7 +197,7 @@ class Engine:
             self.model = self.adapters.model
 
     def remove_adapter(self, name: str) -> None:
-        with self._model_lock:
+        with self._model_lock, self.wakeup:
             if name not in self.adapters.names:
                 raise GenerationError(f"no adapter named {name!r} is loaded")
             if any(r.adapter == name for r in [*self.running, *self.waiting]):
@@ -298,18 +293,17 @@ class Engine:
         tokens = torch.tensor([prompt[start:end]], device=self.device)
         positions = torch.arange(start, end, device=self.device)[None]
         keep = 0 if request.prompt_logprobs is not None else 1
-        if self.adapters.names:
-            self.adapters.route([request.adapter])
+        self.adapters.route([request.adapter])
         out = self.model(tokens, position_ids=positions, past_key_values=PrefillView(self.cache, request.slot),
                          use_cache=True, logits_to_keep=keep)
         self.adapters.rows = {}  # a forward outside the engine (generate on the model) is the base model's
         self.cache.lengths[request.slot] = end
         request.prefilled = end
         if self.prefix is not None:
-            self.prefix.store(self.cache, request.slot, prompt[:end], self._namespace(request))
+            self.prefix.store(self.cache, request.slot, prompt[:end], self.adapters.key(request.adapter))
         logits = out.logits[0].float()
         if request.prompt_logprobs is not None:
-            self._prompt_logprobs(request, logits, start, end)
+            record_prompt_logprobs(request, logits, start, end)
         if end == len(prompt):
             members = [request] if request.group is None else [m for m in request.group.members if not m.finished]
             for member in members:
@@ -334,29 +328,13 @@ class Engine:
                 or (request.group is not None and request is not request.group.members[0]):
             return
         request.cached_tokens = request.prefilled = self.prefix.load(self.cache, request.slot, request.prompt,
-                                                                     self._namespace(request))
-
-    def _namespace(self, request: Request) -> int | None:
-        """What the prefix cache keys a request's blocks under besides its tokens: its adapter's index."""
-        return None if request.adapter is None else self.adapters.names[request.adapter]
-
-    def _prompt_logprobs(self, request: Request, logits: torch.Tensor, start: int, end: int) -> None:
-        """log p(prompt[i] | prompt[:i]) for i in start+1..end-1 from this chunk's logits (the next chunk's first
-        token is scored by this chunk's last position)."""
-        log_probs = torch.log_softmax(logits, dim=-1)
-        if start == 0:
-            request.prompt_token_logprobs.append(None)
-            request.prompt_top_logprobs.append(None)
-        targets = request.prompt[start + 1:end + 1]
-        for row, token in enumerate(targets):
-            request.prompt_token_logprobs.append(float(log_probs[row, token]))
-            request.prompt_top_logprobs.append(_top(log_probs[row], request.prompt_logprobs, token))
+                                                                     self.adapters.key(request.adapter))
 
     def _decode(self, requests: list[Request]) -> None:
         slots = [r.slot for r in requests]
         view = DecodeView(self.cache, slots, self.device)
         tokens = torch.tensor([[r.output[-1]] for r in requests], device=self.device)
-        adapted = bool(self.adapters.names) and self.adapters.route([r.adapter for r in requests])
+        adapted = self.adapters.route([r.adapter for r in requests])
         plan = None if adapted else self._plan(len(requests))
         if plan is not None:
             logits = plan.step(tokens, view, view.lengths[:, None], view.allowed)
@@ -410,7 +388,7 @@ class Engine:
         if request.logprobs is not None:
             log_probs = torch.log_softmax(raw[0], dim=-1)  # the model's own distribution
             request.token_logprobs.append(float(log_probs[token]))
-            request.top_logprobs.append(_top(log_probs, request.logprobs, token))
+            request.top_logprobs.append(top_logprobs(log_probs, request.logprobs, token))
         if token in decoding.eos or (decoding.stops and stop_reached(request.tokenizer, request.output,
                                                                      decoding.stops)):
             self._finish(request, "stop")
@@ -424,7 +402,7 @@ class Engine:
             return
         request.finish_reason = reason
         if request.slot is not None and self.prefix is not None and reason != "cancelled":
-            self.prefix.store(self.cache, request.slot, request.prompt + request.output, self._namespace(request))
+            self.prefix.store(self.cache, request.slot, request.prompt + request.output, self.adapters.key(request.adapter))
         if request.slot is not None:
             self.free.append(request.slot)
             self.free.sort()  # low slots first keeps the batch's rows consecutive more often

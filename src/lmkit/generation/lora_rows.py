@@ -84,8 +84,14 @@ class Adapters:
         for wrapper in self._wrapped.values():
             wrapper.pairs.pop(index, None)
 
+    def key(self, name: str | None) -> int | None:
+        """What the prefix cache keys an adapter's blocks under besides their tokens (None: the base model's)."""
+        return None if name is None else self.names[name]
+
     def route(self, adapters: list[str | None]) -> bool:
         """Route row i of the coming forward to adapter `adapters[i]` (None: the base); whether any row takes one."""
+        if not self.names:
+            return False
         rows: dict[int, list[int]] = {}
         for i, name in enumerate(adapters):
             if name is not None:
