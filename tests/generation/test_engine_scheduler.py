@@ -31,8 +31,8 @@ def _requests(vocab: int, count: int = 12) -> list[Request]:
 
 def test_chunking_changes_neither_tokens_nor_logprobs(loaded):
     model, _ = loaded
-    whole = Engine(model, max_batch=12, prefill_chunk=10_000).run_all(_requests(model.config.vocab_size))
-    for budget, slots in ((7, 4), (13, 12), (64, 3)):
+    whole = Engine(model, max_batch=1, prefill_chunk=10_000).run_all(_requests(model.config.vocab_size))
+    for budget, slots in ((7, 4), (13, 12), (64, 3), (10_000, 12)):  # the last: every prompt in one padded forward
         chunked = Engine(model, max_batch=slots, prefill_chunk=budget).run_all(_requests(model.config.vocab_size))
         for a, b in zip(whole, chunked):
             assert a.output == b.output, budget
@@ -47,12 +47,13 @@ def test_decodes_and_prompt_chunks_share_the_step_budget(loaded):
     for request in requests[:3]:
         engine.submit(request)
     step_tokens: list[int] = []
+    widest: list[int] = []  # requests prefilled in one step (one left-padded forward)
     prefill, decode = engine._prefill, engine._decode
 
-    def counted_prefill(request, room):
-        used = prefill(request, room)
-        step_tokens[-1] += used
-        return used
+    def counted_prefill(chunks):
+        step_tokens[-1] += sum(count for _, count in chunks)
+        widest.append(len(chunks))
+        prefill(chunks)
 
     def counted_decode(rows):
         step_tokens[-1] += len(rows)
@@ -66,5 +67,5 @@ def test_decodes_and_prompt_chunks_share_the_step_budget(loaded):
         arrival = next(late, None)  # a request arrives after every step while the others decode
         if arrival is not None:
             engine.submit(arrival)
-    assert max(step_tokens) <= max(budget, engine.max_batch)
+    assert max(step_tokens) <= max(budget, engine.max_batch) and max(widest) > 1
     assert sum(step_tokens) == sum(len(r.prompt) + len(r.output) - 1 for r in requests)

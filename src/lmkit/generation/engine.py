@@ -40,7 +40,7 @@ from lmkit.generation.prefix_cache import PrefixCache
 from lmkit.generation.processors import CountPenalties
 from lmkit.generation.step import Decoding, decoding_for, next_scores, pick
 from lmkit.generation.stopping import stop_reached
-from lmkit.generation.slots import DecodeView, PrefillView, SlotCache
+from lmkit.generation.slots import BatchPrefillView, DecodeView, PrefillView, SlotCache
 
 
 @dataclass
@@ -265,14 +265,17 @@ class Engine:
         # one token budget a step, as vLLM's chunked prefill: every running stream's next token first, prompt
         # chunks in what is left, so that arrivals lengthen a running stream's step by at most the budget
         decoding = sum(1 for r in self.running if r.output and not r.finished)
-        budget, fresh = max(self.prefill_chunk - decoding, 0), set()
+        budget, fresh, chunks = max(self.prefill_chunk - decoding, 0), set(), []
         for request in self.running:
             if budget == 0:
                 break
             if request.prefilled < len(request.prompt) and not request.finished \
                     and (request.group is None or request.group.leader() is request):
-                budget -= self._prefill(request, budget)
+                chunks.append((request, min(len(request.prompt) - request.prefilled, budget)))
+                budget -= chunks[-1][1]
                 fresh.update(id(m) for m in (request.group.members if request.group is not None else [request]))
+        if chunks:
+            self._prefill(chunks)
         decoding = [r for r in self.running if r.output and not r.finished and id(r) not in fresh]
         if decoding:
             self._decode(sorted(decoding, key=lambda r: r.slot))
@@ -286,22 +289,41 @@ class Engine:
             if request.finished:
                 request.done.set()
 
-    def _prefill(self, request: Request, budget: int) -> int:
-        """Feed up to `budget` more prompt tokens; after the last one, choose the first new token."""
-        start, prompt = request.prefilled, request.prompt
-        end = min(len(prompt), start + budget)
-        tokens = torch.tensor([prompt[start:end]], device=self.device)
-        positions = torch.arange(start, end, device=self.device)[None]
-        keep = 0 if request.prompt_logprobs is not None else 1
-        self.adapters.route([request.adapter])
-        out = self.model(tokens, position_ids=positions, past_key_values=PrefillView(self.cache, request.slot),
-                         use_cache=True, logits_to_keep=keep)
-        self.adapters.rows = {}  # a forward outside the engine (generate on the model) is the base model's
+    def _prefill(self, chunks: list[tuple[Request, int]]) -> None:
+        """Feed each request its next `count` prompt tokens ((request, count) pairs): one that wants every position's
+        log-probability alone, the others as one left-padded batch; after a prompt's last token, choose its first
+        new token."""
+        batch = [c for c in chunks if c[0].prompt_logprobs is None]
+        for rows in [[c] for c in chunks if c[0].prompt_logprobs is not None] + ([batch] if batch else []):
+            requests, starts, counts = [r for r, _ in rows], [r.prefilled for r, _ in rows], [c for _, c in rows]
+            if len(rows) == 1:
+                tokens = torch.tensor([requests[0].prompt[starts[0]:starts[0] + counts[0]]], device=self.device)
+                positions = torch.arange(starts[0], starts[0] + counts[0], device=self.device)[None]
+                view, mask = PrefillView(self.cache, requests[0].slot), None
+            else:  # left-padded as generate's batches are; the padding's keys are masked, its outputs dropped
+                width = max(counts)
+                tokens = torch.tensor([[0] * (width - c) + r.prompt[s:s + c] for r, s, c in zip(requests, starts, counts)],
+                                      device=self.device)
+                positions = torch.tensor([[0] * (width - c) + list(range(s, s + c)) for s, c in zip(starts, counts)],
+                                         device=self.device)
+                view = BatchPrefillView(self.cache, [r.slot for r in requests], starts, counts)
+                mask = view.mask(self.device)
+            self.adapters.route([r.adapter for r in requests])
+            out = self.model(tokens, attention_mask=mask, position_ids=positions, past_key_values=view, use_cache=True,
+                             logits_to_keep=0 if requests[0].prompt_logprobs is not None else 1)
+            self.adapters.rows = {}  # a forward outside the engine (generate on the model) is the base model's
+            logits = out.logits.float()
+            for row, (request, start, count) in enumerate(zip(requests, starts, counts)):
+                self._prefilled(request, logits[row], start, start + count)
+
+    def _prefilled(self, request: Request, logits: torch.Tensor, start: int, end: int) -> None:
+        """Record that `request`'s prompt is in its slot up to `end`; `logits` of its chunk start..end-1 (all or the
+        last); after the last prompt token, choose the first new token."""
+        prompt = request.prompt
         self.cache.lengths[request.slot] = end
         request.prefilled = end
         if self.prefix is not None:
             self.prefix.store(self.cache, request.slot, prompt[:end], self.adapters.key(request.adapter))
-        logits = out.logits[0].float()
         if request.prompt_logprobs is not None:
             record_prompt_logprobs(request, logits, start, end)
         if end == len(prompt):
@@ -319,7 +341,6 @@ class Engine:
                 self._choose(request, logits[-1:])
             else:
                 self._draw_group(request.group, {id(m): logits[-1:].clone() for m in members})
-        return end - start
 
     def _reuse(self, request: Request) -> None:
         """Start a newly admitted request (a group's leader) from the longest prefix of its prompt the prefix cache

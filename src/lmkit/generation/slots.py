@@ -95,3 +95,35 @@ class DecodeView:
             return keys[self.span, :, :self.past + 1], values[self.span, :, :self.past + 1]
         return (keys[:, :, :self.past + 1].index_select(0, self.rows),
                 values[:, :, :self.past + 1].index_select(0, self.rows))
+
+
+class BatchPrefillView:
+    """The cache as one forward over prompt chunks of several slots sees it, laid out as generate's left-padded
+    batch: row b's chunk of c_b tokens continues slot b at start s_b, left-padded to the widest chunk C, and its
+    keys 0..s_b + c_b end at the right edge of K = max(s_b + c_b, C) keys (`mask` marks them), so that causal
+    attention over the past K - C keys lets each query see exactly its own slot's keys up to itself."""
+
+    def __init__(self, cache: SlotCache, slots: list[int], starts: list[int], lengths: list[int]):
+        self.cache, self.slots, self.starts, self.lengths, self.cross = cache, slots, starts, lengths, {}
+        self.ends = [s + c for s, c in zip(starts, lengths)]
+        self.width = max(lengths)
+        self.total = max(max(self.ends), self.width)
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.total - self.width
+
+    def mask(self, device: torch.device) -> torch.Tensor:
+        """(B, K): 1 at each row's keys, 0 at the padding before them."""
+        return (torch.arange(self.total, device=device)[None]
+                >= torch.tensor([self.total - e for e in self.ends], device=device)[:, None]).long()
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.cache.buffers(layer, k, max(self.ends))
+        out_k = k.new_zeros(k.shape[0], k.shape[1], self.total, k.shape[3])
+        out_v = torch.zeros_like(out_k)
+        for row, (slot, start, end, length) in enumerate(zip(self.slots, self.starts, self.ends, self.lengths)):
+            keys[slot, :, start:end] = k[row, :, self.width - length:]
+            values[slot, :, start:end] = v[row, :, self.width - length:]
+            out_k[row, :, self.total - end:] = keys[slot, :, :end]
+            out_v[row, :, self.total - end:] = values[slot, :, :end]
+        return out_k, out_v
