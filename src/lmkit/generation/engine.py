@@ -40,7 +40,7 @@ from lmkit.generation.prefix_cache import PrefixCache
 from lmkit.generation.processors import CountPenalties
 from lmkit.generation.step import Decoding, decoding_for, next_scores, pick
 from lmkit.generation.stopping import stop_reached
-from lmkit.generation.slots import BatchPrefillView, DecodeView, PrefillView, SlotCache
+from lmkit.generation.slots import DecodeView, SlotCache, prefill_logits
 
 
 @dataclass
@@ -296,23 +296,11 @@ class Engine:
         batch = [c for c in chunks if c[0].prompt_logprobs is None]
         for rows in [[c] for c in chunks if c[0].prompt_logprobs is not None] + ([batch] if batch else []):
             requests, starts, counts = [r for r, _ in rows], [r.prefilled for r, _ in rows], [c for _, c in rows]
-            if len(rows) == 1:
-                tokens = torch.tensor([requests[0].prompt[starts[0]:starts[0] + counts[0]]], device=self.device)
-                positions = torch.arange(starts[0], starts[0] + counts[0], device=self.device)[None]
-                view, mask = PrefillView(self.cache, requests[0].slot), None
-            else:  # left-padded as generate's batches are; the padding's keys are masked, its outputs dropped
-                width = max(counts)
-                tokens = torch.tensor([[0] * (width - c) + r.prompt[s:s + c] for r, s, c in zip(requests, starts, counts)],
-                                      device=self.device)
-                positions = torch.tensor([[0] * (width - c) + list(range(s, s + c)) for s, c in zip(starts, counts)],
-                                         device=self.device)
-                view = BatchPrefillView(self.cache, [r.slot for r in requests], starts, counts)
-                mask = view.mask(self.device)
             self.adapters.route([r.adapter for r in requests])
-            out = self.model(tokens, attention_mask=mask, position_ids=positions, past_key_values=view, use_cache=True,
-                             logits_to_keep=0 if requests[0].prompt_logprobs is not None else 1)
+            logits = prefill_logits(self.model, self.cache, [(r.slot, r.prompt[s:s + c], s) for r, s, c in
+                                                             zip(requests, starts, counts)],
+                                    keep_all=requests[0].prompt_logprobs is not None)
             self.adapters.rows = {}  # a forward outside the engine (generate on the model) is the base model's
-            logits = out.logits.float()
             for row, (request, start, count) in enumerate(zip(requests, starts, counts)):
                 self._prefilled(request, logits[row], start, start + count)
 

@@ -127,3 +127,25 @@ class BatchPrefillView:
             out_k[row, :, self.total - end:] = keys[slot, :, :end]
             out_v[row, :, self.total - end:] = values[slot, :, :end]
         return out_k, out_v
+
+
+def prefill_logits(model, cache: SlotCache, rows: list[tuple[int, list[int], int]], keep_all: bool) -> torch.Tensor:
+    """One forward over prompt chunks (slot, tokens, start) written into their slots: one chunk as it is, several
+    left-padded as generate's batches are (`BatchPrefillView`; the padding's keys are masked, its outputs dropped).
+    The logits (rows, T or 1, V) of every position (`keep_all`) or of each chunk's last token."""
+    device = next(model.parameters()).device
+    if len(rows) == 1:
+        slot, tokens, start = rows[0]
+        view, mask = PrefillView(cache, slot), None
+        ids = torch.tensor([tokens], device=device)
+        positions = torch.arange(start, start + len(tokens), device=device)[None]
+    else:
+        width = max(len(tokens) for _, tokens, _ in rows)
+        view = BatchPrefillView(cache, [r[0] for r in rows], [r[2] for r in rows], [len(r[1]) for r in rows])
+        mask = view.mask(device)
+        ids = torch.tensor([[0] * (width - len(t)) + t for _, t, _ in rows], device=device)
+        positions = torch.tensor([[0] * (width - len(t)) + list(range(s, s + len(t))) for _, t, s in rows],
+                                 device=device)
+    out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=view, use_cache=True,
+                logits_to_keep=0 if keep_all else 1)
+    return out.logits.float()
