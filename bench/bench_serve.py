@@ -164,10 +164,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed greedy completion: its time to first token, the gaps between tokens, its text and its usage
+    (completion tokens, prompt tokens, and of those the ones the prefix cache served)."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    stamps, tokens = [], 0
+    stamps, text, usage = [], [], {}
     async with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()}")
@@ -175,12 +177,13 @@ async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
+            usage = chunk.get("usage") or usage
             if chunk["choices"] and chunk["choices"][0]["text"]:
                 stamps.append(time.perf_counter())
-    return {"ttft": stamps[0] - start if stamps else float("nan"),
-            "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens}
+                text.append(chunk["choices"][0]["text"])
+    return {"ttft": stamps[0] - start if stamps else float("nan"), "gaps": [b - a for a, b in zip(stamps, stamps[1:])],
+            "text": "".join(text), "tokens": usage.get("completion_tokens", 0), "prompt": usage.get("prompt_tokens", 0),
+            "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
 
 
 async def drive(url: str, prompts: list[str], max_tokens: int) -> dict:
@@ -309,7 +312,7 @@ def main() -> None:
         if args.workload != "plain":
             import serve_workloads
 
-            serve_workloads.run(args, folder, docs, start, rss_mb)
+            serve_workloads.run(args, folder, docs, start, rss_mb, one_client)
             return
         import lmkit
 

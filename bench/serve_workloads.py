@@ -11,37 +11,14 @@ passes as they would on a long-running server.
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 
 
-async def _request(client, url: str, prompt: str, max_tokens: int) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    stamps, text, usage = [], [], {}
-    async with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            if chunk["choices"] and chunk["choices"][0]["text"]:
-                stamps.append(time.perf_counter())
-                text.append(chunk["choices"][0]["text"])
-    return {"ttft": stamps[0] - start if stamps else float("nan"), "gaps": [b - a for a, b in zip(stamps, stamps[1:])],
-            "text": "".join(text), "tokens": usage.get("completion_tokens", 0),
-            "prompt": usage.get("prompt_tokens", 0),
-            "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
-
-
-async def _conversation(client, url: str, first: str, turns: int, max_tokens: int, tag: str) -> list[dict]:
+async def _conversation(request, client, url: str, first: str, turns: int, max_tokens: int, tag: str) -> list[dict]:
     prompt, out = first, []
     for turn in range(turns):
-        result = await _request(client, url, prompt, max_tokens)
+        result = await request(client, url, prompt, max_tokens)
         out.append(result)
         prompt = f"{prompt}{result['text']}\nUser: and then ({tag}, turn {turn + 2})?\nAssistant:"
     return out
@@ -57,19 +34,21 @@ def prompts_for(workload: str, docs: list[str], clients: int, pass_no: int) -> l
             + f"\nQuestion ({pass_no}-{i}): {docs[20 + i % 5][:80]}\nAnswer:" for i in range(clients)]
 
 
-async def drive(url: str, workload: str, docs: list[str], clients: int, turns: int, max_tokens: int,
+async def drive(request, url: str, workload: str, docs: list[str], clients: int, turns: int, max_tokens: int,
                 pass_no: int) -> dict:
+    """One pass: every client's session (chat) or request (rag) at once, each request through `request`
+    (bench_serve.one_client)."""
     import httpx
 
     firsts = prompts_for(workload, docs, clients, pass_no)
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=clients + 4)) as client:
         start = time.perf_counter()
         if workload == "chat":
-            sessions = await asyncio.gather(*(_conversation(client, url, p, turns, max_tokens, f"{pass_no}-{i}")
+            sessions = await asyncio.gather(*(_conversation(request, client, url, p, turns, max_tokens, f"{pass_no}-{i}")
                                               for i, p in enumerate(firsts)))
             results = [r for s in sessions for r in s]
         else:
-            results = await asyncio.gather(*(_request(client, url, p, max_tokens) for p in firsts))
+            results = await asyncio.gather(*(request(client, url, p, max_tokens) for p in firsts))
         wall = time.perf_counter() - start
     gaps = sorted(g for r in results for g in r["gaps"])
     ttfts = sorted(r["ttft"] for r in results)
@@ -83,7 +62,7 @@ async def drive(url: str, workload: str, docs: list[str], clients: int, turns: i
             "prompt_tokens": prompt, "hit": sum(r["cached"] for r in results) / prompt if prompt else 0.0}
 
 
-def run(args, folder, docs, start_server, rss_mb) -> None:
+def run(args, folder, docs, start_server, rss_mb, request) -> None:
     """Each --clients count: lmkit serve with the prefix cache (--cache-memory 1 GiB) and without, one untimed pass
     then --repeat timed ones, the median pass by tokens/s printed."""
     print(f"workload {args.workload}: " + ("conversations of %d turns after one shared system prompt" % args.turns
@@ -96,7 +75,7 @@ def run(args, folder, docs, start_server, rss_mb) -> None:
             process, url = start_server("lmkit", folder, args.threads, max(16, n), args.prefill_chunk,
                                         extra=["--cache-memory", memory])
             try:
-                passes = [asyncio.run(drive(url, args.workload, docs, n, args.turns, args.max_tokens, p))
+                passes = [asyncio.run(drive(request, url, args.workload, docs, n, args.turns, args.max_tokens, p))
                           for p in range(args.repeat + 1)][1:]
                 rows[side] = sorted(passes, key=lambda r: r["tok_s"])[len(passes) // 2]
                 rows[side]["rss"] = rss_mb(process.pid)
