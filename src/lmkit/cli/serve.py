@@ -108,4 +108,7 @@ def _describe(server) -> str:
     """The served folder in a few words: its kind and context."""
     if server.model is None:
         return f"{server.folder} (embeddings)"
-    return f"{server.folder} ({server.model.config.max_seq_len} positions)"
+    prefix = server.engine.prefix
+    cache = f"prefix cache {prefix.budget / (1 << 30):.2f} GiB" if prefix is not None else "no prefix cache"
+    adapters = f", LoRA adapters {', '.join(server.loras)}" if server.loras else ""
+    return f"{server.folder} ({server.model.config.max_seq_len} positions, {cache}{adapters})"
