@@ -11,6 +11,8 @@ up, or a server starved of CPU by other work on the machine, shows.
 
     python bench/bench_serve.py [--clients 1 4 16 64] [--max-tokens 32] [--threads 1] [--repeat 3]
     python bench/bench_serve.py --soak 600     # faults and memory over time: see serve_soak.py
+    python bench/bench_serve.py --workload chat|rag   # prefix caching on and off: see serve_workloads.py
+    python bench/bench_serve.py --budgets 64 256 1024 --clients 1 16   # the step's token budget
 """
 
 import argparse
@@ -35,8 +37,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 
-def make_folder(path: Path) -> Path:
-    """A random GPT-2-shaped model (d 256, 4 layers, 8 heads) with a byte-level BPE tokenizer of the stdlib docs."""
+def make_folder(path: Path, shape: str = "small") -> Path:
+    """A random model with a byte-level BPE tokenizer of the stdlib docs: GPT-2-shaped (d 256, 4 layers, 8 heads), or
+    with `shape` "issue" the LLaMA body issue 38 raced vLLM with (hidden 512, 8 layers, 8 heads, 4 KV heads) on this
+    tokenizer's vocabulary."""
     import torch
     import transformers
 
@@ -47,9 +51,15 @@ def make_folder(path: Path) -> Path:
     tok = lmkit.train_tokenizer(texts, kind="bpe", vocab_size=4000, special_tokens=["<|endoftext|>"])
     torch.manual_seed(0)
     # no EOS id: every side generates exactly --max-tokens tokens per request
-    cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_embd=256, n_layer=4, n_head=8, n_positions=512,
-                                  bos_token_id=None, eos_token_id=None)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(path)
+    if shape == "issue":
+        cfg = transformers.LlamaConfig(vocab_size=tok.vocab_size, hidden_size=512, intermediate_size=1536,
+                                       num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                                       max_position_embeddings=1024, bos_token_id=None, eos_token_id=None)
+        transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    else:
+        cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_embd=256, n_layer=4, n_head=8, n_positions=512,
+                                      bos_token_id=None, eos_token_id=None)
+        transformers.GPT2LMHeadModel(cfg).save_pretrained(path)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
                                                             "tokenizer_class": "PreTrainedTokenizerFast"}))
@@ -109,13 +119,14 @@ def free_port() -> int:
 
 
 def start(kind: str, folder: Path, threads: int, max_concurrency: int, prefill_chunk: int,
-          max_queue: int = 1024) -> tuple[subprocess.Popen, str]:
+          max_queue: int = 1024, extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src"),
            "TOKENIZERS_PARALLELISM": "false"}
     if kind == "lmkit":
         cmd = [sys.executable, "-m", "lmkit", "serve", "--model", str(folder), "--port", str(port),
-               "--max-concurrency", str(max_concurrency), "--max-queue", str(max_queue), "--prefill-chunk", str(prefill_chunk)]
+               "--max-concurrency", str(max_concurrency), "--max-queue", str(max_queue), "--prefill-chunk", str(prefill_chunk),
+               *(extra or [])]
     else:
         cmd = [sys.executable, __file__, "--baseline-server", str(folder), "--port", str(port)]
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -153,10 +164,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed greedy completion: its time to first token, the gaps between tokens, its text and its usage
+    (completion tokens, prompt tokens, and of those the ones the prefix cache served)."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    stamps, tokens = [], 0
+    stamps, text, usage = [], [], {}
     async with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()}")
@@ -164,12 +177,13 @@ async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
+            usage = chunk.get("usage") or usage
             if chunk["choices"] and chunk["choices"][0]["text"]:
                 stamps.append(time.perf_counter())
-    return {"ttft": stamps[0] - start if stamps else float("nan"),
-            "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens}
+                text.append(chunk["choices"][0]["text"])
+    return {"ttft": stamps[0] - start if stamps else float("nan"), "gaps": [b - a for a, b in zip(stamps, stamps[1:])],
+            "text": "".join(text), "tokens": usage.get("completion_tokens", 0), "prompt": usage.get("prompt_tokens", 0),
+            "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
 
 
 async def drive(url: str, prompts: list[str], max_tokens: int) -> dict:
@@ -229,6 +243,24 @@ def static_batched(folder: Path, prompts: list[str], max_tokens: int, threads: i
     return sorted(runs)[len(runs) // 2]
 
 
+def budgets(args, folder: Path, tok, docs: list[str]) -> None:
+    """lmkit serve alone at each token budget a step (--prefill-chunk), the plain workload's prompts."""
+    print(f"{'clients':>7} {'budget':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}")
+    for n in args.clients:
+        prompts = [docs[i % len(docs)][:200 + 7 * i] for i in range(n)]
+        lengths = [len(tok.encode(p)) for p in prompts]
+        print(f"{n:>7} prompts of {min(lengths)} to {max(lengths)} tokens, {args.max_tokens} new tokens each")
+        for budget in args.budgets:
+            process, url = start("lmkit", folder, args.threads, max(16, n), budget)
+            try:
+                r = timed_passes(url, process.pid, prompts, args.max_tokens, args.repeat)
+            finally:
+                process.terminate()
+                process.wait(timeout=30)
+            print(f"{n:>7} {budget:>7} {r['tok_s']:>8.1f} {r['ttft_p50'] * 1e3:>7.1f}ms {r['ttft_p99'] * 1e3:>7.1f}ms "
+                  f"{r['itl_p50'] * 1e3:>6.1f}ms {r['itl_p99'] * 1e3:>6.1f}ms", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="*", default=[1, 4, 16, 64])
@@ -239,6 +271,16 @@ def main() -> None:
     parser.add_argument("--soak", type=float, default=None, metavar="SECONDS",
                         help="instead: a soak of this many seconds (serve_soak.py): random requests, disconnects and "
                              "bad input against lmkit serve, its RSS sampled over time")
+    parser.add_argument("--workload", choices=["plain", "chat", "rag"], default="plain",
+                        help="plain: the comparison above; chat, rag: prompts sharing prefixes, lmkit serve with its "
+                             "prefix cache against itself without it (serve_workloads.py)")
+    parser.add_argument("--shape", choices=["small", "issue"], default="small",
+                        help="the random model: small (GPT-2, d 256, 4 layers) or issue 38's LLaMA body (hidden 512, "
+                             "8 layers, 8 heads, 4 KV heads)")
+    parser.add_argument("--turns", type=int, default=3, help="turns of each --workload chat conversation")
+    parser.add_argument("--budgets", type=int, nargs="*", default=None, metavar="N",
+                        help="instead: lmkit serve alone at each of these --prefill-chunk token budgets (the plain "
+                             "workload), to choose the budget")
     parser.add_argument("--baseline-server", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -253,7 +295,7 @@ def main() -> None:
 
     docs = [d.text for d in load_corpus("pydocs") if len(d.text) > 400]
     with tempfile.TemporaryDirectory() as tmp:
-        folder = make_folder(Path(tmp) / "model")
+        folder = make_folder(Path(tmp) / "model", args.shape)
         print(f"CPU: {machine.cpu_name()} (bf16 {'native' if machine.bf16_native() else 'emulated'}), "
               f"{os.cpu_count()} cores seen, load average {os.getloadavg()[0]:.1f}; {args.threads} torch thread(s) "
               f"per server")
@@ -267,9 +309,17 @@ def main() -> None:
                 process.terminate()
                 process.wait(timeout=30)
             return
+        if args.workload != "plain":
+            import serve_workloads
+
+            serve_workloads.run(args, folder, docs, start, rss_mb, one_client)
+            return
         import lmkit
 
         tok = lmkit.load_tokenizer(folder)
+        if args.budgets:
+            budgets(args, folder, tok, docs)
+            return
         print(f"{'clients':>7} {'side':>10} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}"
               f" {'wall':>6} {'client CPU':>10} {'server CPU':>10}")
         for n in args.clients:

@@ -60,3 +60,16 @@ def test_ready_line_access_log_and_a_busy_port(folder):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--cache-memory", "0.00001"), "cannot hold one request"),
+    (("--lora", "no-equals-sign"), "give NAME=ADAPTER_DIR"),
+    (("--lora", "x=/nonexistent/adapter"), "is not a folder"),
+])
+def test_a_cache_too_small_or_a_bad_adapter_exits_2_with_one_line(folder, flags, message):
+    process = _serve("--model", folder, "--port", "0", *flags)
+    out, err = process.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    assert process.returncode == 2 and len(lines) == 1 and not out, err
+    assert message in lines[0]

@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests that may wait; more get 429 with Retry-After (default 256)")
     p.add_argument("--prefill-chunk", type=int, default=256, metavar="N",
-                   help="prompt tokens prefilled per step, across requests (default 256)")
+                   help="tokens a step: one per running stream, prompt chunks in the rest, as vLLM's "
+                        "--max-num-batched-tokens (default 256)")
     p.add_argument("--cors-origins", nargs="*", default=None, metavar="ORIGIN",
                    help="allow browser pages from these origins (default: no CORS headers)")
     p.add_argument("--max-body", type=int, default=4 << 20, metavar="BYTES", help="largest request body; past it the answer is 413 (default "
@@ -34,6 +35,13 @@ def register(subparsers) -> None:
     p.add_argument("--rag", default=None, metavar="INDEX",
                    help="answer chat turns from an `lmkit rag index` folder: sources returned beside the message "
                         "(default: no retrieval)")
+    p.add_argument("--cache-memory", type=float, default=None, metavar="GIB",
+                   help="GiB of keys and values kept for later requests that share a prompt prefix (automatic prefix "
+                        "caching, least recently used evicted); 0: off (default: 1 GiB, or one full context where "
+                        "that is more)")
+    p.add_argument("--lora", nargs="+", action="extend", default=None, metavar="NAME=DIR",
+                   help="serve the LoRA adapter in DIR (PEFT format) as model NAME beside the base, per request; "
+                        "more at run time with POST /v1/load_lora_adapter (default: none)")
     add_device_argument(p)
     p.set_defaults(func=run)
 
@@ -45,15 +53,19 @@ def run(args) -> int:
     import uvicorn
 
     from lmkit.serve import build_app
+    from lmkit.serve.lora import parse_loras
 
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model {args.model} is not a folder; give a model folder (config.json, weights, tokenizer)")
     if args.max_concurrency < 1 or args.max_queue < 0 or args.prefill_chunk < 1:
         raise ConfigError("--max-concurrency and --prefill-chunk must be >= 1 and --max-queue >= 0")
+    if args.cache_memory is not None and args.cache_memory < 0:
+        raise ConfigError("--cache-memory must be >= 0 (GiB; 0 turns prefix caching off)")
+    cache_memory = None if args.cache_memory is None else int(args.cache_memory * (1 << 30))
     app = build_app(args.model, api_key=args.api_key, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     cors_origins=args.cors_origins, max_body=args.max_body, prefill_chunk=args.prefill_chunk,
                     model_name=args.model_name, rag=args.rag, access_log=None if args.quiet else sys.stderr,
-                    device=device_of(args))
+                    device=device_of(args), cache_memory=cache_memory, loras=parse_loras(args.lora))
     server = app.state.server
     server.load()  # before the port opens: a folder that cannot serve is one line and exit 2, not 503s
     if server.load_error:
@@ -96,4 +108,7 @@ def _describe(server) -> str:
     """The served folder in a few words: its kind and context."""
     if server.model is None:
         return f"{server.folder} (embeddings)"
-    return f"{server.folder} ({server.model.config.max_seq_len} positions)"
+    prefix = server.engine.prefix
+    cache = f"prefix cache {prefix.budget / (1 << 30):.2f} GiB" if prefix is not None else "no prefix cache"
+    adapters = f", LoRA adapters {', '.join(server.loras)}" if server.loras else ""
+    return f"{server.folder} ({server.model.config.max_seq_len} positions, {cache}{adapters})"

@@ -1,9 +1,11 @@
 """Continuous batching for decoder-only models: one running batch that requests join and leave between steps.
 
 Each request owns a slot of `SlotCache` (its keys and values, at its own length), its resolved settings, its own
-`torch.Generator` and stop criteria. A step admits waiting requests into free slots, prefills prompts in chunks
-of at most `prefill_chunk` tokens in all (so a long prompt delays the others by one chunk, not by its length),
-then runs one decoding step for every request past its prompt as one batch: new token i attends to its own slot's
+`torch.Generator` and stop criteria. A step admits waiting requests into free slots and spends a budget of
+`prefill_chunk` tokens as vLLM's chunked prefill does: one for each running stream's next token, what is left on
+chunks of waiting prompts (so arrivals lengthen a running stream's step by at most the budget, not by their
+prompts' length). It prefills those chunks, then runs one decoding step for every request past its prompt as one
+batch: new token i attends to its own slot's
 keys 0..L_i through a per-row mask, at position L_i. The next token comes from the same per-step core as
 `model.generate` (`step.next_scores` and `step.pick`), so greedy and seeded requests give the ids
 `model.generate` gives run alone (with torch.manual_seed(seed) before it), whatever else runs beside them.
@@ -32,10 +34,13 @@ import torch
 from lmkit.device import module_device, place
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
+from lmkit.generation.logprobs import record_prompt_logprobs, top_logprobs
+from lmkit.generation.lora_rows import Adapters, Weights
+from lmkit.generation.prefix_cache import PrefixCache
 from lmkit.generation.processors import CountPenalties
 from lmkit.generation.step import Decoding, decoding_for, next_scores, pick
 from lmkit.generation.stopping import stop_reached
-from lmkit.generation.slots import DecodeView, PrefillView, SlotCache
+from lmkit.generation.slots import DecodeView, SlotCache, prefill_logits
 
 
 @dataclass
@@ -54,6 +59,7 @@ class Request:
     frequency_penalty: float = 0.0
     on_event: Callable[["Request"], None] | None = None
     group: "Group | None" = None  # set by Engine.prepare_group
+    adapter: str | None = None  # the LoRA adapter the request decodes with (Engine.adapters), None: the base model
     # ---- written by the engine
     output: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
@@ -67,6 +73,7 @@ class Request:
     generator: torch.Generator | None = None
     slot: int | None = None
     prefilled: int = 0
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -86,22 +93,16 @@ class Group:
         return next((m for m in self.members if not m.finished), None)
 
 
-def _top(log_probs: torch.Tensor, n: int, chosen: int) -> dict[int, float]:
-    """The n likeliest tokens' log-probabilities, and the chosen token's, from the one tensor."""
-    top = torch.topk(log_probs, min(n, log_probs.shape[-1])) if n else None
-    out = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist()))
-    out.setdefault(chosen, float(log_probs[chosen]))
-    return out
-
-
 class Engine:
     """Runs `Request`s through `model` (a decoder-only CausalLM) `max_batch` at a time; see the module docstring.
 
     The engine takes the model as it is when it first decodes: change its weights or hooks, or torch's thread
     count, and make a new engine."""
 
-    def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 256, device: str | torch.device | None = None):
-        """`device` ("auto", "cpu", "cuda[:N]", "mps"): where the model is moved to run; None: where it is."""
+    def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 256, device: str | torch.device | None = None,
+                 cache_memory: int = 0):
+        """`device` ("auto", "cpu", "cuda[:N]", "mps"): where the model is moved to run; None: where it is.
+        `cache_memory`: bytes of keys and values the prefix cache keeps for later requests (0: no prefix caching)."""
         config = model.config
         if config.architecture != "decoder":
             raise GenerationError(f"the serving engine decodes decoder-only models; this folder is {config.architecture}")
@@ -112,6 +113,9 @@ class Engine:
         self.model, self.max_batch, self.prefill_chunk = place(model, device).eval(), max_batch, prefill_chunk
         self.device = module_device(self.model)
         self.cache = SlotCache(max_batch)
+        self.prefix = PrefixCache(self.model, cache_memory) if cache_memory else None
+        self.adapters = Adapters(self.model)
+        self._model_lock = threading.Lock()  # held by a step, and by adding or removing an adapter
         self.free = list(range(max_batch))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -132,6 +136,8 @@ class Engine:
         if cfg.num_beams != 1 or cfg.num_return_sequences != 1:
             raise GenerationError("the engine decodes one sequence per request without beams; for n samples "
                                   "prepare n requests as a group (Engine.prepare_group)")
+        if request.adapter is not None and request.adapter not in self.adapters.names:
+            raise GenerationError(f"no adapter named {request.adapter!r} is loaded; load it first (add_adapter)")
         if decoding.stops and request.tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: set Request.tokenizer")
         if request.presence_penalty or request.frequency_penalty:  # the request's own processor, before the config's
@@ -167,6 +173,8 @@ class Engine:
                 self.prepare(member)
         now = time.perf_counter()
         with self.wakeup:
+            if request.adapter is not None and request.adapter not in self.adapters.names:  # unloaded meanwhile
+                raise GenerationError(f"no adapter named {request.adapter!r} is loaded; load it first (add_adapter)")
             for member in batch:
                 if not member.submitted:
                     member.submitted = now
@@ -179,6 +187,22 @@ class Engine:
         request.cancelled = True
         with self.wakeup:
             self.wakeup.notify()
+
+    def add_adapter(self, name: str, weights: Weights) -> None:
+        """Serve LoRA adapter `name` (module name -> (A, B, scaling)) beside the base model, per request."""
+        with self._model_lock:
+            with torch.inference_mode():  # the lean plans of the bare model serve the steps no adapter takes part in
+                self._plan(1), self._plan(2)
+            self.adapters.add(name, weights)
+            self.model = self.adapters.model
+
+    def remove_adapter(self, name: str) -> None:
+        with self._model_lock, self.wakeup:
+            if name not in self.adapters.names:
+                raise GenerationError(f"no adapter named {name!r} is loaded")
+            if any(r.adapter == name for r in [*self.running, *self.waiting]):
+                raise GenerationError(f"adapter {name!r} still has requests running; unload it once they finish")
+            self.adapters.remove(name)
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting)."""
@@ -212,8 +236,12 @@ class Engine:
         self._emit_events()
 
     # ---- one step -------------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self) -> None:
+        with self._model_lock:
+            self._step()
+
+    @torch.inference_mode()
+    def _step(self) -> None:
         for request in [r for r in self.running if r.cancelled]:
             self._finish(request, "cancelled")
         self.running = [r for r in self.running if not r.finished]
@@ -233,14 +261,21 @@ class Engine:
                     request.slot = self.free.pop(0)
                     self.cache.lengths[request.slot] = 0
                     self.running.append(request)
-        budget, fresh = self.prefill_chunk, set()
+                    self._reuse(request)
+        # one token budget a step, as vLLM's chunked prefill: every running stream's next token first, prompt
+        # chunks in what is left, so that arrivals lengthen a running stream's step by at most the budget
+        decoding = sum(1 for r in self.running if r.output and not r.finished)
+        budget, fresh, chunks = max(self.prefill_chunk - decoding, 0), set(), []
         for request in self.running:
             if budget == 0:
                 break
             if request.prefilled < len(request.prompt) and not request.finished \
                     and (request.group is None or request.group.leader() is request):
-                budget -= self._prefill(request, budget)
+                chunks.append((request, min(len(request.prompt) - request.prefilled, budget)))
+                budget -= chunks[-1][1]
                 fresh.update(id(m) for m in (request.group.members if request.group is not None else [request]))
+        if chunks:
+            self._prefill(chunks)
         decoding = [r for r in self.running if r.output and not r.finished and id(r) not in fresh]
         if decoding:
             self._decode(sorted(decoding, key=lambda r: r.slot))
@@ -254,20 +289,31 @@ class Engine:
             if request.finished:
                 request.done.set()
 
-    def _prefill(self, request: Request, budget: int) -> int:
-        """Feed up to `budget` more prompt tokens; after the last one, choose the first new token."""
-        start, prompt = request.prefilled, request.prompt
-        end = min(len(prompt), start + budget)
-        tokens = torch.tensor([prompt[start:end]], device=self.device)
-        positions = torch.arange(start, end, device=self.device)[None]
-        keep = 0 if request.prompt_logprobs is not None else 1
-        out = self.model(tokens, position_ids=positions, past_key_values=PrefillView(self.cache, request.slot),
-                         use_cache=True, logits_to_keep=keep)
+    def _prefill(self, chunks: list[tuple[Request, int]]) -> None:
+        """Feed each request its next `count` prompt tokens ((request, count) pairs): one that wants every position's
+        log-probability alone, the others as one left-padded batch; after a prompt's last token, choose its first
+        new token."""
+        batch = [c for c in chunks if c[0].prompt_logprobs is None]
+        for rows in [[c] for c in chunks if c[0].prompt_logprobs is not None] + ([batch] if batch else []):
+            requests, starts, counts = [r for r, _ in rows], [r.prefilled for r, _ in rows], [c for _, c in rows]
+            self.adapters.route([r.adapter for r in requests])
+            logits = prefill_logits(self.model, self.cache, [(r.slot, r.prompt[s:s + c], s) for r, s, c in
+                                                             zip(requests, starts, counts)],
+                                    keep_all=requests[0].prompt_logprobs is not None)
+            self.adapters.rows = {}  # a forward outside the engine (generate on the model) is the base model's
+            for row, (request, start, count) in enumerate(zip(requests, starts, counts)):
+                self._prefilled(request, logits[row], start, start + count)
+
+    def _prefilled(self, request: Request, logits: torch.Tensor, start: int, end: int) -> None:
+        """Record that `request`'s prompt is in its slot up to `end`; `logits` of its chunk start..end-1 (all or the
+        last); after the last prompt token, choose the first new token."""
+        prompt = request.prompt
         self.cache.lengths[request.slot] = end
         request.prefilled = end
-        logits = out.logits[0].float()
+        if self.prefix is not None:
+            self.prefix.store(self.cache, request.slot, prompt[:end], self.adapters.key(request.adapter))
         if request.prompt_logprobs is not None:
-            self._prompt_logprobs(request, logits, start, end)
+            record_prompt_logprobs(request, logits, start, end)
         if end == len(prompt):
             members = [request] if request.group is None else [m for m in request.group.members if not m.finished]
             for member in members:
@@ -283,30 +329,28 @@ class Engine:
                 self._choose(request, logits[-1:])
             else:
                 self._draw_group(request.group, {id(m): logits[-1:].clone() for m in members})
-        return end - start
 
-    def _prompt_logprobs(self, request: Request, logits: torch.Tensor, start: int, end: int) -> None:
-        """log p(prompt[i] | prompt[:i]) for i in start+1..end-1 from this chunk's logits (the next chunk's first
-        token is scored by this chunk's last position)."""
-        log_probs = torch.log_softmax(logits, dim=-1)
-        if start == 0:
-            request.prompt_token_logprobs.append(None)
-            request.prompt_top_logprobs.append(None)
-        targets = request.prompt[start + 1:end + 1]
-        for row, token in enumerate(targets):
-            request.prompt_token_logprobs.append(float(log_probs[row, token]))
-            request.prompt_top_logprobs.append(_top(log_probs[row], request.prompt_logprobs, token))
+    def _reuse(self, request: Request) -> None:
+        """Start a newly admitted request (a group's leader) from the longest prefix of its prompt the prefix cache
+        holds; not one that asked for prompt log-probabilities, which need every prompt position's logits."""
+        if self.prefix is None or request.prompt_logprobs is not None \
+                or (request.group is not None and request is not request.group.members[0]):
+            return
+        request.cached_tokens = request.prefilled = self.prefix.load(self.cache, request.slot, request.prompt,
+                                                                     self.adapters.key(request.adapter))
 
     def _decode(self, requests: list[Request]) -> None:
         slots = [r.slot for r in requests]
         view = DecodeView(self.cache, slots, self.device)
         tokens = torch.tensor([[r.output[-1]] for r in requests], device=self.device)
-        plan = self._plan(len(requests))
+        adapted = self.adapters.route([r.adapter for r in requests])
+        plan = None if adapted else self._plan(len(requests))
         if plan is not None:
             logits = plan.step(tokens, view, view.lengths[:, None], view.allowed)
         else:
             logits = self.model(tokens, attention_mask=view.allowed, position_ids=view.lengths[:, None],
                                 past_key_values=view, use_cache=True, logits_to_keep=1).logits[:, -1]
+            self.adapters.rows = {}
         for slot in slots:
             self.cache.lengths[slot] += 1
         logits = logits.float()
@@ -353,7 +397,7 @@ class Engine:
         if request.logprobs is not None:
             log_probs = torch.log_softmax(raw[0], dim=-1)  # the model's own distribution
             request.token_logprobs.append(float(log_probs[token]))
-            request.top_logprobs.append(_top(log_probs, request.logprobs, token))
+            request.top_logprobs.append(top_logprobs(log_probs, request.logprobs, token))
         if token in decoding.eos or (decoding.stops and stop_reached(request.tokenizer, request.output,
                                                                      decoding.stops)):
             self._finish(request, "stop")
@@ -366,6 +410,8 @@ class Engine:
         if request.finished:
             return
         request.finish_reason = reason
+        if request.slot is not None and self.prefix is not None and reason != "cancelled":
+            self.prefix.store(self.cache, request.slot, request.prompt + request.output, self.adapters.key(request.adapter))
         if request.slot is not None:
             self.free.append(request.slot)
             self.free.sort()  # low slots first keeps the batch's rows consecutive more often

@@ -27,6 +27,20 @@ class SlotCache:
             self.values[layer][target, :, :length] = self.values[layer][source, :, :length]
         self.lengths[target] = length
 
+    def read(self, slot: int, start: int, end: int) -> torch.Tensor:
+        """Slot `slot`'s keys and values of positions start..end-1: (layers, 2, H, end - start, D)."""
+        return torch.stack([torch.stack((self.keys[layer][slot, :, start:end], self.values[layer][slot, :, start:end]))
+                            for layer in sorted(self.keys)])
+
+    def write(self, slot: int, start: int, kv: torch.Tensor) -> None:
+        """Put `kv` (layers, 2, H, T, D), as `read` returns it, at positions start..start+T-1 of `slot`."""
+        end = start + kv.shape[3]
+        for layer in range(kv.shape[0]):
+            keys, values = self.buffers(layer, kv[layer, :1], end)
+            keys[slot, :, start:end] = kv[layer, 0]
+            values[slot, :, start:end] = kv[layer, 1]
+        self.lengths[slot] = end
+
     def buffers(self, layer: int, like: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys = self.keys.get(layer)
         if keys is None or keys.shape[2] < needed:
@@ -81,3 +95,57 @@ class DecodeView:
             return keys[self.span, :, :self.past + 1], values[self.span, :, :self.past + 1]
         return (keys[:, :, :self.past + 1].index_select(0, self.rows),
                 values[:, :, :self.past + 1].index_select(0, self.rows))
+
+
+class BatchPrefillView:
+    """The cache as one forward over prompt chunks of several slots sees it, laid out as generate's left-padded
+    batch: row b's chunk of c_b tokens continues slot b at start s_b, left-padded to the widest chunk C, and its
+    keys 0..s_b + c_b end at the right edge of K = max(s_b + c_b, C) keys (`mask` marks them), so that causal
+    attention over the past K - C keys lets each query see exactly its own slot's keys up to itself."""
+
+    def __init__(self, cache: SlotCache, slots: list[int], starts: list[int], lengths: list[int]):
+        self.cache, self.slots, self.starts, self.lengths, self.cross = cache, slots, starts, lengths, {}
+        self.ends = [s + c for s, c in zip(starts, lengths)]
+        self.width = max(lengths)
+        self.total = max(max(self.ends), self.width)
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.total - self.width
+
+    def mask(self, device: torch.device) -> torch.Tensor:
+        """(B, K): 1 at each row's keys, 0 at the padding before them."""
+        return (torch.arange(self.total, device=device)[None]
+                >= torch.tensor([self.total - e for e in self.ends], device=device)[:, None]).long()
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.cache.buffers(layer, k, max(self.ends))
+        out_k = k.new_zeros(k.shape[0], k.shape[1], self.total, k.shape[3])
+        out_v = torch.zeros_like(out_k)
+        for row, (slot, start, end, length) in enumerate(zip(self.slots, self.starts, self.ends, self.lengths)):
+            keys[slot, :, start:end] = k[row, :, self.width - length:]
+            values[slot, :, start:end] = v[row, :, self.width - length:]
+            out_k[row, :, self.total - end:] = keys[slot, :, :end]
+            out_v[row, :, self.total - end:] = values[slot, :, :end]
+        return out_k, out_v
+
+
+def prefill_logits(model, cache: SlotCache, rows: list[tuple[int, list[int], int]], keep_all: bool) -> torch.Tensor:
+    """One forward over prompt chunks (slot, tokens, start) written into their slots: one chunk as it is, several
+    left-padded as generate's batches are (`BatchPrefillView`; the padding's keys are masked, its outputs dropped).
+    The logits (rows, T or 1, V) of every position (`keep_all`) or of each chunk's last token."""
+    device = next(model.parameters()).device
+    if len(rows) == 1:
+        slot, tokens, start = rows[0]
+        view, mask = PrefillView(cache, slot), None
+        ids = torch.tensor([tokens], device=device)
+        positions = torch.arange(start, start + len(tokens), device=device)[None]
+    else:
+        width = max(len(tokens) for _, tokens, _ in rows)
+        view = BatchPrefillView(cache, [r[0] for r in rows], [r[2] for r in rows], [len(r[1]) for r in rows])
+        mask = view.mask(device)
+        ids = torch.tensor([[0] * (width - len(t)) + t for _, t, _ in rows], device=device)
+        positions = torch.tensor([[0] * (width - len(t)) + list(range(s, s + len(t))) for _, t, s in rows],
+                                 device=device)
+    out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=view, use_cache=True,
+                logits_to_keep=0 if keep_all else 1)
+    return out.logits.float()

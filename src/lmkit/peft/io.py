@@ -214,3 +214,19 @@ def _load_ia3(model: nn.Module, raw: dict, tensors: dict) -> list[str]:
             replace_module(model, part, layer)
             targets.append(part)
     return targets
+
+
+def lora_weights(model: nn.Module, path) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+    """The LoRA of a PEFT-format folder as {module name of `model`: (A, B, scaling)}, `model` left as it is: what a
+    server applying adapters per request (`generation.lora_rows`) takes. Adapters that change more than their
+    low-rank updates (modules trained in full, biases, QLoRA's quantized base, other methods) are refused."""
+    import copy
+
+    peft = load_adapter(copy.deepcopy(model), path)
+    config = peft.peft_config
+    if config.method != "lora" or config.modules_to_save or config.bias != "none":
+        raise ConfigError(f"{path}: only a plain LoRA adapter (no modules_to_save, bias 'none') applies per request; "
+                          f"this one is {config.method} with modules_to_save={config.modules_to_save} and bias "
+                          f"{config.bias!r}: merge it into the model and serve that folder")
+    return {name: (m.lora_A.weight.detach(), m.lora_B.weight.detach(), m.scaling)
+            for name, m in lora.lora_layers(peft.base_model).items()}

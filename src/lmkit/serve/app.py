@@ -22,8 +22,10 @@ import lmkit
 from lmkit.errors import LmkitError
 from lmkit.chat_session import end_ids, sampling_defaults
 from lmkit.generation.engine import Engine
+from lmkit.generation.prefix_cache import token_bytes
 from lmkit.serve.completions import Generation, check_context
 from lmkit.serve.http import AccessLog, BearerGuard, error_response, read_json
+from lmkit.serve.lora import load_lora, model_cards, register as register_lora
 from lmkit.serve.metrics import Metrics
 from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_logprobs,
                                   parse_messages, parse_prompts, parse_sampling)
@@ -35,8 +37,11 @@ class Server:
     """What the routes share: the loaded model, tokenizer, engine and metrics."""
 
     def __init__(self, folder: str | Path, max_concurrency: int = 16, max_queue: int = 256, prefill_chunk: int = 256,
-                 model_name: str | None = None, rag: str | Path | None = None, device=None):
+                 model_name: str | None = None, rag: str | Path | None = None, device=None, cache_memory: int | None = 0,
+                 loras: dict[str, str] | None = None):
+        """`cache_memory`: bytes of the prefix cache (0: none, None: the default size); `loras`: {name: adapter folder} served per request."""
         self.folder, self.rag_path, self.rag = Path(folder), rag, None
+        self.cache_memory, self.lora_folders, self.loras = cache_memory, dict(loras or {}), {}
         self.device = device  # where the model (and the RAG index's encoder) run; None: the CPU
         self.model_name = model_name or self.folder.name
         self.max_concurrency, self.max_queue, self.prefill_chunk = max_concurrency, max_queue, prefill_chunk
@@ -69,7 +74,13 @@ class Server:
                 self.tokenizer = lmkit.load_tokenizer(self.folder)
                 self.special_ids = set(getattr(self.tokenizer, "all_special_ids", []) or [])
                 self.end_ids, self.sampling_defaults = end_ids(model, self.tokenizer), sampling_defaults(model)
-                self.engine = Engine(self.model, max_batch=self.max_concurrency, prefill_chunk=self.prefill_chunk)
+                memory = self.cache_memory  # None: 1 GiB, or one full context where that is more
+                if memory is None:
+                    memory = max(1 << 30, token_bytes(model) * model.config.max_seq_len)
+                self.engine = Engine(self.model, max_batch=self.max_concurrency, prefill_chunk=self.prefill_chunk,
+                                     cache_memory=memory)
+                for name, lora_folder in self.lora_folders.items():
+                    load_lora(self, name, lora_folder)
                 threading.Thread(target=self.engine.serve_forever, name="lmkit-engine", daemon=True).start()
         except (LmkitError, OSError) as exc:
             self.load_error = str(exc)
@@ -82,15 +93,17 @@ class Server:
         if self.load_error:
             raise APIError(503, f"the model failed to load: {self.load_error}", code="load_failed")
 
-    def check_model(self, body: dict) -> None:
-        """A request naming another model gets OpenAI's 404 (model_not_found), as vLLM answers it."""
+    def check_model(self, body: dict) -> str | None:
+        """The LoRA adapter the request's model names (None: the base model); a request naming another model gets
+        OpenAI's 404 (model_not_found), as vLLM answers it."""
         name = body.get("model")
         if name is not None and not isinstance(name, str):
             raise APIError(400, "model: must be a string", param="model", code="invalid_value")
-        if name is not None and name != self.model_name:
+        if name is not None and name != self.model_name and name not in self.loras:
             raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}` "
                                 "(GET /v1/models lists it)", param="model", code="model_not_found",
                            kind="invalid_request_error")
+        return name if name in self.loras else None
 
     @property
     def context(self) -> int:
@@ -108,9 +121,11 @@ class Server:
 
 def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: int = 16, max_queue: int = 256,
               cors_origins: list[str] | None = None, max_body: int = 4 << 20, prefill_chunk: int = 256,
-              model_name: str | None = None, rag: str | Path | None = None, access_log=None, device=None) -> FastAPI:
-    """`access_log`: a text stream that gets one line per request (None: no log)."""
-    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag, device)
+              model_name: str | None = None, rag: str | Path | None = None, access_log=None, device=None,
+              cache_memory: int | None = 0, loras: dict[str, str] | None = None) -> FastAPI:
+    """`access_log`: a text stream that gets one line per request (None: no log); `cache_memory`, `loras`: see
+    `Server`."""
+    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag, device, cache_memory, loras)
 
     async def lifespan(app):
         if not server.ready.is_set():
@@ -151,6 +166,8 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
                                             + (f"; use {allow}" if allow else ""), code="method_not_allowed",
                                        headers={"Allow": allow} if allow else None))
 
+    register_lora(app, server, max_body)
+
     @app.get("/health")
     async def health():
         server.check_ready()
@@ -163,9 +180,9 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
     @app.get("/v1/models")
     async def models():
         server.check_ready()
-        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": 0,
-                                            "owned_by": "lmkit", "max_model_len": _max_len(server),
-                                            "sampling_defaults": server.sampling_defaults}]}
+        return {"object": "list", "data": model_cards(server, {
+            "id": server.model_name, "object": "model", "created": 0, "owned_by": "lmkit",
+            "max_model_len": _max_len(server), "sampling_defaults": server.sampling_defaults})}
 
     @app.get("/")
     async def page():
@@ -282,7 +299,7 @@ def _chat_prompt(server: Server, messages: list[dict], add_generation_prompt: bo
 async def _generate(server: Server, http: Request, body, chat: bool):
     body = check_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
     server.check_ready()
-    server.check_model(body)
+    adapter = server.check_model(body)
     if server.engine is None:
         raise APIError(400, "this server holds an encoder; it answers /v1/embeddings only", code="not_generative")
     vocab, sources = server.model.config.vocab_size, None
@@ -313,7 +330,7 @@ async def _generate(server: Server, http: Request, body, chat: bool):
                            param="messages", code="context_length_exceeded")
         check_context(prompt, wanted, server.context)
         lengths.append(wanted)
-    generation = Generation(server, prompts, sampling, lengths, logprobs, echo, chat)
+    generation = Generation(server, prompts, sampling, lengths, logprobs, echo, chat, adapter=adapter)
     server.admit(len(generation.choices))
     generation.submit()
     endpoint = "chat" if chat else "completions"

@@ -64,8 +64,10 @@ class Generation:
     """The choices of one HTTP request, submitted to the server's engine."""
 
     def __init__(self, server, prompts: list[list[int]], sampling: Sampling, max_new_tokens: list[int],
-                 logprobs: int | None, echo: bool, chat: bool):
+                 logprobs: int | None, echo: bool, chat: bool, adapter: str | None = None):
+        """`adapter`: the LoRA adapter the choices decode with (None: the base model), the answer's model."""
         self.server, self.sampling, self.logprobs, self.echo, self.chat = server, sampling, logprobs, echo, chat
+        self.model = adapter or server.model_name
         self.prompts = prompts
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
@@ -82,7 +84,7 @@ class Generation:
                                   seed=seed, tokenizer=server.tokenizer, logprobs=logprobs,
                                   prompt_logprobs=logprobs if echo and logprobs is not None else None,
                                   score_only=score_only, presence_penalty=sampling.presence_penalty,
-                                  frequency_penalty=sampling.frequency_penalty)
+                                  frequency_penalty=sampling.frequency_penalty, adapter=adapter)
                 choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids))
                 request.on_event = lambda _r, c=choice: waker.wake(c.wake)
                 self.choices.append(choice)
@@ -152,12 +154,15 @@ class Generation:
             text, _, finish = self._advance(choice)
             choices.append(self._final_choice(choice, choice.text.text, finish))
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.server.model_name, "choices": choices, "usage": self.usage()}
+                "created": self.created, "model": self.model, "choices": choices, "usage": self.usage()}
 
     def usage(self) -> dict:
         prompt = sum(len(p) for p in self.prompts)
         completion = sum(len(c.request.output) for c in self.choices)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        if self.server.engine.prefix is not None:  # OpenAI's count of prompt tokens the prefix cache served
+            usage["prompt_tokens_details"] = {"cached_tokens": sum(c.request.cached_tokens for c in self.choices)}
+        return usage
 
     def _final_choice(self, choice: Choice, text: str, finish: str | None) -> dict:
         request = choice.request
@@ -214,7 +219,7 @@ class Generation:
     # ---- streams ------------------------------------------------------------------------------------
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
         body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.server.model_name, "choices": choices}
+                "created": self.created, "model": self.model, "choices": choices}
         if usage is not None:
             body["usage"] = usage
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
