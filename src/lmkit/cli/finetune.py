@@ -1,6 +1,7 @@
 """`lmkit finetune`: fine-tune a pretrained encoder for text classification (CSV or JSONL: text, text_pair, label),
 or, with --task clm, a causal LM on text (--train: a corpus name or text files), or, with --task sft, a causal LM
-on instruction data (JSONL rows: messages, prompt/completion or text); --peft picks a PEFT method."""
+on instruction data (JSONL rows: messages, prompt/completion or text), or, with --task dpo / reward, on preference
+pairs (JSONL rows: prompt, chosen, rejected); --peft picks a PEFT method."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import json
 
 from lmkit.cli.helptext import add_command
 from lmkit.cli.common import add_device_argument, device_of
+from lmkit.cli.finetune_align import add_alignment_arguments, check_flags
 from lmkit.errors import ConfigError
 
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
@@ -23,6 +25,9 @@ def register(subparsers) -> None:
                     "instructions (--task sft); --peft METHOD", description=__doc__, example_lines=(
                         "lmkit finetune --task sft --model runs/demo --train pydocs-instruct --out runs/demo/sft "
                         "--chat-template chatml --packing",
+                        "lmkit finetune --task dpo --model runs/demo/sft --train pairs.jsonl --out runs/demo/dpo --beta 0.1",
+                        "lmkit finetune --task reward --model runs/demo/sft --train pairs.jsonl --eval held.jsonl "
+                        "--out runs/demo/rm",
                         "lmkit finetune --task clm --model runs/demo --train notes/ --out runs/notes --peft lora",
                         "lmkit finetune --model bert-folder --train reviews.csv --out runs/reviews --epochs 2"))
     p.add_argument("--model", required=True, metavar="DIR", help="pretrained folder (config.json, weights, tokenizer.json): an encoder to classify, a causal LM for "
@@ -34,7 +39,8 @@ def register(subparsers) -> None:
     p.add_argument("--epochs", type=int, metavar="N", help="passes over the training data (default 3 to classify, 1 for --task sft; --task clm counts --max-steps)")
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default 3e-5 to classify; with --peft, --task clm or sft "
                    "the method's own default, 1e-3 in full)")
-    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
+    p.add_argument("--batch-size", type=int, metavar="N", help="examples per step (default 16; --task dpo and reward: "
+                   "8 pairs, TRL's)")
     p.add_argument("--max-length", type=int, metavar="N", help="tokens per example, cut beyond (default: what fits the model's "
                    "positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most 256; --task "
                    "sft: at most 1024)")
@@ -47,9 +53,11 @@ def register(subparsers) -> None:
                    "0.1, at most 20 steps)")
     p.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default 0.01; --task clm: 0)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
-    p.add_argument("--task", choices=["classify", "clm", "sft"], default="classify",
+    p.add_argument("--task", choices=["classify", "clm", "sft", "dpo", "reward"], default="classify",
                    help="classify (the default); clm: next-token fine-tuning of a causal LM on the text of --train; sft: "
-                   "supervised fine-tuning on instruction rows, loss on completions / assistant turns as TRL's SFTTrainer")
+                   "supervised fine-tuning on instruction rows, loss on completions / assistant turns as TRL's "
+                   "SFTTrainer; dpo: direct preference optimization on preference pairs, as TRL's DPOTrainer; reward: "
+                   "a Bradley-Terry reward model (a scalar head), as TRL's RewardTrainer")
     sft = p.add_argument_group("--task sft")
     sft.add_argument("--packing", action="store_true", help="pack examples into --max-length rows (best-fit "
                      "decreasing; no attention across examples; default: one example a row)")
@@ -61,6 +69,7 @@ def register(subparsers) -> None:
                      "--batch-size); the loss stays a mean over all trained tokens of the step")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (--task clm: default 200; --task sft: default "
                    "--epochs passes, a number here overrides them)")
+    add_alignment_arguments(p)
     add_run_arguments(p)
     add_peft_arguments(p)
     p.set_defaults(func=run)
@@ -133,6 +142,12 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.finetune.common import default_lr
 
     method, settings = peft_settings(args)
+    check_flags(args)
+    if args.task in ("dpo", "reward"):
+        from lmkit.cli import finetune_align
+
+        return (finetune_align.run_dpo if args.task == "dpo" else finetune_align.run_reward)(args, method, settings)
+    args.batch_size = args.batch_size or 16
     if args.task == "sft":
         return run_sft(args, method, settings)
     given = [f for f, name in SFT_ONLY if getattr(args, name) not in (None, False)]
