@@ -121,3 +121,60 @@ def test_first_three_steps_match_trl(folders, tmp_path, name, kind, loss_type, s
                   ref_model=str(ref), beta=0.5, loss_type=loss_type, label_smoothing=smoothing, max_length=max_length,
                   batch_size=len(rows), max_steps=3, lr=1e-3, precision="fp32"), log=None)
     assert_close(theirs, ours_history(out))
+
+
+def test_implicit_prompts_and_tokens_match_trl(folders, tmp_path):
+    rows = pairs("implicit")
+    _, trainer = trl_history(folders["gpt2", "policy"], None, rows, tmp_path / "trl", max_steps=1, max_length=40)
+    theirs = [dict(r) for r in trainer.train_dataset]
+    tok = lmkit.load_tokenizer(folders["gpt2", "policy"])
+    ours, report = prepare_pairs(tok, write(tmp_path / "train.jsonl", rows), 40)
+    assert report["format"] == "implicit_standard"
+    assert [(p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in ours] == [
+        (r["prompt_ids"], r["chosen_ids"], r["rejected_ids"]) for r in theirs]
+
+
+def _run(folder, tmp_path, name, **settings):
+    out = tmp_path / name
+    dpo(DPOConfig(model=str(folder), train=str(write(tmp_path / "train.jsonl", pairs("standard"))), out=str(out),
+                  max_length=40, batch_size=6, max_steps=3, lr=1e-3, precision="fp32", **settings), log=None)
+    return ours_history(out)
+
+
+def test_precomputed_reference_and_lora_reference(folders, tmp_path):
+    policy, ref = folders["gpt2", "policy"], folders["gpt2", "ref"]
+    live = _run(policy, tmp_path, "live", ref_model=str(ref))
+    assert_close(live, _run(policy, tmp_path, "pre", ref_model=str(ref), precompute_ref=True))
+    # LoRA without --ref-model: the reference is the policy with its adapters off, so the first step sees no margin
+    lora = _run(policy, tmp_path, "lora", peft="lora", peft_settings={"r": 4})
+    assert lora[0]["rewards/chosen"] == lora[0]["rewards/rejected"] == 0.0
+    assert lora[2]["rewards/margins"] > 0
+    full = _run(policy, tmp_path, "copy")  # the default reference: a frozen copy of the starting model
+    assert full[0]["rewards/margins"] == 0.0 and full[0]["logps/chosen"] == lora[0]["logps/chosen"]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"prompt": "a", "chosen": " b"}, "no 'rejected'"),
+    ({"prompt": "a", "chosen": " b", "rejected": " b"}, "chosen equals rejected"),
+    ({"prompt": _text(3, 40), "chosen": " b", "rejected": " c"}, "more than --max-prompt-length 30"),
+    ({"prompt": [{"role": "user", "content": "a"}], "chosen": " b", "rejected": " c"}, "must be text"),
+])
+def test_bad_rows_name_the_file_and_line(folders, tmp_path, bad, match):
+    tok = lmkit.load_tokenizer(folders["gpt2", "policy"])
+    path = write(tmp_path / "bad.jsonl", pairs("standard", 2) + [bad])
+    with pytest.raises(LmkitError, match=rf"bad.jsonl:3: .*{match}"):
+        prepare_pairs(tok, path, 90, max_prompt_length=30)
+
+
+def test_cli_refuses_a_prompt_that_fills_max_length_and_writes_nothing(folders, tmp_path, capsys):
+    from lmkit.cli import main
+
+    rows = pairs("standard", 2) + [{"prompt": _text(1, 60), "chosen": " yes", "rejected": " no"}]
+    out = tmp_path / "out"
+    status = main(["finetune", "--task", "dpo", "--model", str(folders["gpt2", "policy"]), "--train",
+                   str(write(tmp_path / "t.jsonl", rows)), "--out", str(out), "--max-length", "32"])
+    assert status == 2 and not out.exists()
+    assert "t.jsonl:3: the prompt is" in capsys.readouterr().err
+    status = main(["finetune", "--task", "dpo", "--model", str(folders["gpt2", "policy"]), "--train",
+                   str(tmp_path / "t.jsonl"), "--out", str(out), "--label-smoothing", "0.1"])
+    assert status == 2 and "robust only" in capsys.readouterr().err
