@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.task in ("dpo", "reward"):
         from lmkit.cli import finetune_align
 
-        return (finetune_align.run_dpo if args.task == "dpo" else finetune_align.run_reward)(args, method, settings)
+        return finetune_align.run(args, method, settings, run_settings(args), on_every_rank)
     args.batch_size = args.batch_size or 16
     if args.task == "sft":
         return run_sft(args, method, settings)

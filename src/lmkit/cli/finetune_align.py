@@ -48,25 +48,27 @@ def check_flags(args: argparse.Namespace) -> None:
         refuse(args, DPO_ONLY + NOT_HERE, "reward")
 
 
-def common_fields(args: argparse.Namespace, method: str, settings: dict) -> dict:
-    from lmkit.cli.finetune import run_settings
+def run(args: argparse.Namespace, method: str, settings: dict, run_settings: dict, on_every_rank) -> int:
+    """--task dpo or reward; `run_settings` and `on_every_rank` are `lmkit finetune`'s (the loop's flags, torchrun)."""
+    fields = common_fields(args, method, settings, run_settings)
+    return (run_dpo if args.task == "dpo" else run_reward)(args, fields, on_every_rank)
 
+
+def common_fields(args: argparse.Namespace, method: str, settings: dict, run_settings: dict) -> dict:
     fields = dict(model=args.model, train=args.train, out=args.out, eval=args.eval, max_length=args.max_length,
                   max_prompt_length=args.max_prompt_length, chat_template=args.chat_template, epochs=args.epochs or 1,
                   max_steps=args.max_steps, batch_size=args.batch_size or 8, micro_batch_size=args.micro_batch_size,
-                  seed=args.seed, peft=method, peft_settings=settings if method != "full" else {}, **run_settings(args))
+                  seed=args.seed, peft=method, peft_settings=settings if method != "full" else {}, **run_settings)
     for key in ("lr", "warmup_ratio", "weight_decay"):
         if getattr(args, key) is not None:
             fields[key] = getattr(args, key)
     return fields
 
 
-def run_dpo(args: argparse.Namespace, method: str, settings: dict) -> int:
-    from lmkit.cli.finetune import on_every_rank
+def run_dpo(args: argparse.Namespace, fields: dict, on_every_rank) -> int:
     from lmkit.cli.common import device_of
     from lmkit.finetune.dpo import DPOConfig, dpo
 
-    fields = common_fields(args, method, settings)
     for key in ("ref_model", "beta", "loss_type", "label_smoothing"):
         if getattr(args, key) is not None:
             fields[key] = getattr(args, key)
@@ -86,12 +88,10 @@ def run_dpo(args: argparse.Namespace, method: str, settings: dict) -> int:
     return 0
 
 
-def run_reward(args: argparse.Namespace, method: str, settings: dict) -> int:
-    from lmkit.cli.finetune import on_every_rank
+def run_reward(args: argparse.Namespace, fields: dict, on_every_rank) -> int:
     from lmkit.cli.common import device_of
     from lmkit.finetune.reward import RewardConfig, train_reward_model
 
-    fields = common_fields(args, method, settings)
     log = lambda line: print(f"lmkit finetune --task reward: {line}", flush=True)  # noqa: E731
     r, status = on_every_rank(lambda: train_reward_model(RewardConfig(center_rewards=args.center_rewards, **fields),
                                                          log=log), device_of(args))
