@@ -2,7 +2,8 @@
 
 With the policy's and the frozen reference's summed completion log-probabilities (finetune/logps.py) and
     d = (log pi(y_w|x) - log ref(y_w|x)) - (log pi(y_l|x) - log ref(y_l|x))
-the per-pair losses (Rafailov et al. 2023, eq. 7; Azar et al. 2024 IPO, eq. 17; Chowdhury et al. 2024, eq. 12):
+the per-pair losses (Rafailov et al. 2023 eq. 7; SLiC-HF, Zhao et al. 2023; IPO, Azar et al. 2024 eq. 17; robust
+DPO, Chowdhury et al. 2024):
     sigmoid  -log sigmoid(beta d)
     hinge    max(0, 1 - beta d)                                             (SLiC)
     ipo      (d_w / |y_w| - d_l / |y_l| - 1 / (2 beta))^2                   per-token log-ratios, as TRL
