@@ -33,7 +33,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="pretrained folder (config.json, weights, tokenizer.json): an encoder to classify, a causal LM for "
                    "--task clm and sft")
     p.add_argument("--train", required=True, metavar="FILE", help="training data: .csv with a header, or .jsonl (--task clm: a corpus name or text files; --task sft: "
-                   ".jsonl rows or pydocs-instruct)")
+                   ".jsonl rows or pydocs-instruct; --task dpo and reward: preference rows or pydocs-preference)")
     p.add_argument("--eval", metavar="FILE", help="evaluation data (default: classification holds out --val-fraction of --train; sft: none)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the best checkpoint and metrics.jsonl go")
     p.add_argument("--epochs", type=int, metavar="N", help="passes over the training data (default 3 to classify, 1 for --task sft; --task clm counts --max-steps)")

@@ -29,7 +29,7 @@ from lmkit.device import resolve_device, to_device
 from lmkit.errors import ConfigError
 from lmkit.finetune.common import check_out, check_run, model_folder, peft_for_task
 from lmkit.finetune.logps import completion_logps
-from lmkit.finetune.preference_data import collate_pairs, prepare_pairs
+from lmkit.finetune.preference_data import collate_pairs, prepare_pairs, read_preference_rows
 from lmkit.finetune.sft import _with_template, resize_token_embeddings, train_new_rows
 from lmkit.objectives import LossSum
 from lmkit.peft.lora import adapters_disabled
@@ -187,8 +187,7 @@ class DPOJob(Job):
         self.precision = check_run(c.out, c.resume, c.save_every, c.precision, c.lr_schedule)
         model, _ = model_folder(c.model, ctx.device)
         tok = load_tokenizer(c.model)
-        first = open(c.train, "rb").readline() if not str(c.train).startswith("pydocs") else b""
-        _with_template(tok, c.chat_template, b'"role"' in first, c.model)
+        _with_template(tok, c.chat_template, read_preference_rows(c.train)[1].endswith("conversational"), c.model)
         max_length = c.max_length or min(model.config.max_seq_len, 1024)
         if max_length > model.config.max_seq_len:
             raise ConfigError(f"--max-length {max_length} is more than the model's {model.config.max_seq_len} positions")

@@ -89,7 +89,13 @@ def extract_prompt(row: dict) -> dict:
 
 
 def read_preference_rows(path) -> tuple[list[tuple[int, dict]], str]:
-    """([(line, row with a prompt)], format) of a JSONL file of preference rows; errors name the file and line."""
+    """([(line, row with a prompt)], format) of a JSONL file of preference rows; errors name the file and line.
+    The built-in `pydocs-preference` (its train split; `pydocs-preference:validation` for the other) reads as a file."""
+    if str(path).startswith("pydocs-preference") and not Path(path).exists():
+        from lmkit.data.instruct import pydocs_preference
+
+        split = str(path).partition(":")[2] or "train"
+        return [(i + 1, r) for i, r in enumerate(pydocs_preference(split))], "conversational"
     rows, kind = [], None
     for n, row in _read_jsonl(path):
         where = f"{path}:{n}"
