@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.machine import cpu_name  # noqa: E402
 from lmkit.finetune.dpo import DPOConfig, dpo  # noqa: E402
 from lmkit.train.loop import TrainLoop  # noqa: E402
-from tests.helpers.hf_folders import byte_level_bpe  # noqa: E402
+from tests.helpers.hf_folders import byte_level_bpe  # noqa: E402  (run from the repository root)
 
 root = Path(sys.argv[1])
 root.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from lmkit.errors import LmkitError  # noqa: E402
 from lmkit.finetune.dpo import DPOConfig, dpo  # noqa: E402
 from lmkit.finetune.preference_data import prepare_pairs  # noqa: E402
 from lmkit.finetune.sft import CHATML  # noqa: E402
-from tests.helpers.hf_folders import byte_level_bpe, spm_bpe  # noqa: E402
+from helpers.hf_folders import byte_level_bpe, spm_bpe  # noqa: E402
 
 WORDS = "the cat sat on a mat while dogs ran far away; python lists hold items, dicts map keys. Ça va — 中文 ok?".split()
 

@@ -12,7 +12,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedTokenizer
 import lmkit  # noqa: E402
 from lmkit.errors import LmkitError  # noqa: E402
 from lmkit.finetune.reward import RewardConfig, collate_rewards, reward_pairs, train_reward_model  # noqa: E402
-from tests.finetune.test_dpo import folders, pairs, write  # noqa: E402,F401  (the fixture is shared)
+from test_dpo import folders, pairs, write  # noqa: E402,F401  (the fixture is shared)
 
 
 @pytest.mark.parametrize("name, kind, margin, center", [("gpt2", "standard", True, 0.01), ("llama", "conversational",
