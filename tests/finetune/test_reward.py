@@ -11,7 +11,8 @@ from transformers import AutoModelForSequenceClassification, PreTrainedTokenizer
 
 import lmkit  # noqa: E402
 from lmkit.errors import LmkitError  # noqa: E402
-from lmkit.finetune.reward import RewardConfig, collate_rewards, reward_pairs, train_reward_model  # noqa: E402
+from lmkit.finetune.reward import (RewardConfig, collate_rewards, load_reward_model, reward_pairs,  # noqa: E402
+                                  train_reward_model)
 from test_dpo import folders, pairs, write  # noqa: E402,F401  (the fixture is shared)
 
 
@@ -44,6 +45,8 @@ def test_loss_and_metrics_match_trl_and_the_folder_loads_in_transformers(folders
     model.eval()
     with torch.no_grad():
         loss = float(trainer.compute_loss(model, dict(batch)))
+        back = load_reward_model(out)(batch["input_ids"], attention_mask=batch["attention_mask"])
+        assert torch.allclose(back, model(**batch).logits.squeeze(-1), atol=1e-5)  # lmkit reads the folder back
     metrics = {k: v[-1] for k, v in trainer._metrics["eval"].items()}
     assert abs(loss - ours["loss"]) < 1e-5, (loss, ours)
     for key in ("accuracy", "margin", "mean_reward"):

@@ -172,6 +172,46 @@ def save_reward_folder(model: RewardModel, tok, folder) -> None:
     tok.save_pretrained(folder)
 
 
+def load_reward_model(folder, device=None) -> RewardModel:
+    """The RewardModel of a ...ForSequenceClassification folder with num_labels=1 (this job's, or transformers'):
+    its body read by the causal-LM family through a staged copy whose config names the LM class."""
+    import tempfile
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    from lmkit.hub import load_model
+
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        weights = load_file(str(folder / "model.safetensors"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{folder} is not a reward model folder ({exc}); pass a folder from --task reward") from None
+    arch = (config.get("architectures") or [""])[0]
+    if not arch.endswith("ForSequenceClassification") or config.get("num_labels", len(config.get("id2label", {}))) != 1 \
+            or "score.weight" not in weights:
+        raise ConfigError(f"{folder} holds {arch or 'no architecture'}, not a reward model (...ForSequenceClassification "
+                          "with num_labels=1 and a score head); pass a folder from --task reward")
+    base = arch[: -len("ForSequenceClassification")]
+    score = weights.pop("score.weight")
+    embed = next(v for k, v in weights.items() if k.endswith(("wte.weight", "embed_tokens.weight")))
+    weights["lm_head.weight"] = embed.clone()  # the LM head is unused; the causal class only needs one to load
+    with tempfile.TemporaryDirectory() as tmp:
+        config["architectures"] = ["GPT2LMHeadModel" if base == "GPT2" else f"{base}ForCausalLM"]
+        for key in ("num_labels", "id2label", "label2id"):
+            config.pop(key, None)
+        (Path(tmp) / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        save_file(weights, str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})
+        lm = load_model(tmp, device=device)
+    pad = config.get("pad_token_id")
+    model = RewardModel(lm, pad if pad is not None else config.get("eos_token_id", 0))
+    with torch.no_grad():
+        model.score.weight.copy_(score)
+    object.__setattr__(model, "lm", lm)
+    return model.eval().to(next(lm.parameters()).device)
+
+
 def train_reward_model(config: RewardConfig, log=print) -> dict:
     """Train the reward model of config (see the module doc); the folder and reward.json in config.out."""
     ctx = distributed.setup(None if config.device is None else resolve_device(config.device, "device="))
