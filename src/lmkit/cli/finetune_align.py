@@ -83,7 +83,8 @@ def run_dpo(args: argparse.Namespace, fields: dict, on_every_rank) -> int:
         b, a = r["eval_before"], r["eval_after"]
         held = (f"; held-out preference accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f}, loss {b['loss']:.4f} -> "
                 f"{a['loss']:.4f}")
-    print(f"lmkit finetune --task dpo: {r['pairs']} pairs, {r['steps']} steps, last loss {r['last_loss']:.4f}, reward "
+    left = f" ({r['dropped']} built-in rows whose prompt fills --max-length left out)" if r.get("dropped") else ""
+    print(f"lmkit finetune --task dpo: {r['pairs']} pairs{left}, {r['steps']} steps, last loss {r['last_loss']:.4f}, reward "
           f"accuracy {m['rewards/accuracies']:.3f}, margin {m['rewards/margins']:.4f}{held}; saved to {args.out}")
     return 0
 

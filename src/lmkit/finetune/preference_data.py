@@ -127,7 +127,8 @@ def tokenize_pair(tok, row: dict, eos_token: str | None) -> PreferencePair:
 
 def prepare_pairs(tok, path, max_length: int, max_prompt_length: int | None = None) -> tuple[list[PreferencePair], dict]:
     """Tokenized pairs of a JSONL file and a report. A prompt that fills max_length (TRL drops such rows silently: no
-    completion token would be left) or passes max_prompt_length is an error naming the file and line."""
+    completion token would be left) or passes max_prompt_length is an error naming the file and line; the built-in
+    pydocs-preference, which cannot be edited, leaves rows whose prompt fills max_length out (report["dropped"])."""
     rows, kind = read_preference_rows(path)
     if kind.endswith("conversational") and tok.chat_template is None:
         raise CorpusError(f"{path}: conversational rows need a chat template, and the tokenizer has none; pass "
@@ -136,7 +137,7 @@ def prepare_pairs(tok, path, max_length: int, max_prompt_length: int | None = No
     if kind.endswith("standard") and eos is None:
         raise CorpusError(f"{path}: text completions get an end-of-sequence token appended, but the tokenizer has none; "
                           "add one or use conversations")
-    pairs = []
+    pairs, dropped, builtin = [], 0, not Path(path).exists()
     for line, row in rows:
         try:
             pair = tokenize_pair(tok, row, eos)
@@ -146,6 +147,9 @@ def prepare_pairs(tok, path, max_length: int, max_prompt_length: int | None = No
         if max_prompt_length is not None and n > max_prompt_length:
             raise CorpusError(f"{path}:{line}: the prompt is {n} tokens, more than --max-prompt-length "
                               f"{max_prompt_length}; shorten it, drop the row or raise --max-prompt-length")
+        if n >= max_length and builtin:  # rows of the built-in set cannot be edited: left out and counted
+            dropped += 1
+            continue
         if n >= max_length:
             raise CorpusError(f"{path}:{line}: the prompt is {n} tokens and fills --max-length {max_length}, leaving "
                               "no completion token; raise --max-length, shorten the prompt or drop the row")
@@ -153,7 +157,9 @@ def prepare_pairs(tok, path, max_length: int, max_prompt_length: int | None = No
             raise CorpusError(f"{path}:{line}: chosen and rejected give the same tokens; drop the row or give a "
                               "different rejected answer")
         pairs.append(pair)
-    return pairs, {"rows": len(rows), "pairs": len(pairs), "format": kind}
+    if not pairs:
+        raise CorpusError(f"{path}: every prompt fills --max-length {max_length}; raise --max-length")
+    return pairs, {"rows": len(rows), "pairs": len(pairs), "dropped": dropped, "format": kind}
 
 
 def collate_pairs(pairs: list[PreferencePair], pad_id: int, max_length: int | None) -> dict[str, torch.Tensor]:
