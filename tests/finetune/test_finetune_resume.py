@@ -1,6 +1,6 @@
 """Every fine-tuning job runs through the one training loop, so each resumes as pre-training does: a real process
 killed with SIGKILL after a checkpoint, then `--resume`d, logs the losses of the uninterrupted run and ends on its
-weights, bit for bit (fp32 on the CPU). SFT, LoRA on a causal LM, classification and distillation."""
+weights, bit for bit (fp32 on the CPU). SFT, LoRA on a causal LM, classification, distillation and DPO."""
 import json
 import random
 import subprocess
@@ -24,6 +24,11 @@ def commands(folders, task, tmp_path_factory):  # noqa: F811
     text = root / "docs.jsonl"
     text.write_text("".join(json.dumps({"text": r["prompt"] + r["completion"]}) + "\n"
                             for r in _rows("prompt_completion", 60)), encoding="utf-8")
+    pairs = root / "pairs.jsonl"
+    rows = _rows("prompt_completion", 16)
+    pairs.write_text("".join(json.dumps({"prompt": r["prompt"], "chosen": r["completion"],
+                                         "rejected": rows[(i + 5) % len(rows)]["completion"] + " no"}) + "\n"
+                             for i, r in enumerate(rows)), encoding="utf-8")
     gpt2 = str(folders["gpt2"])
     return {
         "sft": ["finetune", "--task", "sft", "--model", gpt2, "--train", str(sft_rows), "--max-steps", "30",
@@ -32,6 +37,8 @@ def commands(folders, task, tmp_path_factory):  # noqa: F811
                  "--max-steps", "30", "--batch-size", "2", "--max-length", "16"],
         "classify": ["finetune", "--model", str(task / "base"), "--train", str(task / "train.jsonl"), "--eval",
                      str(task / "test.jsonl"), "--epochs", "2", "--batch-size", "8", "--lr", "2e-3"],
+        "dpo": ["finetune", "--task", "dpo", "--model", gpt2, "--train", str(pairs), "--max-steps", "30",
+                "--batch-size", "2", "--max-length", "48", "--lr", "1e-3"],
         "distill": ["distill", "--teacher", gpt2, "--corpus", str(text), "--max-steps", "30", "--batch-size", "2",
                     "--seq-len", "16"],
     }
@@ -50,7 +57,7 @@ def _weights(out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("job", ["sft", "lora", "classify", "distill"])
+@pytest.mark.parametrize("job", ["sft", "lora", "classify", "distill", "dpo"])
 def test_a_sigkilled_fine_tuning_run_resumes_with_the_uninterrupted_losses(commands, tmp_path, job):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     r = subprocess.run(_cli(commands[job], straight), capture_output=True, text=True, env=process_env(), timeout=300)

@@ -1,7 +1,8 @@
 """`lmkit finetune`: fine-tune a pretrained encoder for text classification (CSV or JSONL: text, text_pair, label),
 or, with --task clm, a causal LM on text (--train: a corpus name or text files), or, with --task sft, a causal LM
-on instruction data (JSONL rows: messages, prompt/completion or text), or, with --task grpo, a causal LM by
-reinforcement learning on --prompts scored by --reward; --peft picks a PEFT method."""
+on instruction data (JSONL rows: messages, prompt/completion or text), with --task dpo / reward on preference
+pairs (JSONL rows: prompt, chosen, rejected), or, with --task grpo, a causal LM by reinforcement learning on --prompts
+scored by --reward; --peft picks a PEFT method."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,8 @@ import json
 
 from lmkit.cli.helptext import add_command
 from lmkit.cli.common import add_device_argument, device_of
-from lmkit.cli.finetune_grpo import GRPO_ONLY, add_grpo_arguments, run_grpo
+from lmkit.cli.finetune_align import add_alignment_arguments, check_flags, refuse
+from lmkit.cli.finetune_grpo import GRPO_ONLY, NOT_FOR_GRPO, SHARED_WITH_DPO, add_grpo_arguments, run_grpo
 from lmkit.errors import ConfigError
 
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
@@ -29,19 +31,23 @@ def register(subparsers) -> None:
                         "--chat-template chatml --packing",
                         "lmkit finetune --task grpo --model runs/cot --prompts addition-cot --reward exact-answer "
                         "--out runs/cot-grpo",
+                        "lmkit finetune --task dpo --model runs/demo/sft --train pairs.jsonl --out runs/demo/dpo --beta 0.1",
+                        "lmkit finetune --task reward --model runs/demo/sft --train pairs.jsonl --eval held.jsonl "
+                        "--out runs/demo/rm",
                         "lmkit finetune --task clm --model runs/demo --train notes/ --out runs/notes --peft lora",
                         "lmkit finetune --model bert-folder --train reviews.csv --out runs/reviews --epochs 2"))
     p.add_argument("--model", required=True, metavar="DIR", help="pretrained folder (config.json, weights, tokenizer.json): an encoder to classify, a causal LM for "
                    "--task clm and sft")
     p.add_argument("--train", metavar="FILE", help="training data: .csv with a header, or .jsonl (--task clm: a corpus name or text files; --task sft: "
-                   ".jsonl rows or pydocs-instruct; default: none, which only --task grpo accepts: it takes --prompts)")
+                   ".jsonl rows or pydocs-instruct; --task dpo and reward: preference rows or pydocs-preference; "
+                   "default: none, which only --task grpo accepts: it takes --prompts)")
     p.add_argument("--eval", metavar="FILE", help="evaluation data (default: classification holds out --val-fraction of --train; sft: none)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the best checkpoint and metrics.jsonl go")
     p.add_argument("--epochs", type=int, metavar="N", help="passes over the training data (default 3 to classify, 1 for --task sft; --task clm counts --max-steps)")
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default 3e-5 to classify; with --peft, --task clm or sft "
                    "the method's own default, 1e-3 in full; --task grpo: 1e-6, TRL's)")
-    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16; --task grpo: "
-                   "completions, a multiple of --num-generations)")
+    p.add_argument("--batch-size", type=int, metavar="N", help="examples per step (default 16; --task dpo and reward: "
+                   "8 pairs, TRL's; --task grpo: completions, a multiple of --num-generations)")
     p.add_argument("--max-length", type=int, metavar="N", help="tokens per example, cut beyond (default: what fits the model's "
                    "positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most 256; --task "
                    "sft: at most 1024)")
@@ -54,10 +60,12 @@ def register(subparsers) -> None:
                    "0.1, at most 20 steps; --task grpo: 0)")
     p.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default 0.01; --task clm and grpo: 0)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
-    p.add_argument("--task", choices=["classify", "clm", "sft", "grpo"], default="classify",
+    p.add_argument("--task", choices=["classify", "clm", "sft", "dpo", "reward", "grpo"], default="classify",
                    help="classify (the default); clm: next-token fine-tuning of a causal LM on the text of --train; sft: "
-                   "supervised fine-tuning on instruction rows, loss on completions / assistant turns as TRL's SFTTrainer; "
-                   "grpo: reinforcement learning on --prompts with --reward, as TRL's GRPOTrainer")
+                   "supervised fine-tuning on instruction rows, loss on completions / assistant turns as TRL's "
+                   "SFTTrainer; dpo: direct preference optimization on preference pairs, as TRL's DPOTrainer; reward: "
+                   "a Bradley-Terry reward model (a scalar head), as TRL's RewardTrainer; grpo: reinforcement learning "
+                   "on --prompts with --reward, as TRL's GRPOTrainer")
     sft = p.add_argument_group("--task sft")
     sft.add_argument("--packing", action="store_true", help="pack examples into --max-length rows (best-fit "
                      "decreasing; no attention across examples; default: one example a row)")
@@ -76,6 +84,7 @@ def register(subparsers) -> None:
     clm.add_argument("--forgetting-corpus", metavar="NAME|PATH",
                      help="also score this corpus's validation split before and after, to measure forgetting "
                           "(default: none)")
+    add_alignment_arguments(p)
     add_grpo_arguments(p)
     add_run_arguments(p)
     add_peft_arguments(p)
@@ -157,12 +166,20 @@ def run(args: argparse.Namespace) -> int:
         if given:
             raise ConfigError(f"{', '.join(given)} applies to --task clm only; drop it")
     if args.task == "grpo":
+        refuse(args, NOT_FOR_GRPO, "grpo")
         return run_grpo(args, run_settings(args))
-    given = [f for f, name in GRPO_ONLY if getattr(args, name) is not None]
+    given = [f for f, name in GRPO_ONLY if getattr(args, name) is not None
+             and not (args.task in ("dpo", "reward") and name in SHARED_WITH_DPO)]
     if given:
         raise ConfigError(f"{', '.join(given)} applies to --task grpo only; drop it")
     if args.train is None:
         raise ConfigError(f"--task {args.task} needs --train FILE")
+    check_flags(args)
+    if args.task in ("dpo", "reward"):
+        from lmkit.cli import finetune_align
+
+        return finetune_align.run(args, method, settings, run_settings(args), on_every_rank)
+    args.batch_size = args.batch_size or 16
     if args.task == "sft":
         return run_sft(args, method, settings)
     given = [f for f, name in SFT_ONLY if getattr(args, name) not in (None, False)]

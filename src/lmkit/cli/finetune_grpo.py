@@ -16,6 +16,11 @@ NOT_GRPO = (("--train", "train"), ("--eval", "eval"), ("--epochs", "epochs"), ("
 GRPO_FLAGS = ("prompts", "reward", "num_generations", "num_iterations", "beta", "epsilon", "epsilon_high", "temperature", "top_p", "top_k",
               "max_completion_length", "max_prompt_length", "loss_type", "scale_rewards")
 GRPO_ONLY = tuple(("--" + name.replace("_", "-"), name) for name in GRPO_FLAGS)
+# flags --task dpo defines and GRPO reads too (one definition, in finetune_align's group)
+SHARED_WITH_DPO = ("beta", "loss_type", "max_prompt_length")
+# preference-tuning flags that mean nothing to GRPO
+NOT_FOR_GRPO = (("--ref-model", "ref_model"), ("--label-smoothing", "label_smoothing"),
+                ("--precompute-ref", "precompute_ref"), ("--center-rewards", "center_rewards"))
 
 
 def add_grpo_arguments(parser) -> None:
@@ -29,8 +34,6 @@ def add_grpo_arguments(parser) -> None:
                    "(default 8); --batch-size counts completions, a multiple of it")
     g.add_argument("--num-iterations", type=int, metavar="N", help="optimizer steps on each generation of completions, "
                    "the ratio taken against the policy that sampled them (default 1, TRL's)")
-    g.add_argument("--beta", type=float, metavar="X", help="weight of the KL penalty to the starting model (default 0.0, "
-                   "TRL's: no reference model is held)")
     g.add_argument("--epsilon", type=float, metavar="X", help="clip range of the ratio (default 0.2)")
     g.add_argument("--epsilon-high", type=float, metavar="X", help="upper clip range (default: --epsilon)")
     g.add_argument("--temperature", type=float, metavar="T", help="sampling temperature of the rollouts, "
@@ -39,9 +42,6 @@ def add_grpo_arguments(parser) -> None:
     g.add_argument("--top-k", type=int, metavar="K", help="sample among the K likeliest tokens (default 0: off)")
     g.add_argument("--max-completion-length", type=int, metavar="N", help="tokens per completion (default 512, or what "
                    "fits the model's positions after the longest prompt)")
-    g.add_argument("--max-prompt-length", type=int, metavar="N", help="refuse prompts longer than this (default: none)")
-    g.add_argument("--loss-type", metavar="NAME", help="grpo, bnpo, dr_grpo or dapo: how the per-token loss is "
-                   "normalised (default dapo, TRL's)")
     g.add_argument("--scale-rewards", choices=["group", "batch", "none"],
                    help="divide advantages by the std of the group, of the batch, or not (default group)")
 
@@ -57,9 +57,8 @@ def run_grpo(args: argparse.Namespace, settings: dict) -> int:
         raise ConfigError("--task grpo needs --prompts FILE.jsonl (or addition-cot) and --reward NAME|MODULE:FUNCTION|DIR")
     if args.peft != "full":
         raise ConfigError("--task grpo trains the full model; drop --peft")
-    fields = dict(model=args.model, out=args.out, batch_size=args.batch_size, max_steps=args.max_steps, seed=args.seed,
-                  **settings)
-    for name in GRPO_FLAGS + ("lr", "warmup_ratio", "weight_decay"):
+    fields = dict(model=args.model, out=args.out, max_steps=args.max_steps, seed=args.seed, **settings)
+    for name in GRPO_FLAGS + ("batch_size", "lr", "warmup_ratio", "weight_decay"):
         if getattr(args, name) is not None:  # else GRPOConfig's default, TRL's
             fields[name] = getattr(args, name)
     log = lambda line: print(f"lmkit finetune --task grpo: {line}", flush=True)  # noqa: E731

@@ -116,3 +116,27 @@ def pydocs_instruct(split: str = "train", val_fraction: float = VAL_FRACTION) ->
              "messages": [{"role": "user", "content": r["instruction"]},
                           {"role": "assistant", "content": r["response"]}]}
             for r in build_pydocs_instruct() if (r["doc"] in held) == (split == "validation")]
+
+
+def pydocs_preference(split: str = "train", seed: int = 0) -> list[dict]:
+    """`pydocs-preference`: conversational preference rows from pydocs-instruct's pairs. chosen = the reference
+    answer; rejected = the answer to another symbol's question of the same kind (a docstring paragraph for a
+    docstring question, a signature for a signature question), drawn with a seeded generator from the same split
+    and different in text: fluent Python-docs prose about the wrong symbol, so a pair rewards grounding in the
+    question rather than style or length."""
+    import random
+
+    rows = pydocs_instruct(split)
+    kinds: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        kinds.setdefault(re.sub(r"`[^`]*`", "`X`", r["messages"][0]["content"]), []).append(i)
+    rng, out = random.Random(seed), []
+    for i, r in enumerate(rows):
+        same = kinds[re.sub(r"`[^`]*`", "`X`", r["messages"][0]["content"])]
+        answer = r["messages"][-1]["content"]
+        others = [j for j in (same[rng.randrange(len(same))] for _ in range(8)) if rows[j]["messages"][-1]["content"] != answer]
+        if not others:  # a kind with one answer text only: no wrong answer of its kind to give
+            continue
+        out.append({"id": r["id"], "doc": r["doc"], "prompt": r["messages"][:-1], "chosen": [r["messages"][-1]],
+                    "rejected": [{"role": "assistant", "content": rows[others[0]]["messages"][-1]["content"]}]})
+    return out

@@ -9,6 +9,7 @@ layer, as PEFT builds it (same parameters, same count).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -146,3 +147,17 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
     for name, m in lora_layers(model).items():
         replace_module(model, name, m.merged_linear())
     return model
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module):
+    """Within the block every unmerged LoRALinear answers as its base layer alone (PEFT's `disable_adapter`):
+    the base model, with no second copy held (DPO's reference under LoRA)."""
+    layers = [m for m in lora_layers(model).values() if not m.merged]
+    for m in layers:
+        m.merged = True  # the forward then skips the low-rank branch; W itself holds no merged update
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.merged = False
