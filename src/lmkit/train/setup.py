@@ -6,6 +6,7 @@ whether every rank got through it (`distributed.agree_on_setup`).
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,4 +141,6 @@ def run_model_config(base: ModelConfig, cfg: TrainConfig, objective, data: RunDa
     ids = dict(bos_token_id=data.bos_id, eos_token_id=data.bos_id, pad_token_id=data.pad_id, max_seq_len=cfg.seq_len)
     if base.architecture == "encoder-decoder":
         ids.update(seq2seq_run_settings(base, objective.name, data.bos_id, data.pad_id, cfg.seq_len))
+    if getattr(objective, "head", None):  # mlm-nsp trains BERT's pre-training head (MLM + NSP)
+        ids["task"] = dataclasses.replace(base.task, head=objective.head)
     return base.replace(vocab_size=vocab_size_of(data.tokenizer), **ids)

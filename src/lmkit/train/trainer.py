@@ -125,19 +125,22 @@ class Trainer(Job):
 
     def step_row(self, loop, seconds: float, result: dict[str, float] | None) -> dict[str, Any]:
         row: dict[str, Any] = {}
-        if result is not None:
-            row.update(val_loss=result["loss"], val_ppl=result["perplexity"], val_bpb=result["bpb"])
+        if result is not None:  # a masked LM reports its masked loss and accuracy instead of perplexity and bpb
+            short = {"perplexity": "ppl"}
+            row.update({f"val_{short.get(k, k)}": v for k, v in result.items() if k not in ("tokens", "bytes")})
             self._last = {f"val_{k}": v for k, v in result.items()}
         row.update(tokens=loop.tokens_seen, tok_per_s=round(self.stream.seq_len * self.cfg.batch_size / seconds, 1))
         return row
 
     def postfix(self, row: dict[str, Any], result: dict[str, float] | None) -> dict[str, str]:
+        shown = "bpb" if result and "bpb" in result else "masked_accuracy"
         return {"loss": f"{row['loss']:.3f}", "tok_s": f"{row['tok_per_s']:.0f}",
-                **({"val_bpb": f"{result['bpb']:.3f}"} if result else {})}
+                **({f"val_{shown}": f"{result[shown]:.3f}"} if result else {})}
 
     def report_line(self, loop, row: dict[str, Any], result: dict[str, float]) -> str:
+        scores = ", ".join(f"val_{k} {result[k]:.4f}" for k in ("bpb", "masked_accuracy", "nsp_accuracy") if k in result)
         return (f"step {loop.step}/{loop.total_steps or '?'}: loss {row['loss']:.4f}, val_loss {result['loss']:.4f}, "
-                f"val_bpb {result['bpb']:.4f}, {row['tok_per_s']:.0f} tokens/s")
+                f"{scores}, {row['tok_per_s']:.0f} tokens/s")
 
     def save(self, loop, gathered: dict[str, torch.Tensor] | None, final: bool) -> None:
         """After the checkpoint: the model folder (config.json, model.safetensors) and the loss plot (rank 0)."""
