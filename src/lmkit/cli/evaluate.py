@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if corrupting:  # the loss of the corrupted tokens (mlm: masked; span / denoise: targets), as training reports it
         from lmkit.train.objectives import evaluate_corpus
 
-        r = evaluate_corpus(model, tokenizer, val, corrupting, settings.get("seq_len"))
+        r = evaluate_corpus(model, tokenizer, val, corrupting, settings.get("seq_len"), noise=settings.get("noise"))
     else:
         r = evaluate_text(model, tokenizer, val, stride=args.stride)
     print(f"{args.model} on {' '.join(corpus)} ({part} {len(val)} documents, {r['bytes']} bytes, {r['tokens']} tokens)")

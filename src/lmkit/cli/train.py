@@ -15,7 +15,7 @@ from lmkit.train.config import TrainConfig
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
 FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "lr_schedule",
          "warmup_steps", "optimizer", "precision", "log_every", "save_every", "seed", "data", "micro_batch_size",
-         "keep_checkpoints", "fsdp", "sizing")
+         "keep_checkpoints", "fsdp", "sizing", "noise")
 
 
 def register(subparsers) -> None:
@@ -29,6 +29,9 @@ def register(subparsers) -> None:
     p.add_argument("--objective", choices=["clm", "mlm", "mlm-nsp", "span", "denoise", "plm"],
                    help="training objective (default: clm; mlm-nsp (BERT's masked LM + next-sentence prediction) picks "
                         "bert-tiny, span/denoise t5-tiny, plm xlnet-tiny)")
+    p.add_argument("--noise", metavar="NAME[,NAME...]",
+                   help="--objective denoise: BART's noisings, combined in fairseq's order: permutation, masking, "
+                        "infilling, deletion, rotation (default: infilling,permutation, the paper's best)")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
                    help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
     p.add_argument("--out", metavar="DIR", help="run folder; default: runs/PRESET")

@@ -37,11 +37,11 @@ def get_objective(name: str) -> Objective:
 
 
 def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objective: str, seq_len: int | None = None,
-                    batch_size: int = 16) -> dict[str, float]:
+                    batch_size: int = 16, noise: str | None = None) -> dict[str, float]:
     """The validation numbers an `objective` run (mlm, mlm-nsp, span, denoise, plm) reports on `corpus`: the loss of
     the tokens its fixed corruption of the rows hides or asks for (mlm, mlm-nsp: and the masked-token accuracy)."""
     size = vocab_size_of(tokenizer)
-    task = get_objective(objective).prepare(tokenizer)
+    task = get_objective(objective).prepare(tokenizer, **({"noise": noise} if noise is not None else {}))
     if vocab_size_of(tokenizer) != size:  # prepare added the tokens a run gets: this model never learned them
         raise TrainingError(f"the tokenizer has no {MISSING.get(objective, 'mask token')} for "
                             f"--objective {objective} (a training run adds its own), so a model trained without "

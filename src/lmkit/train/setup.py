@@ -127,7 +127,7 @@ def prepare_data(cfg: TrainConfig, objective, vocab_size: int) -> tuple[RunData,
         tokenizer = corpus_tokenizer(train, cfg.vocab_size or vocab_size)
     identity = {"tokenizer_sha256": tokenizer_sha(tokenizer), "content_sha256": content}
     if hasattr(objective, "prepare"):  # objectives that need tokens of their own (mlm: <|mask|>)
-        objective = objective.prepare(tokenizer)
+        objective = objective.prepare(tokenizer, **({"noise": cfg.noise} if cfg.noise is not None else {}))
     bos_id, pad_id = special_ids(tokenizer)
     if not cfg.data:
         stream = PackedStream(tokenize_corpus(train, tokenizer), bos_id, cfg.seq_len)
