@@ -1,6 +1,7 @@
 """`lmkit finetune`: fine-tune a pretrained encoder for text classification (CSV or JSONL: text, text_pair, label),
 or, with --task clm, a causal LM on text (--train: a corpus name or text files), or, with --task sft, a causal LM
-on instruction data (JSONL rows: messages, prompt/completion or text); --peft picks a PEFT method."""
+on instruction data (JSONL rows: messages, prompt/completion or text), or, with --task token, an encoder for
+NER-style tagging (JSONL rows: tokens, tags; or pydocs-ner); --peft picks a PEFT method."""
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,11 @@ def register(subparsers) -> None:
                    "0.1, at most 20 steps)")
     p.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default 0.01; --task clm: 0)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
-    p.add_argument("--task", choices=["classify", "clm", "sft"], default="classify",
+    p.add_argument("--task", choices=["classify", "clm", "sft", "token"], default="classify",
                    help="classify (the default); clm: next-token fine-tuning of a causal LM on the text of --train; sft: "
-                   "supervised fine-tuning on instruction rows, loss on completions / assistant turns as TRL's SFTTrainer")
+                   "supervised fine-tuning on instruction rows, loss on completions / assistant turns as TRL's SFTTrainer; "
+                   "token: NER-style tagging of an encoder, JSONL rows {tokens, tags} or pydocs-ner, entity-level "
+                   "precision/recall/F1 as seqeval computes them")
     sft = p.add_argument_group("--task sft")
     sft.add_argument("--packing", action="store_true", help="pack examples into --max-length rows (best-fit "
                      "decreasing; no attention across examples; default: one example a row)")
@@ -149,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         args.lr = default_lr(method, args.task)
     if args.task == "clm":
         return run_clm(args, method, settings)
+    if args.task == "token":
+        return run_token(args, method, settings)
     config = FinetuneConfig(**{f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None}, peft=method,
                             peft_settings=settings, **run_settings(args))
     best, status = on_every_rank(lambda: finetune(config), device_of(args))
@@ -156,6 +161,23 @@ def run(args: argparse.Namespace) -> int:
         return status
     print(f"lmkit finetune: best epoch {best['epoch']}: accuracy {best['accuracy']:.4f}, macro-F1 {best['macro_f1']:.4f}; "
           f"saved to {args.out}")
+    print(json.dumps(best))
+    return 0
+
+
+def run_token(args: argparse.Namespace, method: str, settings: dict) -> int:
+    from lmkit.finetune import FinetuneConfig
+    from lmkit.finetune.token import finetune_token
+
+    if args.pooling is not None:
+        raise ConfigError("--pooling applies to classification; --task token labels every word")
+    fields = {f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None}
+    config = FinetuneConfig(**fields, peft=method, peft_settings=settings, **run_settings(args))
+    best, status = on_every_rank(lambda: finetune_token(config), device_of(args))
+    if best is None:
+        return status
+    print(f"lmkit finetune --task token: best epoch {best['epoch']}: entity precision {best['precision']:.4f}, "
+          f"recall {best['recall']:.4f}, F1 {best['f1']:.4f}; saved to {args.out}")
     print(json.dumps(best))
     return 0
 
