@@ -90,3 +90,51 @@ def pydocs_ner(split: str = "train", val_fraction: float = VAL_FRACTION) -> list
                 rows.append({"id": f"{doc.id}#{kept}", "doc": doc.id, "tokens": s, "tags": tags})
                 kept += 1
     return rows
+
+
+# pydocs-qa: extractive questions whose answers are spans of docstrings -------------------------------------------
+
+QA_NAME = "pydocs-qa"
+QA_ENTRIES = 3  # documented objects per context
+
+
+def _entries(text: str) -> list[tuple[str, str]]:
+    """(dotted name, first paragraph of its docstring, lines joined) of a pydocs `doc:` document."""
+    out, blocks = [], text.split("\n\n")
+    for block in blocks:
+        head, _, rest = block.partition("\n")
+        if _HEADER.match(head.strip()) and rest.strip():
+            out.append((head.strip(), " ".join(rest.split())))
+    return out
+
+
+def _first_sentence(paragraph: str) -> str:
+    match = re.search(r"[.!?](?=\s|$)", paragraph)
+    return paragraph[:match.end()] if match else paragraph
+
+
+def pydocs_qa(split: str = "train", val_fraction: float = VAL_FRACTION) -> list[dict]:
+    """SQuAD-format rows {"id", "doc", "question", "context", "answers": {"text", "answer_start"}}: a context is
+    QA_ENTRIES consecutive "name: paragraph" entries of one module; each question asks what one of them does, and
+    its answer is the first sentence of that entry's paragraph (3 to 40 words), found in the context."""
+    if split not in ("train", "validation"):
+        raise CorpusError(f"{QA_NAME} has the splits train and validation, not {split!r}")
+    train, val = builtin_corpus("pydocs").split(val_fraction)
+    rows = []
+    for doc in (train if split == "train" else val):
+        if not doc.id.startswith("doc:"):
+            continue
+        entries = [(n, p) for n, p in _entries(doc.text) if len(p.split()) <= 80]
+        for start in range(0, len(entries) - QA_ENTRIES + 1, QA_ENTRIES):
+            group = entries[start:start + QA_ENTRIES]
+            context, starts = "", []
+            for name, para in group:
+                context += ("" if not context else " ") + f"{name}: "
+                starts.append(len(context))
+                context += para
+            for (name, para), at in zip(group, starts):
+                answer = _first_sentence(para)
+                if 3 <= len(answer.split()) <= 40:
+                    rows.append({"id": f"{doc.id}#{len(rows)}", "doc": doc.id, "question": f"What does {name} do?",
+                                 "context": context, "answers": {"text": [answer], "answer_start": [at]}})
+    return rows

@@ -60,3 +60,38 @@ def entity_scores(pred: list[list[str]], gold: list[list[str]]) -> dict[str, flo
     tokens = sum(len(g) for g in gold)
     return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0,
             "accuracy": sum(a == b for x, y in zip(pred, gold) for a, b in zip(x, y)) / max(tokens, 1)}
+
+
+# extractive QA: the official SQuAD v1.1 evaluation script's exact match and F1 (as `evaluate`'s "squad" metric)
+
+def normalize_answer(s: str) -> str:
+    """Lower case, punctuation and the articles a / an / the removed, whitespace collapsed."""
+    import re
+    import string
+
+    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
+
+
+def squad_f1(prediction: str, truth: str) -> float:
+    """2 P R / (P + R) over the normalized tokens both share (as multisets); 0 when none is shared."""
+    from collections import Counter
+
+    pred, gold = normalize_answer(prediction).split(), normalize_answer(truth).split()
+    same = sum((Counter(pred) & Counter(gold)).values())
+    if same == 0:
+        return 0.0
+    p, r = same / len(pred), same / len(gold)
+    return 2 * p * r / (p + r)
+
+
+def squad_scores(predictions: dict[str, str], answers: dict[str, list[str]]) -> dict[str, float]:
+    """{"exact_match", "f1"} in percent: each question's best over its gold answers, averaged over `answers`'
+    questions (an unanswered one scores 0)."""
+    em = f1 = 0.0
+    for qid, truths in answers.items():
+        pred = predictions.get(qid, "")
+        em += max(float(normalize_answer(pred) == normalize_answer(t)) for t in truths)
+        f1 += max(squad_f1(pred, t) for t in truths)
+    n = max(len(answers), 1)
+    return {"exact_match": 100.0 * em / n, "f1": 100.0 * f1 / n}
