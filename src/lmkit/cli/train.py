@@ -15,7 +15,7 @@ from lmkit.train.config import TrainConfig
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
 FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "lr_schedule",
          "warmup_steps", "optimizer", "precision", "log_every", "save_every", "seed", "data", "micro_batch_size",
-         "keep_checkpoints", "fsdp", "sizing", "noise")
+         "keep_checkpoints", "fsdp", "sizing", "noise", "scheduled_sampling")
 
 
 def register(subparsers) -> None:
@@ -32,6 +32,10 @@ def register(subparsers) -> None:
     p.add_argument("--noise", metavar="NAME[,NAME...]",
                    help="--objective denoise: BART's noisings, combined in fairseq's order: permutation, masking, "
                         "infilling, deletion, rotation (default: infilling,permutation, the paper's best)")
+    p.add_argument("--scheduled-sampling", metavar="KIND:K",
+                   help="--objective clm: feed the model its own predictions with probability 1 - eps, eps decaying "
+                        "as linear:K (1 - i/K), exponential:K (K^i) or inverse_sigmoid:K (K/(K + exp(i/K))); two "
+                        "passes a step (default: off, teacher forcing)")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
                    help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
     p.add_argument("--out", metavar="DIR", help="run folder; default: runs/PRESET")

@@ -7,6 +7,7 @@ continues with the losses the uninterrupted run would have had.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,6 +26,7 @@ from lmkit.train.job import Job
 from lmkit.train.loop import LoopSettings, TrainLoop
 from lmkit.train.metrics import plot_losses
 from lmkit.train.optim import build_optimizer
+from lmkit.train.scheduled import ScheduledSampling, teacher_forcing_probability
 from lmkit.train.seeds import seed_int, train_seed
 from lmkit.train.setup import TOKENIZER_FILES, TrainingSetup, prepare_training
 from lmkit.train.sizing import Sizing, applies as sizing_applies, size_model
@@ -62,6 +64,8 @@ class Trainer(Job):
         self.cfg = cfg = setup.cfg
         self.seed = cfg.seed
         self.out, self.checkpoint, self.objective = setup.out, setup.checkpoint, setup.objective
+        if cfg.scheduled_sampling:  # two passes a step: the model's own predictions mixed into its inputs
+            self.objective = dataclasses.replace(self.objective, loss=ScheduledSampling(cfg.scheduled_sampling).loss)
         self.model_config, self.model = setup.model_config, setup.model
         data = setup.data
         self.tokenizer, self.stream, self.bos_id, self.pad_id = data.tokenizer, data.stream, data.bos_id, data.pad_id
@@ -106,6 +110,8 @@ class Trainer(Job):
         rows = to_device(self.stream.rows(cfg.seed, step, cfg.batch_size, rank, world_size), self.device)
         generator = torch.Generator().manual_seed(seed_int("batch", cfg.seed, step, rank))
         batch = self.objective.build_batch(rows, self.pad_id, generator)
+        if cfg.scheduled_sampling:
+            batch["teacher_forcing"] = torch.full((len(rows),), teacher_forcing_probability(cfg.scheduled_sampling, step))
         micro = cfg.micro_batch_size if world_size == 1 else max(1, cfg.micro_batch_size // world_size)
         return [{k: v[start:start + micro] for k, v in batch.items()} for start in range(0, len(rows), micro)]
 
