@@ -274,6 +274,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "transformer-2017": dict(position="sinusoidal", norm="layernorm", norm_placement="post", activation="relu",
                              vocab_size=37000, d_model=512, n_layers=6, n_heads=8, d_ff=2048, max_seq_len=512,
                              dropout=0.1, final_norm=False, embedding_scale=512 ** 0.5, family="transformer-2017"),
+    # the 2017 Transformer as the paper trains it for translation: encoder-decoder, post-LN, ReLU, sinusoidal
+    # positions, one token table shared by both stacks and tied to the output (scaled by sqrt(d) on the way in)
+    "transformer-2017-mt": dict(architecture="encoder-decoder", position="sinusoidal", norm="layernorm",
+                                norm_placement="post", activation="relu", vocab_size=37000, d_model=512, n_layers=6,
+                                n_heads=8, d_ff=2048, max_seq_len=512, dropout=0.1, final_norm=False,
+                                embedding_scale=512 ** 0.5, tie_embeddings=True, family="transformer-2017"),
     "moe": dict(_LLAMA, vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2, max_seq_len=1024,
                 n_experts=8, n_experts_per_token=2, family="mixtral"),
     # encoder-decoder (T5: relative buckets, pre-RMSNorm, unscaled scores, tied head scaled by d^-0.5; BART: post-norm)

@@ -101,8 +101,10 @@ def test_lmkit_eval_scores_a_masked_lm_run_as_its_training_does(corpus_file, tmp
     capsys.readouterr()
     assert main(["eval", "--model", str(tmp_path / "run")]) == 0
     printed = {line[:15].strip(): float(line[15:].split()[0]) for line in capsys.readouterr().out.splitlines()[1:]}
-    assert printed["loss"] == pytest.approx(result["val_loss"], abs=1e-4)
-    assert printed["bits per byte"] == pytest.approx(result["val_bpb"], abs=1e-4)
+    assert printed["masked loss"] == pytest.approx(result["val_masked_loss"], abs=1e-4)
+    assert printed["masked acc"] == pytest.approx(result["val_masked_accuracy"], abs=1e-4)
+    assert 0 <= printed["masked acc"] <= 1
+    assert "perplexity" not in printed and "bits per byte" not in printed  # no reading of a masked LM's loss as text's
     assert main(["eval", "--model", str(tmp_path / "run"), "--stride", "8"]) == 2
     assert "--stride applies to causal language models" in capsys.readouterr().err
 
@@ -147,8 +149,10 @@ def test_lmkit_eval_scores_a_pretrained_bert_folder_with_its_own_mask_token(tmp_
     assert hidden.any() and (batch["input_ids"][hidden] == hf_tok.mask_token_id).any()
     assert int(batch["input_ids"].max()) < len(hf_tok) and bool((rows[:, 0] == hf_tok.cls_token_id).all())
     with torch.no_grad():
-        loss = hf(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
-    assert printed["loss"] == pytest.approx(float(loss), abs=1e-4)
+        out = hf(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    assert printed["masked loss"] == pytest.approx(float(out.loss), abs=1e-4)
+    right = (out.logits.argmax(-1)[hidden] == batch["labels"][hidden]).float().mean()
+    assert printed["masked acc"] == pytest.approx(float(right), abs=1e-4)
 
 
 def test_lmkit_eval_refuses_a_masked_lm_folder_whose_tokenizer_has_no_mask_token(tmp_path, capsys):

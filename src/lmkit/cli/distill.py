@@ -1,5 +1,7 @@
 """`lmkit distill`: a student with every other layer of a teacher, trained on the teacher's soft targets
-(DistilBERT's loss: alpha CE + beta T^2 KL + gamma cosine of hidden states)."""
+(DistilBERT's loss: alpha CE + beta T^2 KL + gamma cosine of hidden states). The teacher is a causal LM (next-token
+rows) or an encoder with a masked-LM head (BERT, RoBERTa, DistilBERT, an mlm run: BERT's masking of the rows, every
+term over the masked positions, scored by masked loss and masked-token accuracy)."""
 from __future__ import annotations
 
 import argparse
@@ -10,10 +12,11 @@ from lmkit.cli.finetune import add_run_arguments
 
 
 def register(subparsers) -> None:
-    p = add_command(subparsers, "distill", help="distil a causal LM into one with half the layers", description=__doc__,
+    p = add_command(subparsers, "distill", help="distil a causal LM or a masked-LM encoder into one with half the layers", description=__doc__,
                     example_lines=("lmkit distill --teacher runs/demo --out runs/demo-small",
                                    "lmkit distill --teacher runs/demo --out runs/demo-small --max-steps 500 --temperature 4"))
-    p.add_argument("--teacher", required=True, metavar="DIR", help="teacher folder (from `lmkit train`)")
+    p.add_argument("--teacher", required=True, metavar="DIR", help="teacher folder: a causal LM, or an encoder with a masked-LM head (`lmkit train --objective mlm`, "
+                   "BertForMaskedLM)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the student is written")
     p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH", help="training text (default pydocs)")
     p.add_argument("--max-steps", type=int, default=200, metavar="N", help="optimizer steps of the student")
@@ -59,11 +62,14 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     if r is None:
         return status
+    key = "masked_accuracy" if "masked_accuracy" in r["teacher"] else "accuracy"
     for who in ("teacher", "student"):
         m = r[who]
-        print(f"{who:8s} {m['layers']} layers, {m['parameters']:,} parameters: loss {m['loss']:.4f}, "
-              f"perplexity {m['perplexity']:.2f}, next-token accuracy {m['accuracy']:.4f}")
-    teacher, student = r["teacher"]["accuracy"], r["student"]["accuracy"]
+        scores = (f"masked loss {m['masked_loss']:.4f}, masked-token accuracy {m['masked_accuracy']:.4f}"
+                  if key == "masked_accuracy" else
+                  f"loss {m['loss']:.4f}, perplexity {m['perplexity']:.2f}, next-token accuracy {m['accuracy']:.4f}")
+        print(f"{who:8s} {m['layers']} layers, {m['parameters']:,} parameters: {scores}")
+    teacher, student = r["teacher"][key], r["student"][key]
     kept = (f"student keeps {100 * student / teacher:.1f}% of the teacher's accuracy" if teacher > 0 else
             "the teacher predicts no next token right, so there is no share of its accuracy to keep")
     print(f"{kept}; written to {args.out}")

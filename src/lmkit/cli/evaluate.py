@@ -1,4 +1,5 @@
-"""`lmkit eval`: loss, perplexity and bits per byte of a model on a corpus.
+"""`lmkit eval`: loss, perplexity and bits per byte of a model on a corpus; a masked LM (mlm, mlm-nsp runs):
+its masked-token loss and accuracy (and NSP loss and accuracy), which are no perplexity of the text.
 
 The corpus the model was trained on, and a built-in corpus, are scored on their validation split
 (the numbers training reports); any other text is held out already and is scored whole.
@@ -18,7 +19,7 @@ from lmkit.errors import ConfigError, CorpusError
 
 
 def register(subparsers) -> None:
-    p = add_command(subparsers, "eval", help="evaluate a language model (loss, perplexity, bits per byte)",
+    p = add_command(subparsers, "eval", help="evaluate a language model (loss, perplexity, bits per byte; masked LMs: masked loss and accuracy)",
                     description=__doc__, example_lines=(
                         "lmkit eval --model runs/demo                   # its training corpus's validation split",
                         "lmkit eval --model runs/demo --corpus notes/ --stride 64",
@@ -64,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     check_fits(tokenizer, model.config.vocab_size, Path(args.model) / "tokenizer.json", args.model)
     # models scored under their objective's fixed corruption: span / denoise runs, and masked-LM encoders
     corrupting = settings.get("objective") if settings.get("objective") in ("span", "denoise") else None
-    if arch == "encoder":
-        corrupting = "mlm"
+    if arch == "encoder":  # BERT's pre-training head is scored on pairs (mlm-nsp), any other MLM head on masking
+        corrupting = "mlm-nsp" if getattr(model, "head", None) == "pretraining" else "mlm"
     if args.stride is not None and (corrupting or args.pairs or args.task or arch != "decoder"):
         raise ConfigError("--stride applies to causal language models (next-token loss over overlapping windows); "
                           f"{args.model} is scored otherwise, so drop --stride")
@@ -95,10 +96,17 @@ def run(args: argparse.Namespace) -> int:
     if corrupting:  # the loss of the corrupted tokens (mlm: masked; span / denoise: targets), as training reports it
         from lmkit.train.objectives import evaluate_corpus
 
-        r = evaluate_corpus(model, tokenizer, val, corrupting, settings.get("seq_len"))
+        r = evaluate_corpus(model, tokenizer, val, corrupting, settings.get("seq_len"), noise=settings.get("noise"))
     else:
         r = evaluate_text(model, tokenizer, val, stride=args.stride)
     print(f"{args.model} on {' '.join(corpus)} ({part} {len(val)} documents, {r['bytes']} bytes, {r['tokens']} tokens)")
+    if "masked_loss" in r:  # a masked LM's loss covers ~15% of the tokens, each read from both sides: no perplexity
+        print(f"masked loss    {r['masked_loss']:.4f} nats/masked token")
+        print(f"masked acc     {r['masked_accuracy']:.4f}")
+        if "nsp_loss" in r:
+            print(f"nsp loss       {r['nsp_loss']:.4f} nats/pair")
+            print(f"nsp acc        {r['nsp_accuracy']:.4f}")
+        return 0
     print(f"loss           {r['loss']:.4f} nats/token")
     print(f"perplexity     {r['perplexity']:.3f}")
     print(f"bits per byte  {r['bpb']:.4f}")

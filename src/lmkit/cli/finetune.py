@@ -1,8 +1,9 @@
 """`lmkit finetune`: fine-tune a pretrained encoder for text classification (CSV or JSONL: text, text_pair, label),
 or, with --task clm, a causal LM on text (--train: a corpus name or text files), or, with --task sft, a causal LM
 on instruction data (JSONL rows: messages, prompt/completion or text), with --task dpo / reward on preference
-pairs (JSONL rows: prompt, chosen, rejected), or, with --task grpo, a causal LM by reinforcement learning on --prompts
-scored by --reward; --peft picks a PEFT method."""
+pairs (JSONL rows: prompt, chosen, rejected), with --task grpo a causal LM by reinforcement learning on --prompts
+scored by --reward, or, with --task token / qa, an encoder for NER-style tagging (JSONL rows: tokens, tags; or
+pydocs-ner) or extractive QA (SQuAD format; or pydocs-qa); --peft picks a PEFT method."""
 from __future__ import annotations
 
 import argparse
@@ -60,12 +61,21 @@ def register(subparsers) -> None:
                    "0.1, at most 20 steps; --task grpo: 0)")
     p.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default 0.01; --task clm and grpo: 0)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
-    p.add_argument("--task", choices=["classify", "clm", "sft", "dpo", "reward", "grpo"], default="classify",
+    p.add_argument("--task", choices=["classify", "clm", "sft", "dpo", "reward", "grpo", "token", "qa"],
+                   default="classify",
                    help="classify (the default); clm: next-token fine-tuning of a causal LM on the text of --train; sft: "
                    "supervised fine-tuning on instruction rows, loss on completions / assistant turns as TRL's "
                    "SFTTrainer; dpo: direct preference optimization on preference pairs, as TRL's DPOTrainer; reward: "
                    "a Bradley-Terry reward model (a scalar head), as TRL's RewardTrainer; grpo: reinforcement learning "
-                   "on --prompts with --reward, as TRL's GRPOTrainer")
+                   "on --prompts with --reward, as TRL's GRPOTrainer; token: NER-style tagging of an encoder, JSONL rows "
+                   "{tokens, tags} or pydocs-ner, entity-level precision/recall/F1 as seqeval computes them; qa: "
+                   "extractive QA of an encoder, SQuAD-format JSONL or pydocs-qa, exact match and F1 as the SQuAD v1.1 "
+                   "script computes them")
+    qa = p.add_argument_group("--task qa")
+    qa.add_argument("--doc-stride", type=int, metavar="N", help="pieces two windows of a long context share "
+                    "(default 32)")
+    qa.add_argument("--max-answer-length", type=int, metavar="N", help="longest answer predicted, in pieces "
+                    "(default 30)")
     sft = p.add_argument_group("--task sft")
     sft.add_argument("--packing", action="store_true", help="pack examples into --max-length rows (best-fit "
                      "decreasing; no attention across examples; default: one example a row)")
@@ -196,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
         args.lr = default_lr(method, args.task)
     if args.task == "clm":
         return run_clm(args, method, settings)
+    if args.task in ("token", "qa"):
+        return run_token(args, method, settings)
     config = FinetuneConfig(**{f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None}, peft=method,
                             peft_settings=settings, **run_settings(args))
     best, status = on_every_rank(lambda: finetune(config), device_of(args))
@@ -203,6 +215,30 @@ def run(args: argparse.Namespace) -> int:
         return status
     print(f"lmkit finetune: best epoch {best['epoch']}: accuracy {best['accuracy']:.4f}, macro-F1 {best['macro_f1']:.4f}; "
           f"saved to {args.out}")
+    print(json.dumps(best))
+    return 0
+
+
+def run_token(args: argparse.Namespace, method: str, settings: dict) -> int:
+    """--task token and --task qa: an encoder's tagging or extractive QA, as classification's epochs."""
+    from lmkit.finetune import FinetuneConfig
+    from lmkit.finetune.qa import finetune_qa
+    from lmkit.finetune.token import finetune_token
+
+    if args.pooling is not None:
+        raise ConfigError(f"--pooling applies to classification; --task {args.task} reads every position")
+    if args.task == "token" and (args.doc_stride is not None or args.max_answer_length is not None):
+        raise ConfigError("--doc-stride and --max-answer-length apply to --task qa only; drop them")
+    fields = {f: getattr(args, f) for f in FIELDS if getattr(args, f) is not None}
+    config = FinetuneConfig(**fields, peft=method, peft_settings=settings, **run_settings(args))
+    qa = {k: v for k, v in (("stride", args.doc_stride), ("max_answer_length", args.max_answer_length)) if v is not None}
+    job = (lambda: finetune_token(config)) if args.task == "token" else (lambda: finetune_qa(config, **qa))
+    best, status = on_every_rank(job, device_of(args))
+    if best is None:
+        return status
+    scores = (f"entity precision {best['precision']:.4f}, recall {best['recall']:.4f}, F1 {best['f1']:.4f}"
+              if args.task == "token" else f"exact match {best['exact_match']:.2f}, F1 {best['f1']:.2f}")
+    print(f"lmkit finetune --task {args.task}: best epoch {best['epoch']}: {scores}; saved to {args.out}")
     print(json.dumps(best))
     return 0
 

@@ -3,7 +3,9 @@
 Greedy unless a sampling flag (--temperature, --top-k, --top-p) is given; --num-beams runs beam
 search. Models trained by `lmkit train` saw BOS at the start of every row, so their prompts get it
 too; a pretrained folder's prompt gets the tokenizer's own special tokens, as transformers' tokenizer(prompt)
-gives them (--bos / --no-bos override: BOS alone, or no special token).
+gives them (--bos / --no-bos override: BOS alone, or no special token). A masked LM (an encoder folder with an MLM
+head) generates --max-new-tokens (default 16) tokens after the prompt by Mask-Predict (--iterations), then optionally
+Gibbs resampling (--gibbs-steps).
 """
 from __future__ import annotations
 
@@ -41,6 +43,12 @@ def register(subparsers) -> None:
                         "default: off)")
     p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
                    help="put BOS before the prompt (default: when the folder holds an lmkit training run; other folders: the tokenizer's own special tokens)")
+    g = p.add_argument_group("masked LMs (encoder folders with an MLM head)")
+    g.add_argument("--iterations", type=int, default=10, metavar="N",
+                   help="Mask-Predict: --max-new-tokens positions after the prompt start masked; N rounds re-mask the "
+                        "least confident (default 10)")
+    g.add_argument("--gibbs-steps", type=int, default=0, metavar="N",
+                   help="then N Gibbs steps: one generated position at a time masked and sampled again (default 0)")
     add_device_argument(p)
     p.set_defaults(func=run)
 
@@ -114,9 +122,11 @@ def run(args: argparse.Namespace) -> int:
         for i, row in enumerate(out.tolist()):
             print(_heading(i, n) + tok.decode(row, skip_special_tokens=True))
         return 0
+    if getattr(model, "mlm_head", None) is not None:  # a masked LM fills masks instead of reading left to right
+        return _fill_masks(args, model, tok, options)
     if cfg.architecture != "decoder" and getattr(model, "head", None) != "lm":  # XLNet generates either way
-        raise GenerationError(f"{args.model} is an encoder model, which does not generate text; use a decoder or "
-                              f"encoder-decoder model")
+        raise GenerationError(f"{args.model} is an encoder model without a masked-LM head, which does not generate "
+                              "text; use a decoder, an encoder-decoder or a masked-LM model")
     if run_settings(args.model) is None and args.bos is None:
         # a pretrained folder: the prompt as transformers' tokenizer(prompt) gives it (LLaMA's <s>, GPT-2's nothing)
         ids = tok.encode(args.prompt, add_special_tokens=True)
@@ -138,6 +148,43 @@ def run(args: argparse.Namespace) -> int:
     out = model.generate(ids_tensor, streamer=streamer, **options)
     if streamer is None:
         print(args.prompt + tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True))
+    return 0
+
+
+def _fill_masks(args: argparse.Namespace, model, tok, options: dict) -> int:
+    """Mask-Predict after the prompt ([CLS] or BOS first, [SEP] last when the tokenizer has one), then Gibbs steps."""
+    import torch
+
+    from lmkit.data.tokenize import special_ids
+    from lmkit.generation.mask_predict import gibbs_resample, mask_predict
+    from lmkit.train.masked import mask_token_id
+
+    if args.num_beams != 1 or args.num_return_sequences != 1 or args.prompt_lookup is not None:
+        raise GenerationError("a masked LM generates by Mask-Predict: --num-beams, --num-return-sequences and "
+                              "--prompt-lookup do not apply; drop them")
+    if args.iterations < 1 or args.gibbs_steps < 0:
+        raise GenerationError("--iterations must be at least 1 and --gibbs-steps 0 or more")
+    size = getattr(tok, "vocab_size", None)
+    mask = mask_token_id(tok)
+    if size is not None and mask >= model.config.vocab_size:
+        raise GenerationError(f"{args.model}'s tokenizer has no mask token the model knows; use the tokenizer it was "
+                              "trained with")
+    cls, sep = getattr(tok, "cls_token_id", None), getattr(tok, "sep_token_id", None)
+    prefix = [special_ids(tok)[0] if cls is None else cls] + tok.encode(args.prompt, add_special_tokens=False)
+    suffix = [] if sep is None else [sep]
+    length = options["max_new_tokens"] if args.max_new_tokens is not None else 16
+    if len(prefix) + length + len(suffix) > model.config.max_seq_len:
+        raise GenerationError(f"the prompt ({len(prefix)} tokens) and {length} new tokens do not fit the model's "
+                              f"{model.config.max_seq_len} positions; lower --max-new-tokens")
+    specials = list(getattr(tok, "all_special_ids", []) or []) + [special_ids(tok)[0]]
+    generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
+    new, _ = mask_predict(model, prefix, length, mask, suffix, args.iterations, specials,
+                          args.temperature or 0.0, generator)
+    if args.gibbs_steps:
+        row = gibbs_resample(model, prefix + new + suffix, list(range(len(prefix), len(prefix) + length)), mask,
+                             args.gibbs_steps, specials, args.temperature or 1.0, generator)
+        new = row[len(prefix):len(prefix) + length]
+    print(args.prompt + tok.decode(new, skip_special_tokens=True))
     return 0
 
 

@@ -1,5 +1,7 @@
-"""`lmkit prune`: remove the least important attention heads (Michel et al. 2019) structurally, or zero the
-smallest weights (`--unstructured`, magnitude pruning, at once or gradually as Zhu and Gupta 2017)."""
+"""`lmkit prune`: remove the least important attention heads (Michel et al. 2019) structurally: of a causal LM by
+its next-token loss on --corpus, or of a fine-tuned encoder classifier (`lmkit finetune`) by its classification loss
+on --data's labelled rows, with accuracy on them before and after; or zero the smallest weights of a causal LM
+(`--unstructured`, magnitude pruning, at once or gradually as Zhu and Gupta 2017)."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +11,8 @@ from lmkit.cli.common import add_device_argument, device_of
 
 
 def register(subparsers) -> None:
-    p = add_command(subparsers, "prune", help="prune attention heads or single weights of a causal LM",
-                    description=__doc__,
+    p = add_command(subparsers, "prune", help="prune attention heads (a causal LM or an encoder classifier) or single "
+                    "weights (a causal LM)", description=__doc__,
                     example_lines=("lmkit prune --model runs/demo --out runs/demo-pruned --heads 4",
                                    "lmkit prune --model runs/demo --out runs/demo-sparse --unstructured 0.5",
                                    "lmkit prune --model runs/demo --out runs/demo-sparse --unstructured 0.8 "
@@ -30,6 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--corpus", nargs="+", default=["pydocs"], metavar="NAME|PATH",
                    help="text for the importance scores and the evaluation (default pydocs)")
     p.add_argument("--batches", type=int, default=8, metavar="N", help="batches that estimate head importance (default 8)")
+    p.add_argument("--data", metavar="FILE", help="an encoder classifier: CSV or JSONL rows with text and label for "
+                   "the importance scores and the accuracy (default: none; required for encoders)")
     add_device_argument(p)
     p.set_defaults(func=run)
 
@@ -52,12 +56,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"written to {args.out}")
         return 0
     r = prune_folder(args.model, args.out, args.heads, args.corpus, args.batches, progress=True, device=device_of(args),
-                     stage=stage)
+                     stage=stage, data_file=args.data)
     print(f"pruned {r['heads_pruned']} heads: {r['parameters_before']:,} -> {r['parameters_after']:,} parameters")
     for layer, heads in r["pruned"].items():
         print(f"  {layer}: {heads}")
     for when in ("before", "after"):
         m = r[when]
+        if "loss" not in m:  # a classifier: its accuracy on --data
+            print(f"{when:6s} accuracy {m['accuracy']:.4f}")
+            continue
         print(f"{when:6s} loss {m['loss']:.4f}  perplexity {m['perplexity']:.2f}  accuracy {m['accuracy']:.4f}")
     print(f"written to {args.out}")
     return 0

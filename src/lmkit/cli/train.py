@@ -15,7 +15,7 @@ from lmkit.train.config import TrainConfig
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
 FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "lr_schedule",
          "warmup_steps", "optimizer", "precision", "log_every", "save_every", "seed", "data", "micro_batch_size",
-         "keep_checkpoints", "fsdp", "sizing")
+         "keep_checkpoints", "fsdp", "sizing", "noise", "scheduled_sampling")
 
 
 def register(subparsers) -> None:
@@ -26,7 +26,16 @@ def register(subparsers) -> None:
         "lmkit train --out runs/tiny --preset tiny --max-steps 400 --resume   # continue after Ctrl-C",
     ))
     p.add_argument("--preset", metavar="NAME", help=f"model preset ({', '.join(PRESETS)}); default: default")
-    p.add_argument("--objective", choices=["clm", "mlm", "span", "denoise", "plm"], help="training objective (default: clm; span/denoise pick t5-tiny, plm xlnet-tiny)")
+    p.add_argument("--objective", choices=["clm", "mlm", "mlm-nsp", "span", "denoise", "plm"],
+                   help="training objective (default: clm; mlm-nsp (BERT's masked LM + next-sentence prediction) picks "
+                        "bert-tiny, span/denoise t5-tiny, plm xlnet-tiny)")
+    p.add_argument("--noise", metavar="NAME[,NAME...]",
+                   help="--objective denoise: BART's noisings, combined in fairseq's order: permutation, masking, "
+                        "infilling, deletion, rotation (default: infilling,permutation, the paper's best)")
+    p.add_argument("--scheduled-sampling", metavar="KIND:K",
+                   help="--objective clm: feed the model its own predictions with probability 1 - eps, eps decaying "
+                        "as linear:K (1 - i/K), exponential:K (K^i) or inverse_sigmoid:K (K/(K + exp(i/K))); two "
+                        "passes a step (default: off, teacher forcing)")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
                    help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; NAME:WEIGHT items "
                         "(pydocs:0.7,pycode:0.3) sample the sources by weight instead of joining them; default: pydocs")
@@ -74,6 +83,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
         raise ConfigError("--data and --corpus both name the training text; give one (--data DIR for prepared shards)")
     if "preset" not in given and given.get("objective") in ("span", "denoise"):
         given["preset"] = "t5-tiny"  # encoder-decoder objectives need an encoder-decoder model
+    if "preset" not in given and given.get("objective") == "mlm-nsp":
+        given["preset"] = "bert-tiny"  # BERT's pre-training head
     if "preset" not in given and given.get("objective") == "plm":
         given["preset"] = "xlnet-tiny"  # permutation LM needs XLNet's two streams
     if "preset" in given:  # a named preset is trained as it is
@@ -135,7 +146,12 @@ def interrupted(out: str | None, step: int | None) -> str:
 
 def summary(result: dict, out: str) -> str:
     line = f"step {result['step']}: {result['train_tokens']} tokens in {result['elapsed']:.0f}s"
-    if "val_loss" in result:
+    if "val_masked_loss" in result:  # a masked LM: its loss covers the masked tokens only, no perplexity of the text
+        line += (f"; validation masked loss {result['val_masked_loss']:.4f} nats/token, masked-token accuracy "
+                 f"{result['val_masked_accuracy']:.4f}")
+        if "val_nsp_accuracy" in result:
+            line += f", NSP loss {result['val_nsp_loss']:.4f}, NSP accuracy {result['val_nsp_accuracy']:.4f}"
+    elif "val_loss" in result:
         line += (f"; validation loss {result['val_loss']:.4f} nats/token, perplexity {result['val_perplexity']:.2f}, "
                  f"{result['val_bpb']:.4f} bits per byte")
     if "mixture" in result:

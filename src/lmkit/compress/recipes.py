@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from lmkit.compress.distill import DistillWeights, distill_causal_lm, student_from_teacher
+from lmkit.compress.distill import DistillationObjective, DistillWeights, student_from_teacher
+from lmkit.compress.encoders import MaskedDistillation, masked_lm_task, masked_scores, prune_classifier
 from lmkit.compress.prune import head_importance, least_important, prune_heads
 from lmkit.compress.quantize import quantize_dynamic_int8, weight_bytes
 from lmkit.compress.sparsity import (GradualPruning, apply_masks, check_sparsity, magnitude_masks, prunable,
@@ -27,13 +28,16 @@ def distill_folder(teacher_dir, out, corpus=("pydocs",), steps: int = 200, batch
     training goes; with `save_every`, checkpoints that `resume` continues from); on `device` (None: the CPU)."""
     check_out(out, teacher_dir, "--teacher")
     precision = check_run(out, resume, save_every, precision, lr_schedule)
-    teacher, tok = model_folder(teacher_dir, device)
+    teacher, tok = model_folder(teacher_dir, device, encoders=True)
     data = causal_lm_data(teacher, tok, corpus, seq_len, max_val_docs)
+    task = masked_lm_task(teacher, tok) if teacher.config.architecture == "encoder" else None
     student = student_from_teacher(teacher, every)
-    history = distill_causal_lm(teacher, student, data.stream, data.pad, steps, batch_size, lr,
-                                warmup_steps=min(50, steps // 10), weights=weights, seed=seed, log=log, out=out,
-                                precision=precision, lr_schedule=lr_schedule, save_every=save_every, resume=resume)
-    t, s = data.evaluate(teacher), data.evaluate(student)
+    objective = MaskedDistillation(teacher, task, weights) if task else DistillationObjective(teacher, weights)
+    history = train_causal_lm(student, data.stream, data.pad, steps, batch_size, lr, min(50, steps // 10), seed, 0.1,
+                              1.0, objective, log, out=out, precision=precision, lr_schedule=lr_schedule,
+                              save_every=save_every, resume=resume)
+    score = (lambda m: masked_scores(task, m, data)) if task else data.evaluate
+    t, s = score(teacher), score(student)
     report = {"teacher": {"layers": teacher.config.n_layers, "parameters": teacher.num_parameters(), **t},
               "student": {"layers": student.config.n_layers, "parameters": student.num_parameters(), **s},
               "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0, "precision": precision}
@@ -53,14 +57,30 @@ def _scored(model_dir, out, corpus, seq_len, max_val_docs, device, stage):
 
 def prune_folder(model_dir, out, heads: int, corpus=("pydocs",), batches: int = 8, batch_size: int = 8,
                  seq_len: int | None = None, max_val_docs: int | None = None, progress: bool = False,
-                 stage=None, device=None) -> dict:
+                 stage=None, device=None, data_file: str | None = None) -> dict:
     """Prune the `heads` least important heads (importance from `batches` training batches, on `device`;
-    None: the CPU); save to `out`.
+    None: the CPU); save to `out`. An encoder classifier: importance and accuracy from `data_file`'s labelled rows.
     stage(text) hears each step as it starts; progress draws a bar over the importance batches (a terminal only)."""
     stage = stage or (lambda text: None)
     if batches < 1:
         raise ConfigError(f"--batches must be at least 1 (importance needs data), got {batches}")
-    model, tok, data, before = _scored(model_dir, out, corpus, seq_len, max_val_docs, device, stage)
+    check_out(out, model_dir)
+    model, tok = model_folder(model_dir, device, encoders=True)
+    if model.config.architecture == "encoder":  # a fine-tuned classifier, scored on labelled rows
+        if data_file is None:
+            raise ConfigError("an encoder's heads are pruned by a classifier's loss: pass --data FILE (CSV or JSONL "
+                              "rows with text and label, as `lmkit finetune` reads them)")
+        stage(f"head importance from {batches} batches of {data_file}")
+        report = prune_classifier(model, tok, heads, data_file, batches, batch_size,
+                                  progress=lambda parts: progress_bar(progress, iterable=parts, desc="importance",
+                                                                      unit="batch"))
+        save_model_folder(model, tok, out, {"prune.json": report})
+        return report
+    if data_file is not None:
+        raise ConfigError("--data holds a classifier's labelled rows; a causal LM is pruned by its loss on --corpus")
+    data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs)
+    stage(f"scoring the model on the validation split ({len(data.val_rows)} rows)")
+    before = data.evaluate(model)
     n_params = model.num_parameters()
     rows = [data.stream.rows(1234, i, batch_size) for i in range(batches)]
     stage(f"head importance from {batches} batches")

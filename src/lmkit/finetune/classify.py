@@ -77,25 +77,28 @@ class FinetuneConfig:
         check_out(self.out, self.model)
 
 
-def classifier_from_pretrained(path: str | Path, num_labels: int, pooling: str = "cls", id2label: dict | None = None):
-    """A sequence-classification `Encoder` whose body (and pooler, when the checkpoint has one) comes
-    from the pretrained encoder at `path`; the classifier layer is fresh."""
+def classifier_from_pretrained(path: str | Path, num_labels: int, pooling: str = "cls", id2label: dict | None = None,
+                               head: str = "sequence"):
+    """An `Encoder` with a fresh `head` (sequence: classification, with the checkpoint's pooler when it has one;
+    token: a label per position; qa: start and end scores) on the body of the pretrained encoder at `path`."""
     base = load_model(path)
-    if base.config.position == "xl":  # XLNet: its sequence summary (the last position by default) and logits_proj
+    if base.config.position == "xl" and head == "sequence":  # XLNet: its sequence summary and logits_proj
         return _xlnet_classifier(base, num_labels, pooling, id2label)
-    if base.config.architecture != "encoder":
-        arch = base.config.architecture
-        raise ConfigError(f"{path} holds {'an' if arch[0] in 'aeiou' else 'a'} {arch} model; fine-tuning for "
-                          "classification needs an encoder (BERT, RoBERTa, DistilBERT)")
+    if base.config.architecture != "encoder" or base.config.position == "xl":
+        arch = base.config.architecture if base.config.position != "xl" else "XLNet"
+        raise ConfigError(f"{path} holds {'an' if arch[0] in 'aeiouAEIOU' else 'a'} {arch} model; fine-tuning for "
+                          f"{'classification' if head == 'sequence' else head + ' tasks'} needs an encoder (BERT, "
+                          "RoBERTa, DistilBERT)")
     extra = {k: v for k, v in base.config.extra.items() if k != "id2label"}
     if id2label:
         extra["id2label"] = id2label
     task = replace(base.config.task, head=UNSET, num_labels=UNSET, pooling=UNSET, pooler=UNSET)
     act = "relu" if base.config.family == "distilbert" else "tanh"
-    model = Encoder(base.config.replace(extra=extra, task=task), head="sequence", num_labels=num_labels,
-                    pooling=pooling, pooler=act)
+    pooled = head == "sequence"
+    model = Encoder(base.config.replace(extra=extra, task=task), head=head, num_labels=num_labels,
+                    pooling=pooling, pooler=act if pooled else None)
     state = {k: v for k, v in base.state_dict().items() if k.startswith("encoder.")}
-    if base.pooler is not None and base.pooler.act_name == act:
+    if pooled and base.pooler is not None and base.pooler.act_name == act:
         state.update({k: v for k, v in base.state_dict().items() if k.startswith("pooler.")})
     missing = model.load_state_dict(state, strict=False).missing_keys
     assert all(not k.startswith("encoder.") for k in missing), missing
@@ -237,8 +240,11 @@ class ClassifyJob(Job):
             self.order = list(range(len(self.train)))
             self.gen.shuffle(self.order)
         part = self.order[at * self.cfg.batch_size:(at + 1) * self.cfg.batch_size]
-        mine = part[rank * len(part) // world_size:(rank + 1) * len(part) // world_size]
-        return list(_batches(self.tok, self.train, self.labels, len(mine), self.cfg.max_length, mine))
+        return self.batches(part[rank * len(part) // world_size:(rank + 1) * len(part) // world_size])
+
+    def batches(self, indices: list[int]) -> list:
+        """The micro-batches of the training examples at `indices` (one, here)."""
+        return list(_batches(self.tok, self.train, self.labels, len(indices), self.cfg.max_length, indices))
 
     def step_row(self, loop, seconds: float, result: dict | None) -> dict:
         self.total, self.count = self.total + loop.last_loss * loop.step_count, self.count + loop.step_count

@@ -51,17 +51,18 @@ def check_run(out, resume: bool, save_every: int | None, precision: str | None, 
     return precision
 
 
-def model_folder(path, device=None):
+def model_folder(path, device=None, encoders: bool = False):
     """(causal LM, tokenizer) of a folder that `lmkit train` wrote (tokenizer.json beside the weights); the model
-    on `device` (None: the CPU)."""
+    on `device` (None: the CPU). encoders: an `Encoder` (BERT, RoBERTa, DistilBERT with any head) is taken too."""
     folder = Path(path)
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json; pass a folder written by `lmkit train` (or add one)")
     model = load_model(folder, device=device)
-    if type(model).__name__ != "CausalLM":
+    if type(model).__name__ != "CausalLM" and not (encoders and type(model).__name__ == "Encoder"):
         arch = model.config.architecture
         raise ConfigError(f"{folder} holds a{'n' if arch.startswith('e') else ''} {arch} model; this command works on "
-                          "causal language models (a folder from `lmkit train`, or GPT-2, LLaMA, Mixtral)")
+                          "causal language models (a folder from `lmkit train`, or GPT-2, LLaMA, Mixtral)"
+                          + (" and encoders (BERT, RoBERTa, DistilBERT)" if encoders else ""))
     if model.config.compression.get("quantization"):  # int8 layers hold no trainable or prunable weights
         raise ConfigError(f"{folder} holds an int8-quantized model (from `lmkit quantize`); pass the float model "
                           "it was made from")

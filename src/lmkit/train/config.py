@@ -11,7 +11,9 @@ import torch
 
 from lmkit.config import ModelConfig, get_preset
 from lmkit.errors import TrainingError
+from lmkit.train.noise import parse_noise
 from lmkit.train.optim import OPTIMIZERS, SCHEDULES
+from lmkit.train.scheduled import parse_schedule
 from lmkit.train.precision import bf16_supported, default_precision  # noqa: F401  (re-exported)
 
 # Defaults per preset where the generic ones below do not fit; flags override them.
@@ -29,7 +31,7 @@ GENERIC_WARMUP = 100  # warm-up steps of presets without a recipe for it
 # Settings that change the numbers of a run: a resumed run must keep them.
 RUN_DEFINING = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "optimizer",
                 "min_lr_ratio", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip", "precision", "seed", "vocab_size", "val_fraction",
-                "model_overrides")
+                "model_overrides", "noise", "scheduled_sampling")
 
 
 @dataclass
@@ -67,6 +69,8 @@ class TrainConfig:
     # a --time-budget run of the default preset: its shape sized from a scaling law and the measured speed
     # (train/sizing.py): "auto" (the pydocs law), a law's name or fit.json, or "off" (the preset as it is)
     sizing: str = "auto"
+    noise: str | None = None              # --objective denoise: BART's noisings, comma-separated (train/noise.py)
+    scheduled_sampling: str | None = None  # --objective clm: KIND:K, the teacher-forcing decay (train/scheduled.py)
 
     def resolved(self, model: ModelConfig | None = None, device: torch.device | str | None = None) -> "TrainConfig":
         """A copy with every None that has a default filled in (recipes first); `model`: the preset with the
@@ -105,6 +109,16 @@ class TrainConfig:
             raise TrainingError(f"--precision must be fp32 or bf16, got {self.precision!r}")
         if self.batch_size % self.micro_batch_size:
             raise TrainingError(f"batch size {self.batch_size} is not a multiple of micro batch size {self.micro_batch_size}")
+        if self.noise is not None:
+            if self.objective != "denoise":
+                raise TrainingError(f"--noise chooses BART's noisings of --objective denoise; drop it for "
+                                    f"--objective {self.objective}")
+            parse_noise(self.noise)  # unknown names refused before any data is read
+        if self.scheduled_sampling is not None:
+            if self.objective != "clm":
+                raise TrainingError("--scheduled-sampling mixes a causal LM's own predictions into its inputs; it "
+                                    f"applies to --objective clm, not {self.objective}")
+            parse_schedule(self.scheduled_sampling)
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise TrainingError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
 

@@ -1,5 +1,5 @@
-"""`--objective span` (T5 span corruption) and `--objective denoise` (BART text infilling and sentence
-permutation): the packed rows of the corpus become (corrupted source, original or spans) pairs.
+"""`--objective span` (T5 span corruption) and `--objective denoise` (BART's noisings, `--noise`, train/noise.py;
+default text infilling and sentence permutation): the packed rows of the corpus become (corrupted source, original or spans) pairs.
 
 Each step corrupts its rows afresh with the step's seeded generator (repeatable per seed and step);
 the encoder reads the corrupted row, the decoder is teacher-forced on the target, which ends with
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from lmkit.errors import ConfigError
-from lmkit.objectives import (LossSum, next_token_loss, noise_span_counts, sentence_permutation, seq2seq_batch,
-                              span_corruption, text_infilling)
+from lmkit.objectives import LossSum, next_token_loss, noise_span_counts, seq2seq_batch, span_corruption
+from lmkit.train.noise import noiser
 from lmkit.train.objective import FixedCorruptionEvaluation, Objective
 
 SENTINELS = [f"<extra_id_{i}>" for i in range(100)]
@@ -26,15 +26,14 @@ class Denoising(FixedCorruptionEvaluation):
 
     eval_seed = 4321
 
-    def __init__(self, kind: str, special_ids: list[int], end_ids: set[int]):
+    def __init__(self, kind: str, special_ids: list[int], end_ids: set[int], noise: str | None = None):
         self.kind, self.special_ids, self.end_ids = kind, special_ids, end_ids
+        self.noise = noiser(noise, special_ids[0], end_ids) if kind == "denoise" else None
 
     def corrupt(self, tokens: list[int], eos: int, generator: torch.Generator) -> tuple[list[int], list[int]]:
         if self.kind == "span":
             return span_corruption(tokens, self.special_ids, generator=generator, eos_id=eos)
-        source = text_infilling(sentence_permutation(tokens, self.end_ids, generator), self.special_ids[0],
-                                generator=generator)
-        return source + [eos], list(tokens)
+        return self.noise(list(tokens), generator) + [eos], list(tokens)
 
     def build_batch(self, rows: torch.Tensor, pad_id: int, generator: torch.Generator | None = None) -> dict:
         """Rows BOS x_1..x_T (padded) -> corrupted sources and targets; BOS doubles as EOS, as in the trainer."""
@@ -56,7 +55,10 @@ class Denoising(FixedCorruptionEvaluation):
 class DenoisingObjective(Objective):
     """The registered objective; `prepare(tokenizer)` adds its special tokens and returns the one to train with."""
 
-    def prepare(self, tokenizer: Any) -> Objective:
+    def prepare(self, tokenizer: Any, noise: str | None = None) -> Objective:
+        """noise: denoise's `--noise` (None: infilling,permutation)."""
+        if noise is not None and self.name != "denoise":
+            raise ConfigError(f"--noise chooses BART's noisings of --objective denoise, not of --objective {self.name}")
         names = SENTINELS if self.name == "span" else [MASK]
         missing = [n for n in names if tokenizer.token_to_id(n) is None]
         if missing:
@@ -65,7 +67,7 @@ class DenoisingObjective(Objective):
         ids = [int(tokenizer.token_to_id(n)) for n in names]
         # sentence ends: tokens that end in a full stop (byte-level BPE writes a newline as "Ċ")
         ends = {i for t, i in tokenizer.get_vocab().items() if t.rstrip("Ċ\n").endswith((".", "!", "?"))}
-        task = Denoising(self.name, ids, ends)
+        task = Denoising(self.name, ids, ends, noise)
         return Objective(self.name, self.architecture, task.build_batch, task.loss, task.evaluate)
 
 

@@ -1,4 +1,4 @@
-"""The objective registry: what `--objective NAME` trains (clm, mlm, span, denoise, plm; train/objective.py says
+"""The objective registry: what `--objective NAME` trains (clm, mlm, mlm-nsp, span, denoise, plm; train/objective.py says
 what an objective is). Register new ones with `register_objective`; the trainer needs nothing else.
 """
 from __future__ import annotations
@@ -12,14 +12,16 @@ from lmkit.data.tokenize import special_ids, vocab_size_of
 from lmkit.errors import TrainingError
 from lmkit.train.denoise import DENOISE, SPAN
 from lmkit.train.masked import MLM
+from lmkit.train.nsp import MLM_NSP
 from lmkit.train.objective import CLM, Objective, clm_batch, clm_loss
 from lmkit.train.plm import PLM
 
 __all__ = ["OBJECTIVES", "Objective", "clm_batch", "clm_loss", "evaluate_corpus", "get_objective",
            "register_objective"]
 
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (CLM, MLM, SPAN, DENOISE, PLM)}
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (CLM, MLM, MLM_NSP, SPAN, DENOISE, PLM)}
 PLANNED = ("mlm", "span", "denoise")
+MISSING = {"span": "sentinel tokens", "mlm-nsp": "mask or separator token"}  # what prepare adds
 
 
 def register_objective(objective: Objective) -> None:
@@ -35,13 +37,13 @@ def get_objective(name: str) -> Objective:
 
 
 def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objective: str, seq_len: int | None = None,
-                    batch_size: int = 16) -> dict[str, float]:
-    """The validation numbers an `objective` run (mlm, span, denoise, plm) reports on `corpus`: the loss of the
-    tokens its fixed corruption of the rows hides or asks for."""
+                    batch_size: int = 16, noise: str | None = None) -> dict[str, float]:
+    """The validation numbers an `objective` run (mlm, mlm-nsp, span, denoise, plm) reports on `corpus`: the loss of
+    the tokens its fixed corruption of the rows hides or asks for (mlm, mlm-nsp: and the masked-token accuracy)."""
     size = vocab_size_of(tokenizer)
-    task = get_objective(objective).prepare(tokenizer)
+    task = get_objective(objective).prepare(tokenizer, **({"noise": noise} if noise is not None else {}))
     if vocab_size_of(tokenizer) != size:  # prepare added the tokens a run gets: this model never learned them
-        raise TrainingError(f"the tokenizer has no {'sentinel tokens' if objective == 'span' else 'mask token'} for "
+        raise TrainingError(f"the tokenizer has no {MISSING.get(objective, 'mask token')} for "
                             f"--objective {objective} (a training run adds its own), so a model trained without "
                             "it cannot be scored on that corruption; use the tokenizer the model was trained with")
     bos, pad = special_ids(tokenizer)

@@ -6,6 +6,7 @@ whether every rank got through it (`distributed.agree_on_setup`).
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,7 @@ def prepare_data(cfg: TrainConfig, objective, vocab_size: int) -> tuple[RunData,
         tokenizer = corpus_tokenizer(train, cfg.vocab_size or vocab_size)
     identity = {"tokenizer_sha256": tokenizer_sha(tokenizer), "content_sha256": content}
     if hasattr(objective, "prepare"):  # objectives that need tokens of their own (mlm: <|mask|>)
-        objective = objective.prepare(tokenizer)
+        objective = objective.prepare(tokenizer, **({"noise": cfg.noise} if cfg.noise is not None else {}))
     bos_id, pad_id = special_ids(tokenizer)
     if not cfg.data:
         if mixture:
@@ -150,4 +151,6 @@ def run_model_config(base: ModelConfig, cfg: TrainConfig, objective, data: RunDa
     ids = dict(bos_token_id=data.bos_id, eos_token_id=data.bos_id, pad_token_id=data.pad_id, max_seq_len=cfg.seq_len)
     if base.architecture == "encoder-decoder":
         ids.update(seq2seq_run_settings(base, objective.name, data.bos_id, data.pad_id, cfg.seq_len))
+    if getattr(objective, "head", None):  # mlm-nsp trains BERT's pre-training head (MLM + NSP)
+        ids["task"] = dataclasses.replace(base.task, head=objective.head)
     return base.replace(vocab_size=vocab_size_of(data.tokenizer), **ids)

@@ -7,6 +7,7 @@ continues with the losses the uninterrupted run would have had.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,6 +26,7 @@ from lmkit.train.job import Job
 from lmkit.train.loop import LoopSettings, TrainLoop
 from lmkit.train.metrics import plot_losses
 from lmkit.train.optim import build_optimizer
+from lmkit.train.scheduled import ScheduledSampling, teacher_forcing_probability
 from lmkit.train.seeds import seed_int, train_seed
 from lmkit.train.setup import TOKENIZER_FILES, TrainingSetup, prepare_training
 from lmkit.train.sizing import Sizing, applies as sizing_applies, size_model
@@ -62,6 +64,8 @@ class Trainer(Job):
         self.cfg = cfg = setup.cfg
         self.seed = cfg.seed
         self.out, self.checkpoint, self.objective = setup.out, setup.checkpoint, setup.objective
+        if cfg.scheduled_sampling:  # two passes a step: the model's own predictions mixed into its inputs
+            self.objective = dataclasses.replace(self.objective, loss=ScheduledSampling(cfg.scheduled_sampling).loss)
         self.model_config, self.model = setup.model_config, setup.model
         data = setup.data
         self.tokenizer, self.stream, self.bos_id, self.pad_id = data.tokenizer, data.stream, data.bos_id, data.pad_id
@@ -106,6 +110,8 @@ class Trainer(Job):
         rows = to_device(self.stream.rows(cfg.seed, step, cfg.batch_size, rank, world_size), self.device)
         generator = torch.Generator().manual_seed(seed_int("batch", cfg.seed, step, rank))
         batch = self.objective.build_batch(rows, self.pad_id, generator)
+        if cfg.scheduled_sampling:
+            batch["teacher_forcing"] = torch.full((len(rows),), teacher_forcing_probability(cfg.scheduled_sampling, step))
         micro = cfg.micro_batch_size if world_size == 1 else max(1, cfg.micro_batch_size // world_size)
         return [{k: v[start:start + micro] for k, v in batch.items()} for start in range(0, len(rows), micro)]
 
@@ -125,19 +131,22 @@ class Trainer(Job):
 
     def step_row(self, loop, seconds: float, result: dict[str, float] | None) -> dict[str, Any]:
         row: dict[str, Any] = {}
-        if result is not None:
-            row.update(val_loss=result["loss"], val_ppl=result["perplexity"], val_bpb=result["bpb"])
+        if result is not None:  # a masked LM reports its masked loss and accuracy instead of perplexity and bpb
+            short = {"perplexity": "ppl"}
+            row.update({f"val_{short.get(k, k)}": v for k, v in result.items() if k not in ("tokens", "bytes")})
             self._last = {f"val_{k}": v for k, v in result.items()}
         row.update(tokens=loop.tokens_seen, tok_per_s=round(self.stream.seq_len * self.cfg.batch_size / seconds, 1))
         return row
 
     def postfix(self, row: dict[str, Any], result: dict[str, float] | None) -> dict[str, str]:
+        shown = "bpb" if result and "bpb" in result else "masked_accuracy"
         return {"loss": f"{row['loss']:.3f}", "tok_s": f"{row['tok_per_s']:.0f}",
-                **({"val_bpb": f"{result['bpb']:.3f}"} if result else {})}
+                **({f"val_{shown}": f"{result[shown]:.3f}"} if result else {})}
 
     def report_line(self, loop, row: dict[str, Any], result: dict[str, float]) -> str:
+        scores = ", ".join(f"val_{k} {result[k]:.4f}" for k in ("bpb", "masked_accuracy", "nsp_accuracy") if k in result)
         return (f"step {loop.step}/{loop.total_steps or '?'}: loss {row['loss']:.4f}, val_loss {result['loss']:.4f}, "
-                f"val_bpb {result['bpb']:.4f}, {row['tok_per_s']:.0f} tokens/s")
+                f"{scores}, {row['tok_per_s']:.0f} tokens/s")
 
     def save(self, loop, gathered: dict[str, torch.Tensor] | None, final: bool) -> None:
         """After the checkpoint: the model folder (config.json, model.safetensors) and the loss plot (rank 0)."""

@@ -21,12 +21,14 @@ from lmkit.train.job import Job
 from lmkit.train.loop import LoopSettings, TrainLoop
 from lmkit.train.metrics import plot_losses
 from lmkit.train.optim import build_optimizer
+from lmkit.train.scheduled import ScheduledSampling, teacher_forcing_probability
 
 
 def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokenizer, out: str | Path,
               preset: str = "t5-tiny", steps: int = 3000, time_budget: float | None = None, batch_size: int = 64,
               lr: float = 1e-3, warmup_steps: int = 100, eval_every: int = 500, seed: int = 0,
-              log_every: int = 50, task: str | None = None, precision: str = "fp32", **overrides: Any) -> dict[str, Any]:
+              log_every: int = 50, task: str | None = None, precision: str = "fp32", scheduled_sampling: str | None = None,
+              **overrides: Any) -> dict[str, Any]:
     """Train `preset` on `train` pairs for `steps` (or until `time_budget` seconds); returns the last scores.
 
     out/ gets the model folder (config.json, model.safetensors, tokenizer.json), metrics.jsonl with
@@ -41,7 +43,8 @@ def fit_pairs(train: list[tuple[str, str]], test: list[tuple[str, str]], tokeniz
     settings = {"decoder_start_token_id": specials["pad"], **overrides}  # T5 starts from pad, mBART from a code
     config = get_preset(preset, vocab_size=tokenizer.vocab_size, pad_token_id=specials["pad"],
                         eos_token_id=specials["eos"], **settings)
-    job = PairsJob(build_model(config), tokenizer, train, test, specials["pad"], lr, warmup_steps, batch_size, seed)
+    job = PairsJob(build_model(config), tokenizer, train, test, specials["pad"], lr, warmup_steps, batch_size, seed,
+                   scheduled_sampling)
     loop = TrainLoop(job, LoopSettings(lr=lr, max_steps=steps, time_budget=time_budget, min_lr=lr * 0.05,
                                        precision=precision, log_every=log_every, eval_every=eval_every), out)
     loop.fit()
@@ -59,12 +62,16 @@ class PairsJob(Job):
     greedy decoding of the held-out sources scored by corpus BLEU at each evaluation."""
 
     def __init__(self, model, tokenizer, train, test, pad_id: int, lr: float, warmup_steps: int, batch_size: int,
-                 seed: int):
+                 seed: int, scheduled_sampling: str | None = None):
         self.model, self.tokenizer, self.test, self.pad_id = model, tokenizer, test, pad_id
+        self.scheduled = scheduled_sampling
         self.lr, self.warmup_steps, self.batch_size, self.seed = lr, warmup_steps, batch_size, seed
         self.src, self.tgt = encode_pairs(model, tokenizer, train)  # the labels `lmkit eval` scores the model on
         self.val = seq2seq_batch(*encode_pairs(model, tokenizer, test), pad_id)
         self.rng, self.result, self.objective = random.Random(seed), {}, PairsObjective()
+        if scheduled_sampling:  # the decoder's inputs mixed with its own predictions (train/scheduled.py)
+            self.objective = ScheduledSampling(scheduled_sampling, seq2seq=True, pad_id=pad_id,
+                                               start_id=model.config.decoder_start_token_id)
 
     def build_optimizer(self) -> torch.optim.Optimizer:
         return build_optimizer(self.model, self.lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -74,7 +81,10 @@ class PairsJob(Job):
 
     def micro_batches(self, step: int, rank: int, world_size: int) -> list[dict[str, torch.Tensor]]:
         pick = [self.rng.randrange(len(self.src)) for _ in range(self.batch_size)]
-        return [seq2seq_batch([self.src[i] for i in pick], [self.tgt[i] for i in pick], self.pad_id)]
+        batch = seq2seq_batch([self.src[i] for i in pick], [self.tgt[i] for i in pick], self.pad_id)
+        if self.scheduled:
+            batch["teacher_forcing"] = torch.full((len(pick),), teacher_forcing_probability(self.scheduled, step))
+        return [batch]
 
     def evaluate(self, precision: str) -> dict[str, float]:
         model, val = self.model, self.val
