@@ -11,7 +11,7 @@ from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
-CLM_ONLY = (("--max-steps", "max_steps"),)
+CLM_ONLY = (("--max-steps", "max_steps"), ("--rope-scaling", "rope_scaling"), ("--rope-factor", "rope_factor"))
 SFT_ONLY = (("--packing", "packing"), ("--chat-template", "chat_template"), ("--train-on-all", "train_on_all"),
             ("--micro-batch-size", "micro_batch_size"))
 FIELDS = ("model", "train", "out", "eval", "epochs", "lr", "batch_size", "max_length", "pooling", "val_fraction",
@@ -35,9 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default 3e-5 to classify; with --peft, --task clm or sft "
                    "the method's own default, 1e-3 in full)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="examples per step (default 16)")
-    p.add_argument("--max-length", type=int, metavar="N", help="tokens per example, cut beyond (default: what fits the model's "
-                   "positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most 256; --task "
-                   "sft: at most 1024)")
+    p.add_argument("--max-length", "--seq-len", type=int, metavar="N", help="tokens per example, cut beyond (default: what "
+                   "fits the model's positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most "
+                   "256, or the extended window with --rope-scaling; --task sft: at most 1024)")
     p.add_argument("--pooling", choices=["cls", "mean"],
                    help="classification: what the head reads (default cls); a mean-pooled folder is lmkit's: transformers' "
                    "...ForSequenceClassification pools [CLS] and gives other logits")
@@ -61,6 +61,12 @@ def register(subparsers) -> None:
                      "--batch-size); the loss stays a mean over all trained tokens of the step")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (--task clm: default 200; --task sft: default "
                    "--epochs passes, a number here overrides them)")
+    long = p.add_argument_group("longer context (--task clm, RoPE models)")
+    long.add_argument("--rope-scaling", choices=["linear", "dynamic", "yarn"], help="extend the RoPE window before "
+                      "training at --seq-len: linear (position interpolation), dynamic (NTK-aware) or yarn, written into "
+                      "config.json as transformers' rope_scaling (default: none)")
+    long.add_argument("--rope-factor", type=float, metavar="F", help="how many times the window grows, at least 1 "
+                      "(default: --seq-len / the model's positions)")
     add_run_arguments(p)
     add_peft_arguments(p)
     p.set_defaults(func=run)
@@ -166,7 +172,8 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
     given = {k: getattr(args, k) for k in ("val_fraction", "warmup_ratio", "weight_decay") if getattr(args, k) is not None}
     r, status = on_every_rank(lambda: finetune_causal_lm_folder(
         args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
-        args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings), device_of(args))
+        args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings, rope_scaling=args.rope_scaling,
+        rope_factor=args.rope_factor), device_of(args))
     if r is None:
         return status
     b, a = r["before"], r["after"]
@@ -182,6 +189,9 @@ def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
     for flag, name in (("--pooling", "pooling"), ("--val-fraction", "val_fraction")):
         if getattr(args, name) is not None:
             raise ConfigError(f"{flag} does not apply to --task sft; give held-out rows with --eval FILE")
+    for flag, name in (("--rope-scaling", "rope_scaling"), ("--rope-factor", "rope_factor")):
+        if getattr(args, name) is not None:
+            raise ConfigError(f"{flag} applies to --task clm only; extend the window there, then run sft on the result")
     fields = dict(model=args.model, train=args.train, out=args.out, eval=args.eval, max_length=args.max_length,
                   packing=args.packing, train_on_all=args.train_on_all, chat_template=args.chat_template,
                   epochs=args.epochs or 1, max_steps=args.max_steps, batch_size=args.batch_size,

@@ -16,8 +16,9 @@ from lmkit.data import load_corpus
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.tokenize import special_ids
 from lmkit.device import module_device, to_device
-from lmkit.errors import TrainingError
+from lmkit.errors import ConfigError, TrainingError
 from lmkit.evaluate.perplexity import evaluate_rows
+from lmkit.finetune.context import extend_window
 from lmkit.finetune.common import (check_out, check_run, default_lr, fitting_length, model_folder, peft_for_task,
                                    save_model_folder)
 from lmkit.objectives import next_token_targets
@@ -134,7 +135,11 @@ def causal_lm_data(model: nn.Module, tokenizer, corpus, seq_len: int | None, max
                    method: str = "full", settings: dict | None = None, flag: str = "--seq-len",
                    val_fraction: float = 0.05) -> CausalLMData:
     """CausalLMData of `corpus` in rows that fit the model (`fitting_length`, at most 256 tokens by default)."""
-    seq_len = fitting_length(model.config.max_seq_len, method, settings or {}, seq_len, 256, flag)
+    scaling = model.config.rope_scaling or {}
+    room = model.config.max_seq_len
+    if seq_len is not None and scaling.get("rope_type", scaling.get("type")) == "dynamic":
+        room = max(room, seq_len)  # dynamic NTK grows its base for rows past the trained context
+    seq_len = fitting_length(room, method, settings or {}, seq_len, 256, flag)
     return CausalLMData(tokenizer, list(corpus), seq_len, max_val_docs, val_fraction)
 
 
@@ -143,15 +148,20 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
                               max_val_docs: int | None = None, log=None, val_fraction: float = 0.05,
                               warmup_ratio: float | None = None, weight_decay: float = 0.0,
                               precision: str | None = None, lr_schedule: str = "cosine", save_every: int | None = None,
-                              resume: bool = False, device=None, **settings) -> dict:
+                              resume: bool = False, device=None, rope_scaling: str | None = None,
+                              rope_factor: float | None = None, **settings) -> dict:
     """Fine-tune the causal LM of `model_dir` on `corpus` with a PEFT method (or "full"); write to `out`.
 
     Rows are `seq_len` tokens (default: what fits the model's context, at most 256); `val_fraction` of the
     corpus's documents (by `Corpus.split`) are held out for the scores before and after. The learning rate
     warms up over round(warmup_ratio * steps) steps (None: a tenth of them, at most 20), then decays by cosine.
 
+    `rope_scaling` (linear, dynamic or yarn) with `rope_factor` extends the model's RoPE window first
+    (`context.extend_window`; `seq_len` is then the new length, default factor x the old one).
+
     `out` gets the adapter in PEFT format (adapter_config.json + adapter_model.safetensors), or the whole
-    model for "full", plus finetune.json with the validation scores before and after and the parameter counts,
+    model for "full" (and the merged model for LoRA/IA3 with `rope_scaling`, whose config carries the new
+    RoPE), plus finetune.json with the validation scores before and after and the parameter counts,
     and metrics.jsonl as training goes (with `save_every`, checkpoints that `resume` continues from).
     """
     check_out(out, model_dir)
@@ -163,6 +173,10 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
         raise TrainingError(f"--weight-decay must be a non-negative number, got {weight_decay}")
     precision = check_run(out, resume, save_every, precision, lr_schedule)
     model, tok = model_folder(model_dir, device)
+    if rope_scaling is not None:
+        seq_len = extend_window(model, rope_scaling, rope_factor, seq_len)
+    elif rope_factor is not None:
+        raise ConfigError("--rope-factor needs --rope-scaling linear|dynamic|yarn (how the window grows)")
     data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, method, settings, "--max-length", val_fraction)
     before = data.evaluate(model)
     torch.manual_seed(seed)
@@ -180,7 +194,11 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
               "precision": precision, **summary, "before": before, "after": after}
     if not distributed.setup().is_main:  # under torchrun rank 0 writes
         return report
-    if method == "full":
+    if rope_scaling is not None:
+        report["rope_scaling"] = dict(model.config.rope_scaling)
+    if method != "full" and rope_scaling is not None:  # an adapter alone would lose the new RoPE: save it merged
+        save_model_folder(tuned.merge_and_unload(), tok, out, {"finetune.json": report})
+    elif method == "full":
         save_model_folder(tuned, tok, out, {"finetune.json": report})
     else:
         with staged_folder(out) as folder:
