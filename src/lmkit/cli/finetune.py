@@ -11,7 +11,8 @@ from lmkit.cli.common import add_device_argument, device_of
 from lmkit.errors import ConfigError
 
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
-CLM_ONLY = (("--max-steps", "max_steps"), ("--rope-scaling", "rope_scaling"), ("--rope-factor", "rope_factor"))
+CLM_ONLY = (("--max-steps", "max_steps"), ("--rope-scaling", "rope_scaling"), ("--rope-factor", "rope_factor"),
+            ("--longlora", "longlora"), ("--s2-group", "s2_group"))
 SFT_ONLY = (("--packing", "packing"), ("--chat-template", "chat_template"), ("--train-on-all", "train_on_all"),
             ("--micro-batch-size", "micro_batch_size"))
 FIELDS = ("model", "train", "out", "eval", "epochs", "lr", "batch_size", "max_length", "pooling", "val_fraction",
@@ -67,6 +68,11 @@ def register(subparsers) -> None:
                       "config.json as transformers' rope_scaling (default: none)")
     long.add_argument("--rope-factor", type=float, metavar="F", help="how many times the window grows, at least 1 "
                       "(default: --seq-len / the model's positions)")
+    long.add_argument("--longlora", action="store_true", default=None, help="LongLoRA: train with shifted sparse "
+                      "attention (S2-Attn) and, with --peft lora, the embeddings and norms in full; the saved model "
+                      "attends in full (default: off)")
+    long.add_argument("--s2-group", type=int, metavar="N", help="S2-Attn group size, even, dividing --seq-len "
+                      "(default: a quarter of --seq-len)")
     add_run_arguments(p)
     add_peft_arguments(p)
     p.set_defaults(func=run)
@@ -173,7 +179,7 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
     r, status = on_every_rank(lambda: finetune_causal_lm_folder(
         args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
         args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings, rope_scaling=args.rope_scaling,
-        rope_factor=args.rope_factor), device_of(args))
+        rope_factor=args.rope_factor, longlora=bool(args.longlora), s2_group=args.s2_group), device_of(args))
     if r is None:
         return status
     b, a = r["before"], r["after"]
@@ -189,7 +195,8 @@ def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
     for flag, name in (("--pooling", "pooling"), ("--val-fraction", "val_fraction")):
         if getattr(args, name) is not None:
             raise ConfigError(f"{flag} does not apply to --task sft; give held-out rows with --eval FILE")
-    for flag, name in (("--rope-scaling", "rope_scaling"), ("--rope-factor", "rope_factor")):
+    for flag, name in (("--rope-scaling", "rope_scaling"), ("--rope-factor", "rope_factor"), ("--longlora", "longlora"),
+                       ("--s2-group", "s2_group")):
         if getattr(args, name) is not None:
             raise ConfigError(f"{flag} applies to --task clm only; extend the window there, then run sft on the result")
     fields = dict(model=args.model, train=args.train, out=args.out, eval=args.eval, max_length=args.max_length,

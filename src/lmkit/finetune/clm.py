@@ -5,6 +5,7 @@ next-token loss over the step's targets (or another objective on the same rows: 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -19,6 +20,7 @@ from lmkit.device import module_device, to_device
 from lmkit.errors import ConfigError, TrainingError
 from lmkit.evaluate.perplexity import evaluate_rows
 from lmkit.finetune.context import extend_window
+from lmkit.finetune.longlora import group_size, longlora_settings, shifted_attention
 from lmkit.finetune.common import (check_out, check_run, default_lr, fitting_length, model_folder, peft_for_task,
                                    save_model_folder)
 from lmkit.objectives import next_token_targets
@@ -149,7 +151,8 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
                               warmup_ratio: float | None = None, weight_decay: float = 0.0,
                               precision: str | None = None, lr_schedule: str = "cosine", save_every: int | None = None,
                               resume: bool = False, device=None, rope_scaling: str | None = None,
-                              rope_factor: float | None = None, **settings) -> dict:
+                              rope_factor: float | None = None, longlora: bool = False, s2_group: int | None = None,
+                              **settings) -> dict:
     """Fine-tune the causal LM of `model_dir` on `corpus` with a PEFT method (or "full"); write to `out`.
 
     Rows are `seq_len` tokens (default: what fits the model's context, at most 256); `val_fraction` of the
@@ -157,7 +160,9 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     warms up over round(warmup_ratio * steps) steps (None: a tenth of them, at most 20), then decays by cosine.
 
     `rope_scaling` (linear, dynamic or yarn) with `rope_factor` extends the model's RoPE window first
-    (`context.extend_window`; `seq_len` is then the new length, default factor x the old one).
+    (`context.extend_window`; `seq_len` is then the new length, default factor x the old one). `longlora` trains
+    with S2-Attn in groups of `s2_group` tokens (default a quarter of the row) and, with LoRA, the embeddings and
+    norms in full (`longlora.py`); the saved model attends in full.
 
     `out` gets the adapter in PEFT format (adapter_config.json + adapter_model.safetensors), or the whole
     model for "full" (and the merged model for LoRA/IA3 with `rope_scaling`, whose config carries the new
@@ -178,6 +183,12 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     elif rope_factor is not None:
         raise ConfigError("--rope-factor needs --rope-scaling linear|dynamic|yarn (how the window grows)")
     data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, method, settings, "--max-length", val_fraction)
+    group = None
+    if longlora:
+        settings = longlora_settings(method, settings)
+        group = group_size(data.stream.seq_len, s2_group)
+    elif s2_group is not None:
+        raise ConfigError("--s2-group needs --longlora (S2-Attn's group size)")
     before = data.evaluate(model)
     torch.manual_seed(seed)
     tuned = peft_for_task(model, method, **settings)
@@ -185,15 +196,18 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
         for p in tuned.parameters():
             p.requires_grad_(True)
     summary = trainable_summary(tuned)
-    history = train_causal_lm(tuned, data.stream, data.pad, steps, batch_size, lr or default_lr(method, "clm"),
-                              warmup_steps=min(20, steps // 10) if warmup_ratio is None else round(warmup_ratio * steps),
-                              seed=seed, weight_decay=weight_decay, log=log, out=out, precision=precision,
-                              lr_schedule=lr_schedule, save_every=save_every, resume=resume)
+    with shifted_attention(tuned, group) if longlora else nullcontext():
+        history = train_causal_lm(tuned, data.stream, data.pad, steps, batch_size, lr or default_lr(method, "clm"),
+                                  warmup_steps=min(20, steps // 10) if warmup_ratio is None else round(warmup_ratio * steps),
+                                  seed=seed, weight_decay=weight_decay, log=log, out=out, precision=precision,
+                                  lr_schedule=lr_schedule, save_every=save_every, resume=resume)
     after = data.evaluate(tuned)
     report = {"method": method, "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0,
               "precision": precision, **summary, "before": before, "after": after}
     if not distributed.setup().is_main:  # under torchrun rank 0 writes
         return report
+    if longlora:
+        report["longlora"] = {"s2_group": group}
     if rope_scaling is not None:
         report["rope_scaling"] = dict(model.config.rope_scaling)
     if method != "full" and rope_scaling is not None:  # an adapter alone would lose the new RoPE: save it merged

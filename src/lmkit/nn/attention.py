@@ -12,10 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmkit.config import ModelConfig
+from lmkit.errors import ConfigError
 from lmkit.nn.kernels import UsesKernels
 from lmkit.nn.kernels.eager_attention import attention_probabilities
 from lmkit.nn.plain import plain
 from lmkit.nn.positions import apply_rotary
+from lmkit.nn.shifted_attention import shifted_sparse_attention
 
 
 class KVCache:
@@ -96,6 +98,7 @@ class Attention(UsesKernels):
         self._fused: tuple | None = None  # (key, weight, bias) of the fused q/k/v projection, for inference
         self.keep_probabilities = False  # opt-in: attend in matrix products and keep softmax(QK^T) in .probabilities
         self.probabilities: torch.Tensor | None = None
+        self.s2_group: int | None = None  # LongLoRA's S2-Attn group while fine-tuning (`shifted_attention`); None: full
         self.choose_kernels()
 
     def plain_projections(self) -> bool:
@@ -153,7 +156,8 @@ class Attention(UsesKernels):
         keys and values are still computed (and cached), the rest of the queries are not attended with."""
         B, T, _ = x.shape
         dropout = self.dropout if self.training else 0.0
-        if (not self.cross and rope is None and cache is None and queries is None and bias is None and is_causal
+        s2 = self.s2_group if self.training and not self.cross and cache is None and queries is None else None
+        if (s2 is None and not self.cross and rope is None and cache is None and queries is None and bias is None and is_causal
                 and not dropout and not self.keep_probabilities and T > 1 and self.n_heads > 0 and self.head_dim > 0
                 and self.plain_projections()):
             scale = self.head_dim ** -0.5 if self.scale is None else self.scale
@@ -188,7 +192,12 @@ class Attention(UsesKernels):
         if bias is not None and bias.dtype != torch.bool and bias.dtype != q.dtype:
             bias = bias.to(q.dtype)
         is_causal = is_causal and bias is None
-        if self.keep_probabilities:
+        if s2 is not None:
+            if not is_causal:
+                raise ConfigError("S2-Attn (LongLoRA) trains on causal rows without padding or sliding windows; "
+                                  "fine-tune this model without --longlora")
+            out = shifted_sparse_attention(q, k, v, s2, self.scale, dropout)
+        elif self.keep_probabilities:
             gqa = self.n_kv_heads != self.n_heads
             kq, vq = (k.repeat_interleave(self.n_heads // k.shape[1], 1),
                       v.repeat_interleave(self.n_heads // v.shape[1], 1)) if gqa else (k, v)
