@@ -112,3 +112,46 @@ def test_refuses_a_model_it_cannot_extend(llama, tmp_path, capfd):
     rc, _, err = cli(capfd, "finetune", "--task", "sft", "--model", str(llama), "--train", "pydocs-instruct", "--out",
                      str(tmp_path / "o"), "--rope-scaling", "yarn", "--rope-factor", "2")
     assert rc == 2 and "applies to --task clm only" in err
+
+
+def test_longlora_trains_lora_embeddings_and_norms_and_saves_a_plain_adapter(llama, tmp_path, capfd):
+    import peft
+
+    from lmkit.peft import load_adapter
+
+    out = tmp_path / "out"
+    rc, _, err = cli(capfd, "finetune", "--task", "clm", "--model", str(llama), "--train", "pydocs", "--out", str(out),
+                     "--peft", "lora", "--longlora", "--seq-len", "64", "--s2-group", "16", "--max-steps", "2",
+                     "--batch-size", "2", "--precision", "fp32")
+    assert rc == 0, err
+    assert json.loads((out / "finetune.json").read_text())["longlora"] == {"s2_group": 16}
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert {"embed_tokens", "norm"} <= set(adapter["modules_to_save"])
+    assert "s2" not in (out / "adapter_config.json").read_text().lower()
+    base = lmkit.load_model(llama)
+    tuned = load_adapter(lmkit.load_model(llama), out).eval()
+    emb = tuned.base_model.decoder.embeddings.tokens
+    assert not torch.equal(emb.weight, base.decoder.embeddings.tokens.weight)  # the embeddings trained in full
+    # PEFT reads the adapter onto the transformers model: the same logits, so inference attends in full
+    hf = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(llama), out).eval()
+    ids = torch.randint(3, 300, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(ids).logits, hf(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_longlora_with_a_longer_window_saves_the_merged_model(llama, tmp_path, capfd):
+    out = tmp_path / "out"
+    rc, _, err = cli(capfd, "finetune", "--task", "clm", "--model", str(llama), "--train", "pydocs", "--out", str(out),
+                     "--peft", "lora", "--longlora", "--rope-scaling", "yarn", "--rope-factor", "2", "--max-steps", "1",
+                     "--batch-size", "2", "--precision", "fp32")
+    assert rc == 0, err
+    assert json.loads((out / "finetune.json").read_text())["longlora"] == {"s2_group": 32}
+    ids = torch.randint(3, 300, (1, 128), generator=torch.Generator().manual_seed(2))
+    ref, ours = _logits_pair(out, ids)
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    rc, _, err = cli(capfd, "finetune", "--task", "clm", "--model", str(llama), "--train", "pydocs", "--out",
+                     str(tmp_path / "o2"), "--peft", "lora", "--longlora", "--seq-len", "60", "--s2-group", "16")
+    assert rc == 2 and "multiple of 16" in err
+    rc, _, err = cli(capfd, "finetune", "--task", "clm", "--model", str(llama), "--train", "pydocs", "--out",
+                     str(tmp_path / "o2"), "--peft", "ia3", "--longlora")
+    assert rc == 2 and "use --peft lora or full" in err
