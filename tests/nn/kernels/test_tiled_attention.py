@@ -1,0 +1,76 @@
+"""Tiled online-softmax attention equals the float64 formula, forward and backward, for every mask it takes."""
+import pytest
+import torch
+
+from lmkit.nn.kernels.tiled_attention import tiled_attention
+
+
+def formula(q, k, v, causal, keep, window, scale):
+    """softmax(q k^T * scale + mask) v in float64 with the dense mask; rows that see nothing give 0."""
+    q, k, v = q.double(), k.double(), v.double()
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    T, S = q.shape[2], k.shape[2]
+    qi = torch.arange(T)[:, None] + S - T
+    kj = torch.arange(S)[None]
+    allowed = torch.ones(T, S, dtype=torch.bool)
+    if causal:
+        allowed &= kj <= qi
+    if window is not None:
+        allowed &= qi - kj < window
+    allowed = allowed[None, None]
+    if keep is not None:
+        allowed = allowed & keep[:, None, None, :].bool()
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
+    p = torch.nan_to_num(s.softmax(-1), nan=0.0)
+    return p @ v
+
+
+CASES = [  # (H, H_kv, T, S, causal, padded, window)
+    (4, 4, 37, 37, True, False, None),
+    (4, 2, 37, 37, False, False, None),
+    (6, 2, 45, 45, True, True, None),
+    (4, 1, 50, 50, True, False, 9),
+    (4, 2, 29, 29, False, True, None),
+    (4, 2, 7, 40, True, True, 16),  # queries after 33 cached keys, a window and padding
+]
+
+
+@pytest.mark.parametrize("H, H_kv, T, S, causal, padded, window", CASES)
+def test_equals_the_float64_formula_forward_and_backward(H, H_kv, T, S, causal, padded, window):
+    g = torch.Generator().manual_seed(T + S)
+    B, D = 3, 16
+    q = torch.randn(B, H, T, D, generator=g, requires_grad=True)
+    k = torch.randn(B, H_kv, S, D, generator=g, requires_grad=True)
+    v = torch.randn(B, H_kv, S, D, generator=g, requires_grad=True)
+    keep = None
+    if padded:  # left padding of different widths, one row whose first queries see no key at all
+        keep = torch.ones(B, S, dtype=torch.bool)
+        keep[1, :5] = False
+        keep[2, : S - T + 3] = False
+    grad = torch.randn(B, H, T, D, generator=g)
+    out = tiled_attention(q, k, v, causal, keep, window, 0.3, tile=8)
+    out.backward(grad)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = formula(q64, k64, v64, causal, keep, window, 0.3)
+    want.backward(grad.double())
+    eps = torch.finfo(torch.float32).eps
+    for got, ref in ((out, want), (q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert torch.isfinite(got).all()
+        assert (got.double() - ref).abs().max() <= 64 * eps * max(ref.abs().max().item(), 1.0)
+
+
+def test_tile_size_changes_nothing_but_rounding():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 100, 8, generator=g) for _ in range(3))
+    a = tiled_attention(q, k, v, True, tile=7)
+    b = tiled_attention(q, k, v, True, tile=512)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(b, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_bad_shapes_are_refused():
+    q = torch.randn(1, 3, 4, 8)
+    with pytest.raises(ValueError, match="multiple of H_kv"):
+        tiled_attention(q, torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8))
