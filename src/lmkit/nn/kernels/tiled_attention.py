@@ -26,18 +26,17 @@ def _visible(i0: int, i1: int, j0: int, j1: int, past: int, causal: bool, window
 
 def _tile_mask(i0: int, i1: int, j0: int, j1: int, past: int, causal: bool, window: int | None,
                keep: torch.Tensor | None, device) -> torch.Tensor | None:
-    """Allowed (B or 1, 1, 1, tq, tk) for the tile, or None when every pair is allowed."""
+    """Allowed (B or 1, 1, 1, tq, tk) for the tile, or None when every pair is allowed (decided from the
+    corners, so the tiles below the diagonal build no mask)."""
     allowed = None
-    if causal or window is not None:
+    hides_causal = causal and j1 - 1 > past + i0
+    hides_window = window is not None and past + i1 - 1 - j0 >= window
+    if hides_causal or hides_window:
         qi = torch.arange(i0, i1, device=device)[:, None] + past
         kj = torch.arange(j0, j1, device=device)[None, :]
-        allowed = torch.ones(i1 - i0, j1 - j0, dtype=torch.bool, device=device)
-        if causal:
-            allowed &= kj <= qi
-        if window is not None:
-            allowed &= qi - kj < window
-        if bool(allowed.all()):
-            allowed = None
+        allowed = kj <= qi if hides_causal else None
+        if hides_window:
+            allowed = (qi - kj < window) if allowed is None else allowed & (qi - kj < window)
     if keep is not None:
         pad = keep[:, None, None, None, j0:j1]
         allowed = pad if allowed is None else pad & allowed
@@ -51,8 +50,8 @@ def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 def _scores(qt: torch.Tensor, kt: torch.Tensor, scale: float, mask: torch.Tensor | None) -> torch.Tensor:
-    s = torch.matmul(qt, kt.unsqueeze(2).transpose(-1, -2)) * scale
-    return s if mask is None else s.masked_fill(~mask, float("-inf"))
+    s = torch.matmul(qt * scale, kt.unsqueeze(2).transpose(-1, -2))
+    return s if mask is None else s.masked_fill_(~mask, float("-inf"))
 
 
 def _forward(q, k, v, scale, causal, window, keep, tile):
@@ -76,10 +75,10 @@ def _forward(q, k, v, scale, causal, window, keep, tile):
             s = s.float()
             m_new = torch.maximum(m, s.amax(-1))
             base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows that saw nothing yet
-            p = torch.exp(s - base[..., None])
+            p = s.sub_(base[..., None]).exp_()
             fix = torch.exp(m - base)
-            l = l * fix + p.sum(-1)
-            acc = acc * fix[..., None] + torch.matmul(p.to(v.dtype), v[:, :, None, j0:j1]).float()
+            l = l.mul_(fix).add_(p.sum(-1))
+            acc = acc.mul_(fix[..., None]).add_(torch.matmul(p.to(v.dtype), v[:, :, None, j0:j1]).float())
             m = m_new
         seen = l > 0
         out[:, :, :, i0:i1] = (acc / torch.where(seen, l, torch.ones_like(l))[..., None]).to(q.dtype)
