@@ -74,3 +74,39 @@ def test_bad_shapes_are_refused():
     q = torch.randn(1, 3, 4, 8)
     with pytest.raises(ValueError, match="multiple of H_kv"):
         tiled_attention(q, torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8))
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_a_model_attends_through_the_tiles_where_a_dense_mask_would_be_large(monkeypatch, window):
+    """The same logits and gradients as the dense mask for padded rows and sliding windows, GQA included."""
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+    from lmkit.nn.kernels import tiled_attention as tiled
+
+    cfg = get_preset("tiny", vocab_size=97, max_seq_len=64, position="rope", n_heads=4, n_kv_heads=2,
+                     sliding_window=window, dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    ids = torch.randint(0, 97, (3, 23))
+    mask = torch.ones(3, 23, dtype=torch.long)
+    mask[1, :4] = 0
+    mask[2, :9] = 0
+    calls = []
+    real = tiled.tiled_attention
+    monkeypatch.setattr("lmkit.nn.attention.tiled_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def run(limit):
+        monkeypatch.setattr("lmkit.models.stack.DENSE_MASK_LIMIT", limit)
+        model.zero_grad()
+        logits = model(ids, attention_mask=mask).logits
+        (logits * mask[..., None]).sum().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    dense_logits, dense_grads = run(1 << 40)
+    assert not calls
+    logits, grads = run(0)
+    assert len(calls) == cfg.n_layers
+    real_rows = mask.bool()
+    torch.testing.assert_close(logits[real_rows], dense_logits[real_rows], rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, dense_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

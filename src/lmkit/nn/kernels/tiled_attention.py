@@ -12,6 +12,8 @@ among n_heads / n_kv_heads query heads (GQA). A query that sees no key gets 0.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 TILE = 512  # query rows and key columns per tile
@@ -140,3 +142,33 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     keep = None if key_padding_mask is None else key_padding_mask.to(device=q.device, dtype=torch.bool)
     return TiledAttention.apply(q, k, v, scale, causal, window, keep, tile)
+
+
+class StructuredMask(NamedTuple):
+    """What the queries of a self-attention call may see, without the dense (B, 1, T, S) mask: causal or not,
+    a sliding window, and the keys that count (B, S) or None. `Stack` passes it for long masked inputs
+    (`DENSE_MASK_LIMIT`); `Attention` attends with `tiled_attention` on it, or spells it out where it must."""
+
+    causal: bool
+    window: int | None
+    keep: torch.Tensor | None
+
+    def dense(self, batch: int, q_len: int, k_len: int, device) -> torch.Tensor:
+        """The boolean (B, 1, q_len, k_len) mask it stands for (True: may attend)."""
+        past = k_len - q_len
+        qi = torch.arange(q_len, device=device)[:, None] + past
+        kj = torch.arange(k_len, device=device)[None, :]
+        allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+        if self.causal:
+            allowed &= kj <= qi
+        if self.window is not None:
+            allowed &= qi - kj < self.window
+        allowed = allowed[None, None]
+        if self.keep is not None:
+            allowed = allowed & self.keep[:, None, None, :k_len].to(device=device, dtype=torch.bool)
+        return allowed.expand(batch, 1, q_len, k_len)
+
+
+# mask elements (B x T x S) past which a self-attention with padding or a window attends through the tiles
+# instead of a dense mask: 64M, a 64 MB boolean mask that SDPA would also widen to the scores' dtype
+DENSE_MASK_LIMIT = 1 << 26
