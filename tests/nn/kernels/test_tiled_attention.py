@@ -36,8 +36,12 @@ CASES = [  # (H, H_kv, T, S, causal, padded, window)
 ]
 
 
+@pytest.mark.parametrize("portable", [False, True], ids=["cpu-fused", "torch-ops"])
 @pytest.mark.parametrize("H, H_kv, T, S, causal, padded, window", CASES)
-def test_equals_the_float64_formula_forward_and_backward(H, H_kv, T, S, causal, padded, window):
+def test_equals_the_float64_formula_forward_and_backward(monkeypatch, H, H_kv, T, S, causal, padded, window, portable):
+    """Both paths: ATen's CPU flash kernel per key block merged by log-sum-exp, and the PyTorch-ops tiles
+    (what other devices run)."""
+    monkeypatch.setattr("lmkit.nn.kernels.tiled_attention._PORTABLE", portable)
     g = torch.Generator().manual_seed(T + S)
     B, D = 3, 16
     q = torch.randn(B, H, T, D, generator=g, requires_grad=True)
@@ -60,7 +64,9 @@ def test_equals_the_float64_formula_forward_and_backward(H, H_kv, T, S, causal, 
         assert (got.double() - ref).abs().max() <= 64 * eps * max(ref.abs().max().item(), 1.0)
 
 
-def test_tile_size_changes_nothing_but_rounding():
+@pytest.mark.parametrize("portable", [False, True], ids=["cpu-fused", "torch-ops"])
+def test_tile_size_changes_nothing_but_rounding(monkeypatch, portable):
+    monkeypatch.setattr("lmkit.nn.kernels.tiled_attention._PORTABLE", portable)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 4, 100, 8, generator=g) for _ in range(3))
     a = tiled_attention(q, k, v, True, tile=7)
