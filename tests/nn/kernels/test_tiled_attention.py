@@ -116,3 +116,6 @@ def test_a_model_attends_through_the_tiles_where_a_dense_mask_would_be_large(mon
     torch.testing.assert_close(logits[real_rows], dense_logits[real_rows], rtol=1e-5, atol=1e-5)
     for got, want in zip(grads, dense_grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():  # the last block at kept positions alone spells the mask out (StructuredMask.dense)
+        last = model(ids, attention_mask=mask, logits_to_keep=1).logits
+    torch.testing.assert_close(last[:, -1], dense_logits[:, -1], rtol=1e-5, atol=1e-5)

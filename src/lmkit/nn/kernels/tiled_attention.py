@@ -266,15 +266,8 @@ class StructuredMask(NamedTuple):
 
     def dense(self, batch: int, q_len: int, k_len: int, device) -> torch.Tensor:
         """The boolean (B, 1, q_len, k_len) mask it stands for (True: may attend)."""
-        past = k_len - q_len
-        qi = torch.arange(q_len, device=device)[:, None] + past
-        kj = torch.arange(k_len, device=device)[None, :]
-        allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
-        if self.causal:
-            allowed &= kj <= qi
-        if self.window is not None:
-            allowed &= qi - kj < self.window
-        allowed = allowed[None, None]
+        allowed = _tile_mask(0, q_len, 0, k_len, k_len - q_len, self.causal, self.window, None, device)
+        allowed = (torch.ones(q_len, k_len, dtype=torch.bool, device=device) if allowed is None else allowed)[None, None]
         if self.keep is not None:
             allowed = allowed & self.keep[:, None, None, :k_len].to(device=device, dtype=torch.bool)
         return allowed.expand(batch, 1, q_len, k_len)
