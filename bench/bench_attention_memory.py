@@ -15,6 +15,8 @@ Each (contender, mode, length) runs in a fresh process: the peak is the process'
 size at that moment, so it counts what the attention itself allocates; the time is the best of --runs runs
 (with one thread, the default, the process's CPU time: the development machine is shared). The exponent is the slope of log(peak) against log(length), fitted over lengths from 4k on
 (below that the fixed cost of a process dominates). Writes a Markdown table (stdout and --table) and a plot.
+With --model: a whole small model (`model_case`) on a padded row, through lmkit's tiles (the default past
+DENSE_MASK_LIMIT) or the dense (B, 1, T, T) mask it builds otherwise, forward and forward + backward.
 
     python bench/bench_attention_memory.py [--lengths 1024,2048,...] [--threads 1] [--plot docs/img/attention_memory.png]
 """
@@ -30,6 +32,7 @@ from pathlib import Path
 
 HEADS, HEAD_DIM = 4, 32
 CONTENDERS = ("lmkit tiled", "lmkit C++", "SDPA", "naive")
+MODEL_CONTENDERS = ("lmkit model, tiles", "lmkit dense mask")
 
 
 def _status(key: str) -> int:
@@ -88,6 +91,45 @@ def one_case(name: str, mode: str, length: int, runs: int, threads: int) -> dict
     return {"peak_mb": max(_status("VmHWM") - rss, 0) / 2 ** 20, "seconds": best}
 
 
+def model_case(name: str, mode: str, length: int, runs: int, threads: int) -> dict:
+    """{"peak_mb", "seconds"} of a whole small model (LLaMA-like: width 128, 2 layers, 4 heads, 2 key/value
+    heads, RoPE) on one row whose first 8 tokens are padding, through lmkit's tiles or its dense mask."""
+    import torch
+
+    from lmkit.config import get_preset
+    from lmkit.models import build_model
+
+    torch.set_num_threads(threads)
+    import lmkit.models.stack
+    lmkit.models.stack.DENSE_MASK_LIMIT = 1 << 62 if name == "lmkit dense mask" else 0  # the one or the other
+    cfg = get_preset("tiny", vocab_size=512, max_seq_len=length, position="rope", d_model=128, n_layers=2, n_heads=4,
+                     n_kv_heads=2, dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(cfg).train(mode == "fwd+bwd")
+
+    def step(n):
+        ids = torch.randint(0, 512, (1, n))
+        mask = torch.ones(1, n, dtype=torch.long)
+        mask[:, :8] = 0
+        if mode == "fwd+bwd":
+            model.zero_grad(set_to_none=True)
+            model(ids, attention_mask=mask).logits.float().mean().backward()
+        else:
+            with torch.no_grad():
+                model(ids, attention_mask=mask)
+
+    step(300)
+    clock = time.process_time if threads == 1 else time.perf_counter
+    rss = _status("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    best = math.inf
+    for _ in range(runs):
+        start = clock()
+        step(length)
+        best = min(best, clock() - start)
+    return {"peak_mb": max(_status("VmHWM") - rss, 0) / 2 ** 20, "seconds": best}
+
+
 def exponent(rows: list[dict], name: str, mode: str, start: int = 4096) -> float | None:
     """Least-squares slope of log(peak) against log(length) over lengths >= start."""
     pts = [(math.log(r["length"]), math.log(max(r["peak_mb"], 1e-3))) for r in rows
@@ -102,7 +144,7 @@ def table(rows: list[dict], lengths: list[int]) -> str:
     head = "| contender | mode | " + " | ".join(f"{n // 1024}k MB / s" for n in lengths) + " | memory exponent |"
     lines = [head, "|" + " --- |" * (len(lengths) + 3)]
     for mode in ("fwd", "fwd+bwd"):
-        for name in CONTENDERS:
+        for name in CONTENDERS + MODEL_CONTENDERS:
             got = {r["length"]: r for r in rows if r["name"] == name and r["mode"] == mode}
             if not got:
                 continue
@@ -146,15 +188,17 @@ def main() -> None:
     p.add_argument("--plot", default="docs/img/attention_memory.png")
     p.add_argument("--table", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--model", action="store_true", help="a whole small model on a padded row instead of one layer")
     p.add_argument("--case", nargs=3, metavar=("NAME", "MODE", "LENGTH"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.case:
-        print(json.dumps(one_case(args.case[0], args.case[1], int(args.case[2]), args.runs, args.threads)))
+        case = model_case if args.case[0] in MODEL_CONTENDERS else one_case
+        print(json.dumps(case(args.case[0], args.case[1], int(args.case[2]), args.runs, args.threads)))
         return
     lengths = [int(n) for n in args.lengths.split(",")]
     rows = []
     for mode in ("fwd", "fwd+bwd"):
-        for name in CONTENDERS:
+        for name in (MODEL_CONTENDERS if args.model else CONTENDERS):
             if name == "lmkit C++" and mode == "fwd":
                 continue  # the model's inference does not run it
             for n in lengths:
@@ -174,7 +218,7 @@ def main() -> None:
         Path(args.table).write_text(text + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
-    if args.plot:
+    if args.plot and not args.model:
         plot(rows, args.plot)
 
 
