@@ -16,7 +16,9 @@ from lmkit.cli.finetune_grpo import GRPO_ONLY, NOT_FOR_GRPO, SHARED_WITH_DPO, ad
 from lmkit.errors import ConfigError
 
 CLASSIFY_ONLY = (("--eval", "eval"), ("--epochs", "epochs"), ("--pooling", "pooling"))
-CLM_ONLY = (("--max-steps", "max_steps"), ("--regularize", "regularize"), ("--forgetting-corpus", "forgetting_corpus"))
+CLM_ONLY = (("--max-steps", "max_steps"), ("--regularize", "regularize"), ("--forgetting-corpus", "forgetting_corpus"),
+            ("--rope-scaling", "rope_scaling"), ("--rope-factor", "rope_factor"), ("--longlora", "longlora"),
+            ("--s2-group", "s2_group"))
 CLM_ONLY_NOT_SFT = CLM_ONLY[1:]
 SFT_ONLY = (("--packing", "packing"), ("--chat-template", "chat_template"), ("--train-on-all", "train_on_all"),
             ("--micro-batch-size", "micro_batch_size"))
@@ -49,9 +51,9 @@ def register(subparsers) -> None:
                    "the method's own default, 1e-3 in full; --task grpo: 1e-6, TRL's)")
     p.add_argument("--batch-size", type=int, metavar="N", help="examples per step (default 16; --task dpo and reward: "
                    "8 pairs, TRL's; --task grpo: completions, a multiple of --num-generations)")
-    p.add_argument("--max-length", type=int, metavar="N", help="tokens per example, cut beyond (default: what fits the model's "
-                   "positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most 256; --task "
-                   "sft: at most 1024)")
+    p.add_argument("--max-length", "--seq-len", type=int, metavar="N", help="tokens per example, cut beyond (default: what "
+                   "fits the model's positions after any prompt-tuning virtual tokens, at most 128; --task clm: at most "
+                   "256, or the extended window with --rope-scaling; --task sft: at most 1024)")
     p.add_argument("--pooling", choices=["cls", "mean"],
                    help="classification: what the head reads (default cls); a mean-pooled folder is lmkit's: transformers' "
                    "...ForSequenceClassification pools [CLS] and gives other logits")
@@ -94,6 +96,17 @@ def register(subparsers) -> None:
     clm.add_argument("--forgetting-corpus", metavar="NAME|PATH",
                      help="also score this corpus's validation split before and after, to measure forgetting "
                           "(default: none)")
+    long = p.add_argument_group("longer context (--task clm, RoPE models)")
+    long.add_argument("--rope-scaling", choices=["linear", "dynamic", "yarn"], help="extend the RoPE window before "
+                      "training at --seq-len: linear (position interpolation), dynamic (NTK-aware) or yarn, written into "
+                      "config.json as transformers' rope_scaling (default: none)")
+    long.add_argument("--rope-factor", type=float, metavar="F", help="how many times the window grows, at least 1 "
+                      "(default: --seq-len / the model's positions)")
+    long.add_argument("--longlora", action="store_true", default=None, help="LongLoRA: train with shifted sparse "
+                      "attention (S2-Attn) and, with --peft lora, the embeddings and norms in full; the saved model "
+                      "attends in full (default: off)")
+    long.add_argument("--s2-group", type=int, metavar="N", help="S2-Attn group size, even, dividing --seq-len "
+                      "(default: a quarter of --seq-len)")
     add_alignment_arguments(p)
     add_grpo_arguments(p)
     add_run_arguments(p)
@@ -250,7 +263,8 @@ def run_clm(args: argparse.Namespace, method: str, settings: dict) -> int:
                                            "forgetting_corpus") if getattr(args, k) is not None}
     r, status = on_every_rank(lambda: finetune_causal_lm_folder(
         args.model, args.out, method, [args.train], 200 if args.max_steps is None else args.max_steps, args.batch_size,
-        args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings), device_of(args))
+        args.max_length, args.lr, args.seed, **given, **run_settings(args), **settings, rope_scaling=args.rope_scaling,
+        rope_factor=args.rope_factor, longlora=bool(args.longlora), s2_group=args.s2_group), device_of(args))
     if r is None:
         return status
     b, a = r["before"], r["after"]
@@ -269,6 +283,10 @@ def run_sft(args: argparse.Namespace, method: str, settings: dict) -> int:
     for flag, name in (("--pooling", "pooling"), ("--val-fraction", "val_fraction")):
         if getattr(args, name) is not None:
             raise ConfigError(f"{flag} does not apply to --task sft; give held-out rows with --eval FILE")
+    for flag, name in (("--rope-scaling", "rope_scaling"), ("--rope-factor", "rope_factor"), ("--longlora", "longlora"),
+                       ("--s2-group", "s2_group")):
+        if getattr(args, name) is not None:
+            raise ConfigError(f"{flag} applies to --task clm only; extend the window there, then run sft on the result")
     fields = dict(model=args.model, train=args.train, out=args.out, eval=args.eval, max_length=args.max_length,
                   packing=args.packing, train_on_all=args.train_on_all, chat_template=args.chat_template,
                   epochs=args.epochs or 1, max_steps=args.max_steps, batch_size=args.batch_size,

@@ -5,6 +5,7 @@ next-token loss over the step's targets (or another objective on the same rows: 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -16,9 +17,11 @@ from lmkit.data import load_corpus
 from lmkit.data.stream import PackedStream, eval_rows, tokenize_corpus
 from lmkit.data.tokenize import special_ids
 from lmkit.device import module_device, to_device
-from lmkit.errors import TrainingError
+from lmkit.errors import ConfigError, TrainingError
 from lmkit.evaluate.perplexity import evaluate_rows
 from lmkit.finetune.regularize import build_anchor, parse_regularize
+from lmkit.finetune.context import extend_window
+from lmkit.finetune.longlora import group_size, longlora_settings, shifted_attention
 from lmkit.finetune.common import (check_out, check_run, default_lr, fitting_length, model_folder, peft_for_task,
                                    save_model_folder)
 from lmkit.objectives import next_token_targets
@@ -156,7 +159,11 @@ def causal_lm_data(model: nn.Module, tokenizer, corpus, seq_len: int | None, max
                    method: str = "full", settings: dict | None = None, flag: str = "--seq-len",
                    val_fraction: float = 0.05) -> CausalLMData:
     """CausalLMData of `corpus` in rows that fit the model (`fitting_length`, at most 256 tokens by default)."""
-    seq_len = fitting_length(model.config.max_seq_len, method, settings or {}, seq_len, 256, flag)
+    scaling = model.config.rope_scaling or {}
+    room = model.config.max_seq_len
+    if seq_len is not None and scaling.get("rope_type", scaling.get("type")) == "dynamic":
+        room = max(room, seq_len)  # dynamic NTK grows its base for rows past the trained context
+    seq_len = fitting_length(room, method, settings or {}, seq_len, 256, flag)
     return CausalLMData(tokenizer, list(corpus), seq_len, max_val_docs, val_fraction)
 
 
@@ -166,15 +173,23 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
                               warmup_ratio: float | None = None, weight_decay: float = 0.0,
                               precision: str | None = None, lr_schedule: str = "cosine", save_every: int | None = None,
                               resume: bool = False, device=None, regularize: str | None = None,
-                              forgetting_corpus=None, **settings) -> dict:
+                              forgetting_corpus=None, rope_scaling: str | None = None,
+                              rope_factor: float | None = None, longlora: bool = False, s2_group: int | None = None,
+                              **settings) -> dict:
     """Fine-tune the causal LM of `model_dir` on `corpus` with a PEFT method (or "full"); write to `out`.
 
     Rows are `seq_len` tokens (default: what fits the model's context, at most 256); `val_fraction` of the
     corpus's documents (by `Corpus.split`) are held out for the scores before and after. The learning rate
     warms up over round(warmup_ratio * steps) steps (None: a tenth of them, at most 20), then decays by cosine.
 
+    `rope_scaling` (linear, dynamic or yarn) with `rope_factor` extends the model's RoPE window first
+    (`context.extend_window`; `seq_len` is then the new length, default factor x the old one). `longlora` trains
+    with S2-Attn in groups of `s2_group` tokens (default a quarter of the row) and, with LoRA, the embeddings and
+    norms in full (`longlora.py`); the saved model attends in full.
+
     `out` gets the adapter in PEFT format (adapter_config.json + adapter_model.safetensors), or the whole
-    model for "full", plus finetune.json with the validation scores before and after and the parameter counts,
+    model for "full" (and the merged model for LoRA/IA3 with `rope_scaling`, whose config carries the new
+    RoPE), plus finetune.json with the validation scores before and after and the parameter counts,
     and metrics.jsonl as training goes (with `save_every`, checkpoints that `resume` continues from).
 
     `regularize` ("l2sp:LAMBDA" or "ewc:LAMBDA", `regularize.py`) pulls the weights toward the starting ones, EWC's
@@ -190,7 +205,17 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
         raise TrainingError(f"--weight-decay must be a non-negative number, got {weight_decay}")
     precision = check_run(out, resume, save_every, precision, lr_schedule)
     model, tok = model_folder(model_dir, device)
+    if rope_scaling is not None:
+        seq_len = extend_window(model, rope_scaling, rope_factor, seq_len)
+    elif rope_factor is not None:
+        raise ConfigError("--rope-factor needs --rope-scaling linear|dynamic|yarn (how the window grows)")
     data = causal_lm_data(model, tok, corpus, seq_len, max_val_docs, method, settings, "--max-length", val_fraction)
+    group = None
+    if longlora:
+        settings = longlora_settings(method, settings)
+        group = group_size(data.stream.seq_len, s2_group)
+    elif s2_group is not None:
+        raise ConfigError("--s2-group needs --longlora (S2-Attn's group size)")
     before = data.evaluate(model)
     parse_regularize(regularize)  # a bad spec fails before any work
     old = None
@@ -206,10 +231,11 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
     summary = trainable_summary(tuned)
     anchor = build_anchor(tuned, regularize, None if old is None else old.stream.rows(seed, 0, FISHER_ROWS),
                           sequence_loss)
-    history = train_causal_lm(tuned, data.stream, data.pad, steps, batch_size, lr or default_lr(method, "clm"),
-                              warmup_steps=min(20, steps // 10) if warmup_ratio is None else round(warmup_ratio * steps),
-                              seed=seed, weight_decay=weight_decay, log=log, out=out, precision=precision,
-                              lr_schedule=lr_schedule, save_every=save_every, resume=resume, anchor=anchor)
+    with shifted_attention(tuned, group) if longlora else nullcontext():
+        history = train_causal_lm(tuned, data.stream, data.pad, steps, batch_size, lr or default_lr(method, "clm"),
+                                  warmup_steps=min(20, steps // 10) if warmup_ratio is None else round(warmup_ratio * steps),
+                                  seed=seed, weight_decay=weight_decay, log=log, out=out, precision=precision,
+                                  lr_schedule=lr_schedule, save_every=save_every, resume=resume, anchor=anchor)
     after = data.evaluate(tuned)
     report = {"method": method, "steps": steps, "seconds": history[-1]["elapsed"] if history else 0.0,
               "precision": precision, **summary, "before": before, "after": after, "regularize": regularize}
@@ -217,7 +243,13 @@ def finetune_causal_lm_folder(model_dir, out, method: str = "lora", corpus=("pyd
         report["forgetting"] = {"corpus": forgetting_corpus, "before": old_before, "after": old.evaluate(tuned)}
     if not distributed.setup().is_main:  # under torchrun rank 0 writes
         return report
-    if method == "full":
+    if longlora:
+        report["longlora"] = {"s2_group": group}
+    if rope_scaling is not None:
+        report["rope_scaling"] = dict(model.config.rope_scaling)
+    if method != "full" and rope_scaling is not None:  # an adapter alone would lose the new RoPE: save it merged
+        save_model_folder(tuned.merge_and_unload(), tok, out, {"finetune.json": report})
+    elif method == "full":
         save_model_folder(tuned, tok, out, {"finetune.json": report})
     else:
         with staged_folder(out) as folder:

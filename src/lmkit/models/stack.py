@@ -12,6 +12,7 @@ from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.nn import (Attention, Block, Embeddings, KVCache, RelativePositionBias, RotaryEmbedding,
                       build_attention_bias, build_norm)
+from lmkit.nn.kernels.tiled_attention import DENSE_MASK_LIMIT, StructuredMask
 from lmkit.nn.masks import additive_mask, allowed_positions
 from lmkit.nn.moe import MoEFeedForward, load_balancing_loss
 from lmkit.nn.plain import plain
@@ -63,7 +64,8 @@ class Stack(nn.Module):
         if sparse is not None:  # a per-token mask; the layers never build T x T
             masks = {None: (token_mask(attention_mask, global_attention_mask, B, T, device), False)}
         else:
-            masks = {w: self._self_attention_bias(attention_mask, B, T, past, dtype, device, w) for w in set(windows)}
+            masks = {w: self._structured_mask(attention_mask, B, T, past, w)
+                     or self._self_attention_bias(attention_mask, B, T, past, dtype, device, w) for w in set(windows)}
         rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
         memory_bias = None
         if memory is not None and memory_mask is not None:
@@ -102,6 +104,19 @@ class Stack(nn.Module):
         if allowed is not None:
             bias = bias + additive_mask(allowed, dtype)
         return bias, False
+
+    def _structured_mask(self, attention_mask: torch.Tensor | None, B: int, T: int, past: int,
+                         window: int | None) -> tuple[StructuredMask, bool] | None:
+        """(StructuredMask, False) where a dense mask would pass DENSE_MASK_LIMIT elements for padding or a
+        window, and every self-attention is plain (adapters and prefixes extend the dense mask); else None."""
+        S = past + T
+        keep = attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask[:, :S].all())
+        windowed = self.causal and window is not None and S > window
+        if (not keep and not windowed) or self.relative_bias is not None or B * T * S < DENSE_MASK_LIMIT \
+                or not all(plain(layer.self_attn.sublayer, Attention) for layer in self.layers):
+            return None
+        return StructuredMask(self.causal, window if windowed else None,
+                              attention_mask[:, :S].bool() if keep else None), False
 
     def moe_layers(self) -> list[nn.Module]:
         """The mixture-of-experts FFNs of the blocks, in layer order (found through any PEFT wrapper)."""

@@ -12,10 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmkit.config import ModelConfig
+from lmkit.errors import ConfigError
 from lmkit.nn.kernels import UsesKernels
 from lmkit.nn.kernels.eager_attention import attention_probabilities
+from lmkit.nn.kernels.tiled_attention import StructuredMask, tiled_attention
 from lmkit.nn.plain import plain
 from lmkit.nn.positions import apply_rotary
+from lmkit.nn.shifted_attention import shifted_sparse_attention
 
 
 class KVCache:
@@ -96,6 +99,7 @@ class Attention(UsesKernels):
         self._fused: tuple | None = None  # (key, weight, bias) of the fused q/k/v projection, for inference
         self.keep_probabilities = False  # opt-in: attend in matrix products and keep softmax(QK^T) in .probabilities
         self.probabilities: torch.Tensor | None = None
+        self.s2_group: int | None = None  # LongLoRA's S2-Attn group while fine-tuning (`shifted_attention`); None: full
         self.choose_kernels()
 
     def plain_projections(self) -> bool:
@@ -153,7 +157,12 @@ class Attention(UsesKernels):
         keys and values are still computed (and cached), the rest of the queries are not attended with."""
         B, T, _ = x.shape
         dropout = self.dropout if self.training else 0.0
-        if (not self.cross and rope is None and cache is None and queries is None and bias is None and is_causal
+        s2 = self.s2_group if self.training and not self.cross and cache is None and queries is None else None
+        tiles = isinstance(bias, StructuredMask)
+        if tiles and (self.keep_probabilities or queries is not None or dropout or s2 is not None or self.cross):
+            tiles, bias = False, bias.dense(B, T, T + (cache.get_seq_length(layer) if cache is not None else 0),
+                                            x.device)
+        if (s2 is None and not self.cross and rope is None and cache is None and queries is None and bias is None and is_causal
                 and not dropout and not self.keep_probabilities and T > 1 and self.n_heads > 0 and self.head_dim > 0
                 and self.plain_projections()):
             scale = self.head_dim ** -0.5 if self.scale is None else self.scale
@@ -185,10 +194,18 @@ class Attention(UsesKernels):
                 q = q[:, :, queries]
                 bias, is_causal = _query_rows(bias, is_causal, queries, k.shape[2] - T, k.shape[2])
                 T = q.shape[2]
+        if tiles:  # FlashAttention's tiles on the mask's structure: O(T) memory
+            out = tiled_attention(q, k, v, bias.causal, bias.keep, bias.window, self.scale)
+            return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
         if bias is not None and bias.dtype != torch.bool and bias.dtype != q.dtype:
             bias = bias.to(q.dtype)
         is_causal = is_causal and bias is None
-        if self.keep_probabilities:
+        if s2 is not None:
+            if not is_causal:
+                raise ConfigError("S2-Attn (LongLoRA) trains on causal rows without padding or sliding windows; "
+                                  "fine-tune this model without --longlora")
+            out = shifted_sparse_attention(q, k, v, s2, self.scale, dropout)
+        elif self.keep_probabilities:
             gqa = self.n_kv_heads != self.n_heads
             kq, vq = (k.repeat_interleave(self.n_heads // k.shape[1], 1),
                       v.repeat_interleave(self.n_heads // v.shape[1], 1)) if gqa else (k, v)
