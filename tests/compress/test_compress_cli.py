@@ -104,9 +104,13 @@ def test_an_encoder_folder_is_refused_by_name(tmp_path, capsys):
                                            d_ff=64, max_seq_len=32))
     encoder.save_pretrained(tmp_path / "bert")
     tok.save(str(tmp_path / "bert" / "tokenizer.json"))
-    for args in (["quantize", "--model"], ["prune", "--heads", "1", "--out", str(tmp_path / "p"), "--model"],
-                 ["finetune", "--task", "clm", "--train", "pydocs", "--out", str(tmp_path / "f"), "--model"]):
+    for args in (["quantize", "--model"], ["finetune", "--task", "clm", "--train", "pydocs", "--out", str(tmp_path / "f"),
+                                           "--model"]):
         assert main([*args, str(tmp_path / "bert")]) == 2
         err = capsys.readouterr().err
         assert f"{tmp_path / 'bert'} holds an encoder model" in err and "causal language models" in err, err
         assert err.count("\n") == 1
+    # an encoder's heads are pruned by a classifier's loss, so pruning one asks for its labelled rows
+    assert main(["prune", "--heads", "1", "--out", str(tmp_path / "p"), "--model", str(tmp_path / "bert")]) == 2
+    err = capsys.readouterr().err
+    assert "pass --data FILE" in err and err.count("\n") == 1
