@@ -354,8 +354,9 @@ class Engine:
             log_probs = torch.log_softmax(raw[0], dim=-1)  # the model's own distribution
             request.token_logprobs.append(float(log_probs[token]))
             request.top_logprobs.append(_top(log_probs, request.logprobs, token))
-        if token in decoding.eos or (decoding.stops and stop_reached(request.tokenizer, request.output,
-                                                                     decoding.stops)):
+        floor = decoding.min_new_tokens  # vLLM's min_tokens: no stop string ends within them either
+        if token in decoding.eos or (decoding.stops and len(request.output) >= floor
+                                     and stop_reached(request.tokenizer, request.output, decoding.stops, floor - 1)):
             self._finish(request, "stop")
         elif len(request.output) >= decoding.max_new_tokens:
             self._finish(request, "length")

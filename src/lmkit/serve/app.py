@@ -289,7 +289,7 @@ async def _generate(server: Server, http: Request, body, chat: bool):
     if chat:
         if body.get("max_completion_tokens") is not None:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
-        sampling = parse_sampling(body, vocab, None, server.sampling_defaults, min_tokens=1)
+        sampling = parse_sampling(body, vocab, None, server.sampling_defaults, least_max_tokens=1)
         messages, sources = parse_messages(body), None
         if server.rag is not None:  # the last user turn answered from numbered sources of the index
             messages, sources = await run_in_threadpool(_ground, server, messages, sampling.max_tokens)
@@ -312,6 +312,9 @@ async def _generate(server: Server, http: Request, body, chat: bool):
             raise APIError(400, f"the prompt ({len(prompt)} tokens) fills the model's context of {server.context}",
                            param="messages", code="context_length_exceeded")
         check_context(prompt, wanted, server.context)
+        if sampling.min_tokens > wanted:
+            raise APIError(400, f"min_tokens ({sampling.min_tokens}) must be at most max_tokens ({wanted})",
+                           param="min_tokens", code="invalid_value")
         lengths.append(wanted)
     generation = Generation(server, prompts, sampling, lengths, logprobs, echo, chat)
     server.admit(len(generation.choices))

@@ -83,7 +83,8 @@ class Generation:
                                   prompt_logprobs=logprobs if echo and logprobs is not None else None,
                                   score_only=score_only, presence_penalty=sampling.presence_penalty,
                                   frequency_penalty=sampling.frequency_penalty)
-                choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids))
+                choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids,
+                                                                 sampling.min_tokens))
                 request.on_event = lambda _r, c=choice: waker.wake(c.wake)
                 self.choices.append(choice)
                 groups[-1].append(request)
