@@ -52,6 +52,7 @@ class Request:
     score_only: bool = False  # prefill and score the prompt, generate nothing
     presence_penalty: float = 0.0  # OpenAI's penalties over the output's tokens (processors.CountPenalties)
     frequency_penalty: float = 0.0
+    processors: list = field(default_factory=list)  # the request's own logits processors (a grammar), applied first
     on_event: Callable[["Request"], None] | None = None
     group: "Group | None" = None  # set by Engine.prepare_group
     # ---- written by the engine
@@ -137,6 +138,7 @@ class Engine:
         if request.presence_penalty or request.frequency_penalty:  # the request's own processor, before the config's
             decoding.processors.insert(0, CountPenalties(len(request.prompt), request.presence_penalty,
                                                          request.frequency_penalty))
+        decoding.processors[:0] = request.processors  # a grammar's mask before everything else, as generate has it
         request.decoding = decoding
         if cfg.do_sample:
             seed = request.seed if request.seed is not None else int(torch.randint(0, 2 ** 62, ()).item())

@@ -25,6 +25,7 @@ from lmkit.generation.engine import Engine
 from lmkit.serve.completions import Generation, check_context
 from lmkit.serve.http import AccessLog, BearerGuard, error_response, read_json
 from lmkit.serve.metrics import Metrics
+from lmkit.serve.structured import STRUCTURED_FIELDS, compile_structured
 from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_logprobs,
                                   parse_messages, parse_prompts, parse_sampling)
 
@@ -283,7 +284,7 @@ def _chat_prompt(server: Server, messages: list[dict], add_generation_prompt: bo
 
 
 async def _generate(server: Server, http: Request, body, chat: bool):
-    body = check_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
+    body = check_fields(body, (CHAT_FIELDS if chat else COMPLETION_FIELDS) | STRUCTURED_FIELDS)
     server.check_ready()
     server.check_model(body)
     if server.engine is None:
@@ -308,6 +309,10 @@ async def _generate(server: Server, http: Request, body, chat: bool):
         echo = flag(body, "echo")
         prompts = parse_prompts(body, vocab, server.encode)
     logprobs = parse_logprobs(body, chat)
+    grammar = await run_in_threadpool(compile_structured, server, body)  # compiled once per grammar, then kept
+    if grammar is not None and sampling.ignore_eos:
+        raise APIError(400, "ignore_eos: a structured output ends at the end token once complete; leave ignore_eos "
+                            "out", param="ignore_eos", code="invalid_value")
     lengths = []
     for prompt in prompts:
         wanted = sampling.max_tokens if sampling.max_tokens is not None else server.context - len(prompt)
@@ -319,7 +324,7 @@ async def _generate(server: Server, http: Request, body, chat: bool):
             raise APIError(400, f"min_tokens ({sampling.min_tokens}) must be at most max_tokens ({wanted})",
                            param="min_tokens", code="invalid_value")
         lengths.append(wanted)
-    generation = Generation(server, prompts, sampling, lengths, logprobs, echo, chat)
+    generation = Generation(server, prompts, sampling, lengths, logprobs, echo, chat, grammar)
     server.admit(len(generation.choices))
     generation.submit()
     endpoint = "chat" if chat else "completions"

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from lmkit.generation.engine import Request
+from lmkit.generation.grammar import GrammarConstraint
 from lmkit.serve.protocol import APIError, Sampling
 from lmkit.serve.text import StopText
 
@@ -64,7 +65,8 @@ class Generation:
     """The choices of one HTTP request, submitted to the server's engine."""
 
     def __init__(self, server, prompts: list[list[int]], sampling: Sampling, max_new_tokens: list[int],
-                 logprobs: int | None, echo: bool, chat: bool):
+                 logprobs: int | None, echo: bool, chat: bool, grammar=None):
+        """`grammar`: a compiled grammar every choice is constrained to (None: free)."""
         self.server, self.sampling, self.logprobs, self.echo, self.chat = server, sampling, logprobs, echo, chat
         self.prompts = prompts
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -82,7 +84,9 @@ class Generation:
                                   seed=seed, tokenizer=server.tokenizer, logprobs=logprobs,
                                   prompt_logprobs=logprobs if echo and logprobs is not None else None,
                                   score_only=score_only, presence_penalty=sampling.presence_penalty,
-                                  frequency_penalty=sampling.frequency_penalty)
+                                  frequency_penalty=sampling.frequency_penalty,
+                                  processors=[] if grammar is None else [
+                                      GrammarConstraint(grammar, 1, len(prompt), server.end_ids)])
                 choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids,
                                                                  sampling.min_tokens))
                 request.on_event = lambda _r, c=choice: waker.wake(c.wake)
