@@ -13,6 +13,7 @@ followed by a required element, so a model that prefers whitespace cannot loop o
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from dataclasses import dataclass
@@ -57,18 +58,16 @@ def _xgrammar():
     return require("xgrammar", "structured outputs")
 
 
-def _special(tokenizer) -> set[int]:
-    return set(getattr(tokenizer, "all_special_ids", None) or [])
-
-
 def _tokenizer_info(xgr, tokenizer, vocab_size: int):
-    """xgrammar's view of the vocabulary; special tokens get no text, so a grammar can never spell them."""
-    if hasattr(tokenizer, "backend_tokenizer"):  # a transformers tokenizer
-        return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-    meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer.to_str())
-    special = _special(tokenizer)
-    vocab = ["" if i in special else (tokenizer.id_to_token(i) or "") for i in range(min(tokenizer.vocab_size,
-                                                                                          vocab_size))]
+    """xgrammar's view of the vocabulary (an lmkit or a transformers tokenizer); special tokens other than byte pieces
+    get no text, so that a grammar never spells them (a chat's end-of-turn inside a JSON string would end the turn)."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # transformers' fast tokenizer wraps `tokenizers`
+    meta = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
+    token = getattr(tokenizer, "convert_ids_to_tokens", None) or tokenizer.id_to_token
+    size = min(len(tokenizer), vocab_size)
+    special = {i for i in getattr(tokenizer, "all_special_ids", None) or []
+               if i < size and not re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token(i) or "")}
+    vocab = ["" if i in special else (token(i) or "") for i in range(size)]
     return xgr.TokenizerInfo(vocab, meta["vocab_type"], vocab_size=vocab_size, stop_token_ids=[],
                              add_prefix_space=meta["add_prefix_space"])
 
