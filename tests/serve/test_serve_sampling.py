@@ -99,3 +99,16 @@ def test_bad_sampling_extensions_are_400(random_llama, extra):
     with pytest.raises(openai.BadRequestError) as info:
         _client(random_llama).completions.create(model="m", prompt="hi", max_tokens=10, extra_body=extra)
     assert info.value.body["param"] == next(iter(extra))
+
+
+def test_min_tokens_holds_back_stop_strings_too(scripted):
+    client = _client(scripted)
+    first = len(scripted.state.tokenizer.encode("hello", add_special_tokens=False))
+    cut = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=20, temperature=0, stop=["hello"])
+    assert cut.choices[0].message.content == "" and cut.choices[0].finish_reason == "stop"
+    for stream in (False, True):
+        kept = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=20, temperature=0,
+                                              stop=["hello"], stream=stream, extra_body={"min_tokens": first + 1})
+        text = "".join(c.choices[0].delta.content or "" for c in kept if c.choices) if stream \
+            else kept.choices[0].message.content
+        assert text.startswith(REPLY)  # "hello" ended within the first min_tokens tokens: no stop

@@ -52,6 +52,7 @@ class Request:
     score_only: bool = False  # prefill and score the prompt, generate nothing
     presence_penalty: float = 0.0  # OpenAI's penalties over the output's tokens (processors.CountPenalties)
     frequency_penalty: float = 0.0
+    stop_skip: int = 0  # stop strings count only where they end past the first stop_skip new tokens (vLLM's min_tokens)
     processors: list = field(default_factory=list)  # the request's own logits processors (a grammar), applied first
     on_event: Callable[["Request"], None] | None = None
     group: "Group | None" = None  # set by Engine.prepare_group
@@ -356,9 +357,9 @@ class Engine:
             log_probs = torch.log_softmax(raw[0], dim=-1)  # the model's own distribution
             request.token_logprobs.append(float(log_probs[token]))
             request.top_logprobs.append(_top(log_probs, request.logprobs, token))
-        floor = decoding.min_new_tokens  # vLLM's min_tokens: no stop string ends within them either
-        if token in decoding.eos or (decoding.stops and len(request.output) >= floor
-                                     and stop_reached(request.tokenizer, request.output, decoding.stops, floor - 1)):
+        skip = request.stop_skip
+        if token in decoding.eos or (decoding.stops and len(request.output) > skip
+                                     and stop_reached(request.tokenizer, request.output, decoding.stops, skip)):
             self._finish(request, "stop")
         elif len(request.output) >= decoding.max_new_tokens:
             self._finish(request, "length")

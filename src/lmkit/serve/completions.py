@@ -85,6 +85,7 @@ class Generation:
                                   prompt_logprobs=logprobs if echo and logprobs is not None else None,
                                   score_only=score_only, presence_penalty=sampling.presence_penalty,
                                   frequency_penalty=sampling.frequency_penalty,
+                                  stop_skip=max(sampling.min_tokens - 1, 0),
                                   processors=[] if grammar is None else [
                                       GrammarConstraint(grammar, 1, len(prompt), server.end_ids)])
                 choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids,
