@@ -25,7 +25,8 @@ from lmkit.generation.engine import Engine
 from lmkit.serve.completions import Generation, check_context
 from lmkit.serve.http import AccessLog, BearerGuard, error_response, read_json
 from lmkit.serve.metrics import Metrics
-from lmkit.serve.structured import STRUCTURED_FIELDS, compile_structured
+from lmkit.serve.structured import STRUCTURED_FIELDS, compile_grammar, compile_structured
+from lmkit.serve.tools import parse_tools, template_messages
 from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_logprobs,
                                   parse_messages, parse_prompts, parse_sampling)
 
@@ -273,13 +274,14 @@ def _tokenizer_info(server: Server) -> dict:
             "vocab_size": tok.vocab_size}
 
 
-def _chat_prompt(server: Server, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+def _chat_prompt(server: Server, messages: list[dict], add_generation_prompt: bool = True,
+                 tools: list | None = None) -> list[int]:
     if not getattr(server.tokenizer, "chat_template", None):
         raise APIError(400, f"the folder {server.folder} has no chat template (chat_template.jinja or "
                             "tokenizer_config.json's chat_template); use /v1/completions", param="messages",
                        code="no_chat_template")
-    text = server.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                tokenize=False)
+    text = server.tokenizer.apply_chat_template(template_messages(messages), tools=tools,
+                                                add_generation_prompt=add_generation_prompt, tokenize=False)
     return server.encode(text, add_special_tokens=False)
 
 
@@ -289,15 +291,16 @@ async def _generate(server: Server, http: Request, body, chat: bool):
     server.check_model(body)
     if server.engine is None:
         raise APIError(400, "this server holds an encoder; it answers /v1/embeddings only", code="not_generative")
-    vocab, sources = server.model.config.vocab_size, None
+    vocab, sources, tools = server.model.config.vocab_size, None, None
     if chat:
         if body.get("max_completion_tokens") is not None:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
         sampling = parse_sampling(body, vocab, None, server.sampling_defaults, least_max_tokens=1)
         messages, sources = parse_messages(body), None
+        tools = parse_tools(body, getattr(server.tokenizer, "chat_template", None))
         if server.rag is not None:  # the last user turn answered from numbered sources of the index
             messages, sources = await run_in_threadpool(_ground, server, messages, sampling.max_tokens)
-        prompts = [_chat_prompt(server, messages)]
+        prompts = [_chat_prompt(server, messages, tools=body["tools"] if tools is not None else None)]
         echo = False
     else:
         if body.get("suffix") is not None:
@@ -310,6 +313,11 @@ async def _generate(server: Server, http: Request, body, chat: bool):
         prompts = parse_prompts(body, vocab, server.encode)
     logprobs = parse_logprobs(body, chat)
     grammar = await run_in_threadpool(compile_structured, server, body)  # compiled once per grammar, then kept
+    if tools is not None and tools.forced:
+        if grammar is not None:
+            raise APIError(400, "tool_choice: a forced tool call is its own structured output; leave response_format "
+                                "and guided_* out", param="tool_choice", code="invalid_value")
+        grammar = await run_in_threadpool(compile_grammar, server, "tools", tools.grammar())
     if grammar is not None and sampling.ignore_eos:
         raise APIError(400, "ignore_eos: a structured output ends at the end token once complete; leave ignore_eos "
                             "out", param="ignore_eos", code="invalid_value")
@@ -324,7 +332,7 @@ async def _generate(server: Server, http: Request, body, chat: bool):
             raise APIError(400, f"min_tokens ({sampling.min_tokens}) must be at most max_tokens ({wanted})",
                            param="min_tokens", code="invalid_value")
         lengths.append(wanted)
-    generation = Generation(server, prompts, sampling, lengths, logprobs, echo, chat, grammar)
+    generation = Generation(server, prompts, sampling, lengths, logprobs, echo, chat, grammar, tools)
     server.admit(len(generation.choices))
     generation.submit()
     endpoint = "chat" if chat else "completions"

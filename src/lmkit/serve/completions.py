@@ -25,6 +25,8 @@ class Choice:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     shown: int = 0  # output tokens already turned into text
     last: float = 0.0  # when the previous token arrived
+    holding: bool = False  # with tools: the reply may be a tool call, so its text waits for the end
+    streamed: str = ""  # the content already sent
 
 
 class Waker:
@@ -65,8 +67,10 @@ class Generation:
     """The choices of one HTTP request, submitted to the server's engine."""
 
     def __init__(self, server, prompts: list[list[int]], sampling: Sampling, max_new_tokens: list[int],
-                 logprobs: int | None, echo: bool, chat: bool, grammar=None):
-        """`grammar`: a compiled grammar every choice is constrained to (None: free)."""
+                 logprobs: int | None, echo: bool, chat: bool, grammar=None, tools=None):
+        """`grammar`: a compiled grammar every choice is constrained to (None: free); `tools`: a `tools.ToolMode`
+        whose calls the replies are parsed for."""
+        self.tools = tools
         self.server, self.sampling, self.logprobs, self.echo, self.chat = server, sampling, logprobs, echo, chat
         self.prompts = prompts
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -156,9 +160,50 @@ class Generation:
         choices = []
         for choice in self.choices:
             text, _, finish = self._advance(choice)
+            calls = self._calls(choice)
+            if calls is not None:
+                choices.append({"index": choice.index, "message": {"role": "assistant", "content": calls[0],
+                                                                   "tool_calls": calls[1]},
+                                "logprobs": self._chat_logprobs(choice.request, 0) if self.logprobs is not None
+                                else None, "finish_reason": "tool_calls"})
+                continue
             choices.append(self._final_choice(choice, choice.text.text, finish))
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.server.model_name, "choices": choices, "usage": self.usage()}
+
+    def _raw(self, choice: Choice) -> str:
+        """The reply's text with special tokens kept (a Mistral [TOOL_CALLS]), end tokens left out."""
+        ends = set(self.server.end_ids)
+        return self.server.tokenizer.decode([t for t in choice.request.output if t not in ends])
+
+    def _calls(self, choice: Choice) -> tuple[str | None, list[dict]] | None:
+        """(content, tool_calls) of a finished reply that calls tools, else None."""
+        return None if self.tools is None else self.tools.calls(self._raw(choice))
+
+    def _tool_chunks(self, choice: Choice, finish: str | None):
+        """The end of a held reply: its tool calls as OpenAI streams them (a call's id and name, then its arguments
+        in pieces), or the held text as content when it holds no call."""
+        from lmkit.serve.tools import fragments
+
+        calls = self._calls(choice)
+        if calls is None:
+            rest = choice.text.text[len(choice.streamed):]
+            yield self._chunk([{"index": choice.index, "delta": {"content": rest} if rest else {}, "logprobs": None,
+                                "finish_reason": finish}])
+            return
+        content, tool_calls = calls
+        if content and len(content) > len(choice.streamed):
+            yield self._chunk([{"index": choice.index, "delta": {"content": content[len(choice.streamed):]},
+                                "logprobs": None, "finish_reason": None}])
+        for i, call in enumerate(tool_calls):
+            head = {"index": i, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            yield self._chunk([{"index": choice.index, "delta": {"tool_calls": [head]}, "logprobs": None,
+                                "finish_reason": None}])
+            for piece in fragments(call["function"]["arguments"]):
+                yield self._chunk([{"index": choice.index, "delta": {"tool_calls": [
+                    {"index": i, "function": {"arguments": piece}}]}, "logprobs": None, "finish_reason": None}])
+        yield self._chunk([{"index": choice.index, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}])
 
     def usage(self) -> dict:
         prompt = sum(len(p) for p in self.prompts)
@@ -249,6 +294,14 @@ class Generation:
                     if choice.request.finished or choice.shown < len(choice.request.output):
                         first = choice.shown
                         delta, new, finish = self._advance(choice)
+                        if self.tools is not None and (choice.holding or self.tools.may_start(self._raw(choice))):
+                            choice.holding = True  # a tool call may be coming: its text waits for the end
+                            if finish is not None:
+                                for chunk in self._tool_chunks(choice, finish):
+                                    yield chunk
+                                open_choices.remove(choice)
+                            continue
+                        choice.streamed += delta
                         if delta or finish or (new and self.logprobs is not None):
                             yield self._chunk([self._stream_choice(choice, delta, first, finish)])
                         if finish is not None:

@@ -33,7 +33,8 @@ SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_
                    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stream",
                    "stream_options", "user", "ignore_eos", "min_tokens"}
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
-CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+                                 "parallel_tool_calls"}
 ROLES = ("system", "developer", "user", "assistant", "tool")  # the chat roles OpenAI's API (and vLLM) take
 MAX_N = 16
 MAX_LOGPROBS = 20

@@ -75,7 +75,11 @@ def compile_structured(server, body: dict):
     parsed = parse_structured(body)
     if parsed is None:
         return None
-    param, grammar = parsed
+    return compile_grammar(server, *parsed)
+
+
+def compile_grammar(server, param: str, grammar: Grammar):
+    """`grammar` compiled for the served tokenizer; a 400 naming `param` when it does not compile."""
     try:
         return compiler_for(server.tokenizer, server.model.config.vocab_size).compile(grammar)
     except GenerationError as exc:
