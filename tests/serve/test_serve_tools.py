@@ -88,6 +88,8 @@ def test_required_and_named_tool_choice_are_decoded_under_the_grammar(client):
         schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
         for call in calls:
             jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    single = client.chat.completions.create(tool_choice="required", parallel_tool_calls=False, **kwargs)
+    assert len(single.choices[0].message.tool_calls) == 1
     named = client.chat.completions.create(model="m", messages=MESSAGES, tools=[WEATHER, TIME], max_tokens=200,
                                            tool_choice={"type": "function", "function": {"name": "get_time"}})
     (call,) = named.choices[0].message.tool_calls

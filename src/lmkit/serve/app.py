@@ -25,7 +25,7 @@ from lmkit.generation.engine import Engine
 from lmkit.serve.completions import Generation, check_context
 from lmkit.serve.http import AccessLog, BearerGuard, error_response, read_json
 from lmkit.serve.metrics import Metrics
-from lmkit.serve.structured import STRUCTURED_FIELDS, compile_grammar, compile_structured
+from lmkit.serve.structured import STRUCTURED_FIELDS, compile_grammar, compile_structured, warm_grammars
 from lmkit.serve.tools import parse_tools, template_messages
 from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_logprobs,
                                   parse_messages, parse_prompts, parse_sampling)
@@ -74,6 +74,7 @@ class Server:
                 self.end_ids, self.sampling_defaults = end_ids(model, self.tokenizer), sampling_defaults(model)
                 self.engine = Engine(self.model, max_batch=self.max_concurrency, prefill_chunk=self.prefill_chunk)
                 threading.Thread(target=self.engine.serve_forever, name="lmkit-engine", daemon=True).start()
+                threading.Thread(target=warm_grammars, args=(self,), name="lmkit-grammar", daemon=True).start()
         except (LmkitError, OSError) as exc:
             self.load_error = str(exc)
         self.ready.set()

@@ -84,3 +84,12 @@ def compile_grammar(server, param: str, grammar: Grammar):
         return compiler_for(server.tokenizer, server.model.config.vocab_size).compile(grammar)
     except GenerationError as exc:
         raise APIError(400, f"{param}: {exc}", param=param, code="invalid_grammar") from None
+
+
+def warm_grammars(server) -> None:
+    """Make the served tokenizer's grammar compiler now (importing xgrammar and reading the vocabulary take seconds),
+    so that the first structured request does not wait for it; without xgrammar, nothing (that request says so)."""
+    try:
+        compiler_for(server.tokenizer, server.model.config.vocab_size)
+    except ImportError:
+        pass

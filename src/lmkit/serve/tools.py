@@ -38,6 +38,7 @@ class ToolMode:
     choice: str  # "auto" | "required" | "named"
     named: str | None = None
     format: str = "hermes"
+    parallel: bool = True  # parallel_tool_calls: false makes "required" one call
 
     @property
     def forced(self) -> bool:
@@ -51,7 +52,8 @@ class ToolMode:
             return None
         calls = [{"type": "object", "properties": {"name": {"enum": [name]}, "parameters": _parameters(f)},
                   "required": ["name", "parameters"]} for name, f in self.functions.items()]
-        return Grammar("json_schema", {"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+        bounds = {"minItems": 1} if self.parallel else {"minItems": 1, "maxItems": 1}
+        return Grammar("json_schema", {"type": "array", **bounds, "items": {"anyOf": calls}})
 
     def calls(self, text: str) -> tuple[str | None, list[dict]] | None:
         """(content, tool_calls) of a finished reply, or None when it holds no call that parses."""
@@ -162,8 +164,10 @@ def parse_tools(body: dict, template) -> ToolMode | None:
         return ToolMode(functions, "auto", format=tool_format(template))
     if choice == "none":
         return None
+    if body.get("parallel_tool_calls") not in (None, True, False):
+        raise _bad("parallel_tool_calls", "must be true or false")
     if choice == "required":
-        return ToolMode(functions, "required")
+        return ToolMode(functions, "required", parallel=body.get("parallel_tool_calls") is not False)
     name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
         raise _bad("tool_choice", f"must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": "
