@@ -128,3 +128,13 @@ def test_bad_tools_are_a_400(client, extra, param):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=5, extra_body=extra)
     assert info.value.body["param"] == param
+
+
+def test_plain_text_still_streams_beside_tools(client):
+    text = "hi <b> there, all of you"
+    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, tools=[WEATHER], max_tokens=100,
+                                                 temperature=0, stream=True,
+                                                 extra_body={"guided_grammar": f'root ::= "{text}"'}))
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(pieces) == text and len(pieces) > 2  # sent as it came, not held to the end
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]

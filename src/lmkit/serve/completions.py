@@ -27,6 +27,7 @@ class Choice:
     last: float = 0.0  # when the previous token arrived
     holding: bool = False  # with tools: the reply may be a tool call, so its text waits for the end
     streamed: str = ""  # the content already sent
+    produced: str = ""  # the content the stop-string filter has let through, sent or held
 
 
 class Waker:
@@ -187,7 +188,7 @@ class Generation:
 
         calls = self._calls(choice)
         if calls is None:
-            rest = choice.text.text[len(choice.streamed):]
+            rest = choice.produced[len(choice.streamed):]
             yield self._chunk([{"index": choice.index, "delta": {"content": rest} if rest else {}, "logprobs": None,
                                 "finish_reason": finish}])
             return
@@ -294,13 +295,16 @@ class Generation:
                     if choice.request.finished or choice.shown < len(choice.request.output):
                         first = choice.shown
                         delta, new, finish = self._advance(choice)
-                        if self.tools is not None and (choice.holding or self.tools.may_start(self._raw(choice))):
-                            choice.holding = True  # a tool call may be coming: its text waits for the end
+                        choice.produced += delta
+                        if self.tools is not None and self.tools.may_start(self._raw(choice)):
+                            choice.holding = True  # a tool call may be coming: its text waits until it cannot be
                             if finish is not None:
                                 for chunk in self._tool_chunks(choice, finish):
                                     yield chunk
                                 open_choices.remove(choice)
                             continue
+                        if choice.holding:  # what was held turned out to be text: it goes now
+                            choice.holding, delta = False, choice.produced[len(choice.streamed):]
                         choice.streamed += delta
                         if delta or finish or (new and self.logprobs is not None):
                             yield self._chunk([self._stream_choice(choice, delta, first, finish)])

@@ -75,7 +75,7 @@ class ToolMode:
 
     def may_start(self, text: str) -> bool:
         """Whether `text` (the reply so far, special tokens kept) could be, or already holds, a tool call: streamed
-        content stops there and the rest waits for the end of the reply."""
+        content waits while it is (and goes on once the text can no longer begin one)."""
         if self.forced:
             return True
         stripped = text.lstrip()
