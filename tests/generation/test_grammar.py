@@ -139,6 +139,8 @@ def test_bad_grammars_are_refused(loaded):
         model.generate(ids, max_new_tokens=3, grammar={"regex": "a+"})
     with pytest.raises(GenerationError, match="num_beams"):
         model.generate(ids, max_new_tokens=3, num_beams=2, tokenizer=tok, grammar={"regex": "a+"})
+    with pytest.raises(GenerationError, match="prompt_lookup"):
+        model.generate(ids, max_new_tokens=3, prompt_lookup_num_tokens=2, tokenizer=tok, grammar={"regex": "a+"})
 
 
 def test_cli_json_schema(folder, tmp_path, capfd):

@@ -168,8 +168,9 @@ def _constrain(model, decoding: Decoding, grammar, tokenizer, rows: int, start: 
 
     if tokenizer is None:
         raise GenerationError("grammar needs the tokenizer: pass tokenizer=... to generate")
-    if decoding.config.num_beams > 1 or model.config.architecture != "decoder":
+    if decoding.config.num_beams > 1 or decoding.config.prompt_lookup_num_tokens \
+            or model.config.architecture != "decoder":  # drafts and beams would feed a row's matcher tokens it drops
         raise GenerationError("grammar constrains sampling and greedy decoding of decoder-only models; use "
-                              "num_beams=1")
+                              "num_beams=1 without prompt_lookup_num_tokens")
     decoding.processors.insert(0, GrammarConstraint.build(tokenizer, model.config.vocab_size, grammar, rows, start,
                                                           decoding.eos))
