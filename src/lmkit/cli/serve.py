@@ -35,8 +35,8 @@ def register(subparsers) -> None:
                    help="answer chat turns from an `lmkit rag index` folder: sources returned beside the message "
                         "(default: no retrieval)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"), metavar="auto|bf16|fp32",
-                   help="the weights' precision (default auto: bf16 where the device computes it natively, as "
-                        "training's --precision default, else fp32)")
+                   help="the weights' precision (default auto: a decoder in bf16 where the device computes it natively, "
+                        "as training's --precision default, else fp32; an embedding folder stays fp32 unless bf16)")
     add_device_argument(p)
     p.set_defaults(func=run)
 
@@ -56,7 +56,8 @@ def run(args) -> int:
     app = build_app(args.model, api_key=args.api_key, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     cors_origins=args.cors_origins, max_body=args.max_body, prefill_chunk=args.prefill_chunk,
                     model_name=args.model_name, rag=args.rag, access_log=None if args.quiet else sys.stderr,
-                    device=device_of(args), dtype=_dtype(args.dtype, device_of(args)))
+                    device=device_of(args), dtype=_dtype(args.dtype, device_of(args)),
+                    encoder_dtype=_dtype(args.dtype, device_of(args)) if args.dtype == "bf16" else None)
     server = app.state.server
     server.load()  # before the port opens: a folder that cannot serve is one line and exit 2, not 503s
     if server.load_error:
@@ -108,7 +109,8 @@ def _dtype(name: str, device):
 
 def _describe(server) -> str:
     """The served folder in a few words: its kind, context and precision."""
-    precision = "bf16" if server.dtype is not None else "fp32"
     if server.model is None:
+        precision = "bf16" if server.encoder_dtype is not None else "fp32"
         return f"{server.folder} (embeddings, {precision})"
+    precision = "bf16" if server.dtype is not None else "fp32"
     return f"{server.folder} ({server.model.config.max_seq_len} positions, {precision})"

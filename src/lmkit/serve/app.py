@@ -37,10 +37,11 @@ class Server:
     """What the routes share: the loaded model, tokenizer, engine and metrics."""
 
     def __init__(self, folder: str | Path, max_concurrency: int = 16, max_queue: int = 256, prefill_chunk: int = 256,
-                 model_name: str | None = None, rag: str | Path | None = None, device=None, dtype=None):
+                 model_name: str | None = None, rag: str | Path | None = None, device=None, dtype=None,
+                 encoder_dtype=None):
         self.folder, self.rag_path, self.rag = Path(folder), rag, None
         self.device = device  # where the model (and the RAG index's encoder) run; None: the CPU
-        self.dtype = dtype  # the weights' torch dtype (None: float32)
+        self.dtype, self.encoder_dtype = dtype, encoder_dtype  # a decoder's and an encoder's torch dtype (None: fp32)
         self.model_name = model_name or self.folder.name
         self.max_concurrency, self.max_queue, self.prefill_chunk = max_concurrency, max_queue, prefill_chunk
         self.ready = threading.Event()
@@ -65,7 +66,8 @@ class Server:
             encoder_folder = (self.folder / "modules.json").is_file()
             model = None if encoder_folder else lmkit.load_model(self.folder, dtype=self.dtype, device=self.device)
             if model is None or model.config.architecture != "decoder":
-                self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder, dtype=self.dtype, device=self.device)
+                self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder, dtype=self.encoder_dtype,
+                                                                     device=self.device)
                 self.tokenizer = self.encoder.tokenizer
             else:
                 self.model = model
@@ -113,10 +115,10 @@ class Server:
 def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: int = 16, max_queue: int = 256,
               cors_origins: list[str] | None = None, max_body: int = 4 << 20, prefill_chunk: int = 256,
               model_name: str | None = None, rag: str | Path | None = None, access_log=None, device=None,
-              dtype=None) -> FastAPI:
-    """`access_log`: a text stream that gets one line per request (None: no log); `dtype`: the weights' torch dtype
-    (None: float32)."""
-    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag, device, dtype)
+              dtype=None, encoder_dtype=None) -> FastAPI:
+    """`access_log`: a text stream that gets one line per request (None: no log); `dtype`, `encoder_dtype`: the torch
+    dtype of a decoder's and of an embedding folder's weights (None: float32)."""
+    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag, device, dtype, encoder_dtype)
 
     async def lifespan(app):
         if not server.ready.is_set():
