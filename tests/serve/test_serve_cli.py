@@ -73,3 +73,34 @@ def test_a_cache_too_small_or_a_bad_adapter_exits_2_with_one_line(folder, flags,
     lines = err.strip().splitlines()
     assert process.returncode == 2 and len(lines) == 1 and not out, err
     assert message in lines[0]
+
+
+def test_dtype_bf16_serves_what_the_bf16_model_generates(folder):
+    import torch
+
+    import lmkit
+
+    process = _serve("--model", folder, "--port", "0", "--dtype", "bf16", "--quiet")
+    try:
+        ready = process.stdout.readline()
+        assert "bf16" in ready, ready
+        port = re.search(r"http://127\.0\.0\.1:(\d+)/v1", ready).group(1)
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                            json={"prompt": "hello world", "max_tokens": 12, "temperature": 0, "ignore_eos": True})
+    finally:
+        process.terminate()
+        process.communicate(timeout=60)
+    model, tok = lmkit.load_model(folder, dtype=torch.bfloat16), lmkit.load_tokenizer(folder)
+    ids = tok.encode("hello world")
+    expected = model.generate(torch.tensor([ids]), max_new_tokens=12, eos_token_id=[])[0, len(ids):].tolist()
+    assert answer.json()["choices"][0]["text"] == tok.decode(expected, skip_special_tokens=True)
+
+
+def test_dtype_auto_follows_trainings_precision_rule():
+    import torch
+
+    from lmkit.cli.serve import _dtype
+    from lmkit.train.precision import default_precision
+
+    assert _dtype("auto", "cpu") == (torch.bfloat16 if default_precision("cpu") == "bf16" else None)
+    assert _dtype("fp32", "cpu") is None and _dtype("bf16", "cpu") is torch.bfloat16

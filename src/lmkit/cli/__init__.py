@@ -14,6 +14,7 @@ import sys
 from lmkit import __version__
 from lmkit.cli.common import device_of
 from lmkit.errors import LmkitError, user_message
+from lmkit.extras import missing_extra
 
 SUBCOMMANDS = ("train", "generate", "evaluate", "tokenizer", "demo", "data", "distill", "prune", "quantize",
                "finetune", "search", "chat", "serve", "harness", "rag", "embed", "lens", "plot", "scaling",
@@ -60,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`lmkit eval ... | head -1`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not raise again
         return 141
+    except ModuleNotFoundError as exc:  # an optional extra not installed: which one to install, in one line
+        missing = missing_extra(exc, f"lmkit {args.command}")
+        if missing is None:
+            raise
+        print(f"lmkit: error: {missing}", file=sys.stderr)
+        return 2
     except (LmkitError, OSError) as exc:
         message = user_message(exc)
         if message is None:  # an OSError not about a path the user named: a bug

@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--prompt-lookup", type=int, default=None, metavar="K",
                    help="greedy: draft up to K tokens from earlier text and check them in one step (the same output; "
                         "default: off)")
+    p.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="constrain the continuation to JSON valid under the JSON schema in FILE (xgrammar; at most 4 "
+                        "whitespace characters between elements; default: no constraint)")
     p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
                    help="put BOS before the prompt (default: when the folder holds an lmkit training run; other folders: the tokenizer's own special tokens)")
     g = p.add_argument_group("masked LMs (encoder folders with an MLM head)")
@@ -110,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
                    num_beams=args.num_beams, temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p,
                    repetition_penalty=args.repetition_penalty, num_return_sequences=args.num_return_sequences,
                    prompt_lookup_num_tokens=args.prompt_lookup)
+    if args.json_schema is not None:
+        options.update(grammar={"json_schema": _schema(args.json_schema)}, tokenizer=tok)
     n = args.num_return_sequences
     if cfg.architecture == "encoder-decoder":
         from lmkit.evaluate.seq2seq import encode_source
@@ -201,6 +206,18 @@ def _fit_context(cfg, prompt: int, asked: int | None, options: dict) -> None:
                          f"{asked - room} tokens past the model's {cfg.max_seq_len} positions; it goes on, but it was "
                          f"never trained past them (--max-new-tokens {room} stays within)\n")
         sys.stderr.flush()
+
+
+def _schema(path: str):
+    """The JSON schema in the file `path`."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GenerationError(f"--json-schema {path} does not exist; give a file holding a JSON schema") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GenerationError(f"--json-schema {path} is not JSON ({exc}); give a file holding a JSON schema") from None
 
 
 def _heading(i: int, n: int) -> str:

@@ -105,7 +105,16 @@ def _dtype(precision: str | None, device):
     return torch.bfloat16 if (precision or default_precision(device)) == "bf16" else None
 
 
+def _require_extra() -> None:
+    """faiss and bm25s, checked before any work (an index built for minutes, then a missing module, is worse)."""
+    from lmkit.extras import require
+
+    for module in ("faiss", "bm25s"):
+        require(module, "lmkit rag")
+
+
 def run_index(args: argparse.Namespace) -> int:
+    _require_extra()
     import sys
     from pathlib import Path
 
@@ -147,6 +156,7 @@ def run_index(args: argparse.Namespace) -> int:
 
 
 def run_remove(args: argparse.Namespace) -> int:
+    _require_extra()
     import sys
 
     from lmkit.rag.store import RagIndex
@@ -160,6 +170,7 @@ def run_remove(args: argparse.Namespace) -> int:
 
 
 def run_query(args: argparse.Namespace) -> int:
+    _require_extra()
     from lmkit.rag.retrieve import retrieve
     from lmkit.rag.store import RagIndex
 
@@ -175,6 +186,7 @@ def run_query(args: argparse.Namespace) -> int:
 
 
 def run_ask(args: argparse.Namespace) -> int:
+    _require_extra()
     from lmkit.rag.answer import answer
     from lmkit.rag.store import RagIndex
 

@@ -42,6 +42,9 @@ def register(subparsers) -> None:
     p.add_argument("--lora", nargs="+", action="extend", default=None, metavar="NAME=DIR",
                    help="serve the LoRA adapter in DIR (PEFT format) as model NAME beside the base, per request; "
                         "more at run time with POST /v1/load_lora_adapter (default: none)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"), metavar="auto|bf16|fp32",
+                   help="the weights' precision (default auto: a decoder in bf16 where the device computes it natively, "
+                        "as training's --precision default, else fp32; an embedding folder stays fp32 unless bf16)")
     add_device_argument(p)
     p.set_defaults(func=run)
 
@@ -65,7 +68,9 @@ def run(args) -> int:
     app = build_app(args.model, api_key=args.api_key, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                     cors_origins=args.cors_origins, max_body=args.max_body, prefill_chunk=args.prefill_chunk,
                     model_name=args.model_name, rag=args.rag, access_log=None if args.quiet else sys.stderr,
-                    device=device_of(args), cache_memory=cache_memory, loras=parse_loras(args.lora))
+                    device=device_of(args), cache_memory=cache_memory, loras=parse_loras(args.lora),
+                    dtype=_dtype(args.dtype, device_of(args)),
+                    encoder_dtype=_dtype(args.dtype, device_of(args)) if args.dtype == "bf16" else None)
     server = app.state.server
     server.load()  # before the port opens: a folder that cannot serve is one line and exit 2, not 503s
     if server.load_error:
@@ -104,11 +109,24 @@ def _bind(host: str, port: int):
     return sock
 
 
+def _dtype(name: str, device):
+    """--dtype as a torch dtype (None: float32); auto follows training's rule (`default_precision`)."""
+    import torch
+
+    from lmkit.train.precision import default_precision
+
+    if name == "auto":
+        name = default_precision(device)
+    return torch.bfloat16 if name == "bf16" else None
+
+
 def _describe(server) -> str:
-    """The served folder in a few words: its kind and context."""
+    """The served folder in a few words: its kind, context and precision."""
     if server.model is None:
-        return f"{server.folder} (embeddings)"
+        precision = "bf16" if server.encoder_dtype is not None else "fp32"
+        return f"{server.folder} (embeddings, {precision})"
+    precision = "bf16" if server.dtype is not None else "fp32"
     prefix = server.engine.prefix
     cache = f"prefix cache {prefix.budget / (1 << 30):.2f} GiB" if prefix is not None else "no prefix cache"
     adapters = f", LoRA adapters {', '.join(server.loras)}" if server.loras else ""
-    return f"{server.folder} ({server.model.config.max_seq_len} positions, {cache}{adapters})"
+    return f"{server.folder} ({server.model.config.max_seq_len} positions, {precision}, {cache}{adapters})"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lmkit.errors import LmkitError
+from lmkit.extras import require
 
 TASKS_DIR = Path(__file__).with_name("harness_tasks")
 
@@ -20,11 +21,7 @@ class HarnessError(LmkitError):
 
 
 def require_lm_eval():
-    try:
-        import lm_eval
-    except ImportError:
-        raise HarnessError("lm-eval is not installed; install lmkit's eval extra: pip install 'lmkit[eval]'") from None
-    return lm_eval
+    return require("lm_eval", "lmkit harness")
 
 
 def check_task_files(folder: Path) -> None:

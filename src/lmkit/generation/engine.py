@@ -57,6 +57,8 @@ class Request:
     score_only: bool = False  # prefill and score the prompt, generate nothing
     presence_penalty: float = 0.0  # OpenAI's penalties over the output's tokens (processors.CountPenalties)
     frequency_penalty: float = 0.0
+    stop_skip: int = 0  # stop strings count only where they end past the first stop_skip new tokens (vLLM's min_tokens)
+    processors: list = field(default_factory=list)  # the request's own logits processors (a grammar), applied first
     on_event: Callable[["Request"], None] | None = None
     group: "Group | None" = None  # set by Engine.prepare_group
     adapter: str | None = None  # the LoRA adapter the request decodes with (Engine.adapters), None: the base model
@@ -143,6 +145,7 @@ class Engine:
         if request.presence_penalty or request.frequency_penalty:  # the request's own processor, before the config's
             decoding.processors.insert(0, CountPenalties(len(request.prompt), request.presence_penalty,
                                                          request.frequency_penalty))
+        decoding.processors[:0] = request.processors  # a grammar's mask before everything else, as generate has it
         request.decoding = decoding
         if cfg.do_sample:
             seed = request.seed if request.seed is not None else int(torch.randint(0, 2 ** 62, ()).item())
@@ -398,8 +401,9 @@ class Engine:
             log_probs = torch.log_softmax(raw[0], dim=-1)  # the model's own distribution
             request.token_logprobs.append(float(log_probs[token]))
             request.top_logprobs.append(top_logprobs(log_probs, request.logprobs, token))
-        if token in decoding.eos or (decoding.stops and stop_reached(request.tokenizer, request.output,
-                                                                     decoding.stops)):
+        skip = request.stop_skip
+        if token in decoding.eos or (decoding.stops and len(request.output) > skip
+                                     and stop_reached(request.tokenizer, request.output, decoding.stops, skip)):
             self._finish(request, "stop")
         elif len(request.output) >= decoding.max_new_tokens:
             self._finish(request, "length")

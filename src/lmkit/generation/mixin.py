@@ -42,7 +42,8 @@ class GenerationMixin(DecodingInterface):
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  generation_config: GenerationConfig | None = None, tokenizer=None, streamer=None,
-                 stopping_criteria: list[StopCriterion] | None = None, **kwargs) -> "torch.Tensor | GenerateOutput":
+                 stopping_criteria: list[StopCriterion] | None = None, grammar=None,
+                 **kwargs) -> "torch.Tensor | GenerateOutput":
         """Continue each row of `input_ids`; the settings are `generation_config` with any GenerationConfig field
         given as a keyword argument written over it, and mean what transformers' `generate` makes them mean.
 
@@ -53,7 +54,9 @@ class GenerationMixin(DecodingInterface):
         as in transformers. With num_return_sequences = n, rows i*n .. i*n + n - 1 of the output
         continue prompt i: n samples, or the n best beams (best first). Other keyword arguments go to the model
         (an encoder-decoder's decoder_input_ids, for one). `stopping_criteria` are lmkit's `StopCriterion`s
-        (generation/stopping.py), checked beside eos_token_id and stop_strings."""
+        (generation/stopping.py), checked beside eos_token_id and stop_strings. `grammar` (a `generation.grammar.Grammar`
+        or {"json_schema" | "json_object" | "regex" | "choice" | "grammar": value}, with tokenizer=) constrains every
+        row's new tokens to it, as vLLM's structured outputs do; a row ends at an end token once it is complete."""
         settings, model_kwargs = split_settings(kwargs)
         config = GenerationConfig.build(generation_config, **settings)
         if config.decoder_start_token_id is not None:  # the encoder-decoder's start builds the decoder prompt
@@ -78,6 +81,8 @@ class GenerationMixin(DecodingInterface):
                                   "(num_beams > 1); use eos_token_id, or num_beams=1")
         if decoding.stops:
             criteria.append(StopStrings(tokenizer, decoding.stops, start))
+        if grammar is not None:
+            _constrain(self, decoding, grammar, tokenizer, input_ids.shape[0], start)
         was_training = self.training
         self.eval()
         try:
@@ -155,3 +160,17 @@ class GenerationMixin(DecodingInterface):
         if streamer is not None:
             streamer.end()
         return out[:, :length].contiguous()
+
+
+def _constrain(model, decoding: Decoding, grammar, tokenizer, rows: int, start: int) -> None:
+    """Put the grammar's mask first in the processor list (before penalties and sampling filters, as vLLM does)."""
+    from lmkit.generation.grammar import GrammarConstraint
+
+    if tokenizer is None:
+        raise GenerationError("grammar needs the tokenizer: pass tokenizer=... to generate")
+    if decoding.config.num_beams > 1 or decoding.config.prompt_lookup_num_tokens \
+            or model.config.architecture != "decoder":  # drafts and beams would feed a row's matcher tokens it drops
+        raise GenerationError("grammar constrains sampling and greedy decoding of decoder-only models; use "
+                              "num_beams=1 without prompt_lookup_num_tokens")
+    decoding.processors.insert(0, GrammarConstraint.build(tokenizer, model.config.vocab_size, grammar, rows, start,
+                                                          decoding.eos))

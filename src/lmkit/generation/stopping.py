@@ -11,10 +11,14 @@ from __future__ import annotations
 import torch
 
 
-def stop_reached(tokenizer, new_ids: list[int], stops: list[str]) -> bool:
-    """Whether the text of the new tokens holds one of the stop strings (transformers' StopStringCriteria)."""
+def stop_reached(tokenizer, new_ids: list[int], stops: list[str], skip: int = 0) -> bool:
+    """Whether the text of the new tokens holds one of the stop strings (transformers' StopStringCriteria); with
+    `skip`, only a stop that ends past the text of the first `skip` tokens counts (vLLM's min_tokens)."""
     text = tokenizer.decode(new_ids)
-    return any(s in text for s in stops)
+    if skip <= 0:
+        return any(s in text for s in stops)
+    floor = len(tokenizer.decode(new_ids[:skip]))
+    return any(text.find(s, max(0, floor - len(s) + 1)) >= 0 for s in stops)
 
 
 def _ids(row) -> list[int]:

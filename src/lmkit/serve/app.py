@@ -27,6 +27,8 @@ from lmkit.serve.completions import Generation, check_context
 from lmkit.serve.http import AccessLog, BearerGuard, error_response, read_json
 from lmkit.serve.lora import load_lora, model_cards, register as register_lora
 from lmkit.serve.metrics import Metrics
+from lmkit.serve.structured import STRUCTURED_FIELDS, compile_grammar, compile_structured, warm_grammars
+from lmkit.serve.tools import parse_tools, template_messages
 from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_logprobs,
                                   parse_messages, parse_prompts, parse_sampling)
 
@@ -38,11 +40,14 @@ class Server:
 
     def __init__(self, folder: str | Path, max_concurrency: int = 16, max_queue: int = 256, prefill_chunk: int = 256,
                  model_name: str | None = None, rag: str | Path | None = None, device=None, cache_memory: int | None = 0,
-                 loras: dict[str, str] | None = None):
-        """`cache_memory`: bytes of the prefix cache (0: none, None: the default size); `loras`: {name: adapter folder} served per request."""
+                 loras: dict[str, str] | None = None, dtype=None, encoder_dtype=None):
+        """`cache_memory`: bytes of the prefix cache (0: none, None: the default size); `loras`: {name: adapter folder}
+        served per request; `dtype`, `encoder_dtype`: the torch dtype of a decoder's and of an embedding folder's
+        weights (None: float32)."""
         self.folder, self.rag_path, self.rag = Path(folder), rag, None
         self.cache_memory, self.lora_folders, self.loras = cache_memory, dict(loras or {}), {}
         self.device = device  # where the model (and the RAG index's encoder) run; None: the CPU
+        self.dtype, self.encoder_dtype = dtype, encoder_dtype  # a decoder's and an encoder's torch dtype (None: fp32)
         self.model_name = model_name or self.folder.name
         self.max_concurrency, self.max_queue, self.prefill_chunk = max_concurrency, max_queue, prefill_chunk
         self.ready = threading.Event()
@@ -65,9 +70,10 @@ class Server:
 
                 self.rag = RagIndex.open(self.rag_path, device=self.device)
             encoder_folder = (self.folder / "modules.json").is_file()
-            model = None if encoder_folder else lmkit.load_model(self.folder, device=self.device)
+            model = None if encoder_folder else lmkit.load_model(self.folder, dtype=self.dtype, device=self.device)
             if model is None or model.config.architecture != "decoder":
-                self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder, device=self.device)
+                self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder, dtype=self.encoder_dtype,
+                                                                     device=self.device)
                 self.tokenizer = self.encoder.tokenizer
             else:
                 self.model = model
@@ -82,6 +88,7 @@ class Server:
                 for name, lora_folder in self.lora_folders.items():
                     load_lora(self, name, lora_folder)
                 threading.Thread(target=self.engine.serve_forever, name="lmkit-engine", daemon=True).start()
+                threading.Thread(target=warm_grammars, args=(self,), name="lmkit-grammar", daemon=True).start()
         except (LmkitError, OSError) as exc:
             self.load_error = str(exc)
         self.ready.set()
@@ -122,10 +129,12 @@ class Server:
 def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: int = 16, max_queue: int = 256,
               cors_origins: list[str] | None = None, max_body: int = 4 << 20, prefill_chunk: int = 256,
               model_name: str | None = None, rag: str | Path | None = None, access_log=None, device=None,
-              cache_memory: int | None = 0, loras: dict[str, str] | None = None) -> FastAPI:
-    """`access_log`: a text stream that gets one line per request (None: no log); `cache_memory`, `loras`: see
-    `Server`."""
-    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag, device, cache_memory, loras)
+              cache_memory: int | None = 0, loras: dict[str, str] | None = None, dtype=None,
+              encoder_dtype=None) -> FastAPI:
+    """`access_log`: a text stream that gets one line per request (None: no log); `cache_memory`, `loras`, `dtype`,
+    `encoder_dtype`: see `Server`."""
+    server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag, device, cache_memory=cache_memory,
+                    loras=loras, dtype=dtype, encoder_dtype=encoder_dtype)
 
     async def lifespan(app):
         if not server.ready.is_set():
@@ -286,31 +295,33 @@ def _tokenizer_info(server: Server) -> dict:
             "vocab_size": tok.vocab_size}
 
 
-def _chat_prompt(server: Server, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+def _chat_prompt(server: Server, messages: list[dict], add_generation_prompt: bool = True,
+                 tools: list | None = None) -> list[int]:
     if not getattr(server.tokenizer, "chat_template", None):
         raise APIError(400, f"the folder {server.folder} has no chat template (chat_template.jinja or "
                             "tokenizer_config.json's chat_template); use /v1/completions", param="messages",
                        code="no_chat_template")
-    text = server.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                tokenize=False)
+    text = server.tokenizer.apply_chat_template(template_messages(messages), tools=tools,
+                                                add_generation_prompt=add_generation_prompt, tokenize=False)
     return server.encode(text, add_special_tokens=False)
 
 
 async def _generate(server: Server, http: Request, body, chat: bool):
-    body = check_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
+    body = check_fields(body, (CHAT_FIELDS if chat else COMPLETION_FIELDS) | STRUCTURED_FIELDS)
     server.check_ready()
     adapter = server.check_model(body)
     if server.engine is None:
         raise APIError(400, "this server holds an encoder; it answers /v1/embeddings only", code="not_generative")
-    vocab, sources = server.model.config.vocab_size, None
+    vocab, sources, tools = server.model.config.vocab_size, None, None
     if chat:
         if body.get("max_completion_tokens") is not None:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
-        sampling = parse_sampling(body, vocab, None, server.sampling_defaults, min_tokens=1)
+        sampling = parse_sampling(body, vocab, None, server.sampling_defaults, least_max_tokens=1)
         messages, sources = parse_messages(body), None
+        tools = parse_tools(body, getattr(server.tokenizer, "chat_template", None))
         if server.rag is not None:  # the last user turn answered from numbered sources of the index
             messages, sources = await run_in_threadpool(_ground, server, messages, sampling.max_tokens)
-        prompts = [_chat_prompt(server, messages)]
+        prompts = [_chat_prompt(server, messages, tools=body["tools"] if tools is not None else None)]
         echo = False
     else:
         if body.get("suffix") is not None:
@@ -322,6 +333,15 @@ async def _generate(server: Server, http: Request, body, chat: bool):
         echo = flag(body, "echo")
         prompts = parse_prompts(body, vocab, server.encode)
     logprobs = parse_logprobs(body, chat)
+    grammar = await run_in_threadpool(compile_structured, server, body)  # compiled once per grammar, then kept
+    if tools is not None and tools.forced:
+        if grammar is not None:
+            raise APIError(400, "tool_choice: a forced tool call is its own structured output; leave response_format "
+                                "and guided_* out", param="tool_choice", code="invalid_value")
+        grammar = await run_in_threadpool(compile_grammar, server, "tools", tools.grammar())
+    if grammar is not None and sampling.ignore_eos:
+        raise APIError(400, "ignore_eos: a structured output ends at the end token once complete; leave ignore_eos "
+                            "out", param="ignore_eos", code="invalid_value")
     lengths = []
     for prompt in prompts:
         wanted = sampling.max_tokens if sampling.max_tokens is not None else server.context - len(prompt)
@@ -329,8 +349,11 @@ async def _generate(server: Server, http: Request, body, chat: bool):
             raise APIError(400, f"the prompt ({len(prompt)} tokens) fills the model's context of {server.context}",
                            param="messages", code="context_length_exceeded")
         check_context(prompt, wanted, server.context)
+        if sampling.min_tokens > wanted:
+            raise APIError(400, f"min_tokens ({sampling.min_tokens}) must be at most max_tokens ({wanted})",
+                           param="min_tokens", code="invalid_value")
         lengths.append(wanted)
-    generation = Generation(server, prompts, sampling, lengths, logprobs, echo, chat, adapter=adapter)
+    generation = Generation(server, prompts, sampling, lengths, logprobs, echo, chat, grammar, tools, adapter=adapter)
     server.admit(len(generation.choices))
     generation.submit()
     endpoint = "chat" if chat else "completions"

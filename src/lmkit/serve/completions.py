@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from lmkit.generation.engine import Request
+from lmkit.generation.grammar import GrammarConstraint
 from lmkit.serve.protocol import APIError, Sampling
 from lmkit.serve.text import StopText
 
@@ -24,6 +25,9 @@ class Choice:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     shown: int = 0  # output tokens already turned into text
     last: float = 0.0  # when the previous token arrived
+    holding: bool = False  # with tools: the reply may be a tool call, so its text waits for the end
+    streamed: str = ""  # the content already sent
+    produced: str = ""  # the content the stop-string filter has let through, sent or held
 
 
 class Waker:
@@ -64,8 +68,11 @@ class Generation:
     """The choices of one HTTP request, submitted to the server's engine."""
 
     def __init__(self, server, prompts: list[list[int]], sampling: Sampling, max_new_tokens: list[int],
-                 logprobs: int | None, echo: bool, chat: bool, adapter: str | None = None):
-        """`adapter`: the LoRA adapter the choices decode with (None: the base model), the answer's model."""
+                 logprobs: int | None, echo: bool, chat: bool, grammar=None, tools=None, adapter: str | None = None):
+        """`grammar`: a compiled grammar every choice is constrained to (None: free); `tools`: a `tools.ToolMode`
+        whose calls the replies are parsed for; `adapter`: the LoRA adapter the choices decode with (None: the base
+        model), the answer's model."""
+        self.tools = tools
         self.server, self.sampling, self.logprobs, self.echo, self.chat = server, sampling, logprobs, echo, chat
         self.model = adapter or server.model_name
         self.prompts = prompts
@@ -84,8 +91,12 @@ class Generation:
                                   seed=seed, tokenizer=server.tokenizer, logprobs=logprobs,
                                   prompt_logprobs=logprobs if echo and logprobs is not None else None,
                                   score_only=score_only, presence_penalty=sampling.presence_penalty,
-                                  frequency_penalty=sampling.frequency_penalty, adapter=adapter)
-                choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids))
+                                  frequency_penalty=sampling.frequency_penalty, adapter=adapter,
+                                  stop_skip=max(sampling.min_tokens - 1, 0),
+                                  processors=[] if grammar is None else [
+                                      GrammarConstraint(grammar, 1, len(prompt), server.end_ids)])
+                choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids,
+                                                                 sampling.min_tokens))
                 request.on_event = lambda _r, c=choice: waker.wake(c.wake)
                 self.choices.append(choice)
                 groups[-1].append(request)
@@ -152,9 +163,50 @@ class Generation:
         choices = []
         for choice in self.choices:
             text, _, finish = self._advance(choice)
+            calls = self._calls(choice)
+            if calls is not None:
+                choices.append({"index": choice.index, "message": {"role": "assistant", "content": calls[0],
+                                                                   "tool_calls": calls[1]},
+                                "logprobs": self._chat_logprobs(choice.request, 0) if self.logprobs is not None
+                                else None, "finish_reason": "tool_calls"})
+                continue
             choices.append(self._final_choice(choice, choice.text.text, finish))
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": self.usage()}
+
+    def _raw(self, choice: Choice) -> str:
+        """The reply's text with special tokens kept (a Mistral [TOOL_CALLS]), end tokens left out."""
+        ends = set(self.server.end_ids)
+        return self.server.tokenizer.decode([t for t in choice.request.output if t not in ends])
+
+    def _calls(self, choice: Choice) -> tuple[str | None, list[dict]] | None:
+        """(content, tool_calls) of a finished reply that calls tools, else None."""
+        return None if self.tools is None else self.tools.calls(self._raw(choice))
+
+    def _tool_chunks(self, choice: Choice, finish: str | None):
+        """The end of a held reply: its tool calls as OpenAI streams them (a call's id and name, then its arguments
+        in pieces), or the held text as content when it holds no call."""
+        from lmkit.serve.tools import fragments
+
+        calls = self._calls(choice)
+        if calls is None:
+            rest = choice.produced[len(choice.streamed):]
+            yield self._chunk([{"index": choice.index, "delta": {"content": rest} if rest else {}, "logprobs": None,
+                                "finish_reason": finish}])
+            return
+        content, tool_calls = calls
+        if content and len(content) > len(choice.streamed):
+            yield self._chunk([{"index": choice.index, "delta": {"content": content[len(choice.streamed):]},
+                                "logprobs": None, "finish_reason": None}])
+        for i, call in enumerate(tool_calls):
+            head = {"index": i, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            yield self._chunk([{"index": choice.index, "delta": {"tool_calls": [head]}, "logprobs": None,
+                                "finish_reason": None}])
+            for piece in fragments(call["function"]["arguments"]):
+                yield self._chunk([{"index": choice.index, "delta": {"tool_calls": [
+                    {"index": i, "function": {"arguments": piece}}]}, "logprobs": None, "finish_reason": None}])
+        yield self._chunk([{"index": choice.index, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}])
 
     def usage(self) -> dict:
         prompt = sum(len(p) for p in self.prompts)
@@ -248,6 +300,17 @@ class Generation:
                     if choice.request.finished or choice.shown < len(choice.request.output):
                         first = choice.shown
                         delta, new, finish = self._advance(choice)
+                        choice.produced += delta
+                        if self.tools is not None and self.tools.may_start(self._raw(choice)):
+                            choice.holding = True  # a tool call may be coming: its text waits until it cannot be
+                            if finish is not None:
+                                for chunk in self._tool_chunks(choice, finish):
+                                    yield chunk
+                                open_choices.remove(choice)
+                            continue
+                        if choice.holding:  # what was held turned out to be text: it goes now
+                            choice.holding, delta = False, choice.produced[len(choice.streamed):]
+                        choice.streamed += delta
                         if delta or finish or (new and self.logprobs is not None):
                             yield self._chunk([self._stream_choice(choice, delta, first, finish)])
                         if finish is not None:

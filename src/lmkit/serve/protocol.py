@@ -31,9 +31,10 @@ class APIError(Exception):
 
 SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop", "seed",
                    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stream",
-                   "stream_options", "user"}
+                   "stream_options", "user", "ignore_eos", "min_tokens"}
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
-CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+                                 "parallel_tool_calls"}
 ROLES = ("system", "developer", "user", "assistant", "tool")  # the chat roles OpenAI's API (and vLLM) take
 MAX_N = 16
 MAX_LOGPROBS = 20
@@ -83,17 +84,20 @@ class Sampling:
     logit_bias: dict[int, float]
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False  # vLLM's: EOS neither ends the reply nor is banned (stop strings still apply)
+    min_tokens: int = 0  # vLLM's: no end token, and no stop string ending in them, within the first min_tokens
     extra: dict = field(default_factory=dict)
 
     def generation_config(self, max_new_tokens: int, eos: list[int] | None = None) -> GenerationConfig:
         """OpenAI's meanings in generate's terms: temperature 0 is greedy, no top-k unless asked; `eos`: every id
-        the reply stops at."""
+        the reply stops at (none with ignore_eos)."""
         bias = [[[token], value] for token, value in self.logit_bias.items()] or None
         return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=self.temperature > 0,
                                 temperature=self.temperature if self.temperature > 0 else None, top_k=self.top_k,
                                 top_p=self.top_p if self.top_p < 1 else None, min_p=self.min_p or None,
                                 repetition_penalty=self.repetition_penalty, stop_strings=self.stop or None,
-                                sequence_bias=bias, eos_token_id=list(eos) if eos else None)
+                                sequence_bias=bias, min_new_tokens=self.min_tokens or None,
+                                eos_token_id=[] if self.ignore_eos else list(eos) if eos else None)
 
 
 def check_fields(body, allowed: set[str]) -> dict:
@@ -106,9 +110,9 @@ def check_fields(body, allowed: set[str]) -> dict:
 
 
 def parse_sampling(body: dict, vocab_size: int, default_max_tokens: int | None, defaults: dict | None = None,
-                   min_tokens: int = 0) -> Sampling:
+                   least_max_tokens: int = 0) -> Sampling:
     """The checked sampling fields; one left unset takes `defaults` (the folder's generation_config.json values),
-    else OpenAI's default. `min_tokens`: the least max_tokens (a completion may ask for 0 to score its prompt)."""
+    else OpenAI's default. `least_max_tokens`: the least max_tokens (a completion may ask for 0 to score its prompt)."""
     defaults = defaults or {}
     stop = body.get("stop")
     if stop is None:
@@ -141,7 +145,7 @@ def parse_sampling(body: dict, vocab_size: int, default_max_tokens: int | None, 
     if model is not None and not isinstance(model, str):
         raise _bad("model", "must be a string")
     return Sampling(
-        max_tokens=_number(body, "max_tokens", default_max_tokens, low=min_tokens, integer=True),
+        max_tokens=_number(body, "max_tokens", default_max_tokens, low=least_max_tokens, integer=True),
         temperature=float(_number(body, "temperature", defaults.get("temperature", 1.0), 0, 2)),
         top_p=float(_number(body, "top_p", defaults.get("top_p", 1.0), 0, 1)),
         top_k=_number(body, "top_k", defaults.get("top_k", 0), -1, integer=True) if body.get("top_k") != -1 else 0,
@@ -150,7 +154,8 @@ def parse_sampling(body: dict, vocab_size: int, default_max_tokens: int | None, 
         presence_penalty=float(_number(body, "presence_penalty", 0.0, -2, 2)),
         frequency_penalty=float(_number(body, "frequency_penalty", 0.0, -2, 2)),
         repetition_penalty=float(_number(body, "repetition_penalty", defaults.get("repetition_penalty", 1.0), 0.01, 10)),
-        logit_bias=logit_bias, stream=stream, include_usage=include_usage)
+        logit_bias=logit_bias, stream=stream, include_usage=include_usage, ignore_eos=flag(body, "ignore_eos"),
+        min_tokens=_number(body, "min_tokens", 0, 0, integer=True))
 
 
 def parse_prompts(body: dict, vocab_size: int, encode) -> list[list[int]]:

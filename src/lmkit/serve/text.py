@@ -26,8 +26,11 @@ class StopText:
     decoded, after a window of the ids before it, so that decoders which drop a leading space at the start of a
     text still join the pieces right."""
 
-    def __init__(self, tokenizer, stops: list[str], special_ids: set[int]):
+    def __init__(self, tokenizer, stops: list[str], special_ids: set[int], min_tokens: int = 0):
+        """`min_tokens`: a stop string counts only where it ends past the text of the first min_tokens - 1 output
+        tokens (vLLM's min_tokens, as the engine reads it)."""
         self.tokenizer, self.stops, self.special = tokenizer, stops, special_ids
+        self.min_tokens, self.floor = min_tokens, (0 if min_tokens <= 1 else None)
         self.sent = 0  # characters of `text` already shown
         self.text = ""  # the text of the ids up to read_offset (then cut at a stop)
         self.prefix_offset = self.read_offset = 0
@@ -52,7 +55,10 @@ class StopText:
         self.ids.extend(i for i in ids[self.seen:] if i not in self.special)
         self.seen = len(ids)
         text = self._extend(final)
-        cuts = [text.find(s) for s in self.stops if s in text]
+        if self.floor is None and self.seen >= self.min_tokens:
+            self.floor = len(self.tokenizer.decode([i for i in ids[:self.min_tokens - 1] if i not in self.special]))
+        found = [] if self.floor is None else [text.find(s, max(0, self.floor - len(s) + 1)) for s in self.stops]
+        cuts = [c for c in found if c >= 0]
         if cuts:
             text, self.stopped, final = text[:min(cuts)], True, True
         if final:
