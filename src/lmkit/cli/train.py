@@ -15,7 +15,7 @@ from lmkit.train.config import TrainConfig
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
 FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "lr_schedule",
          "warmup_steps", "optimizer", "precision", "log_every", "save_every", "seed", "data", "micro_batch_size",
-         "keep_checkpoints", "fsdp", "sizing")
+         "keep_checkpoints", "fsdp", "sizing", "fim_rate", "fim_spm_rate")
 
 
 def register(subparsers) -> None:
@@ -26,7 +26,7 @@ def register(subparsers) -> None:
         "lmkit train --out runs/tiny --preset tiny --max-steps 400 --resume   # continue after Ctrl-C",
     ))
     p.add_argument("--preset", metavar="NAME", help=f"model preset ({', '.join(PRESETS)}); default: default")
-    p.add_argument("--objective", choices=["clm", "mlm", "span", "denoise", "plm"], help="training objective (default: clm; span/denoise pick t5-tiny, plm xlnet-tiny)")
+    p.add_argument("--objective", choices=["clm", "mlm", "span", "denoise", "plm", "fim"], help="training objective (default: clm; span/denoise pick t5-tiny, plm xlnet-tiny; fim: clm with fill-in-the-middle examples)")
     p.add_argument("--corpus", nargs="+", metavar="NAME|PATH",
                    help="built-in corpus (pydocs, pycode) or text files, folders, globs, .jsonl; default: pydocs")
     p.add_argument("--out", metavar="DIR", help="run folder; default: runs/PRESET")
@@ -63,6 +63,11 @@ def register(subparsers) -> None:
     p.add_argument("--fsdp", action="store_const", const=True,
                    help="under torchrun: shard parameters and optimizer state (FSDP) instead of replicating them (DDP, the "
                         "default)")
+    p.add_argument("--fim-rate", type=float, metavar="F",
+                   help="--objective fim: the share of document pieces rewritten as fill-in-the-middle examples (default 0.5)")
+    p.add_argument("--fim-spm-rate", type=float, metavar="F",
+                   help="--objective fim: of those, the share laid out suffix-prefix-middle, the rest prefix-suffix-middle "
+                        "(default 0.5)")
     add_device_argument(p)
     p.set_defaults(func=run)
 
@@ -71,6 +76,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
     given = {f: getattr(args, f) for f in FLAGS if getattr(args, f) is not None}
     if "data" in given and "corpus" in given:  # --data wins in the trainer, so --corpus would be silently ignored
         raise ConfigError("--data and --corpus both name the training text; give one (--data DIR for prepared shards)")
+    fim_flags = [f"--{f.replace('_', '-')}" for f in ("fim_rate", "fim_spm_rate") if f in given]
+    if fim_flags and given.get("objective") != "fim":
+        raise ConfigError(f"{' and '.join(fim_flags)} set the fim objective; add --objective fim")
     if "preset" not in given and given.get("objective") in ("span", "denoise"):
         given["preset"] = "t5-tiny"  # encoder-decoder objectives need an encoder-decoder model
     if "preset" not in given and given.get("objective") == "plm":

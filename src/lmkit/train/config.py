@@ -29,7 +29,7 @@ GENERIC_WARMUP = 100  # warm-up steps of presets without a recipe for it
 # Settings that change the numbers of a run: a resumed run must keep them.
 RUN_DEFINING = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "optimizer",
                 "min_lr_ratio", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip", "precision", "seed", "vocab_size", "val_fraction",
-                "model_overrides")
+                "model_overrides", "fim_rate", "fim_spm_rate")
 
 
 @dataclass
@@ -67,6 +67,8 @@ class TrainConfig:
     # a --time-budget run of the default preset: its shape sized from a scaling law and the measured speed
     # (train/sizing.py): "auto" (the pydocs law), a law's name or fit.json, or "off" (the preset as it is)
     sizing: str = "auto"
+    fim_rate: float = 0.5                 # --objective fim: share of document pieces made FIM examples
+    fim_spm_rate: float = 0.5             # of those, the share in SPM order (the rest PSM)
 
     def resolved(self, model: ModelConfig | None = None, device: torch.device | str | None = None) -> "TrainConfig":
         """A copy with every None that has a default filled in (recipes first); `model`: the preset with the
