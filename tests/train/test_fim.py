@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import lmkit
+from lmkit.cli import main
 from lmkit.data.fim import SENTINELS, FimIds, fim_layout, fim_piece, infill_prompt, sentinel_ids, split_points
 from lmkit.errors import GenerationError, TrainingError
 from lmkit.objectives import IGNORE_INDEX
@@ -143,7 +144,7 @@ def test_fim_rates_are_checked():
         get_objective("fim").configured(TrainConfig(objective="fim", fim_rate=1.5))
 
 
-def test_a_fim_run_learns_and_saves_sentinels_transformers_reads(trainer):
+def test_a_fim_run_learns_and_saves_sentinels_transformers_reads(trainer, capsys):
     transformers = pytest.importorskip("transformers")
     ids = sentinel_ids(trainer.tokenizer)
     assert max(ids.prefix, ids.middle, ids.suffix, ids.pad) < trainer.model.config.vocab_size
@@ -167,6 +168,11 @@ def test_a_fim_run_learns_and_saves_sentinels_transformers_reads(trainer):
         want_logits = model(torch.tensor([prompt])).logits
     got = lmkit.load_model(out)(torch.tensor([prompt])).logits
     assert torch.allclose(got, want_logits, atol=1e-4)
+    # `lmkit generate --prefix --suffix` on the run: the BOS-led FIM prompt its rows had, the middle printed alone
+    middle = lmkit.load_model(out).generate(torch.tensor([prompt]), max_new_tokens=8)[0, len(prompt):].tolist()
+    assert main(["generate", "--model", str(out), "--prefix", "def f(x):\n  ", "--suffix", "\n  return y\n",
+                 "--max-new-tokens", "8"]) == 0
+    assert capsys.readouterr().out == ours.decode(middle, skip_special_tokens=True) + "\n"
 
 
 def test_a_model_without_sentinels_cannot_infill():

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from lmkit.data.tokenize import PAD
 from lmkit.errors import GenerationError
 
 FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FIM_PAD = "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>"
@@ -47,6 +48,12 @@ def sentinel_ids(tok: Any, where: str = "the model") -> FimIds:
                               "infill; use a model trained with `lmkit train --objective fim`, or give a plain prompt")
     pad = tok.token_to_id(FIM_PAD)
     return FimIds(*(int(i) for i in ids), int(ids[0] if pad is None else pad))
+
+
+def infill_bos(tok: Any, bos_id: int | None) -> int | None:
+    """BOS for an infill prompt: lmkit's training rows (a tokenizer with lmkit's `<|pad|>`) begin with it, a
+    pretrained FIM model's (StarCoder's) prompt starts at <fim_prefix>."""
+    return bos_id if tok.token_to_id(PAD) is not None else None
 
 
 def split_points(length: int, draw: Callable[[int], int]) -> tuple[int, int]:
@@ -87,4 +94,6 @@ def infill_prompt(tok: Any, prefix: str, suffix: str, bos: int | None = None, wh
     """The prompt ids that ask a FIM model for the middle between `prefix` and `suffix` (PSM, as StarCoder is
     prompted): [BOS] <fim_prefix> prefix <fim_suffix> suffix <fim_middle>."""
     ids = sentinel_ids(tok, where)
+    if not prefix and not suffix:
+        raise GenerationError("infilling needs some text around the gap: give a prefix, a suffix or both")
     return ([] if bos is None else [bos]) + fim_layout(encode(tok, prefix), [], encode(tok, suffix), ids, spm=False)

@@ -42,7 +42,7 @@ def evaluate_corpus(model: torch.nn.Module, tokenizer: Any, corpus: Any, objecti
     size = vocab_size_of(tokenizer)
     task = get_objective(objective).prepare(tokenizer)
     if vocab_size_of(tokenizer) != size:  # prepare added the tokens a run gets: this model never learned them
-        raise TrainingError(f"the tokenizer has no {'sentinel tokens' if objective == 'span' else 'mask token'} for "
+        raise TrainingError(f"the tokenizer has no {'sentinel tokens' if objective in ('span', 'fim') else 'mask token'} for "
                             f"--objective {objective} (a training run adds its own), so a model trained without "
                             "it cannot be scored on that corruption; use the tokenizer the model was trained with")
     bos, pad = special_ids(tokenizer)
