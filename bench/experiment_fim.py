@@ -8,7 +8,7 @@
 
 Both runs use --objective fim so that they share the tokenizer, sentinels included (rate 0 never shows them).
 
-    python bench/experiment_fim.py [--steps 400] [--out /tmp/fim-exp] [--cases 200]
+    python bench/experiment_fim.py [--steps 400] [--out /tmp/fim-exp] [--cases 200] [--rates 0,0.5]
 """
 from __future__ import annotations
 
@@ -75,10 +75,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--cases", type=int, default=200)
     ap.add_argument("--out", default="/tmp/fim-exp")
+    ap.add_argument("--rates", default="0,0.5", help="the --fim-rate values, comma-separated (default 0,0.5)")
     args = ap.parse_args()
     tests = cases(args.cases)
     rows = []
-    for rate in (0.0, 0.5):
+    for rate in (float(r) for r in args.rates.split(",")):
         out = Path(args.out) / f"rate-{rate}"
         row = train(rate, args.steps, out)
         row["infill_exact_match"] = infill_exact_match(out, tests)
