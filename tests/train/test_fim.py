@@ -127,7 +127,7 @@ def test_rate_zero_is_clm_and_the_draws_follow_the_seed(trainer):
 def test_the_spm_share_follows_fim_spm_rate(trainer):
     from lmkit.train.fim import FillInTheMiddle
     ids = sentinel_ids(trainer.tokenizer)
-    rows = trainer.stream.rows(0, 2, 64)
+    rows = trainer.stream.rows(0, 2, 128)
     for spm_rate in (0.0, 0.25, 1.0):
         task = FillInTheMiddle(trainer.tokenizer, ids, 1.0, spm_rate)
         out = task.build_batch(rows, trainer.pad_id, torch.Generator().manual_seed(1))["input_ids"]
@@ -138,10 +138,12 @@ def test_the_spm_share_follows_fim_spm_rate(trainer):
         assert abs(spm / total - spm_rate) < 0.15
 
 
-def test_fim_rates_are_checked():
+def test_fim_rates_are_checked(capsys):
     from lmkit.train.objectives import get_objective
     with pytest.raises(TrainingError, match="--fim-rate must be between 0 and 1"):
         get_objective("fim").configured(TrainConfig(objective="fim", fim_rate=1.5))
+    assert main(["train", "--fim-spm-rate", "0.2", "--preset", "tiny"]) == 2
+    assert "only --objective fim reads it" in capsys.readouterr().err
 
 
 def test_a_fim_run_learns_and_saves_sentinels_transformers_reads(trainer, capsys):

@@ -78,7 +78,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
         raise ConfigError("--data and --corpus both name the training text; give one (--data DIR for prepared shards)")
     fim_flags = [f"--{f.replace('_', '-')}" for f in ("fim_rate", "fim_spm_rate") if f in given]
     if fim_flags and given.get("objective") != "fim":
-        raise ConfigError(f"{' and '.join(fim_flags)} set the fim objective; add --objective fim")
+        raise ConfigError(f"{' and '.join(fim_flags)}: only --objective fim reads it; add --objective fim")
     if "preset" not in given and given.get("objective") in ("span", "denoise"):
         given["preset"] = "t5-tiny"  # encoder-decoder objectives need an encoder-decoder model
     if "preset" not in given and given.get("objective") == "plm":
