@@ -14,12 +14,15 @@ CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role
                  "{% endif %}")
 
 
-def make_folder(path, family: str = "gpt2", seed: int = 0, chat: bool = True, n_positions: int = 256, width: int = 32):
-    """A random tiny `family` ("gpt2" or "llama") folder whose vocabulary is the tokenizer's."""
+def make_folder(path, family: str = "gpt2", seed: int = 0, chat: bool = True, n_positions: int = 256, width: int = 32,
+                fim: bool = False):
+    """A random tiny `family` ("gpt2" or "llama") folder whose vocabulary is the tokenizer's (with `fim`, StarCoder's
+    fill-in-the-middle sentinels in it)."""
     import transformers
 
+    sentinels = ["<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>"] if fim else []
     tok = lmkit.train_tokenizer(TEXTS, kind="bpe", vocab_size=300,
-                                special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+                                special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", *sentinels])
     vocab = tok.vocab_size
     eos = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(seed)

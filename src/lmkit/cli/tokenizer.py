@@ -30,8 +30,10 @@ def register(subparsers) -> None:
     t.add_argument("--out", required=True, metavar="PATH", help="tokenizer.json path, or a folder to write it in")
     t.add_argument("--special-tokens", nargs="*", default=None, metavar="TOKEN",
                    help="special tokens (default per kind, e.g. [PAD] [UNK] [CLS] [SEP] [MASK] for wordpiece)")
-    t.add_argument("--pattern", default="gpt2", choices=("gpt2", "gpt4", "digits"),
-                   help="BPE pre-tokenization regex (digits: gpt2's with each digit a token of its own; default: gpt2)")
+    t.add_argument("--pattern", default="gpt2", choices=("gpt2", "gpt4", "digits", "code"),
+                   help="BPE pre-tokenization regex (digits: gpt2's with each digit a token of its own; code: gpt2's "
+                        "with runs of spaces and tabs kept whole, as GPT-NeoX and StarCoder vocabularies hold "
+                        "indentation; default: gpt2)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar (one is drawn on a terminal by default)")
     t.set_defaults(func=run_train)
     e = add_command(sub, "encode", help="print the tokens and ids of a text", description="Print the tokens and ids of "

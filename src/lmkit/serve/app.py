@@ -29,8 +29,8 @@ from lmkit.serve.lora import load_lora, model_cards, register as register_lora
 from lmkit.serve.metrics import Metrics
 from lmkit.serve.structured import STRUCTURED_FIELDS, compile_grammar, compile_structured, warm_grammars
 from lmkit.serve.tools import parse_tools, template_messages
-from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_logprobs,
-                                  parse_messages, parse_prompts, parse_sampling)
+from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_infill,
+                                  parse_logprobs, parse_messages, parse_prompts, parse_sampling)
 
 STATIC = Path(__file__).parent / "static"
 
@@ -324,14 +324,13 @@ async def _generate(server: Server, http: Request, body, chat: bool):
         prompts = [_chat_prompt(server, messages, tools=body["tools"] if tools is not None else None)]
         echo = False
     else:
-        if body.get("suffix") is not None:
-            raise APIError(400, "suffix is not supported", param="suffix")
         sampling = parse_sampling(body, vocab, 16, server.sampling_defaults)
         best_of = body.get("best_of")
         if best_of is not None and best_of != sampling.n:
             raise APIError(400, "best_of must equal n when given", param="best_of")
         echo = flag(body, "echo")
-        prompts = parse_prompts(body, vocab, server.encode)
+        prompts = (parse_prompts(body, vocab, server.encode) if body.get("suffix") is None else
+                   parse_infill(body, server.tokenizer, server.model.config.bos_token_id))
     logprobs = parse_logprobs(body, chat)
     grammar = await run_in_threadpool(compile_structured, server, body)  # compiled once per grammar, then kept
     if tools is not None and tools.forced:

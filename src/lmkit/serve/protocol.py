@@ -179,6 +179,26 @@ def parse_prompts(body: dict, vocab_size: int, encode) -> list[list[int]]:
     raise _bad("prompt", "must be a string, a list of strings, a list of token ids or a list of lists of token ids")
 
 
+def parse_infill(body: dict, tokenizer, bos_id: int | None) -> list[list[int]]:
+    """OpenAI's insert mode: `prompt` (a string or a list of them) is the text before the gap, `suffix` the text
+    after it -> fill-in-the-middle prompts (lmkit.data.fim); the completion is the middle."""
+    from lmkit.data.fim import infill_bos, infill_prompt
+    from lmkit.errors import GenerationError
+
+    suffix, prompt = body["suffix"], body.get("prompt", "")
+    if not isinstance(suffix, str):
+        raise _bad("suffix", f"must be a string, got {suffix!r}")
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise _bad("prompt", "with suffix, must be a string or a list of strings (the text before the insertion)")
+    if flag(body, "echo"):
+        raise _bad("echo", "cannot be used with suffix (insert mode returns the inserted text)")
+    try:
+        return [infill_prompt(tokenizer, p, suffix, infill_bos(tokenizer, bos_id), where="this model") for p in prompts]
+    except GenerationError as exc:
+        raise APIError(400, str(exc), param="suffix", code="invalid_value") from None
+
+
 def parse_logprobs(body: dict, chat: bool) -> int | None:
     """Top-N alternatives per token, or None when no log-probabilities are asked for."""
     if chat:

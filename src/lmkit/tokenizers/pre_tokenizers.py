@@ -20,6 +20,9 @@ GPT4_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| 
 _BYTE_TABLE = {b: c for b, c in BYTE_TO_CHAR.items()}
 _WHITESPACE_RE = regex.compile(WHITESPACE_CLASS + "+")
 BEHAVIORS = ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")
+# code (GPT-NeoX/StarCoder's whitespace tokens): a run of two or more spaces or tabs is a piece of its own, so
+# indentation is learned as whole tokens instead of gluing onto the newline before it or the word after it
+CODE_WHITESPACE = r"[ \t]{2,}"
 
 
 def byte_level(piece: str) -> str:

@@ -31,7 +31,7 @@ GENERIC_WARMUP = 100  # warm-up steps of presets without a recipe for it
 # Settings that change the numbers of a run: a resumed run must keep them.
 RUN_DEFINING = ("preset", "objective", "corpus", "data", "batch_size", "micro_batch_size", "seq_len", "lr", "optimizer",
                 "min_lr_ratio", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip", "precision", "seed", "vocab_size", "val_fraction",
-                "model_overrides", "noise", "scheduled_sampling")
+                "model_overrides", "noise", "scheduled_sampling", "fim_rate", "fim_spm_rate")
 
 
 @dataclass
@@ -71,6 +71,8 @@ class TrainConfig:
     sizing: str = "auto"
     noise: str | None = None              # --objective denoise: BART's noisings, comma-separated (train/noise.py)
     scheduled_sampling: str | None = None  # --objective clm: KIND:K, the teacher-forcing decay (train/scheduled.py)
+    fim_rate: float = 0.5                 # --objective fim: share of document pieces made FIM examples
+    fim_spm_rate: float = 0.5             # of those, the share in SPM order (the rest PSM)
 
     def resolved(self, model: ModelConfig | None = None, device: torch.device | str | None = None) -> "TrainConfig":
         """A copy with every None that has a default filled in (recipes first); `model`: the preset with the

@@ -1,4 +1,4 @@
-"""The objective registry: what `--objective NAME` trains (clm, mlm, mlm-nsp, span, denoise, plm; train/objective.py says
+"""The objective registry: what `--objective NAME` trains (clm, mlm, mlm-nsp, span, denoise, plm, fim; train/objective.py says
 what an objective is). Register new ones with `register_objective`; the trainer needs nothing else.
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ from lmkit.data.stream import eval_rows, tokenize_corpus
 from lmkit.data.tokenize import special_ids, vocab_size_of
 from lmkit.errors import TrainingError
 from lmkit.train.denoise import DENOISE, SPAN
+from lmkit.train.fim import FIM
 from lmkit.train.masked import MLM
 from lmkit.train.nsp import MLM_NSP
 from lmkit.train.objective import CLM, Objective, clm_batch, clm_loss
@@ -19,9 +20,9 @@ from lmkit.train.plm import PLM
 __all__ = ["OBJECTIVES", "Objective", "clm_batch", "clm_loss", "evaluate_corpus", "get_objective",
            "register_objective"]
 
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (CLM, MLM, MLM_NSP, SPAN, DENOISE, PLM)}
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (CLM, MLM, MLM_NSP, SPAN, DENOISE, PLM, FIM)}
 PLANNED = ("mlm", "span", "denoise")
-MISSING = {"span": "sentinel tokens", "mlm-nsp": "mask or separator token"}  # what prepare adds
+MISSING = {"span": "sentinel tokens", "fim": "sentinel tokens", "mlm-nsp": "mask or separator token"}  # what prepare adds
 
 
 def register_objective(objective: Objective) -> None:

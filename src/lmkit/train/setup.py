@@ -92,6 +92,8 @@ def prepare_training(cfg: TrainConfig, explicit: set[str] | None = None, rank: i
         raise TrainingError(f"--batch-size {cfg.batch_size} does not divide among the {world_size} processes; "
                             f"pick a multiple of {world_size}")
     objective = get_objective(cfg.objective)
+    if hasattr(objective, "configured"):  # objectives with settings of their own (fim: --fim-rate, --fim-spm-rate)
+        objective = objective.configured(cfg)
     # a resumed run rebuilds the model its checkpoint records (older checkpoints: the preset's)
     recorded = "model_config" in saved
     base = ModelConfig.from_dict(saved["model_config"]) if recorded else preset

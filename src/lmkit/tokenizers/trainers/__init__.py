@@ -39,8 +39,11 @@ def _pipeline(kind: str, pattern: str, lowercase: bool):
         elif pattern == "digits":  # gpt2's, with every digit a piece of its own (LLaMA's split_digits): no merges of digits
             pre = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+        elif pattern == "code":  # gpt2's, after runs of spaces and tabs are cut out whole (indentation tokens)
+            pre = pre_tokenizers.Sequence([pre_tokenizers.Split({"Regex": pre_tokenizers.CODE_WHITESPACE}, "Isolated"),
+                                           pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
         else:
-            raise TokenizerError(f"pattern must be 'gpt2', 'gpt4' or 'digits', not {pattern!r}")
+            raise TokenizerError(f"pattern must be 'gpt2', 'gpt4', 'digits' or 'code', not {pattern!r}")
         return None, pre, decoders.ByteLevel()
     if kind == "wordpiece":
         return (normalizers.BertNormalizer(lowercase=lowercase), pre_tokenizers.BertPreTokenizer(),
@@ -78,8 +81,8 @@ def train_tokenizer(texts, kind: str = "bpe", vocab_size: int = 8000, special_to
     """Train a tokenizer of `kind` ("bpe" byte-level, "wordpiece", "unigram", "char", "word") on `texts`.
 
     special_tokens: list of strings (default per kind, e.g. `[PAD] [UNK] [CLS] [SEP] [MASK]` for WordPiece);
-    they take the first ids and are never split. pattern: "gpt2", "gpt4" or "digits" (gpt2's with each digit
-    alone) pre-tokenization for BPE.
+    they take the first ids and are never split. pattern: "gpt2", "gpt4", "digits" (gpt2's with each digit
+    alone) or "code" (gpt2's with runs of spaces and tabs kept whole) pre-tokenization for BPE.
     """
     if kind not in KINDS:
         raise TokenizerError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
