@@ -26,8 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -38,61 +37,10 @@ from lmkit.generation.logprobs import record_prompt_logprobs, top_logprobs
 from lmkit.generation.lora_rows import Adapters, Weights
 from lmkit.generation.prefix_cache import PrefixCache
 from lmkit.generation.processors import CountPenalties
-from lmkit.generation.step import Decoding, decoding_for, next_scores, pick
+from lmkit.generation.requests import Group, Request  # noqa: F401  (the engine's public names)
+from lmkit.generation.step import decoding_for, next_scores, pick
 from lmkit.generation.stopping import stop_reached
 from lmkit.generation.slots import DecodeView, SlotCache, prefill_logits
-
-
-@dataclass
-class Request:
-    """One sequence to continue. The engine fills the fields below the line and calls `on_event(request)` (in its
-    thread) after each new token and once more when the request finishes."""
-
-    prompt: list[int]
-    config: GenerationConfig = field(default_factory=GenerationConfig)
-    seed: int | None = None
-    tokenizer: Any = None  # decodes the output for stop strings
-    logprobs: int | None = None  # this many alternatives per new token (0: the chosen token's log-probability only)
-    prompt_logprobs: int | None = None  # the same for each prompt token after the first
-    score_only: bool = False  # prefill and score the prompt, generate nothing
-    presence_penalty: float = 0.0  # OpenAI's penalties over the output's tokens (processors.CountPenalties)
-    frequency_penalty: float = 0.0
-    stop_skip: int = 0  # stop strings count only where they end past the first stop_skip new tokens (vLLM's min_tokens)
-    processors: list = field(default_factory=list)  # the request's own logits processors (a grammar), applied first
-    on_event: Callable[["Request"], None] | None = None
-    group: "Group | None" = None  # set by Engine.prepare_group
-    adapter: str | None = None  # the LoRA adapter the request decodes with (Engine.adapters), None: the base model
-    # ---- written by the engine
-    output: list[int] = field(default_factory=list)
-    token_logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[dict[int, float]] = field(default_factory=list)
-    prompt_token_logprobs: list[float | None] = field(default_factory=list)
-    prompt_top_logprobs: list[dict[int, float] | None] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" (EOS or a stop string), "length", "cancelled"
-    submitted: float = 0.0
-    cancelled: bool = False
-    decoding: Decoding | None = None
-    generator: torch.Generator | None = None
-    slot: int | None = None
-    prefilled: int = 0
-    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
-    done: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass(eq=False)
-class Group:
-    """Requests continuing one prompt together as the rows of one `generate(num_return_sequences=n)`."""
-
-    members: list[Request]
-    generator: torch.Generator | None = None
-
-    def leader(self) -> Request | None:
-        """The member that prefills the prompt for all: the first one not finished."""
-        return next((m for m in self.members if not m.finished), None)
 
 
 class Engine:
