@@ -8,7 +8,8 @@ from lmkit.errors import LmkitError
 
 # top-level module -> the extra of pyproject.toml that installs it
 EXTRAS = {"fastapi": "serve", "starlette": "serve", "uvicorn": "serve", "prometheus_client": "serve",
-          "xgrammar": "serve", "lm_eval": "eval", "faiss": "rag", "bm25s": "rag", "mkdocs": "docs"}
+          "xgrammar": "serve", "lm_eval": "eval", "nltk": "eval", "faiss": "rag", "bm25s": "rag", "lingua": "data",
+          "mkdocs": "docs"}
 
 
 class MissingExtraError(LmkitError, ImportError):
