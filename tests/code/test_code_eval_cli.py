@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("sandbox")  # one worker runs the sandboxed tests: the cgroup check sees only its own
+
 from lmkit.cli import main
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

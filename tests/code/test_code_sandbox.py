@@ -14,8 +14,9 @@ from lmkit.code import evaluate
 from lmkit.code.evaluate import evaluate_file, evaluate_samples
 from lmkit.code.sandbox import SandboxError, isolation_available, run_program
 
-pytestmark = pytest.mark.skipif(isolation_available() is not None,
-                                reason=f"the kernel refuses the sandbox's namespaces: {isolation_available()}")
+pytestmark = [pytest.mark.skipif(isolation_available() is not None,
+                                reason=f"the kernel refuses the sandbox's namespaces: {isolation_available()}"),
+              pytest.mark.xdist_group("sandbox")]  # one worker runs the sandboxed tests: the cgroup check sees only its own
 
 PROBLEM = {"task_id": "escape/f", "prompt": "def f():\n", "entry_point": "f",
            "test": "def check(candidate):\n    assert candidate() == 1\n"}
@@ -85,6 +86,8 @@ def test_escapes_leave_the_host_unharmed(tmp_path, listener):
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps({"task_id": "escape/f", "completion": c, "case": name}) + "\n"
                                for name, (c, _) in cases.items()))
+    cgroups = Path("/sys/fs/cgroup/pids")
+    before = set(cgroups.glob("lmkit-*")) if cgroups.is_dir() else set()  # a killed run elsewhere may have left some
     scores, out = evaluate_file(samples, str(problems), (1, 2), timeout=2.0, workers=4)
 
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -99,9 +102,8 @@ def test_escapes_leave_the_host_unharmed(tmp_path, listener):
     by_case = {r["case"]: r["result"] for r in rows}
     assert by_case["20 GB"] == "failed: "  # MemoryError, under RLIMIT_AS
     assert by_case["socket"].startswith("failed: [Errno 101]")  # no network in the namespace
-    cgroups = Path("/sys/fs/cgroup/pids")
     if cgroups.is_dir():  # each sample's cgroup was removed, so nothing it started is still running
-        assert not list(cgroups.glob("lmkit-*"))
+        assert not set(cgroups.glob("lmkit-*")) - before
 
 
 def test_output_is_captured_with_a_cap():

@@ -18,7 +18,8 @@ from lmkit.code.sandbox import isolation_available  # noqa: E402
 sys.path.insert(0, str(Path(harness_run.__file__).with_name("harness_tasks")))
 import code_tasks  # noqa: E402
 
-pytestmark = pytest.mark.skipif(isolation_available() is not None, reason="no sandbox isolation on this kernel")
+pytestmark = [pytest.mark.skipif(isolation_available() is not None, reason="no sandbox isolation on this kernel"),
+              pytest.mark.xdist_group("sandbox")]  # one worker runs the sandboxed tests: the cgroup check sees only its own
 
 
 class Oracle(LM):

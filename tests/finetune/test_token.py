@@ -10,7 +10,7 @@ import torch
 
 import lmkit
 from lmkit.cli import main
-from lmkit.finetune.token import encode, read_tagged
+from lmkit.finetune.token_classification import encode, read_tagged
 from lmkit.objectives import IGNORE_INDEX
 
 transformers = pytest.importorskip("transformers")

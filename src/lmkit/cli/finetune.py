@@ -236,7 +236,7 @@ def run_token(args: argparse.Namespace, method: str, settings: dict) -> int:
     """--task token and --task qa: an encoder's tagging or extractive QA, as classification's epochs."""
     from lmkit.finetune import FinetuneConfig
     from lmkit.finetune.qa import finetune_qa
-    from lmkit.finetune.token import finetune_token
+    from lmkit.finetune.token_classification import finetune_token
 
     if args.pooling is not None:
         raise ConfigError(f"--pooling applies to classification; --task {args.task} reads every position")

@@ -2,7 +2,7 @@
 
 Rows {"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}} (JSONL, or the built-in
 `pydocs-qa`, data/tagging.py). The context's words (runs of non-space characters, with their character offsets)
-are encoded one by one (finetune/token.py: word_pieces); a feature is [CLS] question [SEP] window [SEP] (token
+are encoded one by one (finetune/token_classification.py: word_pieces); a feature is [CLS] question [SEP] window [SEP] (token
 types 1 from the window on), windows of the context's pieces that overlap by --doc-stride pieces when the context
 does not fit --max-length. Training targets are the pieces that begin the answer's first word and end its last
 word, or [CLS] (position 0) where the answer is not wholly inside the window, as transformers' run_qa does. The
@@ -29,7 +29,7 @@ from lmkit.errors import ConfigError, CorpusError
 from lmkit.finetune.classify import ClassifyJob, FinetuneConfig, _save, classifier_from_pretrained
 from lmkit.finetune.common import check_run, fitting_length
 from lmkit.finetune.metrics import squad_scores
-from lmkit.finetune.token import frame, word_pieces
+from lmkit.finetune.token_classification import frame, word_pieces
 from lmkit.objectives import LossSum
 from lmkit.tokenizers import load_tokenizer
 from lmkit.train import distributed

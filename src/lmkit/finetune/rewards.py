@@ -60,7 +60,8 @@ class WorkerFunction:
                               f"{', '.join(BUILTIN_REWARDS)}")
         self.name = spec
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("reward_worker.py")), spec],
+        # -P: the worker's own folder (lmkit/finetune) stays off the path, so no module there shadows the stdlib
+        self.process = subprocess.Popen([sys.executable, "-P", str(Path(__file__).with_name("reward_worker.py")), spec],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8",
                                         env=env)
         first = self._answer()
