@@ -75,6 +75,7 @@ def test_a_cache_too_small_or_a_bad_adapter_exits_2_with_one_line(folder, flags,
     assert message in lines[0]
 
 
+@pytest.mark.bf16
 def test_dtype_bf16_serves_what_the_bf16_model_generates(folder):
     import torch
 
@@ -96,6 +97,7 @@ def test_dtype_bf16_serves_what_the_bf16_model_generates(folder):
     assert answer.json()["choices"][0]["text"] == tok.decode(expected, skip_special_tokens=True)
 
 
+@pytest.mark.bf16
 def test_dtype_auto_follows_trainings_precision_rule():
     import torch
 

@@ -28,7 +28,8 @@ from lmkit.serve.http import AccessLog, BearerGuard, error_response, read_json
 from lmkit.serve.lora import load_lora, model_cards, register as register_lora
 from lmkit.serve.metrics import Metrics
 from lmkit.serve.structured import STRUCTURED_FIELDS, compile_grammar, compile_structured, warm_grammars
-from lmkit.serve.tools import parse_tools, template_messages
+from lmkit.serve.prompts import chat_prompt, ground, with_sources
+from lmkit.serve.tools import parse_tools
 from lmkit.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, flag, check_fields, parse_infill,
                                   parse_logprobs, parse_messages, parse_prompts, parse_sampling)
 
@@ -241,7 +242,7 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
                                                                  "add_generation_prompt"})
         server.check_ready()
         if "messages" in body:
-            tokens = _chat_prompt(server, parse_messages(body), flag(body, "add_generation_prompt"))
+            tokens = chat_prompt(server, parse_messages(body), flag(body, "add_generation_prompt"))
         elif isinstance(body.get("prompt"), str):
             add = body.get("add_special_tokens", True)
             tokens = server.encode(body["prompt"], add_special_tokens=bool(add))
@@ -295,17 +296,6 @@ def _tokenizer_info(server: Server) -> dict:
             "vocab_size": tok.vocab_size}
 
 
-def _chat_prompt(server: Server, messages: list[dict], add_generation_prompt: bool = True,
-                 tools: list | None = None) -> list[int]:
-    if not getattr(server.tokenizer, "chat_template", None):
-        raise APIError(400, f"the folder {server.folder} has no chat template (chat_template.jinja or "
-                            "tokenizer_config.json's chat_template); use /v1/completions", param="messages",
-                       code="no_chat_template")
-    text = server.tokenizer.apply_chat_template(template_messages(messages), tools=tools,
-                                                add_generation_prompt=add_generation_prompt, tokenize=False)
-    return server.encode(text, add_special_tokens=False)
-
-
 async def _generate(server: Server, http: Request, body, chat: bool):
     body = check_fields(body, (CHAT_FIELDS if chat else COMPLETION_FIELDS) | STRUCTURED_FIELDS)
     server.check_ready()
@@ -320,8 +310,8 @@ async def _generate(server: Server, http: Request, body, chat: bool):
         messages, sources = parse_messages(body), None
         tools = parse_tools(body, getattr(server.tokenizer, "chat_template", None))
         if server.rag is not None:  # the last user turn answered from numbered sources of the index
-            messages, sources = await run_in_threadpool(_ground, server, messages, sampling.max_tokens)
-        prompts = [_chat_prompt(server, messages, tools=body["tools"] if tools is not None else None)]
+            messages, sources = await run_in_threadpool(ground, server, messages, sampling.max_tokens)
+        prompts = [chat_prompt(server, messages, tools=body["tools"] if tools is not None else None)]
         echo = False
     else:
         sampling = parse_sampling(body, vocab, 16, server.sampling_defaults)
@@ -358,7 +348,7 @@ async def _generate(server: Server, http: Request, body, chat: bool):
     endpoint = "chat" if chat else "completions"
     if sampling.stream:
         server.metrics.requests.labels(endpoint, "200").inc()
-        stream = generation.stream() if sources is None else _with_sources(generation.stream(), sources)
+        stream = generation.stream() if sources is None else with_sources(generation.stream(), sources)
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     try:
@@ -367,35 +357,3 @@ async def _generate(server: Server, http: Request, body, chat: bool):
         generation.cancel()
     server.metrics.requests.labels(endpoint, "200").inc()
     return answer if sources is None else {**answer, **sources}
-
-
-def _ground(server: Server, messages: list[dict], max_tokens: int | None) -> tuple[list[dict], dict]:
-    """(messages with the last user turn grounded, {"sources", "notices"}); sources dropped from the lowest rank
-    (the best one cut to fit) until the prompt leaves max_tokens of the context (without it, what `rag ask`
-    keeps: 128 or a quarter of the context); with no source left, a 400 (code no_source_fits) naming the room."""
-    from lmkit.rag.answer import fit_grounded, grounded_messages
-    from lmkit.rag.fit import Room, UngroundedError, default_answer_tokens
-    from lmkit.rag.retrieve import retrieve
-
-    question = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
-    hits = retrieve(server.rag, str(question), 5) if isinstance(question, str) and question.strip() else []
-    room = Room(server.context, max_tokens or default_answer_tokens(server.context), "max_tokens")
-
-    def render(kept, instruction):
-        grounded = grounded_messages(messages, kept, instruction)
-        return grounded, _chat_prompt(server, grounded)
-
-    try:
-        fitted = fit_grounded(render, hits, room, server.tokenizer, str(question),
-                              rest="the template and the other turns")
-    except UngroundedError as exc:
-        raise APIError(400, str(exc), param="messages", code="no_source_fits") from exc
-    sources = [{"number": n, **hit.to_json()} for n, hit in enumerate(fitted.sources, 1)]
-    return fitted.prompt, {"sources": sources, "notices": fitted.notices}
-
-
-async def _with_sources(stream, sources: dict):
-    """The chat stream with a first event carrying the sources (no choices, so OpenAI clients skip it)."""
-    yield f"data: {json.dumps({'object': 'chat.completion.chunk', 'choices': [], **sources}, ensure_ascii=False)}\n\n"
-    async for event in stream:
-        yield event
