@@ -90,11 +90,13 @@ def test_bad_sparsity_is_refused():
         magnitude_masks(_model(), 0.5, "row")
 
 
-def test_sparse_speed_measures_both_forms():
+def test_sparse_speed_times_two_forms_of_the_same_product():
+    torch.manual_seed(0)
     w = torch.randn(256, 128)
     w[torch.rand_like(w) < 0.9] = 0
     t = sparse_speed(w, batch=8, repeats=2)
-    assert t["dense"] > 0 and t["sparse_csr"] > 0
+    assert t["max_difference"] < 1e-4  # CSR and dense compute the same x W^T (float32 sums in another order)
+    assert set(t) == {"dense", "sparse_csr", "max_difference"}
 
 
 def test_prune_unstructured_cli_saves_what_transformers_loads(tmp_path, capsys):

@@ -92,13 +92,16 @@ def cubic_sparsity(step: int, final: float, start: int, end: int, initial: float
 
 @torch.no_grad()
 def sparse_speed(weight: torch.Tensor, batch: int = 64, repeats: int = 20) -> dict:
-    """Seconds for x W^T with W dense and as torch.sparse CSR (the same zeros), best of `repeats`."""
+    """Seconds for x W^T with W dense and as torch.sparse CSR (the same zeros), best of `repeats`, and the largest
+    difference between the two products (they compute the same thing: a check that the timing is fair)."""
     x = torch.randn(batch, weight.shape[1], dtype=weight.dtype)
     with warnings.catch_warnings():  # torch calls its CSR support beta on every conversion
         warnings.simplefilter("ignore", UserWarning)
         csr = weight.to_sparse_csr()
     out = {}
-    for name, fn in (("dense", lambda: x @ weight.T), ("sparse_csr", lambda: (csr @ x.T).T)):
+    products = {"dense": lambda: x @ weight.T, "sparse_csr": lambda: (csr @ x.T).T}
+    out["max_difference"] = float((products["dense"]() - products["sparse_csr"]()).abs().max())
+    for name, fn in products.items():
         fn()
         best = float("inf")
         for _ in range(repeats):

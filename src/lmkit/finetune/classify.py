@@ -22,7 +22,7 @@ from lmkit.atomic import atomic_write_bytes
 from lmkit.config_sections import UNSET
 from lmkit.device import module_device, resolve_device, to_device
 from lmkit.errors import ConfigError, CorpusError
-from lmkit.finetune.common import check_out, check_run, fitting_length, peft_for_task
+from lmkit.finetune.common import check_out, check_run, fitting_length, peft_for_task, run_epochs
 from lmkit.finetune.data import Example, label_names, read_examples, split_examples
 from lmkit.finetune.metrics import accuracy, macro_f1
 from lmkit.hub import load_model
@@ -32,7 +32,6 @@ from lmkit.objectives import LossSum
 from lmkit.tokenizers import load_tokenizer
 from lmkit.train import distributed
 from lmkit.train.job import Job
-from lmkit.train.loop import LoopSettings, TrainLoop
 
 
 @dataclass
@@ -193,14 +192,8 @@ def finetune(cfg: FinetuneConfig) -> dict:
         model = peft_for_task(model, cfg.peft, **(cfg.peft_settings or {}))
     job = ClassifyJob(cfg, model, tok, train, held, labels)
     per_epoch = math.ceil(len(train) / cfg.batch_size)
-    settings = LoopSettings(lr=cfg.lr, max_steps=cfg.epochs * per_epoch, lr_schedule=cfg.lr_schedule, grad_clip=1.0,
-                            precision=precision, log_every=per_epoch, eval_every=per_epoch, save_every=cfg.save_every,
-                            resume=cfg.resume, progress=cfg.progress)
     ctx = distributed.setup(device)
-    loop = TrainLoop(job, settings, cfg.out, ctx)
-    if cfg.resume:
-        loop.resume()
-    loop.fit()
+    run_epochs(job, cfg, per_epoch, precision, ctx)
     if not ctx.is_main:  # under torchrun rank 0 writes
         return job.best
     summary = {"best": job.best, "labels": names, "train_examples": len(train), "eval_examples": len(held),

@@ -5,6 +5,7 @@ head trained in full, rows that fit the model, default learning rates, and the l
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 from torch import nn
@@ -117,3 +118,73 @@ def default_lr(method: str, task: str = "clm") -> float:
     if method == "full":
         return 3e-5 if task == "classify" else 1e-3
     return {"prompt": 1e-2, "prefix": 1e-2, "ia3": 1e-2}.get(method, 1e-3 if task == "classify" else 3e-3)
+
+
+class ShuffledEpochs:
+    """The examples of each optimizer step: epochs of a seeded shuffle, drawn alike on every rank; `state()` and
+    `load_state()` carry the position for an exact resume."""
+
+    def __init__(self, items: list, seed: int):
+        self.items, self.rng, self.order = items, random.Random(seed), []
+
+    def step(self, batch_size: int, micro_batch_size: int | None, rank: int, world_size: int) -> list[list]:
+        """This rank's share of the next global batch of `batch_size` examples, in micro-batches."""
+        batch = []
+        while len(batch) < min(batch_size, len(self.items)):
+            if not self.order:
+                self.order = list(range(len(self.items)))
+                self.rng.shuffle(self.order)
+            batch.append(self.items[self.order.pop()])
+        mine = batch[rank * len(batch) // world_size:(rank + 1) * len(batch) // world_size]
+        micro = micro_batch_size or batch_size
+        return [mine[i:i + micro] for i in range(0, len(mine), micro)]
+
+    def state(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss], "order": self.order}
+
+    def load_state(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.order = state["order"]
+
+
+def run_epochs(job, cfg, per_epoch: int, precision: str, ctx) -> None:
+    """Run `job` (a classification-style job) for cfg.epochs passes of `per_epoch` steps in the one loop, scoring and
+    logging once a pass; resumed from --out's checkpoint with cfg.resume."""
+    from lmkit.train.loop import LoopSettings, TrainLoop
+
+    settings = LoopSettings(lr=cfg.lr, max_steps=cfg.epochs * per_epoch, lr_schedule=cfg.lr_schedule, grad_clip=1.0,
+                            precision=precision, log_every=per_epoch, eval_every=per_epoch, save_every=cfg.save_every,
+                            resume=cfg.resume, progress=cfg.progress)
+    loop = TrainLoop(job, settings, cfg.out, ctx)
+    if cfg.resume:
+        loop.resume()
+    loop.fit()
+
+
+def step_loop(job, c, steps: int, precision: str, ctx):
+    """The loop of a TRL-style job (DPO, the reward model, GRPO): `steps` optimizer steps at c.lr on c.lr_schedule,
+    gradients clipped to 1 as TRL clips them, a metrics row every c.log_every steps."""
+    from lmkit.train.loop import LoopSettings, TrainLoop
+
+    return TrainLoop(job, LoopSettings(lr=c.lr, max_steps=steps, lr_schedule=c.lr_schedule, grad_clip=1.0,
+                                       precision=precision, log_every=c.log_every, save_every=c.save_every,
+                                       resume=c.resume), c.out, ctx)
+
+
+def run_job(job_class, config, log) -> dict:
+    """Build `job_class(config, ctx)` on every rank (one rank failing stops them all), run it, and return its report
+    once every rank has finished (rank 0 logs)."""
+    import torch
+
+    from lmkit.device import resolve_device
+    from lmkit.train import distributed
+
+    ctx = distributed.setup(None if config.device is None else resolve_device(config.device, "device="))
+    with distributed.agree_on_setup(ctx):
+        job = job_class(config, ctx)
+    report = job.run(log if ctx.is_main else None)
+    if ctx.world_size > 1:
+        torch.distributed.barrier()
+    return report

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import random
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -25,19 +24,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmkit.atomic import staged_folder
-from lmkit.device import resolve_device, to_device
+from lmkit.device import to_device
 from lmkit.errors import ConfigError
-from lmkit.finetune.common import check_out, check_run, model_folder, peft_for_task
+from lmkit.finetune.common import ShuffledEpochs, check_out, check_run, model_folder, peft_for_task, run_job, step_loop
 from lmkit.finetune.logps import completion_logps
 from lmkit.finetune.preference_data import collate_pairs, prepare_pairs, read_preference_rows
 from lmkit.finetune.sft import _with_template, resize_token_embeddings, train_new_rows
 from lmkit.objectives import LossSum
 from lmkit.peft.lora import adapters_disabled
 from lmkit.tokenizers import load_tokenizer
-from lmkit.train import distributed
 from lmkit.train.distributed import all_reduce_sum
 from lmkit.train.job import Job
-from lmkit.train.loop import LoopSettings, TrainLoop
 from lmkit.train.optim import build_optimizer
 
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
@@ -46,17 +43,11 @@ METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/
 MERGEABLE = ("full", "lora", "qlora", "ia3")
 
 
-@dataclass
-class DPOConfig:
-    model: str
-    train: str
-    out: str
+@dataclass(kw_only=True)
+class PreferenceRun:
+    """The settings of a job on preference pairs (DPO, the reward model), TRL's defaults; keyword-only, so each
+    job's own fields come first."""
     eval: str | None = None
-    ref_model: str | None = None       # default: a frozen copy of --model (under LoRA: the adapters disabled)
-    beta: float = 0.1
-    loss_type: str = "sigmoid"
-    label_smoothing: float = 0.0       # robust only, as in TRL
-    precompute_ref: bool = False
     max_length: int | None = None      # default: the model's context, at most 1024 (TRL's default)
     max_prompt_length: int | None = None
     chat_template: str | None = None
@@ -64,7 +55,6 @@ class DPOConfig:
     max_steps: int | None = None
     batch_size: int = 8                # pairs per optimizer step (TRL's per_device_train_batch_size)
     micro_batch_size: int | None = None
-    lr: float = 1e-6                   # TRL's DPOConfig defaults below
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0
     lr_schedule: str = "linear"
@@ -76,6 +66,19 @@ class DPOConfig:
     save_every: int | None = None
     resume: bool = False
     device: str | None = None
+
+
+@dataclass
+class DPOConfig(PreferenceRun):
+    model: str
+    train: str
+    out: str
+    ref_model: str | None = None       # default: a frozen copy of --model (under LoRA: the adapters disabled)
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
+    label_smoothing: float = 0.0       # robust only, as in TRL
+    precompute_ref: bool = False
+    lr: float = 1e-6                   # TRL's DPOConfig default
 
 
 def pair_losses(loss_type: str, beta: float, label_smoothing: float, chosen_logratios: torch.Tensor,
@@ -147,13 +150,7 @@ class DPOObjective:
 
 def dpo(config: DPOConfig, log=print) -> dict:
     """Train config.model by DPO on config.train (see the module doc); the tuned model and dpo.json in config.out."""
-    ctx = distributed.setup(None if config.device is None else resolve_device(config.device, "device="))
-    with distributed.agree_on_setup(ctx):
-        job = DPOJob(config, ctx)
-    report = job.run(log if ctx.is_main else None)
-    if ctx.world_size > 1:
-        torch.distributed.barrier()
-    return report
+    return run_job(DPOJob, config, log)
 
 
 def _check(c: DPOConfig, world_size: int) -> None:
@@ -211,7 +208,7 @@ class DPOJob(Job):
         self.model, self.seed, self.ref = tuned, c.seed, ref
         self.objective = DPOObjective(c, self.reference_logps)
         self.steps = c.max_steps or c.epochs * math.ceil(len(self.train) / c.batch_size)
-        self.rng, self.order = random.Random(c.seed), []
+        self.epochs = ShuffledEpochs(self.train, c.seed)
         self.held_before = self.held_after = None
         self.log, self.last_metrics = None, {}
 
@@ -253,10 +250,7 @@ class DPOJob(Job):
 
     def run(self, log) -> dict:
         c = self.c
-        settings = LoopSettings(lr=c.lr, max_steps=self.steps, lr_schedule=c.lr_schedule, grad_clip=1.0,
-                                precision=self.precision, log_every=c.log_every, save_every=c.save_every,
-                                resume=c.resume)
-        loop = TrainLoop(self, settings, c.out, self.ctx)
+        loop = step_loop(self, c, self.steps, self.precision, self.ctx)
         if c.precompute_ref:
             self.precompute()
         if c.resume:
@@ -274,15 +268,8 @@ class DPOJob(Job):
 
     def micro_batches(self, step: int, rank: int, world_size: int) -> list[dict[str, torch.Tensor]]:
         """The step's pairs (the same draw on every rank: epochs of shuffled pairs), this rank's share."""
-        c, batch = self.c, []
-        while len(batch) < min(c.batch_size, len(self.train)):
-            if not self.order:
-                self.order = list(range(len(self.train)))
-                self.rng.shuffle(self.order)
-            batch.append(self.train[self.order.pop()])
-        mine = batch[rank * len(batch) // world_size:(rank + 1) * len(batch) // world_size]
-        micro = c.micro_batch_size or c.batch_size
-        return [collate_pairs(mine[i:i + micro], self.pad_id, self.max_length) for i in range(0, len(mine), micro)]
+        parts = self.epochs.step(self.c.batch_size, self.c.micro_batch_size, rank, world_size)
+        return [collate_pairs(part, self.pad_id, self.max_length) for part in parts]
 
     @torch.no_grad()
     def evaluate(self, precision: str) -> dict[str, float] | None:
@@ -303,13 +290,11 @@ class DPOJob(Job):
         return self.held_after
 
     def state(self) -> dict:
-        version, internal, gauss = self.rng.getstate()
-        return {"rng": [version, list(internal), gauss], "order": self.order, "held_before": self.held_before}
+        return {**self.epochs.state(), "held_before": self.held_before}
 
     def load_state(self, state: dict) -> None:
-        version, internal, gauss = state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
-        self.order, self.held_before = state["order"], state["held_before"]
+        self.epochs.load_state(state)
+        self.held_before = state["held_before"]
 
     def checkpoint_info(self) -> dict:
         return {"dpo_config": {k: v for k, v in asdict(self.c).items() if k != "resume"}}

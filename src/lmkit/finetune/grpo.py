@@ -21,14 +21,13 @@ import torch
 from lmkit.atomic import staged_folder
 from lmkit.device import module_device, resolve_device, to_device
 from lmkit.errors import ConfigError, RewardError
-from lmkit.finetune.common import check_out, check_run, model_folder
+from lmkit.finetune.common import check_out, check_run, model_folder, step_loop
 from lmkit.finetune.grpo_data import ADDITION_STOP, prompt_ids, read_prompts
 from lmkit.finetune.grpo_loss import LOSS_TYPES, SCALE_REWARDS, GRPOObjective, completion_logps, group_advantages
 from lmkit.finetune.rewards import checked, load_reward
 from lmkit.tokenizers import load_tokenizer
 from lmkit.train import distributed
 from lmkit.train.job import Job
-from lmkit.train.loop import LoopSettings, TrainLoop
 from lmkit.train.optim import build_optimizer
 
 
@@ -147,10 +146,7 @@ class GRPOJob(Job):
 
     def run(self, log) -> dict:
         c = self.c
-        settings = LoopSettings(lr=c.lr, max_steps=self.steps, lr_schedule=c.lr_schedule, grad_clip=1.0,
-                                precision=self.precision, log_every=c.log_every, save_every=c.save_every,
-                                resume=c.resume)
-        loop = TrainLoop(self, settings, c.out, self.ctx)
+        loop = step_loop(self, c, self.steps, self.precision, self.ctx)
         if c.resume:
             loop.resume()
         self.log = log

@@ -27,13 +27,12 @@ from lmkit.data.tokenize import special_ids
 from lmkit.device import module_device, resolve_device, to_device
 from lmkit.errors import ConfigError, CorpusError
 from lmkit.finetune.classify import ClassifyJob, FinetuneConfig, _save, classifier_from_pretrained
-from lmkit.finetune.common import check_run, fitting_length
+from lmkit.finetune.common import check_run, fitting_length, run_epochs
 from lmkit.finetune.metrics import squad_scores
 from lmkit.finetune.token_classification import frame, word_pieces
 from lmkit.objectives import LossSum
 from lmkit.tokenizers import load_tokenizer
 from lmkit.train import distributed
-from lmkit.train.loop import LoopSettings, TrainLoop
 
 BUILTIN = "pydocs-qa"
 MAX_QUERY, N_BEST = 64, 20
@@ -197,14 +196,8 @@ def finetune_qa(cfg: FinetuneConfig, stride: int = 32, max_answer_length: int = 
     feats = [f for i, r in enumerate(rows) for f in features(tok, r, i, cfg.max_length, stride)]
     job = QAJob(cfg, model, tok, feats, held, {}, stride, max_answer_length)
     per_epoch = math.ceil(len(feats) / cfg.batch_size)
-    settings = LoopSettings(lr=cfg.lr, max_steps=cfg.epochs * per_epoch, lr_schedule=cfg.lr_schedule, grad_clip=1.0,
-                            precision=precision, log_every=per_epoch, eval_every=per_epoch, save_every=cfg.save_every,
-                            resume=cfg.resume, progress=cfg.progress)
     ctx = distributed.setup(module_device(model))
-    loop = TrainLoop(job, settings, cfg.out, ctx)
-    if cfg.resume:
-        loop.resume()
-    loop.fit()
+    run_epochs(job, cfg, per_epoch, precision, ctx)
     if ctx.is_main:
         summary = {"best": job.best, "train_questions": len(rows), "train_features": len(feats),
                    "eval_questions": len(held), "doc_stride": stride, "max_answer_length": max_answer_length,

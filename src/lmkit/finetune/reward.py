@@ -13,56 +13,34 @@ from __future__ import annotations
 
 import json
 import math
-import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lmkit.atomic import atomic_write_json, staged_folder
-from lmkit.device import resolve_device, to_device
+from lmkit.device import to_device
 from lmkit.errors import ConfigError, CorpusError
-from lmkit.finetune.common import check_out, check_run, model_folder, peft_for_task
-from lmkit.finetune.dpo import disable_dropout
+from lmkit.finetune.common import ShuffledEpochs, check_out, check_run, model_folder, peft_for_task, run_job, step_loop
+from lmkit.finetune.dpo import PreferenceRun, disable_dropout
 from lmkit.finetune.preference_data import read_preference_rows
 from lmkit.finetune.sft import _with_template
 from lmkit.objectives import LossSum
 from lmkit.tokenizers import load_tokenizer
-from lmkit.train import distributed
 from lmkit.train.job import Job
-from lmkit.train.loop import LoopSettings, TrainLoop
 from lmkit.train.optim import build_optimizer
 
 MERGEABLE = ("full", "lora", "qlora", "ia3")
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(PreferenceRun):
     model: str
     train: str
     out: str
-    eval: str | None = None
-    max_length: int | None = None       # default: the model's context, at most 1024 (TRL's)
-    max_prompt_length: int | None = None
-    chat_template: str | None = None
     center_rewards: float | None = None  # TRL's center_rewards_coefficient
-    epochs: int = 1
-    max_steps: int | None = None
-    batch_size: int = 8
-    micro_batch_size: int | None = None
-    lr: float = 1e-4                     # TRL's RewardConfig defaults
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    lr_schedule: str = "linear"
-    seed: int = 0
-    peft: str = "full"
-    peft_settings: dict = field(default_factory=dict)
-    log_every: int = 1
-    precision: str | None = None
-    save_every: int | None = None
-    resume: bool = False
-    device: str | None = None
+    lr: float = 1e-4                     # TRL's RewardConfig default
 
 
 class RewardModel(nn.Module):
@@ -214,13 +192,7 @@ def load_reward_model(folder, device=None) -> RewardModel:
 
 def train_reward_model(config: RewardConfig, log=print) -> dict:
     """Train the reward model of config (see the module doc); the folder and reward.json in config.out."""
-    ctx = distributed.setup(None if config.device is None else resolve_device(config.device, "device="))
-    with distributed.agree_on_setup(ctx):
-        job = RewardJob(config, ctx)
-    report = job.run(log if ctx.is_main else None)
-    if ctx.world_size > 1:
-        torch.distributed.barrier()
-    return report
+    return run_job(RewardJob, config, log)
 
 
 class RewardJob(Job):
@@ -255,15 +227,13 @@ class RewardJob(Job):
         self.c, self.ctx, self.tok, self.max_length, self.model, self.seed = c, ctx, tok, max_length, tuned, c.seed
         self.objective = RewardObjective(c.center_rewards)
         self.steps = c.max_steps or c.epochs * math.ceil(len(self.train) / c.batch_size)
-        self.rng, self.order = random.Random(c.seed), []
+        self.epochs = ShuffledEpochs(self.train, c.seed)
         self.before = self.after = None
         self.log, self.last = None, {}
 
     def run(self, log) -> dict:
         c = self.c
-        loop = TrainLoop(self, LoopSettings(lr=c.lr, max_steps=self.steps, lr_schedule=c.lr_schedule, grad_clip=1.0,
-                                            precision=self.precision, log_every=c.log_every,
-                                            save_every=c.save_every, resume=c.resume), c.out, self.ctx)
+        loop = step_loop(self, c, self.steps, self.precision, self.ctx)
         if c.resume:
             loop.resume()
         else:
@@ -278,15 +248,8 @@ class RewardJob(Job):
         return math.ceil(self.c.warmup_ratio * self.steps)
 
     def micro_batches(self, step: int, rank: int, world_size: int) -> list[dict]:
-        c, batch = self.c, []
-        while len(batch) < min(c.batch_size, len(self.train)):
-            if not self.order:
-                self.order = list(range(len(self.train)))
-                self.rng.shuffle(self.order)
-            batch.append(self.train[self.order.pop()])
-        mine = batch[rank * len(batch) // world_size:(rank + 1) * len(batch) // world_size]
-        micro = c.micro_batch_size or c.batch_size
-        return [collate_rewards(mine[i:i + micro], self.pad_id) for i in range(0, len(mine), micro)]
+        parts = self.epochs.step(self.c.batch_size, self.c.micro_batch_size, rank, world_size)
+        return [collate_rewards(part, self.pad_id) for part in parts]
 
     @torch.no_grad()
     def evaluate(self, precision: str) -> dict[str, float] | None:
@@ -305,13 +268,11 @@ class RewardJob(Job):
         return self.after
 
     def state(self) -> dict:
-        version, internal, gauss = self.rng.getstate()
-        return {"rng": [version, list(internal), gauss], "order": self.order, "before": self.before}
+        return {**self.epochs.state(), "before": self.before}
 
     def load_state(self, state: dict) -> None:
-        version, internal, gauss = state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
-        self.order, self.before = state["order"], state["before"]
+        self.epochs.load_state(state)
+        self.before = state["before"]
 
     def step_row(self, loop, seconds: float, result: dict | None) -> dict:
         self.last = self.objective.take(loop.step_count)

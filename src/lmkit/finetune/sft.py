@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from lmkit.atomic import staged_folder
 from lmkit.chat_session import chat_generation_defaults
 from lmkit.errors import ConfigError
 from lmkit.device import module_device, resolve_device, to_device
-from lmkit.finetune.common import check_out, check_run, default_lr, model_folder, peft_for_task
+from lmkit.finetune.common import ShuffledEpochs, check_out, check_run, default_lr, model_folder, peft_for_task
 from lmkit.finetune.sft_data import SFTExample, prepare, read_rows, row_format
 from lmkit.objectives import LossSum
 from lmkit.tokenizers import load_tokenizer
@@ -276,7 +275,7 @@ class SFTJob(Job):
         self.model, self.seed, self.objective = tuned, c.seed, SFTObjective()
         self.lr = c.lr if c.lr is not None else default_lr(c.peft, "clm")
         self.steps = c.max_steps or c.epochs * math.ceil(len(train) / c.batch_size)
-        self.rng, self.order = random.Random(c.seed), []
+        self.epochs = ShuffledEpochs(self.train, c.seed)
         self.first_loss, self.before, self.after, self.log = None, None, None, None
 
     def run(self, log) -> dict:
@@ -302,29 +301,19 @@ class SFTJob(Job):
 
     def micro_batches(self, step: int, rank: int, world_size: int) -> list[dict[str, torch.Tensor]]:
         """The step's global batch (the same draw on every rank: epochs of shuffled examples), this rank's share."""
-        c, batch = self.c, []
-        while len(batch) < min(c.batch_size, len(self.train)):
-            if not self.order:
-                self.order = list(range(len(self.train)))
-                self.rng.shuffle(self.order)
-            batch.append(self.train[self.order.pop()])
-        mine = batch[rank * len(batch) // world_size:(rank + 1) * len(batch) // world_size]
-        micro = c.micro_batch_size or c.batch_size
-        return [collate(mine[i:i + micro], self.pad_id) for i in range(0, len(mine), micro)]
+        parts = self.epochs.step(self.c.batch_size, self.c.micro_batch_size, rank, world_size)
+        return [collate(part, self.pad_id) for part in parts]
 
     def evaluate(self, precision: str) -> dict[str, float] | None:
         self.after = evaluate_loss(self.model, self.held, self.pad_id, ctx=self.ctx) if self.held else None
         return None if self.after is None else {"loss": self.after}
 
     def state(self) -> dict:
-        version, internal, gauss = self.rng.getstate()
-        return {"rng": [version, list(internal), gauss], "order": self.order, "first_loss": self.first_loss,
-                "before": self.before}
+        return {**self.epochs.state(), "first_loss": self.first_loss, "before": self.before}
 
     def load_state(self, state: dict) -> None:
-        version, internal, gauss = state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
-        self.order, self.first_loss, self.before = state["order"], state["first_loss"], state["before"]
+        self.epochs.load_state(state)
+        self.first_loss, self.before = state["first_loss"], state["before"]
 
     def checkpoint_info(self) -> dict:
         return {"sft_config": {k: v for k, v in asdict(self.c).items() if k != "resume"}}

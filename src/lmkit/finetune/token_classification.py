@@ -24,12 +24,11 @@ from lmkit.data.tokenize import special_ids
 from lmkit.device import module_device, resolve_device, to_device
 from lmkit.errors import CorpusError
 from lmkit.finetune.classify import ClassifyJob, FinetuneConfig, _save, classifier_from_pretrained
-from lmkit.finetune.common import check_run, fitting_length, peft_for_task
+from lmkit.finetune.common import check_run, fitting_length, peft_for_task, run_epochs
 from lmkit.finetune.metrics import entity_scores
 from lmkit.objectives import IGNORE_INDEX, LossSum
 from lmkit.tokenizers import load_tokenizer
 from lmkit.train import distributed
-from lmkit.train.loop import LoopSettings, TrainLoop
 
 BUILTIN = "pydocs-ner"
 
@@ -150,14 +149,8 @@ def finetune_token(cfg: FinetuneConfig) -> dict:
         model = peft_for_task(model, cfg.peft, **(cfg.peft_settings or {}))
     job = TokenJob(cfg, model, tok, train, held, labels)
     per_epoch = math.ceil(len(train) / cfg.batch_size)
-    settings = LoopSettings(lr=cfg.lr, max_steps=cfg.epochs * per_epoch, lr_schedule=cfg.lr_schedule, grad_clip=1.0,
-                            precision=precision, log_every=per_epoch, eval_every=per_epoch, save_every=cfg.save_every,
-                            resume=cfg.resume, progress=cfg.progress)
     ctx = distributed.setup(module_device(model))
-    loop = TrainLoop(job, settings, cfg.out, ctx)
-    if cfg.resume:
-        loop.resume()
-    loop.fit()
+    run_epochs(job, cfg, per_epoch, precision, ctx)
     if ctx.is_main:
         summary = {"best": job.best, "labels": names, "train_sentences": len(train), "eval_sentences": len(held),
                    "config": asdict(cfg)}
