@@ -4,6 +4,7 @@
 oversubscribes the CPU and makes small-model tests many times slower.
 """
 import os
+import sys
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -13,6 +14,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+try:  # absl (imported by rouge-score and lm-eval) closes its handler's stream when logging's handlers are closed,
+    # unless that stream is one of sys's own; made while pytest captures, the stream is pytest's capture file
+    import absl.logging
+
+    absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
+except ImportError:
+    pass
 
 
 def _write_small_pydocs(path, n: int = 30, ids: bool = True) -> list:

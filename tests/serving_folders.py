@@ -53,6 +53,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def in_process_config(app, port: int):
+    """uvicorn's Config for a server inside the test process. log_config=None: uvicorn's own logging setup runs
+    logging.config.dictConfig, which closes every live handler; absl's handler (rouge-score and lm-eval import
+    absl) then closes the stream it was made with, which can be pytest's capture file, breaking every later test
+    of the worker."""
+    import uvicorn
+
+    return uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", log_config=None)
+
+
 class RunningServer:
     """`lmkit serve`'s app under uvicorn in a thread of the test, on a free loopback port, ready when entered."""
 
@@ -75,7 +85,7 @@ class RunningServer:
         import httpx
         import uvicorn
 
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(in_process_config(self.app, self.port))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60

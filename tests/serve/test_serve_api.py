@@ -15,7 +15,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("transformers")
-from serving_folders import RunningServer, make_folder  # noqa: E402
+from serving_folders import RunningServer, in_process_config, make_folder  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +244,7 @@ def test_health_is_503_while_loading(folder, monkeypatch):
     server = RunningServer(folder)
     import uvicorn
 
-    runner = uvicorn.Server(uvicorn.Config(server.app, host="127.0.0.1", port=server.port, log_level="warning"))
+    runner = uvicorn.Server(in_process_config(server.app, server.port))
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:
