@@ -282,9 +282,25 @@ def _sdpa(q, k, v, causal, keep, window, scale) -> torch.Tensor | None:
     if plain:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     allowed = StructuredMask(causal, window, keep).dense(B, T, S, q.device)
-    empty = ~allowed.any(-1, keepdim=True)  # rows that see no key: let them see all, then give 0
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | empty, scale=scale)
+    empty = _blind_rows(T, S, causal, window, keep)
+    if empty is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | empty, scale=scale)  # they see all, then 0
     return out.masked_fill(empty, 0.0)
+
+
+def _blind_rows(T: int, S: int, causal: bool, window: int | None, keep: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, 1, T, 1) True for the queries that see no key, or None when every query sees one; from the running
+    count of kept keys (O(B S)), since query i sees the keys [i + past - window + 1, i + past] (causal) or from
+    there on (not)."""
+    if keep is None:  # a query sees its own position (causal), or the last key (not)
+        return None
+    seen = torch.nn.functional.pad(keep.to(torch.int32).cumsum(1), (1, 0))  # seen[:, j]: kept keys before j
+    i = torch.arange(T, device=keep.device) + S - T
+    hi = i + 1 if causal else torch.full_like(i, S)
+    lo = (i - window + 1).clamp(min=0) if window is not None else torch.zeros_like(i)
+    empty = (seen[:, hi] - seen[:, lo]) == 0
+    return empty[:, None, :, None] if bool(empty.any()) else None
 
 
 class StructuredMask(NamedTuple):
