@@ -132,15 +132,16 @@ def position_nll(model, rows: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def passkey_accuracy(model, tok, bos: int, length: int, depth: float, trials: int, seed: int) -> float:
-    """Share of `trials` prompts of about `length` tokens, the key at `depth` of the filler, whose key tokens
-    are each the argmax after the prompt and the key's tokens before them."""
+def passkey_accuracy(model, tok, bos: int, length: int, depth: float, trials: int, seed: int) -> dict:
+    """Over `trials` prompts of about `length` tokens, the key at `depth` of the filler: "exact", the share whose
+    key tokens are each the argmax after the prompt and the key's tokens before them (what greedy decoding
+    writes); "tokens", the share of key tokens that are; "nll", the key's mean loss per token (nats)."""
     rng = random.Random(seed)
     per = len(encode(tok, " ".join(FILLER))) / len(FILLER)
     n = max(0, round((length - len(encode(tok, passkey_text(0, 0, 12345)))) / per))
     while n > 0 and len(encode(tok, passkey_text(n, 0, 12345))) + 1 > length:
         n -= 1
-    hits = 0
+    hits, right, count, nll = 0, 0, 0, 0.0
     for _ in range(trials):
         key = rng.randint(10000, 99999)
         before = round(n * depth)
@@ -148,9 +149,12 @@ def passkey_accuracy(model, tok, bos: int, length: int, depth: float, trials: in
         full = [bos] + encode(tok, passkey_text(before, n - before, key, answer=False) + f" {key}")
         assert full[:len(prompt)] == prompt
         ids = torch.tensor([full])
-        pred = model(ids[:, :-1]).logits[0, len(prompt) - 1:].argmax(-1)
-        hits += int(torch.equal(pred, ids[0, len(prompt):]))
-    return hits / trials
+        logits, want = model(ids[:, :-1]).logits[0, len(prompt) - 1:].float(), ids[0, len(prompt):]
+        pred = logits.argmax(-1)
+        hits += int(torch.equal(pred, want))
+        right, count = right + int((pred == want).sum()), count + len(want)
+        nll += float(torch.nn.functional.cross_entropy(logits, want, reduction="sum"))
+    return {"exact": hits / trials, "tokens": right / count, "nll": nll / count}
 
 
 def score(model, tok, rows, lengths, depths, trials) -> dict:
@@ -173,13 +177,13 @@ def plot(results: dict, path: str) -> None:
         xs = [64 * i + 32 for i in range(len(r["nll_by_64"]))]
         ax1.plot(xs, [math.exp(v) for v in r["nll_by_64"]], label=name)
         lengths = sorted({int(k.split("@")[0]) for k in r["passkey"]})
-        ax2.plot(lengths, [sum(v for k, v in r["passkey"].items() if int(k.split("@")[0]) == n)
+        ax2.plot(lengths, [sum(v["tokens"] for k, v in r["passkey"].items() if int(k.split("@")[0]) == n)
                            / sum(1 for k in r["passkey"] if int(k.split("@")[0]) == n) for n in lengths],
                  marker="o", label=name)
     ax1.axvline(256, color="grey", lw=0.8, ls="--")
     ax1.set(xscale="log", yscale="log", xlabel="position (tokens; trained at 256)",
             ylabel="held-out perplexity (64-token buckets)", title="Perplexity by position")
-    ax2.set(xscale="log", xlabel="prompt length (tokens)", ylabel="passkey accuracy (mean over depths)",
+    ax2.set(xscale="log", xlabel="prompt length (tokens)", ylabel="key tokens right (mean over depths)",
             title="Passkey retrieval")
     ax2.legend(fontsize=7)
     save(fig, path)
@@ -191,16 +195,19 @@ def markdown(results: dict, lengths, depths, setting: str) -> str:
              "| --- |" + " ---: |" * len(BUCKETS)]
     for name, r in results.items():
         lines.append(f"| {name} | " + " | ".join(f"{r['ppl'].get(f'{a}-{b}', float('nan')):.2f}" for a, b in BUCKETS) + " |")
-    lines += ["", "Passkey accuracy by length (mean over depths " + ", ".join(f"{d:g}" for d in depths) + "):", "",
+    mean = lambda r, n, key: sum(r["passkey"][f"{n}@{d}"][key] for d in depths) / len(depths)  # noqa: E731
+    lines += ["", "Passkey by prompt length, mean over depths " + ", ".join(f"{d:g}" for d in depths)
+              + ": whole key right (greedy) / share of key tokens right / key loss (nats per token):", "",
               "| variant | " + " | ".join(str(n) for n in lengths) + " |", "| --- |" + " ---: |" * len(lengths)]
     for name, r in results.items():
-        cells = [sum(r["passkey"][f"{n}@{d}"] for d in depths) / len(depths) for n in lengths]
-        lines.append(f"| {name} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-    lines += ["", "Passkey accuracy by depth of the key (rows: variant; columns: length@depth):", "",
+        cells = [f"{mean(r, n, 'exact'):.2f} / {mean(r, n, 'tokens'):.2f} / {mean(r, n, 'nll'):.2f}" for n in lengths]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Share of key tokens right by depth of the key (columns: length@depth):", "",
               "| variant | " + " | ".join(f"{n}@{d:g}" for n in lengths for d in depths) + " |",
               "| --- |" + " ---: |" * (len(lengths) * len(depths))]
     for name, r in results.items():
-        lines.append(f"| {name} | " + " | ".join(f"{r['passkey'][f'{n}@{d}']:.2f}" for n in lengths for d in depths) + " |")
+        lines.append(f"| {name} | " + " | ".join(f"{r['passkey'][f'{n}@{d}']['tokens']:.2f}" for n in lengths
+                                                 for d in depths) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -225,7 +232,6 @@ def main() -> None:
     base_corpus, ft_corpus, heldout = write_corpora(work, args.train_chars, args.heldout)
     base = train_base(work, base_corpus, args.steps, args.batch_size)
     t_base = time.process_time() - t0
-    print(f"base trained: {t_base:.0f} s CPU", flush=True)
     tuned = {
         "NTK x4 + fine-tune": finetune(work, base, ft_corpus, "ntk-ft", "dynamic", args.ft_steps, args.ft_batch_size, lr=5e-4),
         "YaRN x4 + fine-tune": finetune(work, base, ft_corpus, "yarn-ft", "yarn", args.ft_steps, args.ft_batch_size, lr=5e-4),
@@ -233,7 +239,12 @@ def main() -> None:
                                      method="lora", longlora=True),
     }
     t_ft = time.process_time() - t0 - t_base
-    print(f"fine-tuned: {t_ft:.0f} s CPU", flush=True)
+    times = work / "cpu_seconds.json"  # a rerun that finds the run folders reports the times they took
+    if times.is_file() and t_base + t_ft < 1:
+        t_base, t_ft = json.loads(times.read_text())
+    else:
+        times.write_text(json.dumps([t_base, t_ft]))
+    print(f"base trained: {t_base:.0f} s CPU, fine-tuned: {t_ft:.0f} s CPU", flush=True)
     from lmkit.data.tokenize import special_ids
 
     _, tok = load(base)
