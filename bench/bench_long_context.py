@@ -169,22 +169,24 @@ def score(model, tok, rows, lengths, depths, trials) -> dict:
 
 
 def plot(results: dict, path: str) -> None:
+    """Left: each variant's perplexity per 64-token bucket over no extension's; right: the key's loss by length."""
     from lmkit.plots import new_figure, save
 
     fig = new_figure(11, 4.2)
     ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    ref = results["none"]["nll_by_64"]
     for name, r in results.items():
         xs = [64 * i + 32 for i in range(len(r["nll_by_64"]))]
-        ax1.plot(xs, [math.exp(v) for v in r["nll_by_64"]], label=name)
+        ax1.plot(xs, [math.exp(v - w) for v, w in zip(r["nll_by_64"], ref)], label=name)
         lengths = sorted({int(k.split("@")[0]) for k in r["passkey"]})
-        ax2.plot(lengths, [sum(v["tokens"] for k, v in r["passkey"].items() if int(k.split("@")[0]) == n)
+        ax2.plot(lengths, [sum(v["nll"] for k, v in r["passkey"].items() if int(k.split("@")[0]) == n)
                            / sum(1 for k in r["passkey"] if int(k.split("@")[0]) == n) for n in lengths],
                  marker="o", label=name)
     ax1.axvline(256, color="grey", lw=0.8, ls="--")
-    ax1.set(xscale="log", yscale="log", xlabel="position (tokens; trained at 256)",
-            ylabel="held-out perplexity (64-token buckets)", title="Perplexity by position")
-    ax2.set(xscale="log", xlabel="prompt length (tokens)", ylabel="key tokens right (mean over depths)",
-            title="Passkey retrieval")
+    ax1.set(xscale="log", xlabel="position (tokens; trained at 256)",
+            ylabel="perplexity / no extension's (64-token buckets)", title="Held-out perplexity by position")
+    ax2.set(xscale="log", xlabel="prompt length (tokens)", ylabel="loss on the key (nats per token, mean over depths)",
+            title="Passkey: the key's loss")
     ax2.legend(fontsize=7)
     save(fig, path)
 
@@ -224,7 +226,11 @@ def main() -> None:
     p.add_argument("--json", default="bench/results/long_context.json", help="results (default: %(default)s)")
     p.add_argument("--table", default="bench/results/long_context.md", help="Markdown tables (default: %(default)s)")
     p.add_argument("--plot", default="docs/img/long_context.png", help="plot (default: %(default)s)")
+    p.add_argument("--replot", action="store_true", help="only draw --plot again from --json (default: off)")
     args = p.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.json).read_text())["results"], args.plot)
+        return
     torch.set_num_threads(1)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
