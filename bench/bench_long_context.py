@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from lmkit.atomic import atomic_write_json, atomic_write_text
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_name  # noqa: E402
 
@@ -74,7 +76,7 @@ def write_corpora(work: Path, train_chars: int, n_heldout: int) -> tuple[Path, P
     for name, max_sentences, n in (("base", 40, n_pieces // 3), ("finetune", 170, n_pieces // 3)):
         path = work / f"{name}.jsonl"
         texts = code + passkey_docs(n, max_sentences, rng)
-        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+        atomic_write_text(path, "".join(json.dumps({"text": t}) + "\n" for t in texts))
         paths.append(path)
     return paths[0], paths[1], heldout
 
@@ -250,7 +252,7 @@ def main() -> None:
     if times.is_file() and not fresh:
         t_base, t_ft = json.loads(times.read_text())
     else:
-        times.write_text(json.dumps([t_base, t_ft]))
+        atomic_write_json(times, [t_base, t_ft])
     print(f"base trained: {t_base:.0f} s CPU, fine-tuned: {t_ft:.0f} s CPU", flush=True)
     from lmkit.data.tokenize import special_ids
 
@@ -274,9 +276,9 @@ def main() -> None:
                f"{args.ft_batch_size} rows of 1024 ({t_ft:.0f} s CPU for the three); {len(rows)} held-out files; "
                f"{args.trials} passkey prompts per length and depth.")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"setting": setting, "results": results}, indent=1), encoding="utf-8")
+    atomic_write_json(args.json, {"setting": setting, "results": results}, indent=1)
     table = markdown(results, lengths, depths, setting)
-    Path(args.table).write_text(table, encoding="utf-8")
+    atomic_write_text(args.table, table)
     print(table)
     if args.plot:
         plot(results, args.plot)
