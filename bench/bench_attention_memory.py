@@ -19,6 +19,7 @@ With --model: a whole small model (`model_case`) on a padded row, through lmkit'
 DENSE_MASK_LIMIT) or the dense (B, 1, T, T) mask it builds otherwise, forward and forward + backward.
 
     python bench/bench_attention_memory.py [--lengths 1024,2048,...] [--threads 1] [--plot docs/img/attention_memory.png]
+    python bench/bench_attention_memory.py --short      # the tiles, the default path and SDPA at 256..4096 tokens
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def one_case(name: str, mode: str, length: int, runs: int, threads: int) -> dict
     import torch.nn.functional as F
 
     from lmkit.nn.kernels.causal_attention import CausalAttention, library
-    from lmkit.nn.kernels.tiled_attention import tiled_attention
+    from lmkit.nn.kernels.tiled_attention import CPU_TILE, tiled_attention
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
@@ -66,7 +67,8 @@ def one_case(name: str, mode: str, length: int, runs: int, threads: int) -> dict
 
     if name == "lmkit C++" and library() is None:
         raise RuntimeError("the compiled kernel is unavailable here")
-    fn = {"lmkit tiled": lambda q, k, v: tiled_attention(q, k, v, True),
+    # the tiles themselves: without `tile`, tiled_attention hands this unmasked call to SDPA (see --short)
+    fn = {"lmkit tiled": lambda q, k, v: tiled_attention(q, k, v, True, tile=CPU_TILE),
           "lmkit C++": lambda q, k, v: CausalAttention.apply(q, k, v, scale),
           "SDPA": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), "naive": naive}[name]
 
@@ -130,6 +132,47 @@ def model_case(name: str, mode: str, length: int, runs: int, threads: int) -> di
     return {"peak_mb": max(_status("VmHWM") - rss, 0) / 2 ** 20, "seconds": best}
 
 
+def short_table(lengths: list[int], threads: int) -> str:
+    """Milliseconds (best of 5, CPU time with one thread) at short lengths: the tiles as every call took them
+    before (`tile=CPU_TILE`), `tiled_attention`'s default now, and SDPA; causal, and with the first 8 keys padding."""
+    import torch
+    import torch.nn.functional as F
+
+    from lmkit.nn.kernels.tiled_attention import CPU_TILE, StructuredMask, tiled_attention
+
+    torch.set_num_threads(threads)
+    clock = time.process_time if threads == 1 else time.perf_counter
+
+    def best(fn, reps=5):
+        times = []
+        for _ in range(reps):
+            start = clock()
+            fn()
+            times.append(clock() - start)
+        return 1e3 * min(times)
+
+    lines = ["| length | causal fwd: tiles | default | SDPA | padded fwd: tiles | default | SDPA + dense mask "
+             "| causal fwd+bwd: tiles | default | SDPA |", "| ---: |" + " ---: |" * 9]
+    for n in lengths:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, generator=g) for _ in range(3))
+        keep = torch.ones(1, n, dtype=torch.bool)
+        keep[:, :8] = False
+        dense = lambda: F.scaled_dot_product_attention(  # noqa: E731
+            q, k, v, attn_mask=StructuredMask(True, None, keep).dense(1, n, n, q.device))
+        with torch.no_grad():
+            ms = [best(lambda: tiled_attention(q, k, v, True, tile=CPU_TILE)), best(lambda: tiled_attention(q, k, v, True)),
+                  best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+                  best(lambda: tiled_attention(q, k, v, True, keep, tile=CPU_TILE)),
+                  best(lambda: tiled_attention(q, k, v, True, keep)), best(dense)]
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        ms += [best(lambda: tiled_attention(qg, kg, vg, True, tile=CPU_TILE).sum().backward(), 3),
+               best(lambda: tiled_attention(qg, kg, vg, True).sum().backward(), 3),
+               best(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).sum().backward(), 3)]
+        lines.append(f"| {n} | " + " | ".join(f"{x:.1f}" for x in ms) + " |")
+    return "\n".join(lines)
+
+
 def exponent(rows: list[dict], name: str, mode: str, start: int = 4096) -> float | None:
     """Least-squares slope of log(peak) against log(length) over lengths >= start."""
     pts = [(math.log(r["length"]), math.log(max(r["peak_mb"], 1e-3))) for r in rows
@@ -189,11 +232,16 @@ def main() -> None:
     p.add_argument("--table", default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--model", action="store_true", help="a whole small model on a padded row instead of one layer")
+    p.add_argument("--short", action="store_true",
+                   help="time the tiles, the default path and SDPA at 256..4096 tokens in this process")
     p.add_argument("--case", nargs=3, metavar=("NAME", "MODE", "LENGTH"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.case:
         case = model_case if args.case[0] in MODEL_CONTENDERS else one_case
         print(json.dumps(case(args.case[0], args.case[1], int(args.case[2]), args.runs, args.threads)))
+        return
+    if args.short:
+        print(short_table([256, 512, 1024, 2048, 4096], args.threads))
         return
     lengths = [int(n) for n in args.lengths.split(",")]
     rows = []

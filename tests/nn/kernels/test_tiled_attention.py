@@ -2,7 +2,11 @@
 import pytest
 import torch
 
-from lmkit.nn.kernels.tiled_attention import tiled_attention
+from lmkit.nn.kernels.tiled_attention import TiledAttention, tiled_attention
+
+
+def _no_tiles(*args):
+    raise AssertionError("the tiles ran where SDPA should have")
 
 
 def formula(q, k, v, causal, keep, window, scale):
@@ -36,12 +40,14 @@ CASES = [  # (H, H_kv, T, S, causal, padded, window)
 ]
 
 
-@pytest.mark.parametrize("portable", [False, True], ids=["cpu-fused", "torch-ops"])
+@pytest.mark.parametrize("route", ["cpu-fused", "torch-ops", "sdpa"])
 @pytest.mark.parametrize("H, H_kv, T, S, causal, padded, window", CASES)
-def test_equals_the_float64_formula_forward_and_backward(monkeypatch, H, H_kv, T, S, causal, padded, window, portable):
-    """Both paths: ATen's CPU flash kernel per key block merged by log-sum-exp, and the PyTorch-ops tiles
-    (what other devices run)."""
-    monkeypatch.setattr("lmkit.nn.kernels.tiled_attention._PORTABLE", portable)
+def test_equals_the_float64_formula_forward_and_backward(monkeypatch, H, H_kv, T, S, causal, padded, window, route):
+    """Every path: ATen's CPU flash kernel per key block merged by log-sum-exp, the PyTorch-ops tiles (what
+    other devices run), and SDPA, which the default takes at these short lengths (the tiles never run then)."""
+    monkeypatch.setattr("lmkit.nn.kernels.tiled_attention._PORTABLE", route == "torch-ops")
+    if route == "sdpa":
+        monkeypatch.setattr(TiledAttention, "apply", _no_tiles)
     g = torch.Generator().manual_seed(T + S)
     B, D = 3, 16
     q = torch.randn(B, H, T, D, generator=g, requires_grad=True)
@@ -53,7 +59,7 @@ def test_equals_the_float64_formula_forward_and_backward(monkeypatch, H, H_kv, T
         keep[1, :5] = False
         keep[2, : S - T + 3] = False
     grad = torch.randn(B, H, T, D, generator=g)
-    out = tiled_attention(q, k, v, causal, keep, window, 0.3, tile=8)
+    out = tiled_attention(q, k, v, causal, keep, window, 0.3, tile=None if route == "sdpa" else 8)
     out.backward(grad)
     q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
     want = formula(q64, k64, v64, causal, keep, window, 0.3)
@@ -74,6 +80,33 @@ def test_tile_size_changes_nothing_but_rounding(monkeypatch, portable):
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(b, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_short_or_unmasked_calls_take_sdpa_and_long_masked_ones_the_tiles(monkeypatch):
+    """No user pays for tiling where SDPA is faster: a call with no mask to give takes SDPA at any length on CPU
+    (its fused kernel is O(T) there), a masked one while B T S <= SDPA_LIMIT; past it the tiles keep O(T)."""
+    from lmkit.nn.kernels import tiled_attention as tiled
+
+    calls = []
+    real = TiledAttention.apply
+    monkeypatch.setattr(TiledAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(tiled, "SDPA_LIMIT", 2 * 40 * 40)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 41, 8, generator=g) for _ in range(3))
+    keep = torch.ones(2, 41, dtype=torch.bool)
+    keep[1, :6] = False
+    want = formula(q, k, v, True, keep, None, 8 ** -0.5)
+    plain = tiled_attention(q, k, v, True)  # past the limit, but nothing to mask
+    assert not calls
+    torch.testing.assert_close(plain.double(), formula(q, k, v, True, None, None, 8 ** -0.5), rtol=1e-5, atol=1e-5)
+    padded = tiled_attention(q, k, v, True, keep)  # past the limit, padded: the tiles
+    assert len(calls) == 1
+    torch.testing.assert_close(padded.double(), want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(tiled, "SDPA_LIMIT", 2 * 41 * 41)  # at the limit: SDPA with the mask spelled out
+    torch.testing.assert_close(tiled_attention(q, k, v, True, keep).double(), want, rtol=1e-5, atol=1e-5)
+    tiled_attention(q, k, v, True, None, window=41)  # a window that hides no key is no mask
+    tiled_attention(q[:, :, 1:], k, v, False)  # bidirectional after cached keys: no mask either
+    assert len(calls) == 1
 
 
 def test_bad_shapes_are_refused():
@@ -100,6 +133,8 @@ def test_a_model_attends_through_the_tiles_where_a_dense_mask_would_be_large(mon
     calls = []
     real = tiled.tiled_attention
     monkeypatch.setattr("lmkit.nn.attention.tiled_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    monkeypatch.setattr(tiled, "SDPA_LIMIT", 0)  # the tiles themselves, not SDPA's short-length stand-in
 
     def run(limit):
         monkeypatch.setattr("lmkit.models.stack.DENSE_MASK_LIMIT", limit)

@@ -15,10 +15,16 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 TILE = 512  # query rows and key columns per tile of the PyTorch-ops path (a tile of scores at a time)
 CPU_TILE = 2048  # query rows per call of ATen's CPU flash kernel (fewer, larger calls; it tiles inside)
 _PORTABLE = False  # True: the PyTorch-ops tiles on CPU too (tests compare both)
+# B x T x S at or below which `tiled_attention` (without an explicit tile) hands a masked call to SDPA with the
+# mask spelled out (4M elements, 16 MB as float32: what one tile's mask holds): one fused call, no per-block
+# masks or merging; measured faster than the tiles up to 4k x 4k on CPU (docs/long_context.md)
+SDPA_LIMIT = 1 << 22
+FUSED_SDPA_DEVICES = ("cpu", "cuda")  # where SDPA without a mask runs a fused kernel in O(T) memory
 
 
 def _visible(i0: int, i1: int, j0: int, j1: int, past: int, causal: bool, window: int | None) -> bool:
@@ -246,13 +252,55 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     key_padding_mask: torch.Tensor | None = None, window: int | None = None,
                     scale: float | None = None, tile: int | None = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v for q (B, H, T, D) and k, v (B, H_kv, S, D), S >= T (the queries are the
-    last T positions), in O(T) memory; `key_padding_mask` (B, S): 1/True for keys that count."""
+    last T positions), in O(T) memory; `key_padding_mask` (B, S): 1/True for keys that count. Where SDPA is the
+    faster and stays linear or small (`_sdpa`) it runs instead; an explicit `tile` always tiles."""
     if q.shape[1] % k.shape[1] or k.shape != v.shape or k.shape[2] < q.shape[2]:
         raise ValueError(f"tiled attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must be "
                          "(B, H, T, D) / (B, H_kv, S, D) with H a multiple of H_kv and S >= T")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     keep = None if key_padding_mask is None else key_padding_mask.to(device=q.device, dtype=torch.bool)
+    if tile is None:
+        out = _sdpa(q, k, v, causal, keep, window, scale)
+        if out is not None:
+            return out
     return TiledAttention.apply(q, k, v, scale, causal, window, keep, tile)
+
+
+def _sdpa(q, k, v, causal, keep, window, scale) -> torch.Tensor | None:
+    """SDPA where it beats the tiles and its memory stays linear or small, else None (tile): a call with no mask
+    to give (no padding, no window that hides a key, causal only with as many queries as keys), which SDPA's fused
+    kernels serve in O(T) memory on CPU and CUDA; or any mask while B T S <= SDPA_LIMIT, spelled out densely."""
+    B, H, T, _ = q.shape
+    S = k.shape[2]
+    window = None if window is not None and window >= S else window  # past + i - j < S always
+    plain = keep is None and window is None and (not causal or S == T)
+    if not (B * T * S <= SDPA_LIMIT or (plain and q.device.type in FUSED_SDPA_DEVICES)):
+        return None
+    rep = H // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    if plain:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    allowed = StructuredMask(causal, window, keep).dense(B, T, S, q.device)
+    empty = _blind_rows(T, S, causal, window, keep)
+    if empty is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | empty, scale=scale)  # they see all, then 0
+    return out.masked_fill(empty, 0.0)
+
+
+def _blind_rows(T: int, S: int, causal: bool, window: int | None, keep: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, 1, T, 1) True for the queries that see no key, or None when every query sees one; from the running
+    count of kept keys (O(B S)), since query i sees the keys [i + past - window + 1, i + past] (causal) or from
+    there on (not)."""
+    if keep is None:  # a query sees its own position (causal), or the last key (not)
+        return None
+    seen = torch.nn.functional.pad(keep.to(torch.int32).cumsum(1), (1, 0))  # seen[:, j]: kept keys before j
+    i = torch.arange(T, device=keep.device) + S - T
+    hi = i + 1 if causal else torch.full_like(i, S)
+    lo = (i - window + 1).clamp(min=0) if window is not None else torch.zeros_like(i)
+    empty = (seen[:, hi] - seen[:, lo]) == 0
+    return empty[:, None, :, None] if bool(empty.any()) else None
 
 
 class StructuredMask(NamedTuple):
