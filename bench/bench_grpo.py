@@ -6,6 +6,7 @@ Reports prompts per second of whole optimizer steps (rollouts, rewards, referenc
 the median over the timed steps after the first (which warms caches), and the ratio.
 
     nice -n 19 python bench/bench_grpo.py [--steps 5] [--width 128] [--layers 4] [--completion 64] [--threads 1]
+        [--eos-logit 0]
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from lmkit.train import distributed  # noqa: E402
 from lmkit.train.loop import LoopSettings, TrainLoop  # noqa: E402
 
 
-def make_folder(root: Path, width: int, layers: int) -> Path:
+def make_folder(root: Path, width: int, layers: int, eos_logit: float = 0.0) -> Path:
     import transformers
 
     rows = addition_prompts(per_digits=50)
@@ -41,6 +42,11 @@ def make_folder(root: Path, width: int, layers: int) -> Path:
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=tok.vocab_size, n_embd=width, n_layer=layers, n_head=4, n_positions=256, bos_token_id=eos,
         eos_token_id=eos, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))
+    if eos_logit:  # the final norm's output gets a constant 4 in coordinate 0, which only EOS's (tied) row reads
+        with torch.no_grad():
+            model.transformer.ln_f.bias[0] = 4.0
+            model.transformer.wte.weight[:, 0] = 0.0
+            model.transformer.wte.weight[eos, 0] = eos_logit / 4
     folder = root / "model"
     model.save_pretrained(folder)
     tok.save(str(folder / "tokenizer.json"))
@@ -56,13 +62,14 @@ def lmkit_steps(folder: Path, a) -> list[float]:
                         max_completion_length=a.completion, beta=a.beta, lr=1e-6, precision="fp32")
     job = GRPOJob(config, distributed.setup(None))
     job.stop = None  # TRL's rollouts stop at EOS or the length only: the same work on both sides
-    times = []
+    times, lengths = [], []
     original = job.train_step
 
     def timed(step):
         t = time.perf_counter()
         loss = original(step)
         times.append(time.perf_counter() - t)
+        lengths.append(job.stats["completions/mean_length"])
         return loss
 
     job.train_step = timed
@@ -70,6 +77,7 @@ def lmkit_steps(folder: Path, a) -> list[float]:
                                        log_every=10**6), out=None)
     loop.fit()
     job.close()
+    print(f"lmkit: mean completion length {statistics.mean(lengths):.1f} tokens", flush=True)
     return times
 
 
@@ -109,14 +117,18 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16, help="completions per step")
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--eos-logit", type=float, default=0.0,
+                   help="EOS's logit above the others' at every position (0: a random model, every completion runs "
+                        "to the cap; 3: completions of geometric lengths, about 6%% of tokens end one)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = make_folder(Path(tmp), a.width, a.layers)
+        folder = make_folder(Path(tmp), a.width, a.layers, a.eos_logit)
         results = {"lmkit": lmkit_steps(folder, a), "TRL GRPOTrainer": trl_steps(folder, a, Path(tmp))}
     prompts = a.batch // a.generations
     print(f"CPU: {machine.cpu_name()}, {a.threads} thread(s); GPT-2 {a.layers}x{a.width}, G={a.generations}, "
-          f"{a.batch} completions per step, {a.completion} tokens each at most, beta {a.beta}, fp32, "
+          f"{a.batch} completions per step, {a.completion} tokens each at most, EOS logit +{a.eos_logit}, "
+          f"beta {a.beta}, fp32, "
           f"median of steps 2..{a.steps}")
     print("| trainer | s/step | prompts/s |\n| --- | --- | --- |")
     speed = {}
