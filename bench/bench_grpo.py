@@ -1,11 +1,14 @@
 """GRPO steps side by side: `lmkit finetune --task grpo`'s job against TRL's GRPOTrainer (no vLLM: its rollouts use
 transformers' generate), the same GPT-2 folder, prompts (the built-in addition-cot task), reward (exact answer),
-G, completions per step and completion length, fp32, one process each in turn in this one run.
+G, completions per step and completion length, fp32, one process each in turn in this one run. Both draw the
+steps' prompts from the same first rows of the built-in addition-cot task (lmkit in its seeded shuffled order).
 
 Reports prompts per second of whole optimizer steps (rollouts, rewards, reference pass, loss, backward, update),
-the median over the timed steps after the first (which warms caches), and the ratio.
+the median over the timed steps after the first (which warms caches), and the ratio. Steps are timed in the
+process's CPU time (one thread), which a machine loaded by other work inflates far less than wall time.
 
     nice -n 19 python bench/bench_grpo.py [--steps 5] [--width 128] [--layers 4] [--completion 64] [--threads 1]
+        [--eos-logit 0]
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from lmkit.train import distributed  # noqa: E402
 from lmkit.train.loop import LoopSettings, TrainLoop  # noqa: E402
 
 
-def make_folder(root: Path, width: int, layers: int) -> Path:
+def make_folder(root: Path, width: int, layers: int, eos_logit: float = 0.0) -> Path:
     import transformers
 
     rows = addition_prompts(per_digits=50)
@@ -41,6 +44,11 @@ def make_folder(root: Path, width: int, layers: int) -> Path:
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=tok.vocab_size, n_embd=width, n_layer=layers, n_head=4, n_positions=256, bos_token_id=eos,
         eos_token_id=eos, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))
+    if eos_logit:  # the final norm's output gets a constant 4 in coordinate 0, which only EOS's (tied) row reads
+        with torch.no_grad():
+            model.transformer.ln_f.bias[0] = 4.0
+            model.transformer.wte.weight[:, 0] = 0.0
+            model.transformer.wte.weight[eos, 0] = eos_logit / 4
     folder = root / "model"
     model.save_pretrained(folder)
     tok.save(str(folder / "tokenizer.json"))
@@ -50,19 +58,27 @@ def make_folder(root: Path, width: int, layers: int) -> Path:
     return folder
 
 
-def lmkit_steps(folder: Path, a) -> list[float]:
-    config = GRPOConfig(model=str(folder), prompts="addition-cot", reward="exact-answer", out=None,
+def bench_rows(a) -> list[dict]:
+    """The prompts both trainers draw from: the first of the built-in addition-cot task, one epoch's worth."""
+    return addition_prompts()[: a.steps * a.batch // a.generations]
+
+
+def lmkit_steps(folder: Path, a, tmp: Path) -> list[float]:
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in bench_rows(a)), encoding="utf-8")
+    config = GRPOConfig(model=str(folder), prompts=str(prompts), reward="exact-answer", out=None,
                         num_generations=a.generations, batch_size=a.batch, max_steps=a.steps,
                         max_completion_length=a.completion, beta=a.beta, lr=1e-6, precision="fp32")
     job = GRPOJob(config, distributed.setup(None))
     job.stop = None  # TRL's rollouts stop at EOS or the length only: the same work on both sides
-    times = []
+    times, lengths = [], []
     original = job.train_step
 
     def timed(step):
-        t = time.perf_counter()
+        t = time.process_time()
         loss = original(step)
-        times.append(time.perf_counter() - t)
+        times.append(time.process_time() - t)
+        lengths.append(job.stats["completions/mean_length"])
         return loss
 
     job.train_step = timed
@@ -70,6 +86,7 @@ def lmkit_steps(folder: Path, a) -> list[float]:
                                        log_every=10**6), out=None)
     loop.fit()
     job.close()
+    print(f"lmkit: mean completion length {statistics.mean(lengths):.1f} tokens", flush=True)
     return times
 
 
@@ -78,15 +95,15 @@ def trl_steps(folder: Path, a, tmp: Path) -> list[float]:
     import transformers
     from trl import GRPOConfig as TRLConfig, GRPOTrainer
 
-    rows = addition_prompts()[: a.steps * a.batch // a.generations]
+    rows = bench_rows(a)
     times, start = [], {}
 
     class Timer(transformers.TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            start["t"] = time.perf_counter()
+            start["t"] = time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - start["t"])
+            times.append(time.process_time() - start["t"])
 
     args = TRLConfig(output_dir=str(tmp / "trl"), num_generations=a.generations, per_device_train_batch_size=a.batch,
                      max_completion_length=a.completion, beta=a.beta, learning_rate=1e-6, max_steps=a.steps,
@@ -109,14 +126,18 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16, help="completions per step")
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--eos-logit", type=float, default=0.0,
+                   help="EOS's logit above the others' at every position (0: a random model, every completion runs "
+                        "to the cap; 3: completions of varied lengths, 10-15 tokens on average, as a model that stops)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = make_folder(Path(tmp), a.width, a.layers)
-        results = {"lmkit": lmkit_steps(folder, a), "TRL GRPOTrainer": trl_steps(folder, a, Path(tmp))}
+        folder = make_folder(Path(tmp), a.width, a.layers, a.eos_logit)
+        results = {"lmkit": lmkit_steps(folder, a, Path(tmp)), "TRL GRPOTrainer": trl_steps(folder, a, Path(tmp))}
     prompts = a.batch // a.generations
     print(f"CPU: {machine.cpu_name()}, {a.threads} thread(s); GPT-2 {a.layers}x{a.width}, G={a.generations}, "
-          f"{a.batch} completions per step, {a.completion} tokens each at most, beta {a.beta}, fp32, "
+          f"{a.batch} completions per step, {a.completion} tokens each at most, EOS logit +{a.eos_logit}, "
+          f"beta {a.beta}, fp32, "
           f"median of steps 2..{a.steps}")
     print("| trainer | s/step | prompts/s |\n| --- | --- | --- |")
     speed = {}

@@ -12,8 +12,9 @@ keys 0..L_i through a per-row mask, at position L_i. The next token comes from t
 
 A `Group` is n requests continuing one prompt as the n rows of `generate(num_return_sequences=n)`: one of them
 prefills the prompt and the others copy its keys and values; they share one generator, from which each step draws
-every member's token in member order, drawing for finished members too (generate samples its finished rows as well:
-torch.multinomial's draws for a row depend on the vocabulary size only), so member j gets row j of generate.
+every member's token in one (members, V) draw, a uniform row for finished members (generate samples its finished
+rows as well: torch.multinomial's draws for a row depend on the vocabulary size only), so member j gets row j of
+generate.
 
 Per step the engine's own Python work stays small beside the model's: greedy rows without score processing take
 their tokens from one argmax over the batch (the same ids as a per-row argmax), the decoding plans are built once
@@ -317,15 +318,22 @@ class Engine:
             self._draw_group(group, rows)
 
     def _draw_group(self, group: Group, rows: dict[int, torch.Tensor]) -> None:
-        """Choose the next token of each member of `group` with a row in `rows` (id -> raw logits (1, V)), in member
-        order; a finished member's draw is made and dropped, as generate samples its finished rows too."""
+        """Choose the next token of each member of `group` with a row in `rows` (id -> raw logits (1, V)): sampled
+        members in one (members, V) draw from the group's generator, which draws row j as the j-th of member-by-
+        member draws would (torch's draws for a row depend on the vocabulary size only); a finished member's row is
+        uniform, drawn and dropped, as generate samples its finished rows too."""
+        if group.generator is None:  # greedy: each member's own argmax
+            for member in group.members:
+                if id(member) in rows:
+                    self._choose(member, rows[id(member)])
+            return
         vocab = next(iter(rows.values())).shape[-1]
-        for member in group.members:
-            logits = rows.get(id(member))
-            if logits is not None:
-                self._choose(member, logits)
-            elif group.generator is not None:
-                pick(torch.zeros(1, vocab, device=self.device), True, group.generator)
+        scores = [self._scores(member, rows[id(member)]) if id(member) in rows
+                  else torch.zeros(1, vocab, device=self.device) for member in group.members]
+        tokens = pick(torch.cat(scores), True, group.generator).tolist()
+        for member, token in zip(group.members, tokens):
+            if id(member) in rows:
+                self._choose(member, rows[id(member)], token)
 
     def _plan(self, rows: int):
         """The lean one-token step `generate` takes too, where the model has one (None: decode via modules)."""
@@ -334,15 +342,19 @@ class Engine:
             self._plans[several] = self.model.decode_plan(max(rows, 2) if several else 1)
         return self._plans[several]
 
-    def _choose(self, request: Request, logits: torch.Tensor, token: int | None = None) -> None:
-        """Pick the next token of `request` from its raw logits (1, V) (or take `token`, the argmax of a plain
-        greedy row), record it and check its stop criteria."""
+    def _scores(self, request: Request, logits: torch.Tensor) -> torch.Tensor:
+        """The processed scores (1, V) of `request`'s next token from its raw logits (1, V)."""
         decoding, prompt = request.decoding, request.prompt
+        acts = decoding.processors.acts_at(len(prompt) + len(request.output))
+        sequence = torch.tensor([prompt + request.output], device=self.device) if acts else None
+        return next_scores(sequence, logits, decoding)
+
+    def _choose(self, request: Request, logits: torch.Tensor, token: int | None = None) -> None:
+        """Pick the next token of `request` from its raw logits (1, V) (or take `token`, already chosen: the argmax
+        of a plain greedy row, a group's draw), record it and check its stop criteria."""
+        decoding = request.decoding
         if token is None:
-            acts = decoding.processors.acts_at(len(prompt) + len(request.output))
-            sequence = torch.tensor([prompt + request.output], device=self.device) if acts else None
-            scores = next_scores(sequence, logits, decoding)
-            token = int(pick(scores, decoding.config.do_sample, request.generator)[0])
+            token = int(pick(self._scores(request, logits), decoding.config.do_sample, request.generator)[0])
         raw = logits
         request.output.append(token)
         if request.logprobs is not None:
