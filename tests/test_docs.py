@@ -24,3 +24,15 @@ def test_site_builds_strict(tmp_path):
     # the API pages hold the rendered docstrings, not an empty shell
     models = (tmp_path / "site" / "api" / "models" / "index.html").read_text(encoding="utf-8")
     assert "load_model" in models and "Hugging Face" in models
+
+
+def test_no_merge_conflict_markers_in_the_tree():
+    """A conflict left in a page (or a module) is found here, not by a reader."""
+    markers = ("<" * 7 + " ", "=" * 7 + "\n", ">" * 7 + " ")
+    found = []
+    for path in [*ROOT.joinpath("docs").rglob("*.md"), ROOT / "README.md", *ROOT.joinpath("src").rglob("*.py"),
+                 *ROOT.joinpath("bench").rglob("*.py"), *ROOT.joinpath("tests").rglob("*.py")]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(keepends=True), 1):
+            if line.startswith(markers):
+                found.append(f"{path.relative_to(ROOT)}:{number}")
+    assert not found, found
