@@ -88,7 +88,7 @@ class SandboxPool:
 
     def __init__(self, workers: int, *, isolate: bool = True, limits: Limits = Limits()):
         self.isolate, self.limits = isolate, limits
-        self._idle: queue.LifoQueue[_Launcher] = queue.LifoQueue()
+        self._idle: queue.LifoQueue[_Launcher | None] = queue.LifoQueue()
         self._all: list[_Launcher] = []
         self._lock = threading.Lock()
         self._workers = max(1, workers)
@@ -120,28 +120,29 @@ class SandboxPool:
         try:
             return launcher.run(job, timeout + GRACE_SECONDS)
         finally:
-            if launcher.alive:
-                self._idle.put(launcher)
-            else:
+            if not launcher.alive:
                 _remove_cgroup(CGROUPS / f"lmkit-{os.path.basename(workdir)}")
+            self._idle.put(launcher if launcher.alive else None)
             _remove(workdir)
 
     def _take(self) -> "_Launcher | dict":
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            pass
-        with self._lock:
-            self._all = [launcher for launcher in self._all if launcher.alive]
-            if len(self._all) >= self._workers:  # more threads than workers: wait for one to come back
-                launcher = None
-            else:
-                try:
-                    launcher = _Launcher()
-                except OSError as exc:
-                    return {"error": f"could not start the sandbox process ({exc})"}
-                self._all.append(launcher)
-        return launcher if launcher is not None else self._idle.get()
+        """An idle launcher, a new one while there are fewer than `workers`, else the next one handed back."""
+        while True:
+            try:
+                launcher = self._idle.get_nowait()
+            except queue.Empty:
+                with self._lock:
+                    self._all = [launcher for launcher in self._all if launcher.alive]
+                    if len(self._all) < self._workers:
+                        try:
+                            launcher = _Launcher()
+                        except OSError as exc:
+                            return {"error": f"could not start the sandbox process ({exc})"}
+                        self._all.append(launcher)
+                        return launcher
+                launcher = self._idle.get()  # None: one died, its place is free
+            if launcher is not None and launcher.alive:
+                return launcher
 
     def close(self) -> None:
         with self._lock:
