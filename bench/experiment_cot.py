@@ -107,7 +107,7 @@ def train_config(args: argparse.Namespace, shards: Path, model: Path):
     return TrainConfig(preset=args.preset, data=str(shards), out=str(model), max_steps=args.steps,
                        batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, warmup_steps=args.warmup,
                        optimizer="adamw", precision=args.precision, seed=args.seed, log_every=50,
-                       model_overrides=overrides)
+                       eval_every=args.steps, model_overrides=overrides)
 
 
 def trained_steps(model: Path) -> int:
