@@ -15,6 +15,10 @@ flags and seeds, not of the machine's load. The harness runs with max_gen_toks r
 
     nice -n 19 python bench/experiment_cot.py [--out runs/cot-experiment] [--steps 2000] [--limit 100]
 
+The defaults are the documented run (2000 steps of 32 rows, about 80 minutes on the shared 2-core machine). The
+short run of docs/harness.md, a tenth of the tokens, is `--steps 400 --batch-size 16 --warmup 40 --limit 50` (28
+minutes side by side at a load of 10): too few tokens for either model to learn addition.
+
 Prints the table of exact match (strict "The answer is N" and flexible last-number extraction) by digits, for each
 trained model under both prompts, and writes it to OUT/table.md with the results JSON of each harness run (and the
 logs of each training and harness run). Steps already done (corpora, shards, models, results) are reused.
@@ -107,7 +111,7 @@ def train_config(args: argparse.Namespace, shards: Path, model: Path):
     return TrainConfig(preset=args.preset, data=str(shards), out=str(model), max_steps=args.steps,
                        batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, warmup_steps=args.warmup,
                        optimizer="adamw", precision=args.precision, seed=args.seed, log_every=50,
-                       model_overrides=overrides)
+                       eval_every=args.steps, model_overrides=overrides)
 
 
 def trained_steps(model: Path) -> int:
