@@ -17,7 +17,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("transformers")
-from serving_folders import RunningServer, make_folder  # noqa: E402
+from serving_folders import RunningServer, generate_ids, make_folder, reply_text  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -37,20 +37,11 @@ def client(served):
 
 
 @pytest.fixture(scope="module")
-def local(folder):
+def local(folder):  # the model and tokenizer as generate runs them alone
     return lmkit.load_model(folder), lmkit.load_tokenizer(folder)
 
 
-def _generate(local, ids, seed=None, **settings):
-    model, _ = local
-    if seed is not None:
-        torch.manual_seed(seed)
-    return model.generate(torch.tensor([ids]), **settings)[0, len(ids):].tolist()
-
-
-def _text(local, ids):
-    model, tok = local
-    return tok.decode([i for i in ids if i != model.config.eos_token_id])
+_generate, _text = generate_ids, reply_text
 
 
 def test_answers_equal_generate(client, served, local):

@@ -188,7 +188,7 @@ class ProcessEngine(Engine):
             request.done.wait()
         return requests
 
-    def serve_forever(self) -> None:
+    def serve_forever(self, after_step=None) -> None:
         self._closed.wait()  # the core steps on its own; this only keeps Engine's contract
 
     def shutdown(self) -> None:
@@ -337,18 +337,6 @@ class Core:
             self.command(json.loads(line))
         self.engine.shutdown()
 
-    def run(self) -> None:
-        engine = self.engine
-        while True:
-            with engine.wakeup:
-                while not engine._stopped and not engine.waiting and not engine.running:
-                    engine.wakeup.wait()
-                if engine._stopped:
-                    return
-            engine.step()
-            self.flush()
-
-
 def main(argv: list[str]) -> int:
     commands, events, settings = int(argv[0]), int(argv[1]), json.loads(argv[2])
     out = os.fdopen(events, "w", buffering=1)
@@ -372,7 +360,7 @@ def main(argv: list[str]) -> int:
     try:
         core.write({"op": "ready"})
         threading.Thread(target=core.listen, args=(os.fdopen(commands, "r"),), daemon=True).start()
-        core.run()
+        engine.serve_forever(after_step=core.flush)
     except BrokenPipeError:  # the server is gone: nobody is left to answer
         return 0
     return 0
