@@ -135,3 +135,17 @@ def make_scripted_folder(path, messages: list[dict], reply: str, end: str = "<|e
             model.lm_head.weight[token, (len(prompt) - 1 + i) % width] += 10.0
     model.save_pretrained(path)
     return path
+
+
+def generate_ids(local, ids: list[int], seed: int | None = None, **settings) -> list[int]:
+    """The new ids of `generate` on (model, tokenizer) `local` alone, after torch.manual_seed(seed) when given."""
+    model, _ = local
+    if seed is not None:
+        torch.manual_seed(seed)
+    return model.generate(torch.tensor([ids]), **settings)[0, len(ids):].tolist()
+
+
+def reply_text(local, ids: list[int]) -> str:
+    """The text of new ids as the server returns it (the end token left out)."""
+    model, tok = local
+    return tok.decode([i for i in ids if i != model.config.eos_token_id])

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -168,8 +168,9 @@ class Engine:
             self.step()
         return requests
 
-    def serve_forever(self) -> None:
-        """Step while there is work, sleep while there is none, until `shutdown`."""
+    def serve_forever(self, after_step: Callable[[], None] | None = None) -> None:
+        """Step while there is work, sleep while there is none, until `shutdown`; `after_step` is called after each
+        step (an engine process sends the step's events from it)."""
         while True:
             with self.wakeup:
                 while not self._stopped and not self.waiting and not self.running:
@@ -177,6 +178,8 @@ class Engine:
                 if self._stopped:
                     return
             self.step()
+            if after_step is not None:
+                after_step()
 
     def shutdown(self) -> None:
         with self.wakeup:

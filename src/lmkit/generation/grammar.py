@@ -178,7 +178,8 @@ class GrammarConstraint(LogitsProcessor):
     sequences' length before the first new token; `eos`: the tokens a row may end with once its grammar is done."""
 
     def __init__(self, compiled, rows: int, start: int, eos: list[int], matchers: list | None = None,
-                 fed: list[int] | None = None):
+                 fed: list[int] | None = None, grammar: Grammar | None = None):
+        """`grammar`: the Grammar `compiled` came from (kept so that another process can compile it again)."""
         if not eos:
             raise GenerationError("a grammar needs an end token to stop at once it is complete; give eos_token_id "
                                   "(and do not combine it with ignore_eos)")
@@ -186,12 +187,13 @@ class GrammarConstraint(LogitsProcessor):
         self.matchers = matchers if matchers is not None else [
             self.xgr.GrammarMatcher(compiled, override_stop_tokens=self.eos) for _ in range(rows)]
         self.fed = fed if fed is not None else [0] * rows  # output tokens each matcher has accepted
+        self.grammar = grammar
 
     @classmethod
     def build(cls, tokenizer, vocab_size: int, grammar, rows: int, start: int, eos: list[int]) -> "GrammarConstraint":
         """Compile `grammar` (a Grammar or {kind: value}) for the tokenizer and constrain `rows` rows."""
         compiled = compiler_for(tokenizer, vocab_size).compile(Grammar.parse(grammar))
-        return cls(compiled, rows, start, eos)
+        return cls(compiled, rows, start, eos, grammar=Grammar.parse(grammar))
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         mask = self.xgr.allocate_token_bitmask(scores.shape[0], scores.shape[-1])
@@ -214,4 +216,4 @@ class GrammarConstraint(LogitsProcessor):
     def select(self, index: torch.Tensor) -> "GrammarConstraint":
         rows = index.tolist()
         return GrammarConstraint(self.compiled, len(rows), self.start, self.eos,
-                                 [self.matchers[i].fork() for i in rows], [self.fed[i] for i in rows])
+                                 [self.matchers[i].fork() for i in rows], [self.fed[i] for i in rows], self.grammar)

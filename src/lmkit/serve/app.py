@@ -41,10 +41,12 @@ class Server:
 
     def __init__(self, folder: str | Path, max_concurrency: int = 16, max_queue: int = 256, prefill_chunk: int = 256,
                  model_name: str | None = None, rag: str | Path | None = None, device=None, cache_memory: int | None = 0,
-                 loras: dict[str, str] | None = None, dtype=None, encoder_dtype=None):
+                 loras: dict[str, str] | None = None, dtype=None, encoder_dtype=None, engine_process: bool = False):
         """`cache_memory`: bytes of the prefix cache (0: none, None: the default size); `loras`: {name: adapter folder}
         served per request; `dtype`, `encoder_dtype`: the torch dtype of a decoder's and of an embedding folder's
-        weights (None: float32)."""
+        weights (None: float32); `engine_process`: a decoder's engine steps in a child process
+        (`engine_process.ProcessEngine`), restarted when it dies."""
+        self.engine_process = engine_process
         self.folder, self.rag_path, self.rag = Path(folder), rag, None
         self.cache_memory, self.lora_folders, self.loras = cache_memory, dict(loras or {}), {}
         self.device = device  # where the model (and the RAG index's encoder) run; None: the CPU
@@ -84,8 +86,16 @@ class Server:
                 memory = self.cache_memory  # None: 1 GiB, or one full context where that is more
                 if memory is None:
                     memory = max(1 << 30, token_bytes(model) * model.config.max_seq_len)
-                self.engine = Engine(self.model, max_batch=self.max_concurrency, prefill_chunk=self.prefill_chunk,
-                                     cache_memory=memory)
+                if self.engine_process:
+                    from lmkit.serve.engine_process import ProcessEngine
+
+                    settings = {"folder": str(self.folder), "dtype": "bf16" if self.dtype is not None else None,
+                                "device": None if self.device is None else str(self.device)}
+                    self.engine = ProcessEngine(self.model, settings, max_batch=self.max_concurrency,
+                                                prefill_chunk=self.prefill_chunk, cache_memory=memory)
+                else:
+                    self.engine = Engine(self.model, max_batch=self.max_concurrency, prefill_chunk=self.prefill_chunk,
+                                         cache_memory=memory)
                 for name, lora_folder in self.lora_folders.items():
                     load_lora(self, name, lora_folder)
                 threading.Thread(target=self.engine.serve_forever, name="lmkit-engine", daemon=True).start()
@@ -100,6 +110,9 @@ class Server:
                            headers={"Retry-After": "1"})
         if self.load_error:
             raise APIError(503, f"the model failed to load: {self.load_error}", code="load_failed")
+        if self.engine is not None and not getattr(self.engine, "alive", True):
+            raise APIError(503, "the engine process is restarting; retry shortly", code="engine_unavailable",
+                           headers={"Retry-After": "1"})
 
     def check_model(self, body: dict) -> str | None:
         """The LoRA adapter the request's model names (None: the base model); a request naming another model gets
@@ -131,11 +144,11 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
               cors_origins: list[str] | None = None, max_body: int = 4 << 20, prefill_chunk: int = 256,
               model_name: str | None = None, rag: str | Path | None = None, access_log=None, device=None,
               cache_memory: int | None = 0, loras: dict[str, str] | None = None, dtype=None,
-              encoder_dtype=None) -> FastAPI:
+              encoder_dtype=None, engine_process: bool = False) -> FastAPI:
     """`access_log`: a text stream that gets one line per request (None: no log); `cache_memory`, `loras`, `dtype`,
-    `encoder_dtype`: see `Server`."""
+    `encoder_dtype`, `engine_process`: see `Server`."""
     server = Server(folder, max_concurrency, max_queue, prefill_chunk, model_name, rag, device, cache_memory=cache_memory,
-                    loras=loras, dtype=dtype, encoder_dtype=encoder_dtype)
+                    loras=loras, dtype=dtype, encoder_dtype=encoder_dtype, engine_process=engine_process)
 
     async def lifespan(app):
         if not server.ready.is_set():

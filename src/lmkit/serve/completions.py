@@ -69,7 +69,7 @@ class Generation:
 
     def __init__(self, server, prompts: list[list[int]], sampling: Sampling, max_new_tokens: list[int],
                  logprobs: int | None, echo: bool, chat: bool, grammar=None, tools=None, adapter: str | None = None):
-        """`grammar`: a compiled grammar every choice is constrained to (None: free); `tools`: a `tools.ToolMode`
+        """`grammar`: a `structured.Compiled` grammar every choice is constrained to (None: free); `tools`: a `tools.ToolMode`
         whose calls the replies are parsed for; `adapter`: the LoRA adapter the choices decode with (None: the base
         model), the answer's model."""
         self.tools = tools
@@ -94,7 +94,8 @@ class Generation:
                                   frequency_penalty=sampling.frequency_penalty, adapter=adapter,
                                   stop_skip=max(sampling.min_tokens - 1, 0),
                                   processors=[] if grammar is None else [
-                                      GrammarConstraint(grammar, 1, len(prompt), server.end_ids)])
+                                      GrammarConstraint(grammar.compiled, 1, len(prompt), server.end_ids,
+                                                        grammar=grammar.grammar)])
                 choice = Choice(len(self.choices), request, StopText(server.tokenizer, sampling.stop, server.special_ids,
                                                                  sampling.min_tokens))
                 request.on_event = lambda _r, c=choice: waker.wake(c.wake)
@@ -160,6 +161,8 @@ class Generation:
             if await is_disconnected():
                 self.cancel()
                 raise asyncio.CancelledError
+        if any(c.request.finish_reason == "error" for c in self.choices):
+            raise engine_failed()
         choices = []
         for choice in self.choices:
             text, _, finish = self._advance(choice)
@@ -297,6 +300,12 @@ class Generation:
                     for w in rest:
                         w.cancel()
                 for choice in list(open_choices):
+                    if choice.request.finish_reason == "error":  # the headers are sent: the 503 goes as an event
+                        error = engine_failed().body()
+                        error["error"]["code"] = 503  # in a stream, as vLLM sends it: the status as the code
+                        yield f"data: {json.dumps(error)}\n\n"
+                        yield "data: [DONE]\n\n"
+                        return
                     if choice.request.finished or choice.shown < len(choice.request.output):
                         first = choice.shown
                         delta, new, finish = self._advance(choice)
@@ -329,6 +338,12 @@ class Generation:
                     "finish_reason": finish}
         logprobs = self._completion_logprobs(request, first, False) if self.logprobs is not None else None
         return {"index": choice.index, "text": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
+def engine_failed() -> APIError:
+    """The answer to requests in flight when the engine process died (a fresh one is starting)."""
+    return APIError(503, "the engine process stopped while answering this request; it is restarting, retry shortly",
+                    code="engine_failed", headers={"Retry-After": "1"})
 
 
 def check_context(prompt: list[int], max_new_tokens: int, context: int) -> None:

@@ -40,7 +40,11 @@ def load_lora(server, name: str, folder: str | Path) -> None:
     if not Path(folder).is_dir():
         raise ConfigError(f"{folder} is not a folder; give a LoRA adapter folder (adapter_config.json and "
                           "adapter_model.safetensors)")
-    server.engine.add_adapter(name, lora_weights(server.engine.adapters.bare, folder))
+    weights = lora_weights(server.engine.adapters.bare, folder)
+    if getattr(server.engine, "remote", False):  # an engine process reads the adapter from its folder too
+        server.engine.add_adapter(name, weights, folder=str(folder))
+    else:
+        server.engine.add_adapter(name, weights)
     server.loras[name] = str(folder)
 
 

@@ -4,6 +4,8 @@
 grammar for the served tokenizer; a grammar that does not compile is a 400 naming the field and xgrammar's reason."""
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from lmkit.errors import GenerationError
 from lmkit.generation.grammar import Grammar, compiler_for
 from lmkit.serve.protocol import APIError
@@ -78,10 +80,18 @@ def compile_structured(server, body: dict):
     return compile_grammar(server, *parsed)
 
 
-def compile_grammar(server, param: str, grammar: Grammar):
+class Compiled(NamedTuple):
+    """A grammar compiled for the served tokenizer, and the Grammar it came from (an engine process compiles it
+    again on its side)."""
+
+    compiled: Any
+    grammar: Grammar
+
+
+def compile_grammar(server, param: str, grammar: Grammar) -> Compiled:
     """`grammar` compiled for the served tokenizer; a 400 naming `param` when it does not compile."""
     try:
-        return compiler_for(server.tokenizer, server.model.config.vocab_size).compile(grammar)
+        return Compiled(compiler_for(server.tokenizer, server.model.config.vocab_size).compile(grammar), grammar)
     except GenerationError as exc:
         raise APIError(400, f"{param}: {exc}", param=param, code="invalid_grammar") from None
 
