@@ -48,8 +48,7 @@ PRESETS = {
 
 def pairs_run(preset: str, steps: int, schedule: str | None = None) -> Path:
     """fit_pairs of one preset (cached); the folder holds the model, metrics.jsonl and bench.json."""
-    out = OUT / f"numbers-{preset}-{steps}" + (f"-ss-{schedule.replace(':', '')}" if schedule else "")
-    out = Path(out)
+    out = OUT / (f"numbers-{preset}-{steps}" + (f"-ss-{schedule.replace(':', '')}" if schedule else ""))
     if (out / "bench.json").exists():
         return out
     train, test = make_pairs(20000, 500, seed=0)
@@ -80,8 +79,7 @@ def pairs_exposure(folder: Path) -> dict:
 
 
 def causal_run(steps: int, schedule: str | None) -> Path:
-    out = OUT / f"pydocs-tiny-{steps}" + (f"-ss-{schedule.replace(':', '')}" if schedule else "")
-    out = Path(out)
+    out = OUT / (f"pydocs-tiny-{steps}" + (f"-ss-{schedule.replace(':', '')}" if schedule else ""))
     if not (out / "bench.json").exists():
         from lmkit.train import TrainConfig, Trainer
 
