@@ -8,7 +8,7 @@
    gamma 0: the same code path, so the teacher's forward is in its time too). Downstream: the six-topic
    classification of examples/pydocs_topics.py (266 training, 66 test paragraphs) fine-tuned from each, and from a
    random init of the teacher's shape. Size, forward speed, masked-token accuracy, test accuracy.
-2. Michel et al.'s head pruning of the fine-tuned teacher: heads ranked once by |dL/d gate| of the classification
+2. Michel et al.'s head pruning of a fine-tuned classifier of the teacher's shape (--prune): heads ranked once by |dL/d gate| of the classification
    loss on the training paragraphs, the n least important removed (one kept per layer), no retraining; test
    accuracy against the fraction pruned, and against the same number of random heads (mean of 3 draws).
    Writes docs/img/encoder_prune_curve.png.
@@ -188,6 +188,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--teacher-steps", type=int, default=400, metavar="N", help="teacher pre-training steps (400)")
     ap.add_argument("--distill-steps", type=int, default=150, metavar="N", help="student training steps (150)")
+    ap.add_argument("--prune", default="random init", choices=["teacher", "random init"], metavar="MODEL",
+                    help="whose fine-tuned classifier part 2 prunes: teacher or 'random init' (random init: at this "
+                         "budget the masked-LM teacher stays at the unigram plateau and its classifier at the "
+                         "majority class, which no head changes)")
     args = ap.parse_args()
     torch.manual_seed(0)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -206,7 +210,7 @@ def main() -> None:
                              ("speed_s", "forward tokens/s"), ("loss_s", "masked loss"),
                              ("mlm_s", "masked acc. (vs teacher)"), ("clf_s", "topic acc. (vs teacher)"),
                              ("cpu_s", "train CPU")]))
-    curve = prune_curve(data, rows[0]["topics_folder"])
+    curve = prune_curve(data, next(r["topics_folder"] for r in rows if r["model"] == args.prune))
     for r in curve:
         r["frac_s"], r["acc_s"], r["rand_s"] = f"{100 * r['fraction']:.1f}%", f"{r['accuracy']:.3f}", f"{r['random']:.3f}"
         r["params_s"] = f"{r['params']:,}"
