@@ -18,6 +18,7 @@ from lmkit.compress.distill import DistillWeights, distillation_loss
 from lmkit.compress.prune import head_importance, least_important, prune_heads
 from lmkit.errors import ConfigError
 from lmkit.finetune.classify import predict
+from lmkit.finetune.common import fitting_length
 from lmkit.finetune.data import read_examples
 from lmkit.finetune.metrics import accuracy
 from lmkit.objectives import IGNORE_INDEX, LossSum
@@ -79,9 +80,10 @@ def classifier_loss(tok, labels: dict[str, int], max_length: int = 128):
 
 
 def prune_classifier(model: nn.Module, tok, heads: int, data_file: str, batches: int, batch_size: int = 8,
-                     max_length: int = 128, progress=None) -> dict:
+                     max_length: int | None = None, progress=None) -> dict:
     """Prune the `heads` least important heads of a sequence classifier by its loss on the labelled rows of
-    `data_file` (the first batches x batch_size of them); accuracy on all of them before and after."""
+    `data_file` (the first batches x batch_size of them); accuracy on all of them before and after. Rows are cut at
+    `max_length` pieces (None: 128, or the model's positions when it has fewer)."""
     if getattr(model, "head", None) != "sequence":
         raise ConfigError("lmkit prune --data scores the heads of a sequence classifier (from `lmkit finetune`); "
                           "this encoder has no classification head")
@@ -93,6 +95,7 @@ def prune_classifier(model: nn.Module, tok, heads: int, data_file: str, batches:
         raise ConfigError(f"{data_file} has labels the classifier does not know ({', '.join(unknown[:5])}); its "
                           f"labels are {', '.join(labels)}")
     gold = [labels[e.label] for e in rows]
+    max_length = fitting_length(model.config.max_seq_len, "full", {}, max_length, 128)  # 128 or the model's positions
 
     def score() -> float:
         return accuracy(predict(model, tok, rows, labels, max_length=max_length), gold)
