@@ -190,7 +190,7 @@ def main() -> None:
     ap.add_argument("--distill-steps", type=int, default=150, metavar="N", help="student training steps (150)")
     ap.add_argument("--prune", default="random init", choices=["teacher", "random init"], metavar="MODEL",
                     help="whose fine-tuned classifier part 2 prunes: teacher or 'random init' (random init: at this "
-                         "budget the masked-LM teacher stays at the unigram plateau and its classifier at the "
+                         "budget the masked-LM teacher stays on a plateau (masked accuracy 0.083) and its classifier at the "
                          "majority class, which no head changes)")
     args = ap.parse_args()
     torch.manual_seed(0)
