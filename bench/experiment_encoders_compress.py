@@ -2,16 +2,17 @@
 
     python bench/experiment_encoders_compress.py [--teacher-steps N] [--distill-steps N]
 
-1. Teacher: bert-tiny made 4 layers x 4 heads (d 128), masked-LM pre-training on 64-token rows of pydocs (`lmkit train --objective
-   mlm`). Student: every other layer (2 x 4), trained by `lmkit distill`'s triple loss (alpha 2 CE + beta 5 T^2 KL at
-   T 2 + gamma 1 cos) and, as the control, the same init and steps on the masked-LM labels alone (alpha 1, beta 0,
-   gamma 0: the same code path, so the teacher's forward is in its time too). Downstream: the six-topic
-   classification of examples/pydocs_topics.py (266 training, 66 test paragraphs) fine-tuned from each, and from a
-   random init of the teacher's shape. Size, forward speed, masked-token accuracy, test accuracy.
-2. Michel et al.'s head pruning of a fine-tuned classifier of the teacher's shape (--prune): heads ranked once by |dL/d gate| of the classification
-   loss on the training paragraphs, the n least important removed (one kept per layer), no retraining; test
-   accuracy against the fraction pruned, and against the same number of random heads (mean of 3 draws).
-   Writes docs/img/encoder_prune_curve.png.
+1. Teacher: bert-tiny made 4 layers x 4 heads (d 128), masked-LM pre-training on 64-token rows of pydocs
+   (`lmkit train --objective mlm`). Student: every other layer (2 x 4), trained by `lmkit distill`'s triple loss
+   (alpha 2 CE + beta 5 T^2 KL at T 2 + gamma 1 cos) and, as the control, the same init and steps on the masked-LM
+   labels alone (alpha 1, beta 0, gamma 0: the same code path, so the teacher's forward is in its time too).
+   Downstream: the six-topic classification of examples/pydocs_topics.py (266 training, 66 test paragraphs)
+   fine-tuned from each, and from a random init of the teacher's shape. Size, forward speed, masked-token
+   accuracy, test accuracy.
+2. Michel et al.'s head pruning of a fine-tuned classifier of the teacher's shape (--prune): heads ranked once
+   by |dL/d gate| of the classification loss on the training paragraphs, the n least important removed (one kept
+   per layer), no retraining; test accuracy against the fraction pruned, and against the same number of random
+   heads (mean of 3 draws). Writes docs/img/encoder_prune_curve.png.
 """
 from __future__ import annotations
 
@@ -189,9 +190,9 @@ def main() -> None:
     ap.add_argument("--teacher-steps", type=int, default=400, metavar="N", help="teacher pre-training steps (400)")
     ap.add_argument("--distill-steps", type=int, default=150, metavar="N", help="student training steps (150)")
     ap.add_argument("--prune", default="random init", choices=["teacher", "random init"], metavar="MODEL",
-                    help="whose fine-tuned classifier part 2 prunes: teacher or 'random init' (random init: at this "
-                         "budget the masked-LM teacher stays on a plateau (masked accuracy 0.083) and its classifier at the "
-                         "majority class, which no head changes)")
+                    help="whose fine-tuned classifier part 2 prunes: teacher or 'random init' (random init: at "
+                         "this budget the masked-LM teacher stays on a plateau (masked accuracy 0.083) and its "
+                         "classifier at the majority class, which no head changes)")
     args = ap.parse_args()
     torch.manual_seed(0)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -212,7 +213,8 @@ def main() -> None:
                              ("cpu_s", "train CPU")]))
     curve = prune_curve(data, next(r["topics_folder"] for r in rows if r["model"] == args.prune))
     for r in curve:
-        r["frac_s"], r["acc_s"], r["rand_s"] = f"{100 * r['fraction']:.1f}%", f"{r['accuracy']:.3f}", f"{r['random']:.3f}"
+        r["frac_s"], r["acc_s"] = f"{100 * r['fraction']:.1f}%", f"{r['accuracy']:.3f}"
+        r["rand_s"] = f"{r['random']:.3f}"
         r["params_s"] = f"{r['params']:,}"
     print(setup.table(curve, [("pruned", "heads pruned"), ("frac_s", "fraction"), ("heads_left", "heads left"),
                               ("params_s", "parameters"), ("acc_s", "test acc., least important first"),

@@ -102,8 +102,8 @@ def causal_exposure(folder: Path, prefix: int = 64, length: int = 16, rows: int 
     ref = ids[:, prefix:]
     forced = model(ids).logits[:, prefix - 1:-1].argmax(-1)
     free = model.generate(ids[:, :prefix], max_new_tokens=length, min_new_tokens=length, do_sample=False)[:, prefix:]
-    return {"teacher_forced": float((forced == ref).float().mean()), "free_running": float((free == ref).float().mean()),
-            "rows": len(ids)}
+    return {"teacher_forced": float((forced == ref).float().mean()),
+            "free_running": float((free == ref).float().mean()), "rows": len(ids)}
 
 
 def bleu_at(folder: Path) -> dict:
@@ -129,7 +129,8 @@ def main() -> None:
         print(rows[-1], flush=True)
     print(f"\nnumbers task, {args.steps} steps x batch 64, lr 1e-3, warm-up 50, fp32, 1 thread\n")
     print(machine.describe(["fp32"]))
-    print(setup.table(rows, [("preset", "preset"), ("params", "parameters"), (f"bleu{args.steps}", "BLEU"), ("val_loss", "held-out loss"),
+    print(setup.table(rows, [("preset", "preset"), ("params", "parameters"), (f"bleu{args.steps}", "BLEU"),
+                             ("val_loss", "held-out loss"),
                              ("exact", "exact match"), ("cpu", "train CPU")]))
     table = []
     for task, run, score in (("numbers (t5-tiny)", lambda s: pairs_run("t5-tiny", args.steps, s), pairs_exposure),
