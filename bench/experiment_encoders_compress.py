@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 import compress_setup as setup  # noqa: E402
 import machine  # noqa: E402
+from bench_prune import forward_flops_per_token  # noqa: E402
 from pydocs_topics import topic_examples  # noqa: E402
 
 import lmkit  # noqa: E402
@@ -126,7 +127,8 @@ def distil_table(args, data) -> list[dict]:
         with torch.no_grad():
             masked = masked_scores(masked_lm_task(model, tok), model, mlm)
         rows.append({"model": name, "layers": model.config.n_layers, "params": model.num_parameters(),
-                     "speed": speed[name], "masked_accuracy": masked["masked_accuracy"],
+                     "speed": speed[name], "mflops": forward_flops_per_token(model, SEQ) / 1e6,
+                     "masked_accuracy": masked["masked_accuracy"],
                      "masked_loss": masked["masked_loss"], "train_cpu_s": seconds.get(name),
                      **{f"topics_{k}": v for k, v in classify(folder, data).items()}})
         print(rows[-1], flush=True)
@@ -201,6 +203,7 @@ def main() -> None:
     base = rows[0]
     for r in rows:
         r["params_s"], r["speed_s"] = f"{r['params']:,}", f"{r['speed']:,.0f} ({r['speed'] / base['speed']:.2f}x)"
+        r["flops_s"] = f"{r['mflops']:.2f} ({r['mflops'] / base['mflops']:.2f}x)"
         r["mlm_s"] = f"{r['masked_accuracy']:.3f} ({100 * r['masked_accuracy'] / base['masked_accuracy']:.0f}%)"
         r["clf_s"] = f"{r['topics_accuracy']:.3f} ({100 * r['topics_accuracy'] / base['topics_accuracy']:.0f}%)"
         r["loss_s"] = f"{r['masked_loss']:.3f}"
@@ -208,7 +211,8 @@ def main() -> None:
     print(f"\nteacher {args.teacher_steps} steps, students {args.distill_steps} steps, batch 16 x {SEQ} of pydocs\n")
     print(machine.describe(["fp32"]))
     print(setup.table(rows, [("model", "model"), ("layers", "layers"), ("params_s", "parameters"),
-                             ("speed_s", "forward tokens/s"), ("loss_s", "masked loss"),
+                             ("flops_s", "forward MFLOPs/token"), ("speed_s", "forward tokens/s (noisy)"),
+                             ("loss_s", "masked loss"),
                              ("mlm_s", "masked acc. (vs teacher)"), ("clf_s", "topic acc. (vs teacher)"),
                              ("cpu_s", "train CPU")]))
     curve = prune_curve(data, next(r["topics_folder"] for r in rows if r["model"] == args.prune))
