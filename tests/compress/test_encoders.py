@@ -88,3 +88,24 @@ def test_prune_removes_the_least_important_heads_of_a_fine_tuned_classifier(tmp_
     assert "before accuracy" in capsys.readouterr().out
     assert main(["prune", "--model", str(tmp_path / "clf"), "--out", str(tmp_path / "p2"), "--heads", "1"]) == 2
     assert "pass --data FILE" in capsys.readouterr().err
+
+
+def test_prune_cuts_rows_to_a_classifier_with_few_positions(tmp_path):
+    """A classifier with 8 positions is scored and pruned on rows longer than that (cut, as finetune cuts them)."""
+    from lmkit.compress.encoders import prune_classifier
+    from lmkit.finetune.classify import classifier_from_pretrained
+
+    texts = [" ".join(["alpha beta gamma delta"] * 4 + [w]) for w in ("one", "two") * 6]
+    tok = lmkit.train_tokenizer(texts, kind="wordpiece", vocab_size=40)
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=32, max_position_embeddings=8)
+    torch.manual_seed(0)
+    transformers.BertModel(cfg).save_pretrained(tmp_path / "base")
+    tok.save(tmp_path / "base" / "tokenizer.json")
+    model = classifier_from_pretrained(tmp_path / "base", 2, id2label={"0": "one", "1": "two"})
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": t.split()[-1]}) + "\n" for t in texts), encoding="utf-8")
+    report = prune_classifier(model, lmkit.load_tokenizer(tmp_path / "base"), 1, str(data), batches=2, batch_size=4)
+    assert report["heads_pruned"] == 1 and report["heads_total"] == 4
+    # the label word is past the 8th piece: cut rows of both labels are the same, so one prediction for all
+    assert report["before"]["accuracy"] == report["after"]["accuracy"] == 0.5

@@ -18,6 +18,7 @@ from lmkit.compress.distill import DistillWeights, distillation_loss
 from lmkit.compress.prune import head_importance, least_important, prune_heads
 from lmkit.errors import ConfigError
 from lmkit.finetune.classify import predict
+from lmkit.finetune.common import fitting_length
 from lmkit.finetune.data import read_examples
 from lmkit.finetune.metrics import accuracy
 from lmkit.objectives import IGNORE_INDEX, LossSum
@@ -65,10 +66,24 @@ def masked_scores(task: MaskedLM, model: nn.Module, data) -> dict[str, float]:
     return {"masked_loss": r["masked_loss"], "masked_accuracy": r["masked_accuracy"], "tokens": r["tokens"]}
 
 
+def classifier_loss(tok, labels: dict[str, int], max_length: int = 128):
+    """loss_fn(model, examples) for `head_importance`: the classifier's mean cross-entropy on a list of Examples."""
+    def loss(model, part):
+        enc = tok([e.text for e in part], pair=[e.text_pair for e in part] if part[0].text_pair else None,
+                  padding=True, truncation=True, max_length=max_length)
+        device = next(model.parameters()).device
+        types = torch.tensor(enc["token_type_ids"], device=device) if model.config.type_vocab_size else None
+        return model(torch.tensor(enc["input_ids"], device=device),
+                     attention_mask=torch.tensor(enc["attention_mask"], device=device), token_type_ids=types,
+                     labels=torch.tensor([labels[e.label] for e in part], device=device)).loss
+    return loss
+
+
 def prune_classifier(model: nn.Module, tok, heads: int, data_file: str, batches: int, batch_size: int = 8,
-                     max_length: int = 128, progress=None) -> dict:
+                     max_length: int | None = None, progress=None) -> dict:
     """Prune the `heads` least important heads of a sequence classifier by its loss on the labelled rows of
-    `data_file` (the first batches x batch_size of them); accuracy on all of them before and after."""
+    `data_file` (the first batches x batch_size of them); accuracy on all of them before and after. Rows are cut at
+    `max_length` pieces (None: 128, or the model's positions when it has fewer)."""
     if getattr(model, "head", None) != "sequence":
         raise ConfigError("lmkit prune --data scores the heads of a sequence classifier (from `lmkit finetune`); "
                           "this encoder has no classification head")
@@ -80,22 +95,15 @@ def prune_classifier(model: nn.Module, tok, heads: int, data_file: str, batches:
         raise ConfigError(f"{data_file} has labels the classifier does not know ({', '.join(unknown[:5])}); its "
                           f"labels are {', '.join(labels)}")
     gold = [labels[e.label] for e in rows]
+    max_length = fitting_length(model.config.max_seq_len, "full", {}, max_length, 128)  # 128 or the model's positions
 
     def score() -> float:
         return accuracy(predict(model, tok, rows, labels, max_length=max_length), gold)
 
-    def loss(model, part):
-        enc = tok([e.text for e in part], pair=[e.text_pair for e in part] if part[0].text_pair else None,
-                  padding=True, truncation=True, max_length=max_length)
-        device = next(model.parameters()).device
-        types = torch.tensor(enc["token_type_ids"], device=device) if model.config.type_vocab_size else None
-        return model(torch.tensor(enc["input_ids"], device=device),
-                     attention_mask=torch.tensor(enc["attention_mask"], device=device), token_type_ids=types,
-                     labels=torch.tensor([labels[e.label] for e in part], device=device)).loss
-
     before, params = score(), model.num_parameters()
     parts = [rows[i:i + batch_size] for i in range(0, min(len(rows), batches * batch_size), batch_size)]
-    importance = head_importance(model, progress(parts) if progress else parts, loss_fn=loss)
+    importance = head_importance(model, progress(parts) if progress else parts,
+                                 loss_fn=classifier_loss(tok, labels, max_length))
     chosen = least_important(importance, heads, model)
     prune_heads(model, chosen)
     total = sum(len(v) for v in importance.values())
