@@ -247,9 +247,9 @@ def part_efficiency(out: Path, steps: int, points: int) -> str:
         curves[name] = []
         for step, weights in checkpoints(run):
             missing = model.load_state_dict(load_file(str(weights)), strict=False).missing_keys
-            assert missing in ([], ["lm_head.weight"]), missing  # a tied head is saved once
-            acc = probe(features(model, tok, [e.text for e in train_ex]), [e.label for e in train_ex],
-                        features(model, tok, [e.text for e in test_ex]), [e.label for e in test_ex])
+            assert all(k in ("lm_head.weight", "mlm_head.decoder.weight") for k in missing), missing  # tied heads: saved once
+            acc = probe(features(model, tok, [e.text for e in train_ex], SEQ), [e.label for e in train_ex],
+                        features(model, tok, [e.text for e in test_ex], SEQ), [e.label for e in test_ex])
             m = rows.get(step, {})
             tokens = step * BATCH * SEQ  # packed rows: every position a token
             curves[name].append((tokens, acc, m.get("val_loss")))
