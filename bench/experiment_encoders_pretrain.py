@@ -2,7 +2,7 @@
 
 - nsp: bert-tiny pre-trained with `--objective mlm` and with `--objective mlm-nsp` (RoBERTa's ablation), then the
   same fine-tune on a sentence-pair task made from the corpus: are two reference paragraphs of the same pydocs
-  topic? (pairs of six topics' paragraphs, 50/50, test paragraphs never in training pairs), for several seeds.
+  topic? (pairs of six topics' paragraphs, 50/50, test paragraphs never in training pairs), for --seeds fine-tune seeds, and a linear probe on pair features.
 - noise: t5-tiny (what `lmkit train --objective denoise` picks) pre-trained with each of BART's five noisings
   and the paper's infilling,permutation, plus an untrained model; each then fine-tuned the same steps on the
   numbers-to-words task (`lmkit.data.translation`); its own reconstruction loss, the downstream loss and BLEU.
@@ -126,7 +126,7 @@ def part_nsp(out: Path, steps: int, seeds: int) -> str:
     train_file = write_jsonl(out / "pairs-train.jsonl", train_rows)
     test_file = write_jsonl(out / "pairs-test.jsonl", test_rows)
     lines = ["| pre-training | steps | masked tokens (with a loss) | masked acc (val) | NSP acc (val) | pre-train CPU s | "
-             "same-topic pairs: fine-tuned acc, per seed | same-topic pairs: linear probe acc |",
+             "same-topic pairs: fine-tuned acc (per seed) | same-topic pairs: linear probe acc |",
              "|---|---|---|---|---|---|---|---|"]
     for objective in ("mlm", "mlm-nsp"):
         run = out / objective
