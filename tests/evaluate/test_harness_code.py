@@ -37,7 +37,7 @@ class Oracle(LM):
             problem = next(p for p in self.problems if context.endswith(p["prompt"]))
             i = self.seen[problem["task_id"]]
             self.seen[problem["task_id"]] += 1
-            out.append(problem["canonical_solution"] if i < self.right else "    return None\n")
+            out.append(problem["canonical_solution"] if i < self.right else "\n    return None\n")
         return out
 
     def loglikelihood(self, requests):

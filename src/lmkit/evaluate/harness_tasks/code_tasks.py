@@ -56,11 +56,13 @@ def function_problems() -> list[dict]:
         fills = [{"k": k, "c": ""} for k in range(2, 20)] if "{k}" in name else [{"k": 0, "c": c} for c in "abdeinorst"]
         for fill in fills:
             entry = name.format(**fill)
-            prompt = f'def {entry}({arg}):\n    """{doc.format(**fill)}"""\n'
+            # the prompt ends at the docstring's closing quotes: a trailing newline would split the line break from
+            # the indentation that BPE merged with it in training, and a small model reads a lone newline as the end
+            prompt = f'def {entry}({arg}):\n    """{doc.format(**fill)}"""'
             ref = reference.format(**fill)
             checks = "".join(f"    assert candidate({i.format(**fill)}) == ({ref})({i.format(**fill)})\n" for i in inputs)
             rows.append({"task_id": f"pycode_functions/{entry}", "prompt": prompt, "entry_point": entry,
-                         "canonical_solution": f"    {body.format(**fill)}\n", "test": f"def check(candidate):\n{checks}"})
+                         "canonical_solution": f"\n    {body.format(**fill)}\n", "test": f"def check(candidate):\n{checks}"})
     return rows
 
 
