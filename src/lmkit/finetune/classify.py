@@ -209,6 +209,7 @@ class ClassifyJob(Job):
     written_files = ("finetune.json", "config.json", "model.safetensors", "adapter_config.json",
                      "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
     temporary_prefixes = (".best.",)
+    best_by = ("macro_f1", "accuracy")  # the held-out metrics that pick the kept model, in order
 
     def __init__(self, cfg: FinetuneConfig, model, tok, train: list[Example], held: list[Example],
                  labels: dict[str, int]):
@@ -253,8 +254,8 @@ class ClassifyJob(Job):
         return {"accuracy": accuracy(preds, gold), "macro_f1": macro_f1(preds, gold)}
 
     def logged(self, loop, row: dict) -> None:
-        """After an epoch's row: the model saved when it is the best so far (by macro-F1, then accuracy)."""
-        if self.best is None or (row["macro_f1"], row["accuracy"]) > (self.best["macro_f1"], self.best["accuracy"]):
+        """After an epoch's row: the model saved when it is the best so far (by `best_by`, in order)."""
+        if self.best is None or [row[k] for k in self.best_by] > [self.best[k] for k in self.best_by]:
             self.best = dict(row)
             _save(self.model, self.tok, Path(self.cfg.out))
 

@@ -26,7 +26,7 @@ from lmkit.atomic import atomic_write_bytes
 from lmkit.data.tokenize import special_ids
 from lmkit.device import module_device, resolve_device, to_device
 from lmkit.errors import ConfigError, CorpusError
-from lmkit.finetune.classify import ClassifyJob, FinetuneConfig, _save, classifier_from_pretrained
+from lmkit.finetune.classify import ClassifyJob, FinetuneConfig, classifier_from_pretrained
 from lmkit.finetune.common import check_run, fitting_length, run_epochs
 from lmkit.finetune.metrics import squad_scores
 from lmkit.finetune.token_classification import frame, word_pieces
@@ -222,6 +222,8 @@ class QAObjective:
 class QAJob(ClassifyJob):
     """Extractive QA on the classification job's epochs (over features): its batches, loss, EM and F1."""
 
+    best_by = ("f1", "exact_match")
+
     def __init__(self, cfg, model, tok, train: list[Feature], held: list[dict], labels: dict, stride: int,
                  max_answer: int):
         super().__init__(cfg, model, tok, train, held, labels)
@@ -233,11 +235,6 @@ class QAJob(ClassifyJob):
     def evaluate(self, precision: str) -> dict[str, float]:
         pred = predict_answers(self.model, self.tok, self.held, self.cfg.max_length, self.stride, self.max_answer)
         return squad_scores(pred, {r["id"]: r["answers"]["text"] for r in self.held})
-
-    def logged(self, loop, row: dict) -> None:
-        if self.best is None or (row["f1"], row["exact_match"]) > (self.best["f1"], self.best["exact_match"]):
-            self.best = dict(row)
-            _save(self.model, self.tok, Path(self.cfg.out))
 
     def report_line(self, loop, row: dict, result: dict) -> str:
         return (f"epoch {row['epoch']}/{self.cfg.epochs}: train loss {row['train_loss']:.4f}, exact match "

@@ -23,7 +23,7 @@ from lmkit.atomic import atomic_write_bytes
 from lmkit.data.tokenize import special_ids
 from lmkit.device import module_device, resolve_device, to_device
 from lmkit.errors import CorpusError
-from lmkit.finetune.classify import ClassifyJob, FinetuneConfig, _save, classifier_from_pretrained
+from lmkit.finetune.classify import ClassifyJob, FinetuneConfig, classifier_from_pretrained
 from lmkit.finetune.common import check_run, fitting_length, peft_for_task, run_epochs
 from lmkit.finetune.metrics import entity_scores
 from lmkit.objectives import IGNORE_INDEX, LossSum
@@ -175,6 +175,8 @@ class TokenObjective:
 class TokenJob(ClassifyJob):
     """Token classification on the classification job's epochs: its batches, loss and entity scores."""
 
+    best_by = ("f1", "accuracy")
+
     def __init__(self, cfg: FinetuneConfig, model, tok, train: list[dict], held: list[dict], labels: dict[str, int]):
         super().__init__(cfg, model, tok, train, held, labels)
         self.objective, self.names = TokenObjective(), list(labels)
@@ -189,12 +191,6 @@ class TokenJob(ClassifyJob):
     def evaluate(self, precision: str) -> dict[str, float]:
         pred = predict_tags(self.model, self.tok, self.held, self.names, self.cfg.max_length)
         return entity_scores(pred, [r["tags"] for r in self.held])
-
-    def logged(self, loop, row: dict) -> None:
-        """After an epoch's row: the model saved when its entity F1 is the best so far (then token accuracy)."""
-        if self.best is None or (row["f1"], row["accuracy"]) > (self.best["f1"], self.best["accuracy"]):
-            self.best = dict(row)
-            _save(self.model, self.tok, Path(self.cfg.out))
 
     def report_line(self, loop, row: dict, result: dict) -> str:
         return (f"epoch {row['epoch']}/{self.cfg.epochs}: train loss {row['train_loss']:.4f}, entity precision "
