@@ -15,9 +15,9 @@ CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role
 
 
 def make_folder(path, family: str = "gpt2", seed: int = 0, chat: bool = True, n_positions: int = 256, width: int = 32,
-                fim: bool = False):
-    """A random tiny `family` ("gpt2" or "llama") folder whose vocabulary is the tokenizer's (with `fim`, StarCoder's
-    fill-in-the-middle sentinels in it)."""
+                fim: bool = False, sliding_window: int = 6):
+    """A random tiny `family` ("gpt2", "llama", or "mistral": llama's shape sliding over `sliding_window` positions)
+    folder whose vocabulary is the tokenizer's (with `fim`, StarCoder's fill-in-the-middle sentinels in it)."""
     import transformers
 
     sentinels = ["<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>"] if fim else []
@@ -31,10 +31,13 @@ def make_folder(path, family: str = "gpt2", seed: int = 0, chat: bool = True, n_
                                       bos_token_id=eos, eos_token_id=eos)
         model = transformers.GPT2LMHeadModel(cfg)
     else:
-        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2,
-                                       max_position_embeddings=n_positions, bos_token_id=eos, eos_token_id=eos)
-        model = transformers.LlamaForCausalLM(cfg)
+        shape = dict(vocab_size=vocab, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=n_positions,
+                     bos_token_id=eos, eos_token_id=eos)
+        if family == "mistral":
+            model = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=sliding_window, **shape))
+        else:
+            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
     model.save_pretrained(path)
     tok.save(str(path / "tokenizer.json"))
     config = {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast",

@@ -246,7 +246,9 @@ class DecodePlan:
         With t > 1 tokens a row (drafted ones, checked at once) the logits after each, (B, t, V).
 
         `bias` is the boolean attention mask (B, 1, t, past + t) of padded batches (causal within the t new
-        tokens), else None, which t > 1 does not take: the plan's own layers do not slide then either.
+        tokens), else None, which t > 1 does not take: the plan's own layers do not slide then either. It may also
+        be a dict {window (None: full attention): mask} where the cache lays keys out per row (the serving engine's
+        slots): a layer then takes its window's mask over every key instead of the cache's last W keys.
         """
         B, t = tokens.shape
         if t > 1 and bias is None:
@@ -255,8 +257,11 @@ class DecodePlan:
         rope = None if self.rotary is None else rotary_factors(*self.rotary(position_ids, x.dtype), self.interleaved)
         pre = self.placement != "post"
         exact = x.dtype in _EXACT_DTYPES and not torch.is_autocast_enabled(x.device.type)
-        if exact and bias is not None:  # the boolean mask as the additive bias _attend_one adds, built once a step
-            bias = torch.zeros(bias.shape, dtype=x.dtype, device=x.device).masked_fill_(~bias, float("-inf"))
+        masks = bias if isinstance(bias, dict) else None  # per window
+        if exact and masks is not None:  # the boolean masks as the additive bias _attend_one adds, built once a step
+            masks = {w: _additive(m, x.dtype) for w, m in masks.items()}
+        elif exact and bias is not None:
+            bias = _additive(bias, x.dtype)
         for i, layer in enumerate(self.layers):
             heads, kv_heads, head_dim = layer.heads, layer.kv_heads, layer.head_dim
             q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
@@ -275,6 +280,8 @@ class DecodePlan:
             q, k = qk.split((heads, kv_heads), dim=1)
             k, v = cache.update(i, k, v)
             mask, window = bias, layer.window
+            if masks is not None:  # the window's own mask over every key
+                mask, window = masks[window], None
             if window is not None and k.shape[2] > window:  # the keys the sliding mask leaves: the last W
                 k, v = k[:, :, -window:], v[:, :, -window:]
                 mask = None if bias is None else bias[..., -window:]
@@ -302,6 +309,11 @@ class DecodePlan:
 
 
 _EXACT_DTYPES = (torch.float32, torch.float64)  # where attention written as two products is as exact as SDPA's
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as the additive bias (0 where allowed, -inf where not)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,

@@ -57,12 +57,11 @@ class Engine:
         config = model.config
         if config.architecture != "decoder":
             raise GenerationError(f"the serving engine decodes decoder-only models; this folder is {config.architecture}")
-        if any(config.layer_window(i) is not None for i in range(config.n_layers)):
-            raise GenerationError("the serving engine does not implement sliding-window attention yet; use generate")
         if max_batch < 1 or prefill_chunk < 1:
             raise GenerationError(f"max_batch and prefill_chunk must be >= 1, got {max_batch} and {prefill_chunk}")
         self.model, self.max_batch, self.prefill_chunk = place(model, device).eval(), max_batch, prefill_chunk
         self.device = module_device(self.model)
+        self.windows = {config.layer_window(i) for i in range(config.n_layers)} - {None}  # sliding layers' windows
         self.cache = SlotCache(max_batch)
         self.prefix = PrefixCache(self.model, cache_memory) if cache_memory else None
         self.adapters = Adapters(self.model)
@@ -296,7 +295,7 @@ class Engine:
 
     def _decode(self, requests: list[Request]) -> None:
         slots = [r.slot for r in requests]
-        view = DecodeView(self.cache, slots, self.device)
+        view = DecodeView(self.cache, slots, self.device, self.windows)
         tokens = torch.tensor([[r.output[-1]] for r in requests], device=self.device)
         adapted = self.adapters.route([r.adapter for r in requests])
         plan = None if adapted else self._plan(len(requests))

@@ -73,16 +73,22 @@ class PrefillView:
 
 class DecodeView:
     """The cache as one decoding step over the rows `slots` (one new token each, at each slot's length) sees it:
-    keys 0..max length, of which row i may attend to 0..lengths[i] (the mask `allowed`)."""
+    keys 0..max length, of which row i may attend to 0..lengths[i] (the mask `allowed`); with sliding `windows`,
+    `allowed` is a dict {window (None: full attention): mask}, a layer sliding over W seeing lengths[i] - W < j
+    only, as the model's sliding mask has it."""
 
-    def __init__(self, cache: SlotCache, slots: list[int], device: torch.device):
+    def __init__(self, cache: SlotCache, slots: list[int], device: torch.device, windows: set = frozenset()):
         self.cache, self.cross = cache, {}
         self.rows = torch.tensor(slots, device=device)
         self.lengths = torch.tensor([cache.lengths[s] for s in slots], device=device)
         self.past = max(cache.lengths[s] for s in slots)
         self.span = slice(slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) \
             else None  # consecutive slots are read as a view instead of gathered
-        self.allowed = (torch.arange(self.past + 1, device=device)[None] <= self.lengths[:, None])[:, None, None]
+        keys = torch.arange(self.past + 1, device=device)[None]
+        self.allowed = (keys <= self.lengths[:, None])[:, None, None]
+        if windows:
+            self.allowed = {None: self.allowed, **{w: self.allowed & (keys > self.lengths[:, None] - w)[:, None, None]
+                                                   for w in windows if w is not None}}
 
     def get_seq_length(self, layer: int = 0) -> int:
         return self.past

@@ -72,7 +72,8 @@ class CausalLM(PreTrainedModel, GenerationMixin):
                                                ignore_index=-100)
         aux_loss = router_logits = None
         if self.config.n_experts:
-            rows = attention_mask[:, past:past + length] if attention_mask is not None else None
+            padded = torch.is_tensor(attention_mask) and attention_mask.dim() == 2  # not a prepared 4-D mask or dict
+            rows = attention_mask[:, past:past + length] if padded else None
             aux_loss, router_logits = self.decoder.aux_loss(rows), self.decoder.router_logits()
             if output_router_logits is None:
                 output_router_logits = self.config.output_router_logits

@@ -44,7 +44,9 @@ class Stack(nn.Module):
                 memory_mask: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 keep: torch.Tensor | None = None, global_attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The last hidden states (B, T, d); with `keep` (positions 0..T-1) those at `keep` alone, (B, len(keep), d),
-        the last block then attending and running its FFN at those positions only (`_prunes`).
+        the last block then attending and running its FFN at those positions only (`_prunes`). `attention_mask`
+        may also be a dict {window (None: full attention): prepared (B, 1, T, past + T) mask} where the caller lays
+        keys out itself (the serving engine's slots): each layer takes the entry of its `config.layer_window`.
         global_attention_mask (B, T): the tokens with global attention of a sparse (Longformer) stack."""
         if inputs_embeds is None:
             B, T = input_ids.shape
@@ -63,6 +65,9 @@ class Stack(nn.Module):
             raise ConfigError("global_attention_mask is read by Longformer models only; leave it out for this model")
         if sparse is not None:  # a per-token mask; the layers never build T x T
             masks = {None: (token_mask(attention_mask, global_attention_mask, B, T, device), False)}
+        elif isinstance(attention_mask, dict):  # prepared masks per window, as transformers 5's mask mapping
+            masks = {w: build_attention_bias(attention_mask[w], B, T, past + T, self.causal, dtype, device, w)
+                     for w in set(windows)}
         else:
             masks = {w: self._structured_mask(attention_mask, B, T, past, w)
                      or self._self_attention_bias(attention_mask, B, T, past, dtype, device, w) for w in set(windows)}
