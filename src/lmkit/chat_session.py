@@ -5,7 +5,9 @@
 
 Before each reply the conversation is rendered with add_generation_prompt; when prompt + max_new_tokens would pass
 the model's positions, the oldest exchanges (a user turn and what follows it, the system prompt kept) are dropped
-and `dropped` counts them. The reply stops at every end token the model declares (`end_ids`). The sampling
+and `dropped` counts them. The reply decodes through the serving `Engine` (one slot, the whole prompt in one
+prefill chunk, a prefix cache of one context, so that a turn reuses the keys and values of the conversation before
+it), token by token to the streamer, and stops at every end token the model declares (`end_ids`). The sampling
 defaults of every chat surface (this, the chat page, the API) are the folder's generation_config.json values, which
 `finetune --task sft` writes as CHAT_SAMPLING.
 """
@@ -15,6 +17,9 @@ import torch
 
 from lmkit.device import place
 from lmkit.errors import GenerationError
+from lmkit.generation.config import GenerationConfig
+from lmkit.generation.engine import Engine, Request
+from lmkit.generation.prefix_cache import token_bytes
 
 # the sampling `finetune --task sft` writes into generation_config.json, so that every chat surface reads the same
 CHAT_SAMPLING = {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
@@ -94,6 +99,7 @@ class ChatSession:
         self.top_k = top_k if top_k is not None else folder.get("top_k")
         self.max_new_tokens = reply_room(self.context) if max_new_tokens is None else max_new_tokens
         self.stops = end_ids(model, tok)
+        self.engine: Engine | None = None  # made at the first reply, with the model as it is then
         if self.max_new_tokens >= self.context:
             raise GenerationError(f"--max-new-tokens {self.max_new_tokens} leaves no room for the conversation: the "
                                   f"model has {self.context} positions; use at most {self.context - 1} (the default, "
@@ -134,31 +140,34 @@ class ChatSession:
         if on_drop is not None and self.dropped > before:
             on_drop(self.dropped - before)
         sampling = bool(self.temperature)
-        collected = _Collect(streamer)
+        config = GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=sampling,
+                                  temperature=self.temperature or 1.0, top_p=self.top_p if sampling else None,
+                                  top_k=self.top_k if sampling else None, eos_token_id=self.stops or None,
+                                  pad_token_id=self.stops[0] if self.stops else None)
+        request, sent = Request(prompt=ids, config=config), 0
         try:
-            self.model.generate(torch.tensor([ids]), max_new_tokens=self.max_new_tokens, do_sample=sampling,
-                                temperature=self.temperature or 1.0, top_p=self.top_p if sampling else None,
-                                top_k=self.top_k if sampling else None, eos_token_id=self.stops or None,
-                                pad_token_id=self.stops[0] if self.stops else None, streamer=collected)
+            engine = self._engine()
+            engine.submit(request)  # bad settings raise here, before the streamer shows anything
+            if streamer is not None:
+                streamer.put(torch.tensor([ids]))
+            while not request.finished:
+                engine.step()
+                if streamer is not None:
+                    for token in request.output[sent:]:
+                        streamer.put(torch.tensor([token]))
+                sent = len(request.output)
+            if streamer is not None:
+                streamer.end()
+        except BaseException:
+            self.engine = None  # a step cut short (Ctrl-C) leaves the engine's state half-written: start anew
+            raise
         finally:
-            reply = self.tok.decode([i for i in collected.ids if i not in self.stops], skip_special_tokens=True)
+            reply = self.tok.decode([i for i in request.output[:sent] if i not in self.stops], skip_special_tokens=True)
             self.messages.append({"role": "assistant", "content": reply})
         return reply
 
-
-class _Collect:
-    """A streamer that keeps the new ids and forwards everything to another streamer (the prompt's put first)."""
-
-    def __init__(self, inner):
-        self.inner, self.ids, self.prompt_seen = inner, [], False
-
-    def put(self, ids) -> None:
-        if self.prompt_seen:
-            self.ids.extend(ids.reshape(-1).tolist())
-        self.prompt_seen = True
-        if self.inner is not None:
-            self.inner.put(ids)
-
-    def end(self) -> None:
-        if self.inner is not None:
-            self.inner.end()
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            self.engine = Engine(self.model, max_batch=1, prefill_chunk=self.context,
+                                 cache_memory=token_bytes(self.model) * self.context)
+        return self.engine

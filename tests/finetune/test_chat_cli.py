@@ -185,3 +185,30 @@ def test_defaults_fit_a_short_context_and_the_folder_sets_the_sampling(tmp_path)
     assert ChatSession(model, tok, temperature=1.2).temperature == 1.2  # a flag still wins
     model.generation_defaults = {"do_sample": False, "temperature": 0.7}  # greedy, as transformers reads the file
     assert ChatSession(model, tok).temperature == 0
+
+
+def test_replies_decode_through_the_engine_as_generate_does(tmp_path):
+    """Three greedy turns: each reply streams one token a put and equals generate's on the rendered conversation;
+    later turns reuse the conversation's keys and values from the engine's prefix cache."""
+    folder = _folder(tmp_path / "turns", 512, eos=True)
+    model, tok = lmkit.load_model(folder), lmkit.load_tokenizer(folder)
+    session = ChatSession(model, tok, system="be brief", max_new_tokens=20, temperature=0)
+    for text in ["hello there, how are you?", "fine thanks and you", "hello"]:
+        prompt = tok.apply_chat_template(session.messages + [{"role": "user", "content": text}],
+                                         add_generation_prompt=True, return_dict=False)
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=20, eos_token_id=session.stops,
+                                  pad_token_id=session.stops[0])[0, len(prompt):].tolist()
+        streamed = []
+
+        class Sink:
+            def put(self, ids):
+                streamed.append(ids.reshape(-1).tolist())
+
+            def end(self):
+                streamed.append("end")
+
+        reply = session.send(text, Sink())
+        assert streamed[0] == prompt and streamed[-1] == "end"
+        assert streamed[1:-1] == [[t] for t in expected]
+        assert reply == tok.decode([t for t in expected if t not in session.stops], skip_special_tokens=True)
+    assert session.engine.prefix.hits > 0
