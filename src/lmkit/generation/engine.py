@@ -1,26 +1,18 @@
-"""Continuous batching for decoder-only models: one running batch that requests join and leave between steps.
+"""Continuous batching: one running batch that requests join and leave between steps (docs/serving.md).
 
 Each request owns a slot of `SlotCache` (its keys and values, at its own length), its resolved settings, its own
 `torch.Generator` and stop criteria. A step admits waiting requests into free slots and spends a budget of
 `prefill_chunk` tokens as vLLM's chunked prefill does: one for each running stream's next token, what is left on
 chunks of waiting prompts (so arrivals lengthen a running stream's step by at most the budget, not by their
 prompts' length). It prefills those chunks, then runs one decoding step for every request past its prompt as one
-batch: new token i attends to its own slot's
-keys 0..L_i through a per-row mask, at position L_i. The next token comes from the same per-step core as
-`model.generate` (`step.next_scores` and `step.pick`), so greedy and seeded requests give the ids
-`model.generate` gives run alone (with torch.manual_seed(seed) before it), whatever else runs beside them.
-
-A `Group` is n requests continuing one prompt as the n rows of `generate(num_return_sequences=n)`: one of them
-prefills the prompt and the others copy its keys and values; they share one generator, from which each step draws
-every member's token in one (members, V) draw, a uniform row for finished members (generate samples its finished
-rows as well: torch.multinomial's draws for a row depend on the vocabulary size only), so member j gets row j of
-generate.
-
-Per step the engine's own Python work stays small beside the model's: greedy rows without score processing take
-their tokens from one argmax over the batch (the same ids as a per-row argmax), the decoding plans are built once
-per engine (one for a single row, one for several: oneDNN's packed weights give the same products whatever the
-number of rows), and the `on_event` calls of a step come together at its end, so that a server waking its
-streams from them wakes once per step.
+batch: new token i attends to its own slot's keys 0..L_i through a per-row mask (and, in a layer sliding over W,
+keys past L_i - W only), at position L_i. An encoder-decoder's request is admitted by generate's own first step
+(`cross_attention.py`: the source encoded once, its cross-attention keys and values kept with the slot). The next
+token comes from the same per-step core as `model.generate` (`step.next_scores` and `step.pick`), so greedy and
+seeded requests give the ids `model.generate` gives run alone (with torch.manual_seed(seed) before it), whatever
+else runs beside them; a `Group` (requests.py) gives the rows of `generate(num_return_sequences=n)`.
+Per step, greedy rows without score processing take their tokens from one argmax over the batch, the decoding
+plans are built once per engine, and the `on_event` calls of a step come together at its end.
 """
 from __future__ import annotations
 
@@ -34,6 +26,7 @@ import torch
 from lmkit.device import module_device, place
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
+from lmkit.generation.cross_attention import EncoderDecoderRows
 from lmkit.generation.logprobs import record_prompt_logprobs, top_logprobs
 from lmkit.generation.lora_rows import Adapters, Weights
 from lmkit.generation.prefix_cache import PrefixCache
@@ -45,7 +38,7 @@ from lmkit.generation.slots import DecodeView, SlotCache, prefill_logits
 
 
 class Engine:
-    """Runs `Request`s through `model` (a decoder-only CausalLM) `max_batch` at a time; see the module docstring.
+    """Runs `Request`s through `model` (decoder-only or encoder-decoder) `max_batch` at a time; see the module docstring.
 
     The engine takes the model as it is when it first decodes: change its weights or hooks, or torch's thread
     count, and make a new engine."""
@@ -55,15 +48,18 @@ class Engine:
         """`device` ("auto", "cpu", "cuda[:N]", "mps"): where the model is moved to run; None: where it is.
         `cache_memory`: bytes of keys and values the prefix cache keeps for later requests (0: no prefix caching)."""
         config = model.config
-        if config.architecture != "decoder":
-            raise GenerationError(f"the serving engine decodes decoder-only models; this folder is {config.architecture}")
+        if config.architecture not in ("decoder", "encoder-decoder"):
+            raise GenerationError(f"the serving engine decodes decoder-only and encoder-decoder models; this folder is "
+                                  f"{config.architecture}")
         if max_batch < 1 or prefill_chunk < 1:
             raise GenerationError(f"max_batch and prefill_chunk must be >= 1, got {max_batch} and {prefill_chunk}")
         self.model, self.max_batch, self.prefill_chunk = place(model, device).eval(), max_batch, prefill_chunk
         self.device = module_device(self.model)
         self.windows = {config.layer_window(i) for i in range(config.n_layers)} - {None}  # sliding layers' windows
         self.cache = SlotCache(max_batch)
-        self.prefix = PrefixCache(self.model, cache_memory) if cache_memory else None
+        seq2seq = config.architecture == "encoder-decoder"
+        self.seq2seq = EncoderDecoderRows(self.model, max_batch) if seq2seq else None
+        self.prefix = PrefixCache(self.model, cache_memory) if cache_memory and not seq2seq else None
         self.adapters = Adapters(self.model)
         self._model_lock = threading.Lock()  # held by a step, and by adding or removing an adapter
         self.free = list(range(max_batch))
@@ -81,8 +77,11 @@ class Engine:
             raise GenerationError("the prompt is empty; give at least one token")
         ids = torch.tensor([request.prompt], device=self.device)
         config = GenerationConfig.build(request.config, max_new_tokens=1) if request.score_only else request.config
-        decoding = decoding_for(self.model, ids, None, config, len(request.prompt))
+        start = self.model.generation_prompt_length(ids, {})  # the prompt, or an encoder-decoder's decoder prompt
+        decoding = decoding_for(self.model, ids, None, config, start)
         cfg = decoding.config
+        if self.seq2seq is not None:
+            self.seq2seq.check(request)
         if cfg.num_beams != 1 or cfg.num_return_sequences != 1:
             raise GenerationError("the engine decodes one sequence per request without beams; for n samples "
                                   "prepare n requests as a group (Engine.prepare_group)")
@@ -91,7 +90,7 @@ class Engine:
         if decoding.stops and request.tokenizer is None:
             raise GenerationError("stop_strings needs the tokenizer: set Request.tokenizer")
         if request.presence_penalty or request.frequency_penalty:  # the request's own processor, before the config's
-            decoding.processors.insert(0, CountPenalties(len(request.prompt), request.presence_penalty,
+            decoding.processors.insert(0, CountPenalties(start, request.presence_penalty,
                                                          request.frequency_penalty))
         decoding.processors[:0] = request.processors  # a grammar's mask before everything else, as generate has it
         request.decoding = decoding
@@ -225,8 +224,9 @@ class Engine:
                 break
             if request.prefilled < len(request.prompt) and not request.finished \
                     and (request.group is None or request.group.leader() is request):
-                chunks.append((request, min(len(request.prompt) - request.prefilled, budget)))
-                budget -= chunks[-1][1]
+                count = len(request.prompt) - request.prefilled
+                chunks.append((request, count if self.seq2seq is not None else min(count, budget)))  # a source whole
+                budget = max(budget - chunks[-1][1], 0)
                 fresh.update(id(m) for m in (request.group.members if request.group is not None else [request]))
         if chunks:
             self._prefill(chunks)
@@ -246,7 +246,11 @@ class Engine:
     def _prefill(self, chunks: list[tuple[Request, int]]) -> None:
         """Feed each request its next `count` prompt tokens ((request, count) pairs): one that wants every position's
         log-probability alone, the others as one left-padded batch; after a prompt's last token, choose its first
-        new token."""
+        new token. An encoder-decoder's requests each take generate's first step alone (`EncoderDecoderRows`)."""
+        if self.seq2seq is not None:
+            for request, count in chunks:
+                self._prefilled(request, self.seq2seq.admit(request, self.cache), 0, count)
+            return
         batch = [c for c in chunks if c[0].prompt_logprobs is None]
         for rows in [[c] for c in chunks if c[0].prompt_logprobs is not None] + ([batch] if batch else []):
             requests, starts, counts = [r for r, _ in rows], [r.prefilled for r, _ in rows], [c for _, c in rows]
@@ -262,7 +266,8 @@ class Engine:
         """Record that `request`'s prompt is in its slot up to `end`; `logits` of its chunk start..end-1 (all or the
         last); after the last prompt token, choose the first new token."""
         prompt = request.prompt
-        self.cache.lengths[request.slot] = end
+        if self.seq2seq is None:  # an encoder-decoder's slot holds its decoder prompt, written at admission
+            self.cache.lengths[request.slot] = end
         request.prefilled = end
         if self.prefix is not None:
             self.prefix.store(self.cache, request.slot, prompt[:end], self.adapters.key(request.adapter))
@@ -273,6 +278,9 @@ class Engine:
             for member in members:
                 if member is not request:  # the rest of the group takes the prompt as this request prefilled it
                     self.cache.copy(request.slot, member.slot)
+                    if self.seq2seq is not None:
+                        self.seq2seq.cross.copy(request.slot, member.slot)
+                    member.decoder_prompt = request.decoder_prompt
                     member.prefilled = end
                     member.prompt_token_logprobs = list(request.prompt_token_logprobs)
                     member.prompt_top_logprobs = list(request.prompt_top_logprobs)
@@ -295,11 +303,13 @@ class Engine:
 
     def _decode(self, requests: list[Request]) -> None:
         slots = [r.slot for r in requests]
-        view = DecodeView(self.cache, slots, self.device, self.windows)
         tokens = torch.tensor([[r.output[-1]] for r in requests], device=self.device)
         adapted = self.adapters.route([r.adapter for r in requests])
-        plan = None if adapted else self._plan(len(requests))
-        if plan is not None:
+        plan = None if adapted or self.seq2seq is not None else self._plan(len(requests))
+        view = DecodeView(self.cache, slots, self.device, self.windows) if self.seq2seq is None else None
+        if self.seq2seq is not None:
+            logits = self.seq2seq.logits(self.cache, slots, tokens)
+        elif plan is not None:
             logits = plan.step(tokens, view, view.lengths[:, None], view.allowed)
         else:
             logits = self.model(tokens, attention_mask=view.allowed, position_ids=view.lengths[:, None],
@@ -308,7 +318,7 @@ class Engine:
         for slot in slots:
             self.cache.lengths[slot] += 1
         logits = logits.float()
-        plain = [_plain_greedy(r) for r in requests]
+        plain = [r.plain_greedy for r in requests]
         argmax = logits.argmax(-1).tolist() if any(plain) else None
         groups: dict[int, tuple[Group, dict[int, torch.Tensor]]] = {}
         for row, request in enumerate(requests):
@@ -346,7 +356,7 @@ class Engine:
 
     def _scores(self, request: Request, logits: torch.Tensor) -> torch.Tensor:
         """The processed scores (1, V) of `request`'s next token from its raw logits (1, V)."""
-        decoding, prompt = request.decoding, request.prompt
+        decoding, prompt = request.decoding, request.history
         acts = decoding.processors.acts_at(len(prompt) + len(request.output))
         sequence = torch.tensor([prompt + request.output], device=self.device) if acts else None
         return next_scores(sequence, logits, decoding)
@@ -386,9 +396,3 @@ class Engine:
         else:
             request.done.set()
 
-
-def _plain_greedy(request: Request) -> bool:
-    """Whether the next token of `request` is the argmax of its raw logits: greedy, and no processor (penalties,
-    min_new_tokens's EOS ban ...) changes the scores at this step."""
-    decoding = request.decoding
-    return not decoding.config.do_sample and not decoding.processors.acts_at(len(request.prompt) + len(request.output))

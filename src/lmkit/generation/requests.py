@@ -45,16 +45,33 @@ class Request:
     slot: int | None = None
     prefilled: int = 0
     cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+    decoder_prompt: list[int] | None = None  # an encoder-decoder's: what its output continues (the prompt is the source)
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Whether the next token is the argmax of the raw logits: greedy, and no processor (penalties,
+        min_new_tokens's EOS ban ...) changes the scores at this step."""
+        decoding = self.decoding
+        return not decoding.config.do_sample and not decoding.processors.acts_at(len(self.history) + len(self.output))
+
+    @property
+    def history(self) -> list[int]:
+        """The ids the output continues: the prompt, or an encoder-decoder's decoder prompt."""
+        return self.prompt if self.decoder_prompt is None else self.decoder_prompt
+
 
 @dataclass(eq=False)
 class Group:
-    """Requests continuing one prompt together as the rows of one `generate(num_return_sequences=n)`."""
+    """Requests continuing one prompt together as the rows of one `generate(num_return_sequences=n)`: one of them
+    prefills the prompt and the others copy its keys and values; they share one generator, from which each step draws
+    every member's token in one (members, V) draw, a uniform row for finished members (generate samples its finished
+    rows as well: torch.multinomial's draws for a row depend on the vocabulary size only), so member j gets row j of
+    generate."""
 
     members: list[Request]
     generator: torch.Generator | None = None

@@ -80,12 +80,15 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 decoder_input_ids: torch.Tensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
                 encoder_outputs=None, past_key_values: KVCache | None = None, use_cache: bool = False,
-                labels: torch.Tensor | None = None, logits_to_keep: int = 0) -> ModelOutput:
+                labels: torch.Tensor | None = None, logits_to_keep: int = 0,
+                decoder_position_ids: torch.Tensor | None = None) -> ModelOutput:
         """Logits (B, Td, V); with labels (B, Td), the mean cross-entropy over labels != -100.
 
         Without decoder_input_ids, the decoder reads `labels` shifted right (teacher forcing; mBART wraps the last
         non-pad label to the front).
-        `encoder_outputs` (a tensor or a ModelOutput) skips the encoder.
+        `encoder_outputs` (a tensor or a ModelOutput) skips the encoder. `decoder_position_ids` (B, Td): each decoder
+        token's position, where rows of one batch stand at different lengths (the serving engine's); default
+        past..past + Td - 1.
         """
         if encoder_outputs is None:
             memory = self.encode(input_ids, attention_mask)
@@ -100,8 +103,8 @@ class Seq2SeqLM(PreTrainedModel, GenerationMixin):
         if use_cache and past_key_values is None:
             past_key_values = KVCache()
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        h = self.decoder(decoder_input_ids, attention_mask=decoder_attention_mask, cache=past_key_values,
-                         memory=memory, memory_mask=attention_mask)
+        h = self.decoder(decoder_input_ids, attention_mask=decoder_attention_mask, position_ids=decoder_position_ids,
+                         cache=past_key_values, memory=memory, memory_mask=attention_mask)
         length = h.shape[1]
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
