@@ -48,6 +48,39 @@ def make_folder(path, family: str = "gpt2", seed: int = 0, chat: bool = True, n_
     return path
 
 
+def make_seq2seq_folder(path, family: str = "t5", seed: int = 0, width: int = 32):
+    """A random tiny `family` ("t5": v1.1, gated, untied; or "bart") encoder-decoder folder whose vocabulary is the
+    tokenizer's, EOS its <|endoftext|>."""
+    import transformers
+
+    tok = lmkit.train_tokenizer(TEXTS, kind="bpe", vocab_size=300, special_tokens=["<|endoftext|>", "<pad>"])
+    eos, pad = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<pad>")
+    torch.manual_seed(seed)
+    if family == "t5":
+        cfg = transformers.T5Config(vocab_size=tok.vocab_size, d_model=width, d_kv=8, d_ff=2 * width, num_layers=2,
+                                    num_decoder_layers=2, num_heads=4, feed_forward_proj="gated-gelu",
+                                    tie_word_embeddings=False, decoder_start_token_id=pad, pad_token_id=pad,
+                                    eos_token_id=eos, dropout_rate=0.0)
+        model = transformers.T5ForConditionalGeneration(cfg)
+    else:
+        cfg = transformers.BartConfig(vocab_size=tok.vocab_size, d_model=width, encoder_layers=2, decoder_layers=2,
+                                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * width,
+                                      decoder_ffn_dim=2 * width, max_position_embeddings=128, dropout=0.0,
+                                      bos_token_id=eos, eos_token_id=eos, pad_token_id=pad,
+                                      decoder_start_token_id=eos, forced_eos_token_id=None)
+        model = transformers.BartForConditionalGeneration(cfg)
+    with torch.no_grad():  # larger weights than the default init, so that outputs differ between sources
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    model.save_pretrained(path)
+    tok.save(str(path / "tokenizer.json"))
+    config = {"eos_token": "<|endoftext|>", "pad_token": "<pad>", "tokenizer_class": "PreTrainedTokenizerFast",
+              "model_max_length": 128}
+    (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
 def free_port() -> int:
     import socket
 

@@ -74,7 +74,7 @@ class Server:
                 self.rag = RagIndex.open(self.rag_path, device=self.device)
             encoder_folder = (self.folder / "modules.json").is_file()
             model = None if encoder_folder else lmkit.load_model(self.folder, dtype=self.dtype, device=self.device)
-            if model is None or model.config.architecture != "decoder":
+            if model is None or model.config.architecture not in ("decoder", "encoder-decoder"):  # the engine's
                 self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder, dtype=self.encoder_dtype,
                                                                      device=self.device)
                 self.tokenizer = self.encoder.tokenizer
