@@ -28,15 +28,33 @@ def _gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def beam_search(model, input_ids: torch.Tensor, decoding: Decoding, **model_kwargs) -> torch.Tensor:
     """The n = num_return_sequences best hypotheses per row, best first (B * n, prompt + generated); the model is
-    called through its `DecodingInterface`, the scores through the decoding's processors."""
+    called through its `DecodingInterface`, the scores through the decoding's processors (`beam_steps`)."""
+    start, state = model.prepare_generation(input_ids, decoding.attention_mask, **model_kwargs)
+    steps = beam_steps(start, decoding)
+    parents, tokens = next(steps)
+    while True:
+        model.reorder_generation(state, parents)
+        try:
+            parents, tokens = steps.send(model.generation_logits(state, tokens))
+        except StopIteration as done:
+            finals, lengths = done.value
+            n = decoding.config.num_return_sequences
+            length = start.shape[1] + int(lengths[:, :n].max())
+            return finals[:, :n, :length].reshape(start.shape[0] * n, length)
+
+
+def beam_steps(start: torch.Tensor, decoding: Decoding):
+    """Beam search over the rows of `start` (B, S), the sequences the output starts from, as a generator that never
+    calls a model: it yields (parents (B * k), tokens (B * k, t)), the rows each beam's keys and values come from
+    and the tokens it feeds next, and is sent the logits (B * k, V) after them; it returns the finished hypotheses
+    (B, k, max length, best first) and their generated lengths (B, k). The first yield feeds every beam the whole
+    of `start`. `generate` and the serving engine both drive it."""
     cfg, eos = decoding.config, decoding.eos
     num_beams, length_penalty, early_stopping = cfg.num_beams, cfg.length_penalty, cfg.early_stopping
     pad_token_id = decoding.pad_token_id
-    start, state = model.prepare_generation(input_ids, decoding.attention_mask, **model_kwargs)
     B, prompt_len = start.shape
     k, device = num_beams, start.device
     beams = torch.arange(B, device=device).repeat_interleave(k)
-    model.reorder_generation(state, beams)
     processors = decoding.processors.select(beams)  # one row per beam
     max_length = prompt_len + decoding.max_new_tokens
     fill = (pad_token_id if pad_token_id else eos[0]) if eos else -1
@@ -55,10 +73,11 @@ def beam_search(model, input_ids: torch.Tensor, decoding: Decoding, **model_kwar
     finished = torch.zeros(B, k, dtype=torch.bool, device=device)
     improvable = torch.ones(B, 1, dtype=torch.bool, device=device)
     offsets = torch.arange(B, device=device)[:, None] * k
-    tokens, cur_len = start.repeat_interleave(k, dim=0), prompt_len
+    parents, tokens, cur_len = beams, start.repeat_interleave(k, dim=0), prompt_len
 
     while True:
-        log_probs = F.log_softmax(model.generation_logits(state, tokens).float(), dim=-1)
+        logits = yield parents, tokens
+        log_probs = F.log_softmax(logits.float(), dim=-1)
         log_probs = processors(running[:, :, :cur_len].reshape(B * k, cur_len), log_probs)
         V = log_probs.shape[-1]
         total = (log_probs.view(B, k, V) + running_scores[:, :, None]).view(B, k * V)
@@ -100,7 +119,7 @@ def beam_search(model, input_ids: torch.Tensor, decoding: Decoding, **model_kwar
         final_lengths = _gather(torch.cat((final_lengths, cand_lengths), dim=1), best)
         finished = _gather(torch.cat((finished, just_finished), dim=1), best)
 
-        model.reorder_generation(state, parents.reshape(-1))
+        parents = parents.reshape(-1)
         tokens = running[:, :, cur_len].reshape(B * k, 1)
         cur_len += 1
 
@@ -116,6 +135,4 @@ def beam_search(model, input_ids: torch.Tensor, decoding: Decoding, **model_kwar
         if not bool(improvable.any()) or all_full or bool(hits.all()):
             break
 
-    n = cfg.num_return_sequences
-    length = prompt_len + int(final_lengths[:, :n].max())
-    return finals[:, :n, :length].reshape(B * n, length)
+    return finals, final_lengths
