@@ -90,8 +90,8 @@ def test_prompt_logprobs_are_the_models_log_softmax(loaded):
 def test_engine_refuses_what_it_cannot_decode(loaded):
     model, _ = loaded
     engine = Engine(model)
-    with pytest.raises(GenerationError, match="beams"):
-        engine.prepare(Request(prompt=[1, 2], config=GenerationConfig(num_beams=2)))
+    with pytest.raises(GenerationError, match="group"):  # n samples are n requests (beams: test_engine_beams.py)
+        engine.prepare(Request(prompt=[1, 2], config=GenerationConfig(num_return_sequences=2, do_sample=True)))
     with pytest.raises(GenerationError, match="tokenizer"):
         engine.prepare(Request(prompt=[1, 2], config=GenerationConfig(stop_strings=["x"])))
     with pytest.raises(GenerationError, match="empty"):

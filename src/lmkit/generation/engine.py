@@ -27,6 +27,7 @@ from lmkit.device import module_device, place
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
 from lmkit.generation.cross_attention import EncoderDecoderRows
+from lmkit.generation.engine_beams import beam_group
 from lmkit.generation.logprobs import record_prompt_logprobs, top_logprobs
 from lmkit.generation.lora_rows import Adapters, Weights
 from lmkit.generation.prefix_cache import PrefixCache
@@ -82,9 +83,8 @@ class Engine:
         cfg = decoding.config
         if self.seq2seq is not None:
             self.seq2seq.check(request)
-        if cfg.num_beams != 1 or cfg.num_return_sequences != 1:
-            raise GenerationError("the engine decodes one sequence per request without beams; for n samples "
-                                  "prepare n requests as a group (Engine.prepare_group)")
+        if cfg.num_beams == 1 and cfg.num_return_sequences != 1:
+            raise GenerationError("for n samples prepare n requests as a group (Engine.prepare_group)")
         if request.adapter is not None and request.adapter not in self.adapters.names:
             raise GenerationError(f"no adapter named {request.adapter!r} is loaded; load it first (add_adapter)")
         if decoding.stops and request.tokenizer is None:
@@ -97,6 +97,8 @@ class Engine:
         if cfg.do_sample:
             seed = request.seed if request.seed is not None else int(torch.randint(0, 2 ** 62, ()).item())
             request.generator = torch.Generator(device=self.device).manual_seed(seed)
+        if cfg.num_beams > 1:
+            beam_group(request, self.max_batch)
         return request
 
     def prepare_group(self, requests: list[Request]) -> list[Request]:
@@ -117,10 +119,10 @@ class Engine:
 
     def submit(self, request: Request) -> Request:
         """Queue `request` (with the rest of its group, which joins the batch together)."""
-        batch = request.group.members if request.group is not None else [request]
-        for member in batch:
+        for member in request.group.members if request.group is not None else [request]:
             if member.decoding is None:
-                self.prepare(member)
+                self.prepare(member)  # a beam request's makes its group
+        batch = request.group.members if request.group is not None else [request]
         now = time.perf_counter()
         with self.wakeup:
             if request.adapter is not None and request.adapter not in self.adapters.names:  # unloaded meanwhile
@@ -133,8 +135,9 @@ class Engine:
         return request
 
     def cancel(self, request: Request) -> None:
-        """Stop `request`; its slot is freed at the next step."""
-        request.cancelled = True
+        """Stop `request` (and the other rows of its beam search); its slot is freed at the next step."""
+        for row in request.group.members if request.group is not None and request.group.search else [request]:
+            row.cancelled = True
         with self.wakeup:
             self.wakeup.notify()
 
@@ -290,7 +293,7 @@ class Engine:
             elif request.group is None:
                 self._choose(request, logits[-1:])
             else:
-                self._draw_group(request.group, {id(m): logits[-1:].clone() for m in members})
+                request.group.step(self, {id(m): logits[-1:].clone() for m in members})
 
     def _reuse(self, request: Request) -> None:
         """Start a newly admitted request (a group's leader) from the longest prefix of its prompt the prefix cache
@@ -327,25 +330,7 @@ class Engine:
             else:
                 groups.setdefault(id(request.group), (request.group, {}))[1][id(request)] = logits[row:row + 1]
         for group, rows in groups.values():
-            self._draw_group(group, rows)
-
-    def _draw_group(self, group: Group, rows: dict[int, torch.Tensor]) -> None:
-        """Choose the next token of each member of `group` with a row in `rows` (id -> raw logits (1, V)): sampled
-        members in one (members, V) draw from the group's generator, which draws row j as the j-th of member-by-
-        member draws would (torch's draws for a row depend on the vocabulary size only); a finished member's row is
-        uniform, drawn and dropped, as generate samples its finished rows too."""
-        if group.generator is None:  # greedy: each member's own argmax
-            for member in group.members:
-                if id(member) in rows:
-                    self._choose(member, rows[id(member)])
-            return
-        vocab = next(iter(rows.values())).shape[-1]
-        scores = [self._scores(member, rows[id(member)]) if id(member) in rows
-                  else torch.zeros(1, vocab, device=self.device) for member in group.members]
-        tokens = pick(torch.cat(scores), True, group.generator).tolist()
-        for member, token in zip(group.members, tokens):
-            if id(member) in rows:
-                self._choose(member, rows[id(member)], token)
+            group.step(self, rows)
 
     def _plan(self, rows: int):
         """The lean one-token step `generate` takes too, where the model has one (None: decode via modules)."""
@@ -386,7 +371,8 @@ class Engine:
         if request.finished:
             return
         request.finish_reason = reason
-        if request.slot is not None and self.prefix is not None and reason != "cancelled":
+        if request.slot is not None and self.prefix is not None and reason != "cancelled" \
+                and (request.group is None or not request.group.search):  # a beam's output is not its slot's
             self.prefix.store(self.cache, request.slot, request.prompt + request.output, self.adapters.key(request.adapter))
         if request.slot is not None:
             self.free.append(request.slot)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from lmkit.generation.config import GenerationConfig
-from lmkit.generation.step import Decoding
+from lmkit.generation.step import Decoding, pick
 
 
 @dataclass
@@ -46,6 +46,7 @@ class Request:
     prefilled: int = 0
     cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     decoder_prompt: list[int] | None = None  # an encoder-decoder's: what its output continues (the prompt is the source)
+    beams: list[list[int]] | None = None  # with num_beams > 1: the num_return_sequences best hypotheses, best first
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -75,6 +76,28 @@ class Group:
 
     members: list[Request]
     generator: torch.Generator | None = None
+    search: Any = None  # with beams: the engine_beams.BeamRun that drives the members (rows), else None
+
+    def step(self, engine, rows: dict[int, torch.Tensor]) -> None:
+        """Choose the next token of each member with a row in `rows` (id -> raw logits (1, V)) in `engine`: a beam
+        search's step (`search`), else each greedy member's own argmax, or sampled members in one (members, V)
+        draw from the group's generator, which draws row j as the j-th of member-by-member draws would (torch's
+        draws for a row depend on the vocabulary size only); a finished member's row is uniform, drawn and
+        dropped, as generate samples its finished rows too."""
+        if self.search is not None:
+            self.search.step(engine, rows)
+        elif self.generator is None:
+            for member in self.members:
+                if id(member) in rows:
+                    engine._choose(member, rows[id(member)])
+        else:
+            vocab = next(iter(rows.values())).shape[-1]
+            scores = [engine._scores(member, rows[id(member)]) if id(member) in rows
+                      else torch.zeros(1, vocab, device=engine.device) for member in self.members]
+            tokens = pick(torch.cat(scores), True, self.generator).tolist()
+            for member, token in zip(self.members, tokens):
+                if id(member) in rows:
+                    engine._choose(member, rows[id(member)], token)
 
     def leader(self) -> Request | None:
         """The member that prefills the prompt for all: the first one not finished."""

@@ -27,6 +27,15 @@ class SlotCache:
             self.values[layer][target, :, :length] = self.values[layer][source, :, :length]
         self.lengths[target] = length
 
+    def reorder(self, targets: list[int], sources: list[int]) -> None:
+        """Give each slot of `targets` the keys and values slot sources[i] held (beam search's parents; all at
+        one length), as one copy per layer."""
+        length = self.lengths[sources[0]]
+        targets_t, sources_t = torch.tensor(targets), torch.tensor(sources)
+        for layer, keys in self.keys.items():
+            keys[targets_t, :, :length] = keys[sources_t, :, :length]
+            self.values[layer][targets_t, :, :length] = self.values[layer][sources_t, :, :length]
+
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
         """Slot `slot`'s keys and values of positions start..end-1: (layers, 2, H, end - start, D)."""
         return torch.stack([torch.stack((self.keys[layer][slot, :, start:end], self.values[layer][slot, :, start:end]))
