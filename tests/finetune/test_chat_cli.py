@@ -45,6 +45,19 @@ def _folder(path: Path, positions: int, eos: bool = False) -> Path:
     return path
 
 
+class Sink:
+    """A streamer that records each put's ids, then "end"."""
+
+    def __init__(self, record: list):
+        self.record = record
+
+    def put(self, ids):
+        self.record.append(ids.reshape(-1).tolist())
+
+    def end(self):
+        self.record.append("end")
+
+
 class Terminal:
     """`lmkit ARGS` on a pseudo-terminal: the child is a session leader, so ^C reaches it as SIGINT."""
 
@@ -146,15 +159,7 @@ def test_session_keeps_history_stops_at_end_of_turn_and_refuses_what_cannot_fit(
     model.lm_head = head
     session = ChatSession(model, tok, system="be brief", max_new_tokens=8, temperature=0)
     streamed = []
-
-    class Sink:
-        def put(self, ids):
-            streamed.append(ids.reshape(-1).tolist())
-
-        def end(self):
-            streamed.append("end")
-
-    assert session.send("hi", Sink()) == ""  # ended on <|done|> at once, which the reply does not show
+    assert session.send("hi", Sink(streamed)) == ""  # ended on <|done|> at once, which the reply does not show
     assert len(streamed) == 3 and streamed[1] == [tok.token_to_id("<|done|>")]
     assert [m["role"] for m in session.messages] == ["system", "user", "assistant"] and streamed[-1] == "end"
     with pytest.raises(GenerationError, match=r"the message takes \d+ of the model's 48 positions and the reply 8 more"):
@@ -199,15 +204,7 @@ def test_replies_decode_through_the_engine_as_generate_does(tmp_path):
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=20, eos_token_id=session.stops,
                                   pad_token_id=session.stops[0])[0, len(prompt):].tolist()
         streamed = []
-
-        class Sink:
-            def put(self, ids):
-                streamed.append(ids.reshape(-1).tolist())
-
-            def end(self):
-                streamed.append("end")
-
-        reply = session.send(text, Sink())
+        reply = session.send(text, Sink(streamed))
         assert streamed[0] == prompt and streamed[-1] == "end"
         assert streamed[1:-1] == [[t] for t in expected]
         assert reply == tok.decode([t for t in expected if t not in session.stops], skip_special_tokens=True)

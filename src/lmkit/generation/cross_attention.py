@@ -15,35 +15,26 @@ from __future__ import annotations
 import torch
 
 from lmkit.errors import GenerationError
-from lmkit.generation.slots import SlotCache
+from lmkit.generation.slots import DecodeView, SlotCache
 
 
-class AlignedDecodeView:
+class AlignedDecodeView(DecodeView):
     """The cache as one decoding step over the rows `slots` sees it, each row's keys 0..lengths[i] at the right
     edge of past + 1 columns (`mask` (B, past + 1): 1 at a row's keys); `cross` holds each decoder layer's
     cross-attention keys and values, (B, kv heads, S, D), which the model's cross-attention reads instead of the
     encoder output."""
 
     def __init__(self, cache: SlotCache, slots: list[int], device: torch.device):
-        self.cache, self.cross = cache, {}
-        self.rows = torch.tensor(slots, device=device)
-        self.lengths = torch.tensor([cache.lengths[s] for s in slots], device=device)
-        self.past = max(cache.lengths[s] for s in slots)
+        super().__init__(cache, slots, device)
         shift = self.past - self.lengths  # columns of padding before each row's keys
         columns = torch.arange(self.past + 1, device=device)[None]
         self.mask = (columns >= shift[:, None]).long()
         self.index = (columns - shift[:, None]).clamp(min=0)  # the slot position each column shows (padding: 0)
 
-    def get_seq_length(self, layer: int = 0) -> int:
-        return self.past
-
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = self.cache.buffers(layer, k, self.past + 1)
-        keys[self.rows, :, self.lengths] = k[:, :, 0]
-        values[self.rows, :, self.lengths] = v[:, :, 0]
+        keys, values = super().update(layer, k, v)  # each row's keys left-aligned
         index = self.index[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-        return (keys[:, :, :self.past + 1].index_select(0, self.rows).gather(2, index),
-                values[:, :, :self.past + 1].index_select(0, self.rows).gather(2, index))
+        return keys.gather(2, index), values.gather(2, index)
 
 
 class EncoderDecoderRows:
