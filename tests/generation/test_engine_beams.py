@@ -71,3 +71,5 @@ def test_beam_requests_that_the_engine_cannot_run_are_refused(model):
         engine.prepare(Request(prompt=[4, 5], config=GenerationConfig(num_beams=4)))
     with pytest.raises(GenerationError, match="sampling"):
         engine.prepare(Request(prompt=[4, 5], config=GenerationConfig(num_beams=2, do_sample=True)))
+    with pytest.raises(GenerationError, match="alone"):
+        engine.prepare_group([Request(prompt=[4, 5], config=GenerationConfig(num_beams=2)) for _ in range(2)])

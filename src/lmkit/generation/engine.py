@@ -111,6 +111,9 @@ class Engine:
             raise GenerationError("a group's requests continue one prompt; give them all the same prompt")
         for request in requests:
             self.prepare(request)
+            if request.decoding.config.num_beams > 1:
+                raise GenerationError("a beam search is one request whose num_return_sequences are its hypotheses; "
+                                      "submit it alone, not as a group")
         if len(requests) > 1:
             group = Group(list(requests), requests[0].generator)
             for request in requests:
