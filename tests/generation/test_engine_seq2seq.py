@@ -81,3 +81,22 @@ def test_what_a_source_cannot_have_is_refused(model):
     engine = Engine(model)
     with pytest.raises(GenerationError, match="source"):
         engine.prepare(Request(prompt=[4, 5, 6], prompt_logprobs=1))
+
+
+def test_engine_equals_generate_over_a_padded_batch_of_sources(model):
+    """Greedy rows of sources of 3, 8 and 13 tokens, right-padded into one generate batch with their attention mask,
+    are the engine's outputs and log-probabilities for those sources decoded together."""
+    sources = [[4, 9, 6], [7, 3, 12, 5, 8, 10, 4, 6], [5, 11, 9, 3, 7, 12, 4, 8, 6, 10, 3, 9, 5]]
+    config = GenerationConfig(max_new_tokens=7)
+    pad = model.config.pad_token_id or 0
+    ids = torch.tensor([s + [pad] * (13 - len(s)) for s in sources])
+    mask = torch.tensor([[1] * len(s) + [0] * (13 - len(s)) for s in sources])
+    out = model.generate(ids, attention_mask=mask, generation_config=config, return_dict_in_generate=True,
+                         output_logits=True)
+    requests = [Request(prompt=s, config=config, logprobs=0) for s in sources]
+    Engine(model, max_batch=3).run_all(requests)
+    for i, request in enumerate(requests):
+        row = _trim(out.sequences[i, 1:].tolist(), request)
+        assert request.output == row
+        expected = [float(torch.log_softmax(step[i], -1)[t]) for step, t in zip(out.logits, row)]
+        assert request.token_logprobs == pytest.approx(expected, abs=1e-4)
