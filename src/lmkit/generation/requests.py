@@ -68,11 +68,9 @@ class Request:
 
 @dataclass(eq=False)
 class Group:
-    """Requests continuing one prompt together as the rows of one `generate(num_return_sequences=n)`: one of them
-    prefills the prompt and the others copy its keys and values; they share one generator, from which each step draws
-    every member's token in one (members, V) draw, a uniform row for finished members (generate samples its finished
-    rows as well: torch.multinomial's draws for a row depend on the vocabulary size only), so member j gets row j of
-    generate."""
+    """Requests continuing one prompt together, as the rows of one `generate(num_return_sequences=n)` (sharing one
+    generator: member j gets row j of generate) or of one beam search (`search`): one of them prefills the prompt
+    and the others copy its keys and values."""
 
     members: list[Request]
     generator: torch.Generator | None = None
