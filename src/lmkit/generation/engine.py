@@ -217,6 +217,7 @@ class Engine:
                     self.cache.lengths[request.slot] = 0
                     self.running.append(request)
                     self._reuse(request)
+        self._compact()
         # one token budget a step, as vLLM's chunked prefill: every running stream's next token first, prompt
         # chunks in what is left, so that arrivals lengthen a running stream's step by at most the budget
         decoding = sum(1 for r in self.running if r.output and not r.finished)
@@ -236,6 +237,19 @@ class Engine:
             self._decode(sorted(decoding, key=lambda r: r.slot))
         self.running = [r for r in self.running if not r.finished]
         self._emit_events()
+
+    def _compact(self) -> None:
+        """Move the running requests in the highest slots into free lower ones (keys and values copied), so that a
+        step's rows stay consecutive slots, which attention reads as one view instead of gathering them each step
+        (a copy when a request leaves early instead of a gather at every step after)."""
+        for request in sorted(self.running, key=lambda r: r.slot, reverse=True):
+            if not self.free or self.free[0] > request.slot:
+                return
+            target = self.free.pop(0)
+            self.cache.copy(request.slot, target)
+            self.free.append(request.slot)
+            self.free.sort()
+            request.slot = target
 
     def _emit_events(self) -> None:
         events, self._events = self._events, []
