@@ -112,7 +112,10 @@ class Engine:
         for request in requests:
             self.prepare(request)
         if len(requests) > 1:
-            group = Group(list(requests), requests[0].generator)
+            first = requests[0]
+            uniform = all(r.config == first.config and not r.processors and not r.presence_penalty
+                          and not r.frequency_penalty for r in requests)  # the same processors, row by row
+            group = Group(list(requests), requests[0].generator, uniform)
             for request in requests:
                 request.group, request.generator = group, group.generator
         return requests
@@ -296,8 +299,9 @@ class Engine:
                     self._finish(member, "length")
             elif request.group is None:
                 self._choose(request, logits[-1:])
-            else:
-                self._draw_group(request.group, {id(m): logits[-1:].clone() for m in members})
+            else:  # every member continues the prompt's last logits: one row each
+                self._draw_group(request.group, logits[-1:].expand(len(members), -1).clone(),
+                                 {id(m): j for j, m in enumerate(members)})
 
     def _reuse(self, request: Request) -> None:
         """Start a newly admitted request (a group's leader) from the longest prefix of its prompt the prefix cache
@@ -325,32 +329,45 @@ class Engine:
         logits = logits.float()
         plain = [_plain_greedy(r) for r in requests]
         argmax = logits.argmax(-1).tolist() if any(plain) else None
-        groups: dict[int, tuple[Group, dict[int, torch.Tensor]]] = {}
+        groups: dict[int, tuple[Group, dict[int, int]]] = {}
         for row, request in enumerate(requests):
             if request.group is None:
                 self._choose(request, logits[row:row + 1], argmax[row] if plain[row] else None)
             else:
-                groups.setdefault(id(request.group), (request.group, {}))[1][id(request)] = logits[row:row + 1]
+                groups.setdefault(id(request.group), (request.group, {}))[1][id(request)] = row
         for group, rows in groups.values():
-            self._draw_group(group, rows)
+            self._draw_group(group, logits, rows)
 
-    def _draw_group(self, group: Group, rows: dict[int, torch.Tensor]) -> None:
-        """Choose the next token of each member of `group` with a row in `rows` (id -> raw logits (1, V)): sampled
+    def _draw_group(self, group: Group, logits: torch.Tensor, rows: dict[int, int]) -> None:
+        """Choose the next token of each member of `group` with a row of raw `logits` (rows: id -> row): sampled
         members in one (members, V) draw from the group's generator, which draws row j as the j-th of member-by-
         member draws would (torch's draws for a row depend on the vocabulary size only); a finished member's row is
-        uniform, drawn and dropped, as generate samples its finished rows too."""
+        uniform, drawn and dropped, as generate samples its finished rows too. Where every member has a row, in
+        member order, and no processor reads the sequences at this step, the scores are processed as one block,
+        as generate processes its rows (each processor acts on each row alone)."""
+        members = group.members
         if group.generator is None:  # greedy: each member's own argmax
-            for member in group.members:
+            for member in members:
                 if id(member) in rows:
-                    self._choose(member, rows[id(member)])
+                    self._choose(member, logits[rows[id(member)]:rows[id(member)] + 1])
             return
-        vocab = next(iter(rows.values())).shape[-1]
-        scores = [self._scores(member, rows[id(member)]) if id(member) in rows
-                  else torch.zeros(1, vocab, device=self.device) for member in group.members]
-        tokens = pick(torch.cat(scores), True, group.generator).tolist()
-        for member, token in zip(group.members, tokens):
+        first = rows.get(id(members[0]))
+        processors = members[0].decoding.processors
+        length = len(members[0].prompt) + len(members[0].output)
+        if group.uniform and first is not None and len(rows) == len(members) \
+                and all(rows[id(m)] == first + j for j, m in enumerate(members)) \
+                and not any(getattr(p, "reads_ids", True) and p.acts_at(length) for p in processors):
+            scores = logits[first:first + len(members)]
+            for processor in processors:
+                if processor.acts_at(length):
+                    scores = processor(None, scores)
+        else:
+            scores = torch.cat([self._scores(m, logits[rows[id(m)]:rows[id(m)] + 1]) if id(m) in rows
+                                else torch.zeros(1, logits.shape[-1], device=self.device) for m in members])
+        tokens = pick(scores, True, group.generator).tolist()
+        for member, token in zip(members, tokens):
             if id(member) in rows:
-                self._choose(member, rows[id(member)], token)
+                self._choose(member, logits[rows[id(member)]:rows[id(member)] + 1], token)
 
     def _plan(self, rows: int):
         """The lean one-token step `generate` takes too, where the model has one (None: decode via modules)."""

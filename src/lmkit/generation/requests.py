@@ -58,6 +58,7 @@ class Group:
 
     members: list[Request]
     generator: torch.Generator | None = None
+    uniform: bool = False  # every member has the same settings and no processor of its own (Engine.prepare_group)
 
     def leader(self) -> Request | None:
         """The member that prefills the prompt for all: the first one not finished."""
