@@ -127,6 +127,7 @@ def rollout_cprofile(folder: Path, a, tmp: Path) -> None:
     bench_grpo.lmkit_steps(folder, a, tmp)
     grpo.GRPOJob.rollouts = original
     pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
 
 
 def rollout_ops(folder: Path, a, tmp: Path) -> None:

@@ -342,25 +342,29 @@ class Engine:
         """Choose the next token of each member of `group` with a row of raw `logits` (rows: id -> row): sampled
         members in one (members, V) draw from the group's generator, which draws row j as the j-th of member-by-
         member draws would (torch's draws for a row depend on the vocabulary size only); a finished member's row is
-        uniform, drawn and dropped, as generate samples its finished rows too. Where every member has a row, in
-        member order, and no processor reads the sequences at this step, the scores are processed as one block,
-        as generate processes its rows (each processor acts on each row alone)."""
+        uniform, drawn and dropped, as generate samples its finished rows too. Where the members share their
+        settings and no processor reads the sequences at this step, the rows are processed as one block, as
+        generate processes its rows (each processor acts on each row alone)."""
         members = group.members
         if group.generator is None:  # greedy: each member's own argmax
             for member in members:
                 if id(member) in rows:
                     self._choose(member, logits[rows[id(member)]:rows[id(member)] + 1])
             return
-        first = rows.get(id(members[0]))
-        processors = members[0].decoding.processors
-        length = len(members[0].prompt) + len(members[0].output)
-        if group.uniform and first is not None and len(rows) == len(members) \
-                and all(rows[id(m)] == first + j for j, m in enumerate(members)) \
-                and not any(getattr(p, "reads_ids", True) and p.acts_at(length) for p in processors):
-            scores = logits[first:first + len(members)]
+        present = [j for j, m in enumerate(members) if id(m) in rows]
+        leader = members[present[0]]  # the members left decode in step: one length
+        length = len(leader.prompt) + len(leader.output)
+        processors = leader.decoding.processors
+        if group.uniform and not any(getattr(p, "reads_ids", True) and p.acts_at(length) for p in processors):
+            index = [rows[id(members[j])] for j in present]
+            block = logits[index[0]:index[-1] + 1] if index == list(range(index[0], index[-1] + 1)) \
+                else logits[index]
             for processor in processors:
                 if processor.acts_at(length):
-                    scores = processor(None, scores)
+                    block = processor(None, block)
+            scores = block if len(present) == len(members) else \
+                torch.zeros(len(members), block.shape[-1], device=self.device).index_copy_(
+                    0, torch.tensor(present, device=self.device), block)
         else:
             scores = torch.cat([self._scores(m, logits[rows[id(m)]:rows[id(m)] + 1]) if id(m) in rows
                                 else torch.zeros(1, logits.shape[-1], device=self.device) for m in members])
