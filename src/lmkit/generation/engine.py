@@ -370,8 +370,9 @@ class Engine:
                                 else torch.zeros(1, logits.shape[-1], device=self.device) for m in members])
         tokens = pick(scores, True, group.generator).tolist()
         for member, token in zip(members, tokens):
-            if id(member) in rows:
-                self._choose(member, logits[rows[id(member)]:rows[id(member)] + 1], token)
+            row = rows.get(id(member))
+            if row is not None:  # the raw row only where the member reports log-probabilities
+                self._choose(member, logits[row:row + 1] if member.logprobs is not None else None, token)
 
     def _plan(self, rows: int):
         """The lean one-token step `generate` takes too, where the model has one (None: decode via modules)."""
@@ -387,9 +388,10 @@ class Engine:
         sequence = torch.tensor([prompt + request.output], device=self.device) if acts else None
         return next_scores(sequence, logits, decoding)
 
-    def _choose(self, request: Request, logits: torch.Tensor, token: int | None = None) -> None:
+    def _choose(self, request: Request, logits: torch.Tensor | None, token: int | None = None) -> None:
         """Pick the next token of `request` from its raw logits (1, V) (or take `token`, already chosen: the argmax
-        of a plain greedy row, a group's draw), record it and check its stop criteria."""
+        of a plain greedy row, a group's draw: then the logits are needed only for log-probabilities), record it
+        and check its stop criteria."""
         decoding = request.decoding
         if token is None:
             token = int(pick(self._scores(request, logits), decoding.config.do_sample, request.generator)[0])

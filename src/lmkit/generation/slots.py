@@ -83,18 +83,25 @@ class DecodeView:
         self.span = slice(slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) \
             else None  # consecutive slots are read as a view instead of gathered
         self.allowed = (torch.arange(self.past + 1, device=device)[None] <= self.lengths[:, None])[:, None, None]
+        self._flat: dict[tuple[int, int], torch.Tensor] = {}  # (heads, capacity) -> where the new keys go
 
     def get_seq_length(self, layer: int = 0) -> int:
         return self.past
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.cache.buffers(layer, k, self.past + 1)
-        keys[self.rows, :, self.lengths] = k[:, :, 0]
-        values[self.rows, :, self.lengths] = v[:, :, 0]
+        heads, capacity, dim = keys.shape[1:]
+        index = self._flat.get((heads, capacity))
+        if index is None:  # row (slot, head, length) of the buffers seen as (slots * heads * capacity, dim)
+            index = self._flat[heads, capacity] = ((self.rows[:, None] * heads + torch.arange(
+                heads, device=self.rows.device)) * capacity + self.lengths[:, None]).reshape(-1)
+        keys.view(-1, dim).index_copy_(0, index, k.reshape(-1, dim))
+        values.view(-1, dim).index_copy_(0, index, v.reshape(-1, dim))
+        end = self.past + 1
         if self.span is not None:
-            return keys[self.span, :, :self.past + 1], values[self.span, :, :self.past + 1]
-        return (keys[:, :, :self.past + 1].index_select(0, self.rows),
-                values[:, :, :self.past + 1].index_select(0, self.rows))
+            start, rows = self.span.start, self.span.stop - self.span.start
+            return keys.narrow(0, start, rows).narrow(2, 0, end), values.narrow(0, start, rows).narrow(2, 0, end)
+        return keys[:, :, :end].index_select(0, self.rows), values[:, :, :end].index_select(0, self.rows)
 
 
 class BatchPrefillView:
