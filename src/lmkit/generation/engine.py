@@ -5,8 +5,7 @@ Each request owns a slot of `SlotCache` (its keys and values, at its own length)
 `prefill_chunk` tokens as vLLM's chunked prefill does: one for each running stream's next token, what is left on
 chunks of waiting prompts (so arrivals lengthen a running stream's step by at most the budget, not by their
 prompts' length). It prefills those chunks, then runs one decoding step for every request past its prompt as one
-batch: new token i attends to its own slot's
-keys 0..L_i through a per-row mask, at position L_i. The next token comes from the same per-step core as
+batch: new token i attends to its own slot's keys 0..L_i through a per-row mask, at position L_i. The next token comes from the same per-step core as
 `model.generate` (`step.next_scores` and `step.pick`), so greedy and seeded requests give the ids
 `model.generate` gives run alone (with torch.manual_seed(seed) before it), whatever else runs beside them.
 
@@ -112,10 +111,7 @@ class Engine:
         for request in requests:
             self.prepare(request)
         if len(requests) > 1:
-            first = requests[0]
-            uniform = all(r.config == first.config and not r.processors and not r.presence_penalty
-                          and not r.frequency_penalty for r in requests)  # the same processors, row by row
-            group = Group(list(requests), requests[0].generator, uniform)
+            group = Group(list(requests), requests[0].generator)
             for request in requests:
                 request.group, request.generator = group, group.generator
         return requests
@@ -220,7 +216,7 @@ class Engine:
                     self.cache.lengths[request.slot] = 0
                     self.running.append(request)
                     self._reuse(request)
-        self._compact()
+        self.cache.compact(self.running, self.free)
         # one token budget a step, as vLLM's chunked prefill: every running stream's next token first, prompt
         # chunks in what is left, so that arrivals lengthen a running stream's step by at most the budget
         decoding = sum(1 for r in self.running if r.output and not r.finished)
@@ -240,19 +236,6 @@ class Engine:
             self._decode(sorted(decoding, key=lambda r: r.slot))
         self.running = [r for r in self.running if not r.finished]
         self._emit_events()
-
-    def _compact(self) -> None:
-        """Move the running requests in the highest slots into free lower ones (keys and values copied), so that a
-        step's rows stay consecutive slots, which attention reads as one view instead of gathering them each step
-        (a copy when a request leaves early instead of a gather at every step after)."""
-        for request in sorted(self.running, key=lambda r: r.slot, reverse=True):
-            if not self.free or self.free[0] > request.slot:
-                return
-            target = self.free.pop(0)
-            self.cache.copy(request.slot, target)
-            self.free.append(request.slot)
-            self.free.sort()
-            request.slot = target
 
     def _emit_events(self) -> None:
         events, self._events = self._events, []
@@ -342,30 +325,16 @@ class Engine:
         """Choose the next token of each member of `group` with a row of raw `logits` (rows: id -> row): sampled
         members in one (members, V) draw from the group's generator, which draws row j as the j-th of member-by-
         member draws would (torch's draws for a row depend on the vocabulary size only); a finished member's row is
-        uniform, drawn and dropped, as generate samples its finished rows too. Where the members share their
-        settings and no processor reads the sequences at this step, the rows are processed as one block, as
-        generate processes its rows (each processor acts on each row alone)."""
+        uniform, drawn and dropped, as generate samples its finished rows too (scored as one block where
+        `Group.block_scores` can)."""
         members = group.members
         if group.generator is None:  # greedy: each member's own argmax
             for member in members:
                 if id(member) in rows:
                     self._choose(member, logits[rows[id(member)]:rows[id(member)] + 1])
             return
-        present = [j for j, m in enumerate(members) if id(m) in rows]
-        leader = members[present[0]]  # the members left decode in step: one length
-        length = len(leader.prompt) + len(leader.output)
-        processors = leader.decoding.processors
-        if group.uniform and not any(getattr(p, "reads_ids", True) and p.acts_at(length) for p in processors):
-            index = [rows[id(members[j])] for j in present]
-            block = logits[index[0]:index[-1] + 1] if index == list(range(index[0], index[-1] + 1)) \
-                else logits[index]
-            for processor in processors:
-                if processor.acts_at(length):
-                    block = processor(None, block)
-            scores = block if len(present) == len(members) else \
-                torch.zeros(len(members), block.shape[-1], device=self.device).index_copy_(
-                    0, torch.tensor(present, device=self.device), block)
-        else:
+        scores = group.block_scores(logits, rows)
+        if scores is None:
             scores = torch.cat([self._scores(m, logits[rows[id(m)]:rows[id(m)] + 1]) if id(m) in rows
                                 else torch.zeros(1, logits.shape[-1], device=self.device) for m in members])
         tokens = pick(scores, True, group.generator).tolist()
@@ -389,9 +358,8 @@ class Engine:
         return next_scores(sequence, logits, decoding)
 
     def _choose(self, request: Request, logits: torch.Tensor | None, token: int | None = None) -> None:
-        """Pick the next token of `request` from its raw logits (1, V) (or take `token`, already chosen: the argmax
-        of a plain greedy row, a group's draw: then the logits are needed only for log-probabilities), record it
-        and check its stop criteria."""
+        """Pick the next token of `request` from its raw logits (1, V) (or take `token`, a plain greedy row's argmax
+        or a group's draw: logits then only for log-probabilities), record it and check its stop criteria."""
         decoding = request.decoding
         if token is None:
             token = int(pick(self._scores(request, logits), decoding.config.do_sample, request.generator)[0])

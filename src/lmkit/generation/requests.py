@@ -58,8 +58,33 @@ class Group:
 
     members: list[Request]
     generator: torch.Generator | None = None
-    uniform: bool = False  # every member has the same settings and no processor of its own (Engine.prepare_group)
+    uniform: bool = field(init=False)  # every member has the same settings and no processor of its own
 
+    def __post_init__(self):
+        first = self.members[0]
+        self.uniform = all(r.config == first.config and not r.processors and not r.presence_penalty
+                           and not r.frequency_penalty for r in self.members)
     def leader(self) -> Request | None:
         """The member that prefills the prompt for all: the first one not finished."""
         return next((m for m in self.members if not m.finished), None)
+
+    def block_scores(self, logits: torch.Tensor, rows: dict[int, int]) -> torch.Tensor | None:
+        """The processed scores (members, V) of the next tokens from the raw `logits` of the members with a row
+        (rows: id -> row; the others, finished, get a uniform row), processed as one block as generate processes
+        its rows, where the members share their settings and no processor reads the sequences at this step
+        (each processor acts on each row alone); None where not."""
+        present = [j for j, m in enumerate(self.members) if id(m) in rows]
+        leader = self.members[present[0]]  # the members left decode in step: one length
+        length = len(leader.prompt) + len(leader.output)
+        processors = leader.decoding.processors
+        if not self.uniform or any(getattr(p, "reads_ids", True) and p.acts_at(length) for p in processors):
+            return None
+        index = [rows[id(self.members[j])] for j in present]
+        block = logits[index[0]:index[-1] + 1] if index == list(range(index[0], index[-1] + 1)) else logits[index]
+        for processor in processors:
+            if processor.acts_at(length):
+                block = processor(None, block)
+        if len(present) == len(self.members):
+            return block
+        return block.new_zeros(len(self.members), block.shape[-1]).index_copy_(
+            0, torch.tensor(present, device=block.device), block)

@@ -27,6 +27,19 @@ class SlotCache:
             self.values[layer][target, :, :length] = self.values[layer][source, :, :length]
         self.lengths[target] = length
 
+    def compact(self, running: list, free: list[int]) -> None:
+        """Move the `running` requests (objects with a `.slot`) in the highest slots into the lowest of the `free`
+        ones (sorted; updated), their keys and values copied, so that a step's rows stay consecutive slots, which
+        attention reads as one view instead of gathering them at every step (a copy when a request leaves early)."""
+        for request in sorted(running, key=lambda r: r.slot, reverse=True):
+            if not free or free[0] > request.slot:
+                return
+            target = free.pop(0)
+            self.copy(request.slot, target)
+            free.append(request.slot)
+            free.sort()
+            request.slot = target
+
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
         """Slot `slot`'s keys and values of positions start..end-1: (layers, 2, H, end - start, D)."""
         return torch.stack([torch.stack((self.keys[layer][slot, :, start:end], self.values[layer][slot, :, start:end]))
