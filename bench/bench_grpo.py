@@ -117,8 +117,9 @@ def trl_steps(folder: Path, a, tmp: Path) -> list[float]:
     return times
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The bench's settings (profile_grpo.py takes the same)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
@@ -130,6 +131,11 @@ def main() -> None:
     p.add_argument("--eos-logit", type=float, default=0.0,
                    help="EOS's logit above the others' at every position (0: a random model, every completion runs "
                         "to the cap; 3: completions of varied lengths, 10-15 tokens on average, as a model that stops)")
+    return p
+
+
+def main() -> None:
+    p = arguments(__doc__)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,6 @@ one rollout on each side.
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import collections
 import pstats
@@ -161,16 +160,7 @@ def rollout_ops(folder: Path, a, tmp: Path) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--completion", type=int, default=64)
-    p.add_argument("--generations", type=int, default=8)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--beta", type=float, default=0.04)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--eos-logit", type=float, default=0.0)
+    p = bench_grpo.arguments(__doc__)
     p.add_argument("--side", choices=("both", "lmkit", "trl"), default="both")
     p.add_argument("--cprofile", action="store_true", help="also cProfile lmkit's rollouts")
     p.add_argument("--ops", action="store_true", help="also torch.profiler's operators of one step's rollouts")
