@@ -176,18 +176,19 @@ def test_a_bfloat16_model_decodes_through_the_plan_too():
 
 
 @pytest.mark.parametrize("batch, n_threads", [(1, 1), (1, 2), (4, 2), (1, 3), (4, 1), (9, 1)])
-@pytest.mark.parametrize("shape", [(24, 40), (40, 24), (7, 16)])
+@pytest.mark.parametrize("shape", [(24, 40), (40, 24), (7, 16), (1024, 1024)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_every_projection_kernel_computes_x_w_transposed_plus_b(batch, n_threads, shape, with_bias):
     torch.manual_seed(0)
-    weight, bias = torch.randn(shape), torch.randn(shape[0]) if with_bias else None
+    weight, bias = torch.randn(shape) / shape[1] ** 0.5, torch.randn(shape[0]) if with_bias else None  # O(1) outputs
     x = torch.randn(batch, shape[1])
     with threads(n_threads):
         fn, args = projection(weight, bias, batch, relayout=True)
         got = fn(x, *args)
     if batch == 1 and n_threads > 1 and shape[0] % n_threads == 0:
         expected = decode_plan._split_matvec
-    elif batch > 1 and n_threads == 1 and batch <= decode_plan.MKL_SMALL_BATCH and decode_plan.intel_cpu():
+    elif batch > 1 and n_threads == 1 and decode_plan.intel_cpu() and (
+            batch <= decode_plan.MKL_SMALL_BATCH or batch * weight.numel() <= decode_plan.MKL_SMALL_WORK):
         expected = decode_plan._addmm_t
     elif batch > 1:
         expected = decode_plan._onednn_linear

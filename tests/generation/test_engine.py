@@ -73,6 +73,29 @@ def test_requests_joining_mid_run_and_cancelled_ones_free_their_slots(loaded):
     assert late.output == _alone(model, tok, late) and first.output == _alone(model, tok, first)
 
 
+def test_requests_left_running_move_down_to_consecutive_slots(loaded):
+    """When low slots finish first, the requests above move into them (their keys and values with them), so a
+    step's rows are consecutive slots, and every request still decodes generate's ids."""
+    model, tok = loaded
+    lengths = [2, 9, 4, 12, 3, 10]  # new tokens: slots 0, 2 and 4 finish first
+    requests = [Request(prompt=[5 + i, 7, 11 + 2 * i][: 1 + i % 3], seed=i, config=GenerationConfig(
+        do_sample=True, top_k=0, max_new_tokens=n, eos_token_id=[])) for i, n in enumerate(lengths)]
+    engine = Engine(model, max_batch=6)
+    seen, decode = [], engine._decode
+
+    def watched(rows):  # the slots of each decoding step's rows
+        seen.append([r.slot for r in rows])
+        decode(rows)
+
+    engine._decode = watched
+    engine.run_all(requests)
+    assert [1, 3, 5] not in seen and [0, 1, 2] in seen  # the three long ones moved down rather than stayed up
+    assert all(slots == list(range(len(slots))) for slots in seen)
+    for request in requests:
+        assert request.output == _alone(model, tok, request)
+    assert engine.free == list(range(6))
+
+
 def test_prompt_logprobs_are_the_models_log_softmax(loaded):
     model, _ = loaded
     prompt = list(range(3, 40))

@@ -67,12 +67,12 @@ def completion_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     C = completion_ids.shape[1]
     out = model(ids, logits_to_keep=C + 1, **kwargs)
     logits = out.logits[:, :-1].float() / temperature
+    if not entropy:  # z[token] - logsumexp(z): no (B, C, V) log-softmax to hold
+        chosen = logits.gather(-1, completion_ids[..., None])[..., 0]
+        return (chosen - torch.logsumexp(logits, dim=-1)) * completion_mask, None
     log_probs = torch.log_softmax(logits, dim=-1)
     logps = log_probs.gather(-1, completion_ids[..., None])[..., 0] * completion_mask
-    ent = None
-    if entropy:
-        ent = -(log_probs.exp() * log_probs).sum(-1).detach()
-    return logps, ent
+    return logps, -(log_probs.exp() * log_probs).sum(-1).detach()
 
 
 @dataclass

@@ -102,6 +102,15 @@ def intel_cpu() -> bool:
 
 
 MKL_SMALL_BATCH = 8  # most rows for which MKL's products beat oneDNN's packed ones on an Intel core
+MKL_SMALL_WORK = 1 << 23  # multiply-adds (rows x in x out) up to which they do at any number of rows
+
+
+def mkl_products(batch: int, weight: torch.Tensor) -> bool:
+    """Whether MKL's product on W^T contiguous beats oneDNN's packed one for `batch` rows: on one thread of an Intel
+    CPU, up to MKL_SMALL_BATCH rows, or a product of up to MKL_SMALL_WORK multiply-adds (oneDNN's call costs about
+    20 us of its own: 16 rows times a 128 x 384 weight take 12 us in MKL, 31 us in oneDNN)."""
+    return torch.get_num_threads() == 1 and intel_cpu() \
+        and (batch <= MKL_SMALL_BATCH or batch * weight.numel() <= MKL_SMALL_WORK)
 
 
 def projection(weight: torch.Tensor, bias: torch.Tensor | None, batch: int, relayout: bool) -> Projection:
@@ -109,7 +118,7 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None, batch: int, rela
     one row on n > 1 threads: the outputs cut in n slices, one batched product (a matrix-vector product
     alone runs on one core, and at batch 1 the weights' memory traffic is the cost); one row on one
     thread, more outputs than inputs: W^T contiguous (MKL's gemv); several rows, float32 (no autocast, which
-    the packed product would bypass): on one thread of an Intel CPU and up to MKL_SMALL_BATCH rows, W^T
+    the packed product would bypass): on one thread of an Intel CPU for small products (`mkl_products`), W^T
     contiguous (MKL's small products there take half the time of oneDNN's), else W packed for oneDNN's blocked
     matrix product (faster than MKL's on AMD's EPYC; docs/benchmarks.md); otherwise torch's linear on W as it is."""
     if not relayout or weight.device.type != "cpu":
@@ -120,7 +129,7 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None, batch: int, rela
         chunks = weight.t().reshape(in_features, n, out_features // n).permute(1, 0, 2).contiguous()
         return Projection(_split_matvec, (chunks, None if bias is None else bias.detach().reshape(n, 1, -1)))
     if batch > 1 and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
-        if n == 1 and batch <= MKL_SMALL_BATCH and intel_cpu():
+        if mkl_products(batch, weight):
             return Projection(_addmm_t, (weight.t().contiguous(), bias))
         if _onednn_usable():
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch)

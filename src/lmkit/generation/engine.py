@@ -221,6 +221,8 @@ class Engine:
                     self.cache.lengths[request.slot] = 0
                     self.running.append(request)
                     self._reuse(request)
+        crosses = [self.seq2seq.cross] if self.seq2seq is not None else []  # kept by the same slots
+        self.cache.compact(self.running, self.free, *crosses)
         # one token budget a step, as vLLM's chunked prefill: every running stream's next token first, prompt
         # chunks in what is left, so that arrivals lengthen a running stream's step by at most the budget
         decoding = sum(1 for r in self.running if r.output and not r.finished)
@@ -295,8 +297,9 @@ class Engine:
                     self._finish(member, "length")
             elif request.group is None:
                 self._choose(request, logits[-1:])
-            else:
-                request.group.step(self, {id(m): logits[-1:].clone() for m in members})
+            else:  # every member continues the prompt's last logits: one row each
+                request.group.step(self, logits[-1:].expand(len(members), -1).clone(),
+                                   {id(m): j for j, m in enumerate(members)})
 
     def _reuse(self, request: Request) -> None:
         """Start a newly admitted request (a group's leader) from the longest prefix of its prompt the prefix cache
@@ -326,14 +329,14 @@ class Engine:
         logits = logits.float()
         plain = [r.plain_greedy for r in requests]
         argmax = logits.argmax(-1).tolist() if any(plain) else None
-        groups: dict[int, tuple[Group, dict[int, torch.Tensor]]] = {}
+        groups: dict[int, tuple[Group, dict[int, int]]] = {}
         for row, request in enumerate(requests):
             if request.group is None:
                 self._choose(request, logits[row:row + 1], argmax[row] if plain[row] else None)
             else:
-                groups.setdefault(id(request.group), (request.group, {}))[1][id(request)] = logits[row:row + 1]
+                groups.setdefault(id(request.group), (request.group, {}))[1][id(request)] = row
         for group, rows in groups.values():
-            group.step(self, rows)
+            group.step(self, logits, rows)
 
     def _plan(self, rows: int):
         """The lean one-token step `generate` takes too, where the model has one (None: decode via modules)."""
@@ -349,9 +352,9 @@ class Engine:
         sequence = torch.tensor([prompt + request.output], device=self.device) if acts else None
         return next_scores(sequence, logits, decoding)
 
-    def _choose(self, request: Request, logits: torch.Tensor, token: int | None = None) -> None:
-        """Pick the next token of `request` from its raw logits (1, V) (or take `token`, already chosen: the argmax
-        of a plain greedy row, a group's draw), record it and check its stop criteria."""
+    def _choose(self, request: Request, logits: torch.Tensor | None, token: int | None = None) -> None:
+        """Pick the next token of `request` from its raw logits (1, V) (or take `token`, a plain greedy row's argmax
+        or a group's draw: logits then only for log-probabilities), record it and check its stop criteria."""
         decoding = request.decoding
         if token is None:
             token = int(pick(self._scores(request, logits), decoding.config.do_sample, request.generator)[0])

@@ -6,7 +6,8 @@ forced BOS/EOS, suppressed tokens; then, for sampling, temperature, top-k, top-p
 eta truncation. A new decoding option is one class here and one `GenerationConfig` field.
 
 A processor also says when it acts (`acts_at(length)`: after how many tokens it may change a score, so greedy
-decoding skips the list at steps nothing changes) and how it follows a change of rows (`select(index)`: the
+decoding skips the list at steps nothing changes), whether it reads the sequences at all (`reads_ids`: the engine
+need not build them for a group that only samples) and how it follows a change of rows (`select(index)`: the
 batch's rows repeated for samples or beams, or one row alone), for processors that hold per-row state.
 """
 from __future__ import annotations
@@ -23,6 +24,8 @@ NEG_INF = -float("inf")
 
 class LogitsProcessor:
     """One change of the next-token scores (see the module docstring)."""
+
+    reads_ids = True  # False: it reads the scores only, and may be called with input_ids None
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -196,6 +199,8 @@ class SuppressTokens(LogitsProcessor):
 
 
 class Temperature(LogitsProcessor):
+    reads_ids = False
+
     def __init__(self, temperature: float):
         self.temperature = temperature
 
@@ -205,6 +210,8 @@ class Temperature(LogitsProcessor):
 
 class Truncation(LogitsProcessor):
     """One of logits.py's sampling filters with its parameter, keeping at least `keep` tokens."""
+
+    reads_ids = False
 
     def __init__(self, filter_fn, value, keep: int = 1):
         self.filter_fn, self.value, self.keep = filter_fn, value, keep

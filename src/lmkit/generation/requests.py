@@ -75,28 +75,57 @@ class Group:
     members: list[Request]
     generator: torch.Generator | None = None
     search: Any = None  # with beams: the engine_beams.BeamRun that drives the members (rows), else None
+    uniform: bool = field(init=False)  # every member has the same settings and no processor of its own
 
-    def step(self, engine, rows: dict[int, torch.Tensor]) -> None:
-        """Choose the next token of each member with a row in `rows` (id -> raw logits (1, V)) in `engine`: a beam
+    def __post_init__(self):
+        first = self.members[0]
+        self.uniform = all(r.config == first.config and not r.processors and not r.presence_penalty
+                           and not r.frequency_penalty for r in self.members)
+
+    def step(self, engine, logits: torch.Tensor, rows: dict[int, int]) -> None:
+        """Choose the next token of each member with a row of raw `logits` (rows: id -> row) in `engine`: a beam
         search's step (`search`), else each greedy member's own argmax, or sampled members in one (members, V)
         draw from the group's generator, which draws row j as the j-th of member-by-member draws would (torch's
         draws for a row depend on the vocabulary size only); a finished member's row is uniform, drawn and
-        dropped, as generate samples its finished rows too."""
+        dropped, as generate samples its finished rows too (scored as one block where `block_scores` can)."""
         if self.search is not None:
-            self.search.step(engine, rows)
+            self.search.step(engine, {key: logits[row:row + 1] for key, row in rows.items()})
         elif self.generator is None:
             for member in self.members:
                 if id(member) in rows:
-                    engine._choose(member, rows[id(member)])
+                    engine._choose(member, logits[rows[id(member)]:rows[id(member)] + 1])
         else:
-            vocab = next(iter(rows.values())).shape[-1]
-            scores = [engine._scores(member, rows[id(member)]) if id(member) in rows
-                      else torch.zeros(1, vocab, device=engine.device) for member in self.members]
-            tokens = pick(torch.cat(scores), True, self.generator).tolist()
+            scores = self.block_scores(logits, rows)
+            if scores is None:
+                scores = torch.cat([engine._scores(m, logits[rows[id(m)]:rows[id(m)] + 1]) if id(m) in rows
+                                    else torch.zeros(1, logits.shape[-1], device=engine.device) for m in self.members])
+            tokens = pick(scores, True, self.generator).tolist()
             for member, token in zip(self.members, tokens):
-                if id(member) in rows:
-                    engine._choose(member, rows[id(member)], token)
+                row = rows.get(id(member))
+                if row is not None:  # the raw row only where the member reports log-probabilities
+                    engine._choose(member, logits[row:row + 1] if member.logprobs is not None else None, token)
 
     def leader(self) -> Request | None:
         """The member that prefills the prompt for all: the first one not finished."""
         return next((m for m in self.members if not m.finished), None)
+
+    def block_scores(self, logits: torch.Tensor, rows: dict[int, int]) -> torch.Tensor | None:
+        """The processed scores (members, V) of the next tokens from the raw `logits` of the members with a row
+        (rows: id -> row; the others, finished, get a uniform row), processed as one block as generate processes
+        its rows, where the members share their settings and no processor reads the sequences at this step
+        (each processor acts on each row alone); None where not."""
+        present = [j for j, m in enumerate(self.members) if id(m) in rows]
+        leader = self.members[present[0]]  # the members left decode in step: one length
+        length = len(leader.history) + len(leader.output)
+        processors = leader.decoding.processors
+        if not self.uniform or any(getattr(p, "reads_ids", True) and p.acts_at(length) for p in processors):
+            return None
+        index = [rows[id(self.members[j])] for j in present]
+        block = logits[index[0]:index[-1] + 1] if index == list(range(index[0], index[-1] + 1)) else logits[index]
+        for processor in processors:
+            if processor.acts_at(length):
+                block = processor(None, block)
+        if len(present) == len(self.members):
+            return block
+        return block.new_zeros(len(self.members), block.shape[-1]).index_copy_(
+            0, torch.tensor(present, device=block.device), block)

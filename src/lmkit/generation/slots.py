@@ -36,6 +36,21 @@ class SlotCache:
             keys[targets_t, :, :length] = keys[sources_t, :, :length]
             self.values[layer][targets_t, :, :length] = self.values[layer][sources_t, :, :length]
 
+    def compact(self, running: list, free: list[int], *others: SlotCache) -> None:
+        """Move the `running` requests (objects with a `.slot`) in the highest slots into the lowest of the `free`
+        ones (sorted; updated), their keys and values copied (in `others` too: caches kept by the same slots), so
+        that a step's rows stay consecutive slots, which attention reads as one view instead of gathering them at
+        every step (a copy when a request leaves early)."""
+        for request in sorted(running, key=lambda r: r.slot, reverse=True):
+            if not free or free[0] > request.slot:
+                return
+            target = free.pop(0)
+            for cache in (self, *others):
+                cache.copy(request.slot, target)
+            free.append(request.slot)
+            free.sort()
+            request.slot = target
+
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
         """Slot `slot`'s keys and values of positions start..end-1: (layers, 2, H, end - start, D)."""
         return torch.stack([torch.stack((self.keys[layer][slot, :, start:end], self.values[layer][slot, :, start:end]))
@@ -98,18 +113,25 @@ class DecodeView:
         if windows:
             self.allowed = {None: self.allowed, **{w: self.allowed & (keys > self.lengths[:, None] - w)[:, None, None]
                                                    for w in windows if w is not None}}
+        self._flat: dict[tuple[int, int], torch.Tensor] = {}  # (heads, capacity) -> where the new keys go
 
     def get_seq_length(self, layer: int = 0) -> int:
         return self.past
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.cache.buffers(layer, k, self.past + 1)
-        keys[self.rows, :, self.lengths] = k[:, :, 0]
-        values[self.rows, :, self.lengths] = v[:, :, 0]
+        heads, capacity, dim = keys.shape[1:]
+        index = self._flat.get((heads, capacity))
+        if index is None:  # row (slot, head, length) of the buffers seen as (slots * heads * capacity, dim)
+            index = self._flat[heads, capacity] = ((self.rows[:, None] * heads + torch.arange(
+                heads, device=self.rows.device)) * capacity + self.lengths[:, None]).reshape(-1)
+        keys.view(-1, dim).index_copy_(0, index, k.reshape(-1, dim))
+        values.view(-1, dim).index_copy_(0, index, v.reshape(-1, dim))
+        end = self.past + 1
         if self.span is not None:
-            return keys[self.span, :, :self.past + 1], values[self.span, :, :self.past + 1]
-        return (keys[:, :, :self.past + 1].index_select(0, self.rows),
-                values[:, :, :self.past + 1].index_select(0, self.rows))
+            start, rows = self.span.start, self.span.stop - self.span.start
+            return keys.narrow(0, start, rows).narrow(2, 0, end), values.narrow(0, start, rows).narrow(2, 0, end)
+        return keys[:, :, :end].index_select(0, self.rows), values[:, :, :end].index_select(0, self.rows)
 
 
 class BatchPrefillView:
