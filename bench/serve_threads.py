@@ -4,6 +4,7 @@ completions of --max-tokens tokens from --clients clients, one server at a time 
 thread mode under settings that each take one suspect away, beside the default, in one run:
 
     process         the default: the engine in a child process
+    process 5ms     the same with Python's own switch interval in the HTTP process
     thread          --engine-thread as shipped (sys.setswitchinterval(0.0002) in the CLI)
     thread 5ms      the same with Python's own switch interval (5 ms): the CLI's call made a no-op
     thread passive  OMP_WAIT_POLICY=PASSIVE: OpenMP's worker threads sleep after a parallel region instead of spinning
@@ -30,6 +31,7 @@ NO_SWITCH = [sys.executable, "-c", "import sys; sys.setswitchinterval = lambda s
              "sys.exit(main())"]
 SETTINGS = {  # name -> (lmkit serve flags, environment, launcher)
     "process": ([], {}, None),
+    "process 5ms": ([], {}, NO_SWITCH),
     "thread": (["--engine-thread"], {}, None),
     "thread 5ms": (["--engine-thread"], {}, NO_SWITCH),
     "thread passive": (["--engine-thread"], {"OMP_WAIT_POLICY": "PASSIVE"}, None),
