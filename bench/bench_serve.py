@@ -174,6 +174,7 @@ async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
     start = time.perf_counter()
     stamps, text, usage = [], [], {}
     async with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
+        headers = time.perf_counter()  # the server has taken the request (a stream's headers come at submission)
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()}")
         async for line in response.aiter_lines():
@@ -184,7 +185,7 @@ async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
             if chunk["choices"] and chunk["choices"][0]["text"]:
                 stamps.append(time.perf_counter())
                 text.append(chunk["choices"][0]["text"])
-    return {"ttft": stamps[0] - start if stamps else float("nan"), "gaps": [b - a for a, b in zip(stamps, stamps[1:])],
+    return {"ttft": stamps[0] - start if stamps else float("nan"), "taken": headers - start, "gaps": [b - a for a, b in zip(stamps, stamps[1:])],
             "text": "".join(text), "tokens": usage.get("completion_tokens", 0), "prompt": usage.get("prompt_tokens", 0),
             "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
 
@@ -204,7 +205,9 @@ async def drive(url: str, prompts: list[str], max_tokens: int) -> dict:
     def pct(values, q):
         return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
+    taken = sorted(r["taken"] for r in results)
     return {"tok_s": tokens / wall, "ttft_p50": statistics.median(ttfts), "ttft_p99": pct(ttfts, 0.99),
+            "taken_p99": pct(taken, 0.99),
             "itl_p50": pct(gaps, 0.5), "itl_p99": pct(gaps, 0.99), "tokens": tokens, "wall": wall,
             "client_cpu": cpu}
 
@@ -265,9 +268,10 @@ def server_ttft(url: str) -> tuple[float, float]:
 def budgets(args, folder: Path, tok, docs: list[str]) -> None:
     """lmkit serve alone at each token budget a step (--prefill-chunk), the plain workload's prompts (new ones each
     pass, so that the prefix cache serves none of them), all clients at once; the server's own mean time to first
-    token beside the clients' TTFT."""
+    token beside the clients' TTFT, and `taken`: from a client's start to its stream's headers (the server has parsed
+    and submitted the request)."""
     print(f"{'clients':>7} {'budget':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} "
-          f"{'server TTFT mean':>16}")
+          f"{'server TTFT mean':>16} {'taken p99':>9}")
     for n in args.clients:
         passes = [[f"({k}) " + docs[i % len(docs)][:200 + 7 * i] for i in range(n)] for k in range(args.repeat + 1)]
         lengths = [len(tok.encode(p)) for p in passes[0]]
@@ -288,7 +292,8 @@ def budgets(args, folder: Path, tok, docs: list[str]) -> None:
             r = sorted(rows, key=lambda r: r["tok_s"])[len(rows) // 2]
             mean = (after[0] - before[0]) / max(after[1] - before[1], 1)
             print(f"{n:>7} {budget:>7} {r['tok_s']:>8.1f} {r['ttft_p50'] * 1e3:>7.1f}ms {r['ttft_p99'] * 1e3:>7.1f}ms "
-                  f"{r['itl_p50'] * 1e3:>6.1f}ms {r['itl_p99'] * 1e3:>6.1f}ms {mean * 1e3:>14.1f}ms", flush=True)
+                  f"{r['itl_p50'] * 1e3:>6.1f}ms {r['itl_p99'] * 1e3:>6.1f}ms {mean * 1e3:>14.1f}ms "
+                  f"{r['taken_p99'] * 1e3:>7.1f}ms", flush=True)
 
 
 def main() -> None:
