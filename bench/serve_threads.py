@@ -5,6 +5,8 @@ thread mode under settings that each take one suspect away, beside the default, 
 
     process         the default: the engine in a child process
     process 5ms     the same with Python's own switch interval in the HTTP process
+    process passive the engine process with OMP_WAIT_POLICY=PASSIVE (OpenMP's workers sleep at once)
+    process spin 10k  the engine process with GOMP_SPINCOUNT=10000 (they spin a little, then sleep)
     thread          --engine-thread as shipped (sys.setswitchinterval(0.0002) in the CLI)
     thread 5ms      the same with Python's own switch interval (5 ms): the CLI's call made a no-op
     thread passive  OMP_WAIT_POLICY=PASSIVE: OpenMP's worker threads sleep after a parallel region instead of spinning
@@ -32,11 +34,49 @@ NO_SWITCH = [sys.executable, "-c", "import sys; sys.setswitchinterval = lambda s
 SETTINGS = {  # name -> (lmkit serve flags, environment, launcher)
     "process": ([], {}, None),
     "process 5ms": ([], {}, NO_SWITCH),
+    "process passive": ([], {"OMP_WAIT_POLICY": "PASSIVE"}, None),
+    "process spin 10k": ([], {"GOMP_SPINCOUNT": "10000"}, None),
     "thread": (["--engine-thread"], {}, None),
     "thread 5ms": (["--engine-thread"], {}, NO_SWITCH),
     "thread passive": (["--engine-thread"], {"OMP_WAIT_POLICY": "PASSIVE"}, None),
     "thread 1 omp": (["--engine-thread"], {"OMP_NUM_THREADS": "1"}, None),
 }
+
+
+def direct(folder: Path, prompt: list[int], max_tokens: int, repeat: int) -> None:
+    """No HTTP: the issue's model loaded in the main thread, one request of `max_tokens` greedy tokens through an
+    `Engine`, stepped in the main thread (one OpenMP team in the process, as in the engine process) and then in a
+    second thread (a second team, as in --engine-thread: libgomp counts more OpenMP threads than CPUs and throttles
+    its spin-waiting). Wall and process CPU per token, the best of `repeat` runs each."""
+    import threading
+    import time
+
+    import lmkit
+    from lmkit.generation import GenerationConfig
+    from lmkit.generation.engine import Engine, Request
+
+    model = lmkit.load_model(folder)
+    engine = Engine(model, max_batch=4)
+
+    def run() -> tuple[float, float]:
+        best = (float("inf"), float("inf"))
+        for _ in range(repeat + 1):
+            request = Request(prompt=prompt, config=GenerationConfig(max_new_tokens=max_tokens, do_sample=False))
+            start, cpu = time.perf_counter(), time.process_time()
+            engine.run_all([request])
+            best = min(best, ((time.perf_counter() - start) / max_tokens, (time.process_time() - cpu) / max_tokens))
+        return best
+
+    for where in ("main thread", "second thread"):
+        if where == "main thread":
+            wall, cpu = run()
+        else:
+            box = []
+            thread = threading.Thread(target=lambda: box.append(run()))
+            thread.start(), thread.join()
+            wall, cpu = box[0]
+        print(f"engine alone in the {where:>13}: {1 / wall:>6.1f} tok/s, {cpu * 1e3:.2f} ms CPU per token "
+              f"(load {os.getloadavg()[0]:.1f})", flush=True)
 
 
 def main() -> None:
@@ -46,7 +86,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS), metavar="NAME")
+    parser.add_argument("--direct", action="store_true", help="instead: the engine alone, main thread or a second")
     args = parser.parse_args()
+    if args.direct:
+        os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # before torch loads (it reads it once)
     import lmkit
     from lmkit.data import load_corpus
 
@@ -54,6 +97,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = bench_serve.make_folder(Path(tmp) / "model", "issue")
         tok = lmkit.load_tokenizer(folder)
+        if args.direct:
+            direct(folder, tok.encode(docs[0])[:150], args.max_tokens, args.repeat)
+            return
         print(f"CPU: {machine.cpu_name()}, {os.cpu_count()} cores seen, load average {os.getloadavg()[0]:.1f}; "
               f"{args.threads} threads per server; fp32; {args.max_tokens} new tokens, greedy, streamed")
         print(f"{'clients':>7} {'setting':>15} {'tok/s':>8} {'ITL p50':>8} {'ITL p99':>8} {'CPU ms/tok':>10} {'load':>5}")
