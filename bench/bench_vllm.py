@@ -7,7 +7,8 @@ clients (one request each); one server at a time, each with --threads cores. Per
 tokens/s, p99 time to first token and inter-token latency, server CPU ms per output token and the resident memory
 of the server's whole process tree. Every side runs the workload once untimed first, then --repeat timed passes
 (the median pass is reported); each pass's prompts are new (a tag of the pass first), so that no pass reuses an
-earlier one's from a prefix cache.
+earlier one's from a prefix cache, and each opens with readable text (`bench_serve.readable`: a random model's reply
+that opens with lone UTF-8 bytes shows no text, so no first token to a client, until they end).
 
 With and without prefix reuse (`--workload`, `--cache on off`): `prefix` sends every request one shared system text
 of --prefix-tokens tokens (default 1,000) and a short question of its own; `chat` holds one conversation per client
@@ -220,9 +221,11 @@ def main() -> None:
               f"{'RSS MB':>7} {'load':>5}" + (f" {'TTFT p50':>9} {'cached':>7}" if args.workload != "plain" else ""),
               flush=True)
         prompts_for = {}
-        for n in args.clients:  # 100-200 tokens each, each pass's new (a tag first: no prefix cache hit between passes)
-            prompts_for[n] = [[f"({k}-{i}) " + tok.decode(tok.encode(docs[i % len(docs)])[:100 + (i * 37) % 101])
-                               for i in range(n)] for k in range(args.repeat + 1)]
+        for n in args.clients:  # 100-200 tokens each, each pass's new (a tag first: no prefix cache hit between passes),
+            # each opening with readable text (bench_serve.readable: TTFT is the first text a client sees)
+            prompts_for[n] = [bench_serve.readable(folder, [
+                f"({k}-{i}) " + tok.decode(tok.encode(docs[i % len(docs)])[:100 + (i * 37) % 101])
+                for i in range(3 * n)], n) for k in range(args.repeat + 1)]
         for side, cache in [(side, cache) for side in args.sides for cache in caches]:
             if side == "vllm":
                 extra = (["--no-enable-prefix-caching"] if cache == "off" else []) + \

@@ -104,8 +104,9 @@ def main() -> None:
               f"{args.threads} threads per server; fp32; {args.max_tokens} new tokens, greedy, streamed")
         print(f"{'clients':>7} {'setting':>15} {'tok/s':>8} {'ITL p50':>8} {'ITL p99':>8} {'CPU ms/tok':>10} {'load':>5}")
         for n in args.clients:
-            prompts = [[f"({k}-{i}) " + tok.decode(tok.encode(docs[i % len(docs)])[:100 + (i * 37) % 101])
-                        for i in range(n)] for k in range(args.repeat + 1)]
+            prompts = [bench_serve.readable(folder, [
+                f"({k}-{i}) " + tok.decode(tok.encode(docs[i % len(docs)])[:100 + (i * 37) % 101])
+                for i in range(3 * n)], n) for k in range(args.repeat + 1)]
             for name in args.settings:
                 flags, env, launcher = SETTINGS[name]
                 process, url = bench_serve.start("lmkit", folder, args.threads, max(n, 16), 256,
