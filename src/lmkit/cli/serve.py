@@ -138,4 +138,5 @@ def _describe(server) -> str:
     prefix = server.engine.prefix
     cache = f"prefix cache {prefix.budget / (1 << 30):.2f} GiB" if prefix is not None else "no prefix cache"
     adapters = f", LoRA adapters {', '.join(server.loras)}" if server.loras else ""
-    return f"{server.folder} ({server.model.config.max_seq_len} positions, {precision}, {cache}{adapters})"
+    engine = "engine in a child process" if getattr(server.engine, "remote", False) else "engine in a thread"
+    return f"{server.folder} ({server.model.config.max_seq_len} positions, {precision}, {cache}{adapters}, {engine})"
