@@ -90,8 +90,13 @@ class Server:
                 if self.engine_process:
                     from lmkit.serve.engine_process import ProcessEngine
 
+                    import torch
+
+                    # the child computes with the server's own torch thread count (torch.set_num_threads before
+                    # build_app, or OMP_NUM_THREADS), not the default of all cores
                     settings = {"folder": str(self.folder), "dtype": "bf16" if self.dtype is not None else None,
-                                "device": None if self.device is None else str(self.device)}
+                                "device": None if self.device is None else str(self.device),
+                                "threads": torch.get_num_threads()}
                     self.engine = ProcessEngine(self.model, settings, max_batch=self.max_concurrency,
                                                 prefill_chunk=self.prefill_chunk, cache_memory=memory)
                 else:

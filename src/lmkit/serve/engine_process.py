@@ -37,7 +37,7 @@ def _unavailable(message: str) -> APIError:
 
 class ProcessEngine(Engine):
     """An `Engine` whose steps run in a child process (see the module docstring). `settings`: what the child loads,
-    {"folder", "dtype" ("bf16" or None), "device"}; `loras`: {name: adapter folder} it loads at each start."""
+    {"folder", "dtype" ("bf16" or None), "device", "threads" (torch's intra-op threads)}; `loras`: {name: adapter folder} it loads at each start."""
 
     remote = True
 
@@ -356,6 +356,8 @@ def main(argv: list[str]) -> int:
         import lmkit
         from lmkit.peft import lora_weights
 
+        if settings.get("threads"):
+            torch.set_num_threads(settings["threads"])
         dtype = torch.bfloat16 if settings["dtype"] == "bf16" else None
         model = lmkit.load_model(settings["folder"], dtype=dtype, device=settings["device"])
         tokenizer = lmkit.load_tokenizer(settings["folder"])
