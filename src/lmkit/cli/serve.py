@@ -51,8 +51,9 @@ def register(subparsers) -> None:
                              "HTTP process holds no weights and keeps its interpreter lock to itself; a crashed engine "
                              "answers 503 and is restarted)")
     engine.add_argument("--engine-thread", dest="engine", action="store_const", const="thread",
-                        help="run the engine in a thread of the HTTP process instead (one process, the weights once; "
-                             "slower: the two share one interpreter lock) (default: off)")
+                        help="run the engine in a thread of the HTTP process instead (one process; its OpenMP "
+                             "workers wait passively: slower on cores the server has to itself, steadier on a busy "
+                             "machine, where OMP_WAIT_POLICY=PASSIVE does the same for the default) (default: off)")
     add_device_argument(p)
     p.set_defaults(func=run)
 
