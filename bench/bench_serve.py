@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 
-def make_folder(path: Path, shape: str = "small") -> Path:
+def make_folder(path: Path, shape: str = "small", positions: int = 1024) -> Path:
     """A random model with a byte-level BPE tokenizer of the stdlib docs: GPT-2-shaped (d 256, 4 layers, 8 heads), or
     with `shape` "issue" the LLaMA body issue 38 raced vLLM with (hidden 512, 8 layers, 8 heads, 4 KV heads) on this
-    tokenizer's vocabulary."""
+    tokenizer's vocabulary, with `positions` positions."""
     import torch
     import transformers
 
@@ -54,7 +54,7 @@ def make_folder(path: Path, shape: str = "small") -> Path:
     if shape == "issue":
         cfg = transformers.LlamaConfig(vocab_size=tok.vocab_size, hidden_size=512, intermediate_size=1536,
                                        num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                                       max_position_embeddings=1024, bos_token_id=None, eos_token_id=None)
+                                       max_position_embeddings=positions, bos_token_id=None, eos_token_id=None)
         transformers.LlamaForCausalLM(cfg).save_pretrained(path)
     else:
         cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_embd=256, n_layer=4, n_head=8, n_positions=512,
@@ -112,6 +112,28 @@ def baseline_app(folder: str):
     return app
 
 
+def readable(folder: Path, texts: list[str], count: int) -> list[str]:
+    """The first `count` of `texts` whose greedy first token decodes to whole characters. A random model's greedy
+    reply can open with a run of lone UTF-8 bytes (one byte-level token repeated) that never completes a character:
+    a server holds such text back (lmkit and vLLM both do), so that request's first text, and with it the p99 time to
+    first token of a pass, would come only when the run ends (82 tokens into one reply of 64 in issue 38's race)."""
+    import torch
+
+    import lmkit
+
+    model, tok = lmkit.load_model(folder), lmkit.load_tokenizer(folder)
+    out = []
+    with torch.inference_mode():
+        for text in texts:
+            first = int(model(torch.tensor([tok.encode(text)])).logits[0, -1].argmax())
+            piece = tok.decode([first])
+            if piece and "\ufffd" not in piece:
+                out.append(text)
+                if len(out) == count:
+                    return out
+    raise RuntimeError(f"only {len(out)} of {len(texts)} prompts open with readable text; give more")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -119,12 +141,15 @@ def free_port() -> int:
 
 
 def start(kind: str, folder: Path, threads: int, max_concurrency: int, prefill_chunk: int,
-          max_queue: int = 1024, extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+          max_queue: int = 1024, extra: list[str] | None = None, env: dict | None = None,
+          launcher: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """A server in its own process, ready: `lmkit serve` (kind "lmkit", with `extra` flags; `launcher`: the command
+    before `serve`, default python -m lmkit) or the baseline; `env`: variables set beside the bench's own."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src"),
-           "TOKENIZERS_PARALLELISM": "false"}
+           "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     if kind == "lmkit":
-        cmd = [sys.executable, "-m", "lmkit", "serve", "--model", str(folder), "--port", str(port),
+        cmd = [*(launcher or [sys.executable, "-m", "lmkit"]), "serve", "--model", str(folder), "--port", str(port),
                "--max-concurrency", str(max_concurrency), "--max-queue", str(max_queue), "--prefill-chunk", str(prefill_chunk),
                *(extra or [])]
     else:
@@ -171,6 +196,7 @@ async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
     start = time.perf_counter()
     stamps, text, usage = [], [], {}
     async with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
+        headers = time.perf_counter()  # the server has taken the request (a stream's headers come at submission)
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()}")
         async for line in response.aiter_lines():
@@ -181,7 +207,7 @@ async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
             if chunk["choices"] and chunk["choices"][0]["text"]:
                 stamps.append(time.perf_counter())
                 text.append(chunk["choices"][0]["text"])
-    return {"ttft": stamps[0] - start if stamps else float("nan"), "gaps": [b - a for a, b in zip(stamps, stamps[1:])],
+    return {"ttft": stamps[0] - start if stamps else float("nan"), "taken": headers - start, "gaps": [b - a for a, b in zip(stamps, stamps[1:])],
             "text": "".join(text), "tokens": usage.get("completion_tokens", 0), "prompt": usage.get("prompt_tokens", 0),
             "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
 
@@ -201,19 +227,24 @@ async def drive(url: str, prompts: list[str], max_tokens: int) -> dict:
     def pct(values, q):
         return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
+    taken = sorted(r["taken"] for r in results)
     return {"tok_s": tokens / wall, "ttft_p50": statistics.median(ttfts), "ttft_p99": pct(ttfts, 0.99),
+            "taken_p99": pct(taken, 0.99),
             "itl_p50": pct(gaps, 0.5), "itl_p99": pct(gaps, 0.99), "tokens": tokens, "wall": wall,
             "client_cpu": cpu}
 
 
-def timed_passes(url: str, pid: int, prompts: list[str], max_tokens: int, repeat: int) -> dict:
+def timed_passes(url: str, pid: int, prompts: list[str], max_tokens: int, repeat: int,
+                 fresh: list[list[str]] | None = None) -> dict:
     """One untimed pass of the workload, then `repeat` timed ones: the median pass by tokens/s, with the server's
-    CPU seconds over that pass."""
-    asyncio.run(drive(url, prompts, max_tokens))
+    CPU seconds over that pass. `fresh`: the prompts of each pass (repeat + 1 lists), where no pass may reuse an
+    earlier one's from the prefix cache (default: `prompts` every pass)."""
+    fresh = fresh or [prompts] * (repeat + 1)
+    asyncio.run(drive(url, fresh[0], max_tokens))
     passes = []
-    for _ in range(repeat):
+    for k in range(repeat):
         before = cpu_seconds(pid)
-        result = asyncio.run(drive(url, prompts, max_tokens))
+        result = asyncio.run(drive(url, fresh[k + 1], max_tokens))
         result["server_cpu"] = cpu_seconds(pid) - before
         passes.append(result)
     return sorted(passes, key=lambda r: r["tok_s"])[len(passes) // 2]
@@ -243,22 +274,49 @@ def static_batched(folder: Path, prompts: list[str], max_tokens: int, threads: i
     return sorted(runs)[len(runs) // 2]
 
 
+def server_ttft(url: str) -> tuple[float, float]:
+    """(seconds, requests) of the server's own time-to-first-token histogram so far: from a request's submission to
+    the engine to its first token, without the HTTP and client time around it."""
+    import httpx
+
+    values = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(("lmkit_time_to_first_token_seconds_sum", "lmkit_time_to_first_token_seconds_count")):
+            name, value = line.split()
+            values[name.rsplit("_", 1)[1]] = float(value)
+    return values.get("sum", 0.0), values.get("count", 0.0)
+
+
 def budgets(args, folder: Path, tok, docs: list[str]) -> None:
-    """lmkit serve alone at each token budget a step (--prefill-chunk), the plain workload's prompts."""
-    print(f"{'clients':>7} {'budget':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}")
+    """lmkit serve alone at each token budget a step (--prefill-chunk), the plain workload's prompts (new ones each
+    pass, so that the prefix cache serves none of them), all clients at once; the server's own mean time to first
+    token beside the clients' TTFT, and `taken`: from a client's start to its stream's headers (the server has parsed
+    and submitted the request)."""
+    print(f"{'clients':>7} {'budget':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} "
+          f"{'server TTFT mean':>16} {'taken p99':>9}")
     for n in args.clients:
-        prompts = [docs[i % len(docs)][:200 + 7 * i] for i in range(n)]
-        lengths = [len(tok.encode(p)) for p in prompts]
-        print(f"{n:>7} prompts of {min(lengths)} to {max(lengths)} tokens, {args.max_tokens} new tokens each")
+        passes = [readable(folder, [f"({k}) " + docs[i % len(docs)][:200 + 7 * (i % n)] for i in range(3 * n)], n)
+                  for k in range(args.repeat + 1)]
+        lengths = [len(tok.encode(p)) for p in passes[0]]
+        print(f"{n:>7} prompts of {min(lengths)} to {max(lengths)} tokens, {args.max_tokens} new tokens each, "
+              f"--max-concurrency {args.max_concurrency or max(16, n)} {' '.join(args.serve_flags)}")
         for budget in args.budgets:
-            process, url = start("lmkit", folder, args.threads, max(16, n), budget)
+            process, url = start("lmkit", folder, args.threads, args.max_concurrency or max(16, n), budget,
+                                 extra=args.serve_flags)
             try:
-                r = timed_passes(url, process.pid, prompts, args.max_tokens, args.repeat)
+                asyncio.run(drive(url, passes[0], args.max_tokens))
+                rows, before = [], server_ttft(url)
+                for prompts in passes[1:]:
+                    rows.append(asyncio.run(drive(url, prompts, args.max_tokens)))
+                after = server_ttft(url)
             finally:
                 process.terminate()
                 process.wait(timeout=30)
+            r = sorted(rows, key=lambda r: r["tok_s"])[len(rows) // 2]
+            mean = (after[0] - before[0]) / max(after[1] - before[1], 1)
             print(f"{n:>7} {budget:>7} {r['tok_s']:>8.1f} {r['ttft_p50'] * 1e3:>7.1f}ms {r['ttft_p99'] * 1e3:>7.1f}ms "
-                  f"{r['itl_p50'] * 1e3:>6.1f}ms {r['itl_p99'] * 1e3:>6.1f}ms", flush=True)
+                  f"{r['itl_p50'] * 1e3:>6.1f}ms {r['itl_p99'] * 1e3:>6.1f}ms {mean * 1e3:>14.1f}ms "
+                  f"{r['taken_p99'] * 1e3:>7.1f}ms", flush=True)
 
 
 def main() -> None:
@@ -281,6 +339,10 @@ def main() -> None:
     parser.add_argument("--budgets", type=int, nargs="*", default=None, metavar="N",
                         help="instead: lmkit serve alone at each of these --prefill-chunk token budgets (the plain "
                              "workload), to choose the budget")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="--budgets: lmkit serve's --max-concurrency (default: the clients, at least 16)")
+    parser.add_argument("--serve-flags", nargs="*", default=[], metavar="FLAG",
+                        help="--budgets: more lmkit serve flags, e.g. --serve-flags=--engine-thread")
     parser.add_argument("--baseline-server", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

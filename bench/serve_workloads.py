@@ -4,7 +4,8 @@ cache against itself without it (--cache-memory 0), same clients, same prompts.
 chat: every client holds a conversation of --turns turns that resends its history (the previous prompt, the reply,
 a new user line), after one long system prompt that every conversation shares. rag: every request is an
 instruction, three retrieved passages and a question; requests about one of four topics get the same passages in
-the same order. A pass number inside each conversation (after the system prompt) and inside each question keeps a
+the same order. prefix (bench_vllm.py --workload prefix): one long system text every request shares and a short
+question. A pass number inside each conversation (after the system prompt) and inside each question keeps a
 pass from reusing an earlier pass's conversations, while the system prompt and the passages stay cached across
 passes as they would on a long-running server.
 """
@@ -24,8 +25,11 @@ async def _conversation(request, client, url: str, first: str, turns: int, max_t
     return out
 
 
-def prompts_for(workload: str, docs: list[str], clients: int, pass_no: int) -> list[str]:
-    """The first prompt of each client's session (chat) or each client's request (rag)."""
+def prompts_for(workload: str, docs: list[str], clients: int, pass_no: int, system: str | None = None) -> list[str]:
+    """The first prompt of each client's session (chat) or each client's request (rag; prefix: one long shared
+    `system` text and a short question)."""
+    if workload == "prefix":
+        return [f"{system}\nQuestion ({pass_no}-{i}): {docs[20 + i % 5][:80]}\nAnswer:" for i in range(clients)]
     if workload == "chat":
         system = "System: you answer questions about Python's standard library.\n" + docs[0][:900]
         return [f"{system}\nUser: (session {pass_no}-{i}) {docs[1 + i % 7][:120]}\nAssistant:" for i in range(clients)]
@@ -35,12 +39,12 @@ def prompts_for(workload: str, docs: list[str], clients: int, pass_no: int) -> l
 
 
 async def drive(request, url: str, workload: str, docs: list[str], clients: int, turns: int, max_tokens: int,
-                pass_no: int) -> dict:
-    """One pass: every client's session (chat) or request (rag) at once, each request through `request`
+                pass_no: int, system: str | None = None) -> dict:
+    """One pass: every client's session (chat) or request (rag, prefix) at once, each request through `request`
     (bench_serve.one_client)."""
     import httpx
 
-    firsts = prompts_for(workload, docs, clients, pass_no)
+    firsts = prompts_for(workload, docs, clients, pass_no, system)
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=clients + 4)) as client:
         start = time.perf_counter()
         if workload == "chat":

@@ -23,9 +23,10 @@ def folder(tmp_path_factory):
     return make_folder(tmp_path_factory.mktemp("served"), "llama", n_positions=128)
 
 
-@pytest.fixture(scope="module")
-def served(folder):
-    with RunningServer(folder, max_concurrency=4, max_queue=8, prefill_chunk=16) as server:
+@pytest.fixture(scope="module", params=["thread", "process"])
+def served(folder, request):  # the engine in a thread of the server, and in a child process (`lmkit serve`'s default)
+    with RunningServer(folder, max_concurrency=4, max_queue=8, prefill_chunk=16,
+                       engine_process=request.param == "process") as server:
         yield server
 
 

@@ -106,3 +106,14 @@ def test_dtype_auto_follows_trainings_precision_rule():
 
     assert _dtype("auto", "cpu") == (torch.bfloat16 if default_precision("cpu") == "bf16" else None)
     assert _dtype("fp32", "cpu") is None and _dtype("bf16", "cpu") is torch.bfloat16
+
+
+def test_the_engine_runs_in_a_child_process_unless_engine_thread_is_given():
+    from lmkit.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--model", "m"]).engine == "process"
+    assert parser.parse_args(["serve", "--model", "m", "--engine-process"]).engine == "process"
+    assert parser.parse_args(["serve", "--model", "m", "--engine-thread"]).engine == "thread"
+    with pytest.raises(SystemExit):  # one or the other
+        parser.parse_args(["serve", "--model", "m", "--engine-thread", "--engine-process"])

@@ -34,11 +34,15 @@ def _greedy(model, tok, prompt: str, n: int) -> str:
     return tok.decode(out[:out.index(eos)] if eos in out else out)
 
 
-def test_adapters_per_request_equal_the_merged_models(setup):
+@pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
+def test_adapters_per_request_equal_the_merged_models(setup, engine_process):
     folder, root, model, tok, merged = setup
     prompt = "hello world, this is a small test"
-    with RunningServer(folder, max_concurrency=4, loras={"a": str(root / "a")}, cache_memory=8 << 20) as served:
+    with RunningServer(folder, max_concurrency=4, loras={"a": str(root / "a")}, cache_memory=8 << 20,
+                       engine_process=engine_process) as served:
         client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        # with the engine in a child, the HTTP process holds the model's skeleton only (its weights on the meta device)
+        assert all(p.is_meta for p in served.state.model.parameters()) == engine_process
         cards = {m.id: m for m in client.models.list().data}
         assert set(cards) == {"m", "a"} and cards["a"].parent == "m" and cards["a"].root == str(root / "a")
         answer = httpx.post(served.url + "/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": str(root / "b")})
@@ -57,6 +61,11 @@ def test_adapters_per_request_equal_the_merged_models(setup):
         again = client.completions.create(model="a", prompt=prompt * 3, max_tokens=2, temperature=0)
         again = client.completions.create(model="a", prompt=prompt * 3, max_tokens=2, temperature=0)
         assert again.usage.prompt_tokens_details.cached_tokens >= 16
+        counters = {line.split()[0]: float(line.split()[1]) for line in httpx.get(served.url + "/metrics").text
+                    .splitlines() if line.startswith("lmkit_prefix_cache_")}
+        # vLLM's counters, in prompt tokens: the repeated prompt's cached tokens are hits (in either engine's place)
+        assert counters["lmkit_prefix_cache_hits_total"] >= again.usage.prompt_tokens_details.cached_tokens
+        assert counters["lmkit_prefix_cache_queries_total"] > counters["lmkit_prefix_cache_hits_total"]
 
         with pytest.raises(openai.NotFoundError) as err:
             client.completions.create(model="nope", prompt=prompt, max_tokens=2)

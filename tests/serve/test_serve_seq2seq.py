@@ -13,7 +13,8 @@ from serving_folders import RunningServer, make_seq2seq_folder  # noqa: E402
 
 
 @pytest.mark.parametrize("family", ["t5", "bart"])
-def test_encoder_decoder_folder_is_served_by_the_engine(tmp_path, family):
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_encoder_decoder_folder_is_served_by_the_engine(tmp_path, family, mode):
     folder = make_seq2seq_folder(tmp_path / family, family)
     model, tok = lmkit.load_model(folder), lmkit.load_tokenizer(folder)
     eos = model.config.eos_token_id
@@ -29,10 +30,11 @@ def test_encoder_decoder_folder_is_served_by_the_engine(tmp_path, family):
         return tok.decode([t for t in ids if t != eos]), logprobs
 
     prompts = ["hello world, this is a small test", "def f(x):", "The quick brown fox jumps over the lazy dog."]
-    with RunningServer(folder, max_concurrency=2, prefill_chunk=8) as server:
+    with RunningServer(folder, max_concurrency=2, prefill_chunk=8, engine_process=mode == "process") as server:
         from lmkit.generation.engine import Engine
 
-        assert isinstance(server.state.engine, Engine) and server.state.engine.seq2seq is not None
+        assert mode == "process" or (isinstance(server.state.engine, Engine)
+                                     and server.state.engine.seq2seq is not None)
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         greedy = client.completions.create(model="m", prompt=prompts, max_tokens=10, temperature=0, logprobs=0)
         seeded = client.completions.create(model="m", prompt=prompts[2], max_tokens=10, temperature=0.9, seed=3)

@@ -22,14 +22,15 @@ def local(folder):
     return lmkit.load_model(folder), lmkit.load_tokenizer(folder)
 
 
-def test_sliding_window_folder_is_served_by_the_engine(folder, local):
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_sliding_window_folder_is_served_by_the_engine(folder, local, mode):
     model, tok = local
     assert model.config.sliding_window == 6
     prompts = ["hello world, this is a small test", "def f(x):", "The quick brown fox jumps over the lazy dog."]
-    with RunningServer(folder, max_concurrency=4, prefill_chunk=5) as server:
+    with RunningServer(folder, max_concurrency=4, prefill_chunk=5, engine_process=mode == "process") as server:
         from lmkit.generation.engine import Engine
 
-        assert isinstance(server.state.engine, Engine)
+        assert mode == "process" or isinstance(server.state.engine, Engine)
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         greedy = client.completions.create(model="m", prompt=prompts, max_tokens=12, temperature=0, logprobs=0)
         seeded = client.completions.create(model="m", prompt=prompts[2], max_tokens=10, temperature=0.9, seed=3)

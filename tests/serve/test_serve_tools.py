@@ -37,15 +37,16 @@ FORCED = {  # the format's call text, with the arguments {"city": 1-3 letters}
 MESSAGES = [{"role": "user", "content": "weather in paris?"}]
 
 
-@pytest.fixture(scope="module", params=["hermes", "llama3_json", "mistral"])
-def served(request, tmp_path_factory):
-    folder = make_folder(tmp_path_factory.mktemp(request.param), "llama", n_positions=2048)
+@pytest.fixture(scope="module", params=["hermes", "llama3_json", "mistral", "hermes-process"])
+def served(request, tmp_path_factory):  # hermes-process: the engine in a child process (`lmkit serve`'s default)
+    form = request.param.removesuffix("-process")
+    folder = make_folder(tmp_path_factory.mktemp(form), "llama", n_positions=2048)
     template = {"hermes": (TEMPLATES / "qwen2_5.jinja").read_text(), "mistral": MISTRAL,
-                "llama3_json": (TEMPLATES / "llama3_2.jinja").read_text()}[request.param]
+                "llama3_json": (TEMPLATES / "llama3_2.jinja").read_text()}[form]
     config = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
-    with RunningServer(folder, max_concurrency=4) as server:
-        server.format = request.param
+    with RunningServer(folder, max_concurrency=4, engine_process=request.param.endswith("-process")) as server:
+        server.format = form
         yield server
 
 

@@ -45,10 +45,15 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"), metavar="auto|bf16|fp32",
                    help="the weights' precision (default auto: a decoder in bf16 where the device computes it natively, "
                         "as training's --precision default, else fp32; an embedding folder stays fp32 unless bf16)")
-    p.add_argument("--engine-process", action="store_true",
-                   help="run the model and the engine in a child process, as vLLM's EngineCore: the HTTP process keeps "
-                        "its interpreter lock to itself, and a crashed engine answers 503 and is restarted (default: "
-                        "the engine in a thread of the server)")
+    engine = p.add_mutually_exclusive_group()
+    engine.add_argument("--engine-process", dest="engine", action="store_const", const="process", default="process",
+                        help="the default: the model and the engine run in a child process, as vLLM's EngineCore (the "
+                             "HTTP process holds no weights and keeps its interpreter lock to itself; a crashed engine "
+                             "answers 503 and is restarted)")
+    engine.add_argument("--engine-thread", dest="engine", action="store_const", const="thread",
+                        help="run the engine in a thread of the HTTP process instead (one process; its OpenMP "
+                             "workers wait passively: slower on cores the server has to itself, steadier on a busy "
+                             "machine, where OMP_WAIT_POLICY=PASSIVE does the same for the default) (default: off)")
     add_device_argument(p)
     p.set_defaults(func=run)
 
@@ -75,7 +80,7 @@ def run(args) -> int:
                     device=device_of(args), cache_memory=cache_memory, loras=parse_loras(args.lora),
                     dtype=_dtype(args.dtype, device_of(args)),
                     encoder_dtype=_dtype(args.dtype, device_of(args)) if args.dtype == "bf16" else None,
-                    engine_process=args.engine_process)
+                    engine_process=args.engine == "process")
     server = app.state.server
     server.load()  # before the port opens: a folder that cannot serve is one line and exit 2, not 503s
     if server.load_error:
@@ -134,4 +139,5 @@ def _describe(server) -> str:
     prefix = server.engine.prefix
     cache = f"prefix cache {prefix.budget / (1 << 30):.2f} GiB" if prefix is not None else "no prefix cache"
     adapters = f", LoRA adapters {', '.join(server.loras)}" if server.loras else ""
-    return f"{server.folder} ({server.model.config.max_seq_len} positions, {precision}, {cache}{adapters})"
+    engine = "engine in a child process" if getattr(server.engine, "remote", False) else "engine in a thread"
+    return f"{server.folder} ({server.model.config.max_seq_len} positions, {precision}, {cache}{adapters}, {engine})"

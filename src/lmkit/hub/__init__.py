@@ -142,6 +142,22 @@ def load_model(path: str | Path, dtype: torch.dtype | str | None = None, device:
     return (model if target is None else model.to(target)).eval()
 
 
+def load_skeleton(path: str | Path, dtype: torch.dtype | None = None):
+    """The model a folder describes on the meta device: its config, module shapes, dtype and generation defaults,
+    no weights (a server process that only checks requests, while another process holds the weights)."""
+    folder = Path(path)
+    config, raw = load_config(folder)
+    family = None if "lmkit" in raw and "model_type" not in raw else family_of(raw.get("model_type"))
+    with torch.device("meta"):
+        model = _build(config, family, raw, {})
+        for hook in folder_hooks(config):
+            if hook.build is not None:
+                hook.build(model)
+    model = model.to(dtype) if dtype is not None else model
+    model.generation_defaults = generation_defaults(folder)
+    return model.eval()
+
+
 def _model_and_state(config: ModelConfig, family, raw: dict, hf: dict[str, torch.Tensor], folder: Path):
     """The model config.json describes (pruned heads laid out) and its state dict read from the checkpoint."""
     model = _build(config, family, raw, hf)

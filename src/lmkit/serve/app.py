@@ -61,7 +61,8 @@ class Server:
         self.end_ids: list[int] = []  # every token a reply stops at
         self.sampling_defaults: dict = {}  # generation_config.json's values for unset request fields
         self.loading = threading.Lock()  # held by the one load (start-up's or the lifespan's)
-        self.metrics = Metrics(lambda: self.engine.counts() if self.engine is not None else (0, 0))
+        self.metrics = Metrics(lambda: self.engine.counts() if self.engine is not None else (0, 0),
+                               lambda: self.engine.prefix if self.engine is not None else None)
 
     def load(self) -> None:
         """Load the folder once (a second call returns at once); a failure is kept in `load_error`."""
@@ -73,7 +74,7 @@ class Server:
 
                 self.rag = RagIndex.open(self.rag_path, device=self.device)
             encoder_folder = (self.folder / "modules.json").is_file()
-            model = None if encoder_folder else lmkit.load_model(self.folder, dtype=self.dtype, device=self.device)
+            model = None if encoder_folder else _load(self.folder, self.dtype, self.device, self.engine_process)
             if model is None or model.config.architecture not in ("decoder", "encoder-decoder"):  # the engine's
                 self.encoder = lmkit.SentenceEncoder.from_pretrained(self.folder, dtype=self.encoder_dtype,
                                                                      device=self.device)
@@ -89,8 +90,13 @@ class Server:
                 if self.engine_process:
                     from lmkit.serve.engine_process import ProcessEngine
 
+                    import torch
+
+                    # the child computes with the server's own torch thread count (torch.set_num_threads before
+                    # build_app, or OMP_NUM_THREADS), not the default of all cores
                     settings = {"folder": str(self.folder), "dtype": "bf16" if self.dtype is not None else None,
-                                "device": None if self.device is None else str(self.device)}
+                                "device": None if self.device is None else str(self.device),
+                                "threads": torch.get_num_threads()}
                     self.engine = ProcessEngine(self.model, settings, max_batch=self.max_concurrency,
                                                 prefill_chunk=self.prefill_chunk, cache_memory=memory)
                 else:
@@ -280,6 +286,16 @@ def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: i
         return _tokenizer_info(server)
 
     return app
+
+
+def _load(folder: Path, dtype, device, engine_process: bool):
+    """The decoder the server checks requests against: with the engine in a child process only its skeleton (config,
+    shapes, generation defaults on the meta device: the child holds the weights), else the model itself."""
+    if engine_process:
+        from lmkit.hub import load_skeleton
+
+        return load_skeleton(folder, dtype)
+    return lmkit.load_model(folder, dtype=dtype, device=device)
 
 
 def _max_len(server: Server) -> int | None:

@@ -4,8 +4,10 @@ process (`python -m lmkit.serve.engine_process`), apart from the HTTP process's 
 The two talk over a pair of pipes in JSON lines: the server sends requests (prompt, settings, seed, grammar spec),
 cancels and adapter loads; the core answers once per step with every request's new tokens, log-probabilities and
 finish reason, which a reader thread writes into the server's own `Request` objects (so the HTTP side reads them as
-it reads the in-thread engine's). The server keeps a local `Engine` over its own copy of the model that never
-steps: it checks a request's settings before it is sent, so a bad one is still a 400 at once.
+it reads the in-thread engine's). The server keeps a local `Engine` that never steps over the model's skeleton
+(`hub.load_skeleton`: config, shapes and generation defaults on the meta device, no weights): it checks a request's
+settings and an adapter's shapes before they are sent, so a bad one is still a 400 at once, while only the child holds
+the weights.
 
 When the core dies (killed, out of memory, a crash in a kernel) the reader sees its pipe close: every request in
 flight finishes with reason "error" (the routes answer 503, or an error event on a stream), new requests get 503
@@ -20,6 +22,8 @@ import sys
 import threading
 import time
 
+import torch
+
 from lmkit.errors import GenerationError
 from lmkit.generation.config import GenerationConfig
 from lmkit.generation.engine import Engine, Request
@@ -33,13 +37,14 @@ def _unavailable(message: str) -> APIError:
 
 class ProcessEngine(Engine):
     """An `Engine` whose steps run in a child process (see the module docstring). `settings`: what the child loads,
-    {"folder", "dtype" ("bf16" or None), "device"}; `loras`: {name: adapter folder} it loads at each start."""
+    {"folder", "dtype" ("bf16" or None), "device", "threads" (torch's intra-op threads)}; `loras`: {name: adapter folder} it loads at each start."""
 
     remote = True
 
     def __init__(self, model, settings: dict, max_batch: int = 16, prefill_chunk: int = 256, cache_memory: int = 0,
                  loras: dict[str, str] | None = None):
         super().__init__(model, max_batch=max_batch, prefill_chunk=prefill_chunk, cache_memory=cache_memory)
+        self.device = torch.device("cpu")  # of the checks' tensors only (the model may be a meta skeleton)
         self.settings = {**settings, "max_batch": max_batch, "prefill_chunk": prefill_chunk,
                          "cache_memory": cache_memory}
         self.lora_folders = dict(loras or {})
@@ -81,6 +86,8 @@ class ProcessEngine(Engine):
             message = json.loads(line)
             if message["op"] == "events":
                 self._apply(message["items"])
+                if self.prefix is not None and "prefix" in message:  # the core's counts, for /metrics
+                    self.prefix.queried, self.prefix.hits = message["prefix"]
             elif message["op"] == "reply":
                 event, box = self._replies.pop(message["key"], (None, None))
                 if event is not None:
@@ -171,7 +178,8 @@ class ProcessEngine(Engine):
         if folder is None:
             raise GenerationError("the engine process loads an adapter from its folder; give folder")
         self._call({"op": "add_adapter", "name": name, "folder": str(folder)})
-        super().add_adapter(name, weights)
+        with self._model_lock:  # its names and shapes only: this engine never steps
+            self.adapters.add(name, weights)
         self.lora_folders[name] = str(folder)
 
     def remove_adapter(self, name: str) -> None:
@@ -329,7 +337,9 @@ class Core:
             if request.finished:
                 del self.requests[request.core_id], self.sent[request.core_id]
         if items:
-            self.write({"op": "events", "items": items})
+            prefix = self.engine.prefix
+            self.write({"op": "events", "items": items,
+                        **({"prefix": [prefix.queried, prefix.hits]} if prefix is not None else {})})
 
     def listen(self, source) -> None:
         """Read commands until the server closes the pipe (or dies), then stop the loop."""
@@ -346,6 +356,8 @@ def main(argv: list[str]) -> int:
         import lmkit
         from lmkit.peft import lora_weights
 
+        if settings.get("threads"):
+            torch.set_num_threads(settings["threads"])
         dtype = torch.bfloat16 if settings["dtype"] == "bf16" else None
         model = lmkit.load_model(settings["folder"], dtype=dtype, device=settings["device"])
         tokenizer = lmkit.load_tokenizer(settings["folder"])
