@@ -182,7 +182,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--sides", nargs="*", default=["lmkit", "lmkit-thread", "vllm"],
                         help="lmkit (lmkit serve's default: the engine in a child process; lmkit-process names it "
-                             "too), lmkit-thread (--engine-thread), vllm")
+                             "too), lmkit-passive (the same with OMP_WAIT_POLICY=PASSIVE), lmkit-thread (--engine-thread), vllm")
     parser.add_argument("--workload", choices=["plain", "prefix", "chat"], default="plain",
                         help="plain: prompts of 100-200 tokens; prefix: one shared system text and a short question; "
                              "chat: multi-turn conversations resending their history")
@@ -235,7 +235,9 @@ def main() -> None:
             else:
                 extra = ["--dtype", args.dtype, "--quiet"] + (["--cache-memory", "0"] if cache == "off" else []) + \
                     {"lmkit-process": ["--engine-process"], "lmkit-thread": ["--engine-thread"]}.get(side, [])
-                process, url = bench_serve.start("lmkit", folder, args.threads, max(args.clients), 256, extra=extra)
+                passive = {"OMP_WAIT_POLICY": "PASSIVE"} if side == "lmkit-passive" else None  # OpenMP sleeps, never spins
+                process, url = bench_serve.start("lmkit", folder, args.threads, max(args.clients), 256, extra=extra,
+                                                 env=passive)
             label = side + ("" if len(caches) == 1 else f" cache {cache}")
             try:
                 for n in args.clients:
