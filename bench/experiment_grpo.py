@@ -194,7 +194,7 @@ def plot(out: Path, arms: dict[str, Path]) -> None:
             bottom.plot(steps, [r["entropy"] for r in rows], color=line.get_color(), linestyle=":",
                         label=f"{name}: entropy")
     top.set_ylabel("mean reward (exact answer)")
-    top.set_title("GRPO on addition from the 1,000-step CoT model: reward by step, 20-step mean")
+    top.set_title("GRPO on addition: reward by step (thin) and its 20-step mean")
     top.legend(fontsize=8)
     bottom.set_ylabel("KL to the start (k3)")
     bottom.set_xlabel("optimizer step")
