@@ -58,7 +58,7 @@ def passkey_docs(n: int, max_sentences: int, rng: random.Random) -> list[str]:
 
 def write_corpora(work: Path, train_chars: int, n_heldout: int, share: float) -> tuple[Path, Path, list[str]]:
     """(base corpus .jsonl, fine-tuning corpus .jsonl, held-out pycode texts) in `work`: the pycode files and, as
-    `share` of the training rows, passkey documents with fresh keys at random depths (up to ~230 tokens for the
+    `share` of the training rows, passkey documents with fresh keys at random depths (up to ~250 tokens for the
     base, whose rows are 256, up to ~870 for the fine-tuning at 1024)."""
     from lmkit.data.builtin import builtin_corpus
 
