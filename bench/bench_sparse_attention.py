@@ -72,6 +72,24 @@ def measure(kind: str, length: int, runs: int) -> dict:
     with torch.inference_mode():
         model(ids)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    saved = saved_bytes(model, ids)
+    best = math.inf
+    with torch.inference_mode():
+        for _ in range(runs):
+            start = time.process_time()
+            model(ids)
+            best = min(best, time.process_time() - start)
+    row = {}
+    if kind in ("longformer", "bigbird"):  # a training step through the block tiles and through the batched blocks
+        row = {"step_tiles_s": step_seconds(model, ids, runs)}
+        with batched_blocks():
+            row.update(saved_batched_mb=saved_bytes(model, ids) / 2**20, step_batched_s=step_seconds(model, ids, runs))
+    return {"model": kind, "length": length, "forward_peak_mb": max(peak, 0) / 2**20, "saved_mb": saved / 2**20,
+            "seconds": best, **row}
+
+
+def saved_bytes(model, ids) -> int:
+    """Bytes of the tensors autograd saves for backward in one training-mode forward."""
     saved = 0
 
     def pack(t):
@@ -83,14 +101,35 @@ def measure(kind: str, length: int, runs: int) -> dict:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(ids).last_hidden_state.sum()
     model.eval()
+    return saved
+
+
+def step_seconds(model, ids, runs: int) -> float:
+    """Best CPU seconds of a training-mode forward and backward."""
+    model.train()
     best = math.inf
-    with torch.inference_mode():
-        for _ in range(runs):
-            start = time.process_time()
-            model(ids)
-            best = min(best, time.process_time() - start)
-    return {"model": kind, "length": length, "forward_peak_mb": max(peak, 0) / 2**20, "saved_mb": saved / 2**20,
-            "seconds": best}
+    for _ in range(runs):
+        start = time.process_time()
+        model(ids).last_hidden_state.sum().backward()
+        best = min(best, time.process_time() - start)
+    model.eval()
+    return best
+
+
+class batched_blocks:
+    """Within it, the sparse layers train through their batched blocks instead of the block tiles."""
+
+    def __enter__(self):
+        from lmkit.nn import bigbird_attention, sparse_attention
+
+        self.modules = (sparse_attention, bigbird_attention)
+        self.saved = [m.use_tiles for m in self.modules]
+        for m in self.modules:
+            m.use_tiles = lambda dropout: False
+
+    def __exit__(self, *exc):
+        for m, f in zip(self.modules, self.saved):
+            m.use_tiles = f
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
@@ -104,6 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--models", default=",".join(MODELS), help="which of " + ", ".join(MODELS))
     parser.add_argument("--one", help=argparse.SUPPRESS)  # "model,length": measure in this process, print JSON
     args = parser.parse_args()
     if args.one:
@@ -112,7 +152,8 @@ def main() -> None:
         return
     lengths = [int(x) for x in args.lengths.split(",")]
     rows = []
-    for kind in MODELS:
+    models = args.models.split(",")
+    for kind in models:
         for length in lengths:
             out = subprocess.run([sys.executable, __file__, "--one", f"{kind},{length}", "--runs", str(args.runs)],
                                  check=True, capture_output=True, text=True).stdout
@@ -126,11 +167,27 @@ def main() -> None:
     print()
     print("| model | exponent: forward memory | exponent: saved for backward | exponent: time |")
     print("| --- | ---: | ---: | ---: |")
-    for kind in MODELS:
+    for kind in models:
         mine = [r for r in rows if r["model"] == kind and r["length"] >= FIT_FROM]
         xs = [r["length"] for r in mine]
         print(f"| {kind} | {slope(xs, [r['forward_peak_mb'] for r in mine]):.2f} | "
               f"{slope(xs, [r['saved_mb'] for r in mine]):.2f} | {slope(xs, [r['seconds'] for r in mine]):.2f} |")
+    sparse = [r for r in rows if "step_tiles_s" in r]
+    if sparse:
+        print()
+        print("A training step (forward + backward, dropout 0): saved for backward (MB) and CPU seconds, through the "
+              "block tiles (what lmkit trains with) and through the batched blocks (what inference runs):")
+        print()
+        print("| model | length | saved: tiles | saved: batched | step s: tiles | step s: batched |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for r in sparse:
+            print(f"| {r['model']} | {r['length']} | {r['saved_mb']:.1f} | {r['saved_batched_mb']:.1f} | "
+                  f"{r['step_tiles_s']:.3f} | {r['step_batched_s']:.3f} |")
+        for kind in sorted({r["model"] for r in sparse}):
+            mine = [r for r in sparse if r["model"] == kind and r["length"] >= FIT_FROM]
+            xs = [r["length"] for r in mine]
+            print(f"\n{kind}: exponent of saved bytes, tiles {slope(xs, [r['saved_mb'] for r in mine]):.2f}, batched "
+                  f"{slope(xs, [r['saved_batched_mb'] for r in mine]):.2f}")
 
 
 if __name__ == "__main__":

@@ -81,9 +81,11 @@ def test_training_mode_with_the_random_blocks_fixed_on_both_sides_equals_transfo
                             lambda *a, drawn=drawn, **k: [d.numpy() for d in drawn])
     hf.train(), ours.train()
     ids, mask = inputs(2, 53, 4)
-    with torch.no_grad():
+    with torch.no_grad():  # lmkit's batched blocks
         want, got = hf(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    tiled = ours(ids, attention_mask=mask).logits  # autograd recording: the block tiles
+    torch.testing.assert_close(tiled.detach(), want, atol=1e-5, rtol=0)
     ours.eval()
     with torch.no_grad():  # eval mode has no random blocks, so the blocks drawn above did change the outputs
         assert (ours(ids, attention_mask=mask).logits - want).abs().max() > 1e-3

@@ -7,24 +7,7 @@ import pytest
 import torch
 
 from lmkit.nn.bigbird_attention import block_sparse_attention, random_blocks
-
-
-def dense_reference(q, k, v, keep, b, rand):
-    """Each query block's key blocks as a list with multiplicity, softmax over the listed keys."""
-    B, H, T, D = q.shape
-    n = T // b
-    out = torch.zeros_like(q)
-    for h in range(H):
-        for i in range(n):
-            if i in (0, n - 1):
-                blocks = list(range(n))
-            else:
-                blocks = sorted({0, i - 1, i, i + 1, n - 1}) + rand[h, i - 1].tolist()
-            cols = torch.cat([torch.arange(j * b, (j + 1) * b) for j in blocks])
-            scores = q[:, h, i * b:(i + 1) * b] @ k[:, h, cols].transpose(-1, -2)
-            scores = scores.masked_fill(~keep[:, None, cols], float("-inf"))
-            out[:, h, i * b:(i + 1) * b] = torch.softmax(scores, -1) @ v[:, h, cols]
-    return out.masked_fill(~keep[:, None, :, None], 0.0)
+from helpers.sparse_attention import bigbird_reference as dense_reference
 
 
 @pytest.mark.parametrize("n,b,r,eval_mode", [(9, 3, 2, False), (12, 2, 3, False), (9, 4, 2, True)])

@@ -8,16 +8,7 @@ import torch
 
 from lmkit.errors import ConfigError
 from lmkit.nn.sparse_attention import sliding_global_attention, token_mask
-
-
-def dense_reference(q, k, v, keep, glob, w):
-    """softmax over {j : |i - j| <= w, keep_j, not glob_j} and {j : glob_j}, zeros at padding queries."""
-    T = q.shape[2]
-    i = torch.arange(T)
-    allowed = ((i[:, None] - i[None]).abs() <= w) & (keep & ~glob)[:, None, None, :] | glob[:, None, None, :]
-    scores = (q @ k.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
-    out = torch.softmax(scores, -1) @ v
-    return out.masked_fill(~keep[:, None, :, None], 0.0)
+from helpers.sparse_attention import longformer_reference as dense_reference
 
 
 @pytest.mark.parametrize("T,w", [(23, 2), (16, 4), (5, 8), (1, 3), (37, 5)])

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 from lmkit.config import ModelConfig
 from lmkit.nn.attention import Attention
+from lmkit.nn.kernels.block_tiles import KeyBlock, block_tiled_attention, key_chunks
 from lmkit.nn.masks import build_attention_bias
-from lmkit.nn.sparse_attention import TokenMask, refuse_maps, softmax_at_least_fp32, token_mask
+from lmkit.nn.sparse_attention import TokenMask, refuse_maps, softmax_at_least_fp32, token_mask, use_tiles
 
 
 def full_attention_needed(T: int, block: int, r: int) -> bool:
@@ -76,6 +77,37 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
     return out.masked_fill(~keep[:, None, :, None], 0.0)
 
 
+def block_sparse_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, block: int,
+                       rand: torch.Tensor) -> torch.Tensor:
+    """`block_sparse_attention` through block tiles (`kernels/block_tiles.py`), one query block a tile: the global
+    blocks over every key in slices, a middle block i over the slice of blocks i - 1..i + 1, the global blocks 0 and
+    n - 1 where that slice misses them, and its random blocks gathered per head (with their multiplicity). Only q, k,
+    v, the output and its log-sum-exp are kept for backward. Same arguments and result."""
+    B, H, T, _ = q.shape
+    n = T // block
+    kept = keep[:, None, None, :]                                              # (B, 1, 1, T)
+    span = torch.arange(block, device=q.device)
+    picks = (rand.to(q.device)[..., None] * block + span).flatten(2)           # (H, n - 2, r b)
+
+    def plan(i0: int, i1: int) -> list[KeyBlock]:
+        i = i0 // block
+        if i in (0, n - 1):
+            return key_chunks(T, lambda j0, j1: kept[..., j0:j1])
+        j0, j1 = (i - 1) * block, (i + 2) * block
+        blocks = [KeyBlock(slice(j0, j1), kept[..., j0:j1])]
+        if i > 1:
+            blocks.append(KeyBlock(slice(0, block), kept[..., :block]))
+        if i < n - 2:
+            blocks.append(KeyBlock(slice(T - block, T), kept[..., T - block:]))
+        if picks.shape[-1]:
+            at = picks[None, :, i - 1]                                         # (1, H, r b)
+            blocks.append(KeyBlock(at, keep[:, None, :].expand(B, H, T).gather(2, at.expand(B, H, -1))[:, :, None]))
+        return blocks
+
+    out = block_tiled_attention(q, k, v, [(i * block, (i + 1) * block) for i in range(n)], plan)
+    return out.masked_fill(~keep[:, None, :, None], 0.0)
+
+
 class BigBirdAttention(Attention):
     """BigBird's self-attention of layer `layer`: block-sparse (config.sparse.attention_type "block_sparse", the
     default) with full attention for short inputs, or full ("original_full"); the projections are BERT's."""
@@ -110,5 +142,6 @@ class BigBirdAttention(Attention):
             rand = random_blocks(n, self.n_random, self.n_heads, self.seed)
         else:  # transformers' eval mode: every random block is block 0
             rand = torch.zeros(self.n_heads, n - 2, self.n_random, dtype=torch.long)
-        out = block_sparse_attention(q, k, v, keep, self.block, rand)[:, :, :T]
+        attend = block_sparse_tiles if use_tiles(0.0) else block_sparse_attention  # no dropout here, as transformers
+        out = attend(q, k, v, keep, self.block, rand)[:, :, :T]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

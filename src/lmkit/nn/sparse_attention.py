@@ -22,6 +22,7 @@ from torch import nn
 from lmkit.config import ModelConfig
 from lmkit.errors import ConfigError
 from lmkit.nn.attention import Attention
+from lmkit.nn.kernels.block_tiles import KeyBlock, block_tiled_attention, key_chunks
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,33 @@ def sliding_global_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return out.reshape(B, H, nb * w, D)[:, :, :T]
 
 
+def use_tiles(dropout: float) -> bool:
+    """Whether a sparse layer attends through block tiles: when autograd records (a training step, whose backward
+    would otherwise keep the pattern's probabilities, T x (3w + G) numbers a head) and no dropout is asked (the
+    tiles keep no probabilities to drop). Inference takes the batched blocks, the faster on CPU
+    (docs/long_context.md); both give the same outputs."""
+    return torch.is_grad_enabled() and not dropout
+
+
+def sliding_global_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: TokenMask, w: int) -> torch.Tensor:
+    """`sliding_global_attention` without dropout through block tiles (`kernels/block_tiles.py`): each tile of
+    queries reads the slice of keys within w of it and the global keys gathered, so no more than q, k, v, the output
+    and its log-sum-exp are kept for backward. q already scaled; (B, H, T, D) -> (B, H, T, D)."""
+    T = q.shape[2]
+    local = (mask.keep & ~mask.glob)[:, None, None, :]                     # (B, 1, 1, T)
+    index, valid = global_slots(mask.glob)
+    extra = [KeyBlock(index[:, None, :], valid[:, None, None, :])] if index.shape[1] else []
+    rows = max(w, 128 // w * w)  # whole windows per tile: fewer, larger calls
+
+    def plan(i0: int, i1: int) -> list[KeyBlock]:
+        j0, j1 = max(0, i0 - w), min(T, i1 + w)
+        offset = torch.arange(i0, i1, device=q.device)[:, None] - torch.arange(j0, j1, device=q.device)[None]
+        return [KeyBlock(slice(j0, j1), (offset.abs() <= w) & local[..., j0:j1]), *extra]
+
+    out = block_tiled_attention(q, k, v, [(i0, min(i0 + rows, T)) for i0 in range(0, T, rows)], plan)
+    return out.masked_fill(~mask.keep[:, None, :, None], 0.0)
+
+
 class LongformerAttention(Attention):
     """Longformer's self-attention of one layer: q/k/v/o projections for the window, query_global, key_global and
     value_global for the global tokens' own rows; `window` is the layer's two-sided attention_window."""
@@ -142,26 +170,37 @@ class LongformerAttention(Attention):
         scale = self.head_dim ** -0.5 if self.scale is None else self.scale
         q, k, v = self._project(x)
         q, k, v = self._heads(q, self.n_heads) * scale, self._heads(k, self.n_heads), self._heads(v, self.n_heads)
-        out = sliding_global_attention(q, k, v, mask, self.window // 2, dropout)
+        tiles = use_tiles(dropout)
+        if tiles:
+            out = sliding_global_tiles(q, k, v, mask, self.window // 2)
+        else:
+            out = sliding_global_attention(q, k, v, mask, self.window // 2, dropout)
         index, valid = global_slots(mask.glob)
         if index.shape[1]:
             out = out.clone()
-            out = self._global_rows(x, out, mask.keep, index, valid, scale, dropout)
+            out = self._global_rows(x, out, mask.keep, index, valid, scale, dropout, tiles)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
-    def _global_rows(self, x, out, keep, index, valid, scale, dropout):
+    def _global_rows(self, x, out, keep, index, valid, scale, dropout, tiles):
         """out with each global token's row replaced by its attention over every kept key, through the global
-        projections."""
+        projections (in block tiles without dropout)."""
         B, H, T, D = out.shape
         xg = x.gather(1, index[:, :, None].expand(B, index.shape[1], x.shape[-1]))
         qg = self._heads(self.q_global(xg), H) * scale                          # (B, H, G, D)
         kg, vg = self._heads(self.k_global(x), H), self._heads(self.v_global(x), H)
+        if tiles:
+            rows = block_tiled_attention(qg, kg, vg, [(0, qg.shape[2])],
+                                         lambda i0, i1: key_chunks(T, lambda j0, j1: keep[:, None, None, j0:j1]))
+            return self._write_rows(out, rows, index, valid)
         scores = torch.matmul(qg, kg.transpose(-1, -2))                         # (B, H, G, T)
         scores = scores.masked_fill(~keep[:, None, None, :], torch.finfo(scores.dtype).min)
-        probs = softmax_at_least_fp32(scores)
-        if dropout:
-            probs = F.dropout(probs, p=dropout)
-        rows = torch.matmul(probs, vg)                                          # (B, H, G, D)
+        probs = F.dropout(softmax_at_least_fp32(scores), p=dropout)
+        return self._write_rows(out, torch.matmul(probs, vg), index, valid)
+
+    @staticmethod
+    def _write_rows(out, rows, index, valid):
+        """out with the global rows (B, H, G, D) written at their positions."""
+        B, H, T, D = out.shape
         # slots past a row's own global count point at position 0 again: write only the valid ones
         target = torch.where(valid, index, T)                                   # invalid slots go to a spare row
         spare = torch.cat([out, out.new_zeros(B, H, 1, D)], dim=2)
