@@ -81,23 +81,6 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def frame_pairs(run: Path, nsp: bool) -> None:
-    """Give the run's tokenizer.json the frame its pre-training rows had, so that `lmkit finetune` pairs read as they
-    did: [CLS] A [SEP] B [SEP] (types 0/1) after mlm-nsp; BOS A BOS B (type 0, BOS between documents) after mlm."""
-    path = run / "tokenizer.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    ids = {t["content"]: t["id"] for t in data["added_tokens"]}
-    bos, sep = "<|endoftext|>", "<|sep|>"
-    if nsp:
-        data["post_processor"] = {"type": "BertProcessing", "sep": [sep, ids[sep]], "cls": [bos, ids[bos]]}
-    else:
-        single = [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]
-        pair = single + [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 0}}]
-        data["post_processor"] = {"type": "TemplateProcessing", "single": single, "pair": pair,
-                                  "special_tokens": {bos: {"id": bos, "ids": [ids[bos]], "tokens": [bos]}}}
-    path.write_text(json.dumps(data), encoding="utf-8")
-
-
 def pair_probe(run: Path, train_rows: list[dict], test_rows: list[dict]) -> float:
     """Linear-probe accuracy on the pair task from frozen features: (u, v, |u - v|, u * v) of the two paragraphs'
     mean-pooled states (InferSent's pair features)."""
@@ -131,7 +114,6 @@ def part_nsp(out: Path, steps: int, seeds: int) -> str:
     for objective in ("mlm", "mlm-nsp"):
         run = out / objective
         r = pretrain(run, steps, preset="bert-tiny", objective=objective)
-        frame_pairs(run, objective == "mlm-nsp")
         accs = []
         for seed in range(seeds):
             ft = out / f"{objective}-pairs-{seed}"
