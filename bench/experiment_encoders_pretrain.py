@@ -119,7 +119,7 @@ def part_nsp(out: Path, steps: int, seeds: int, recipe: dict) -> str:
              "topics: fine-tuned acc (per seed) |", "|---|---|---|---|---|---|---|---|"]
     for objective in ("mlm", "mlm-nsp", "none"):
         if objective == "none":  # the same shape and tokenizer from random weights
-            run, r = random_init(out / "mlm-nsp"), {}
+            run, r = random_init(out / "mlm"), {}
         else:
             run = out / objective
             r = pretrain(run, steps, preset="bert-tiny", objective=objective, **recipe)
