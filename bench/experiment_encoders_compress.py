@@ -96,7 +96,7 @@ def random_init(like: Path) -> Path:
 def classify(folder: Path, data: tuple[Path, Path], seed: int = 0) -> dict:
     """Fine-tune on the topics (cached beside the model folder); the last epoch's test accuracy (no selection on
     the test set)."""
-    out = folder.parent / f"clf-{folder.name}-e{FINETUNE['epochs']}" + ("" if seed == 0 else f"-s{seed}")
+    out = folder.parent / (f"clf-{folder.name}-e{FINETUNE['epochs']}" + ("" if seed == 0 else f"-s{seed}"))
     if not (out / "finetune.json").exists():
         finetune(FinetuneConfig(model=str(folder), train=str(data[0]), eval=str(data[1]), out=str(out),
                                 **{**FINETUNE, "seed": seed}))
