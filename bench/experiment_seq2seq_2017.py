@@ -78,13 +78,14 @@ def pairs_exposure(folder: Path) -> dict:
     return {"teacher_forced": forced, "free_running": right / int(real.sum())}
 
 
-def causal_run(steps: int, schedule: str | None) -> Path:
-    out = OUT / (f"pydocs-tiny-{steps}" + (f"-ss-{schedule.replace(':', '')}" if schedule else ""))
+def causal_run(steps: int, schedule: str | None, seed: int = 0) -> Path:
+    out = OUT / (f"pydocs-tiny-{steps}" + (f"-ss-{schedule.replace(':', '')}" if schedule else "")
+                 + (f"-s{seed}" if seed else ""))
     if not (out / "bench.json").exists():
         from lmkit.train import TrainConfig, Trainer
 
         cfg = TrainConfig(preset="tiny", corpus=["pydocs"], out=str(out), max_steps=steps, batch_size=16, seq_len=128,
-                          precision="fp32", progress=False, seed=0, save_every=steps, eval_every=steps,
+                          precision="fp32", progress=False, seed=seed, save_every=steps, eval_every=steps,
                           scheduled_sampling=schedule)
         t = time.process_time()
         result = Trainer(cfg).fit()
@@ -118,6 +119,7 @@ def main() -> None:
                     help="the scheduled-sampling decay (inverse_sigmoid:30: eps 0.5 near step 102, 0.04 at 200)")
     ap.add_argument("--part", default="both", choices=["bleu", "exposure", "both"], metavar="PART",
                     help="bleu: the three presets' table; exposure: the exposure-bias table; both (default)")
+    ap.add_argument("--pydocs-seed", type=int, default=0, metavar="N", help="seed of the pydocs runs (0)")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     rows = [] if args.part != "exposure" else None
@@ -148,7 +150,8 @@ def bleu_table(args, rows: list) -> None:
 def exposure_table(args, rows) -> None:
     table = []
     for task, run, score in (("numbers (t5-tiny)", lambda s: pairs_run("t5-tiny", args.steps, s), pairs_exposure),
-                             ("pydocs (tiny, causal)", lambda s: causal_run(args.steps, s), causal_exposure)):
+                             ("pydocs (tiny, causal)", lambda s: causal_run(args.steps, s, args.pydocs_seed),
+                              causal_exposure)):
         for schedule in (None, args.schedule):
             folder = run(schedule)
             r = score(folder)
@@ -165,7 +168,7 @@ def exposure_table(args, rows) -> None:
     print(setup.table(table, [("task", "task"), ("training", "training"), ("teacher_forced_s", "teacher-forced acc."),
                               ("free_running_s", "free-running acc."), ("gap_s", "gap"), ("extra", "held-out"),
                               ("cpu", "train CPU")]))
-    (OUT / "seq2seq_results.json").write_text(json.dumps({"bleu": rows, "exposure": table}, indent=1))
+    (OUT / f"seq2seq_results_{args.steps}_s{args.pydocs_seed}.json").write_text(json.dumps({"bleu": rows, "exposure": table}, indent=1))
 
 
 if __name__ == "__main__":
