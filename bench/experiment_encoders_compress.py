@@ -1,14 +1,15 @@
 """DistilBERT and head pruning on a small BERT (issue 39), each step cached under $LMKIT_BENCH_DIR/enccomp.
 
-    python bench/experiment_encoders_compress.py [--teacher-steps N] [--distill-steps N]
+    python bench/experiment_encoders_compress.py [--teacher-steps N | --teacher RUN] [--distill-steps N] [--seeds K]
 
 1. Teacher: bert-tiny made 4 layers x 4 heads (d 128), masked-LM pre-training on 64-token rows of pydocs
    (`lmkit train --objective mlm`). Student: every other layer (2 x 4), trained by `lmkit distill`'s triple loss
    (alpha 2 CE + beta 5 T^2 KL at T 2 + gamma 1 cos) and, as the control, the same init and steps on the masked-LM
    labels alone (alpha 1, beta 0, gamma 0: the same code path, so the teacher's forward is in its time too).
+   --teacher RUN takes an `lmkit train --objective mlm` folder instead (bench/experiment_encoders_pretrain.py's).
    Downstream: the six-topic classification of examples/pydocs_topics.py (266 training, 66 test paragraphs)
-   fine-tuned from each, and from a random init of the teacher's shape. Size, forward speed, masked-token
-   accuracy, test accuracy.
+   fine-tuned from each (--seeds fine-tune seeds, their mean), and from a random init of the teacher's shape.
+   Size, forward speed, masked-token accuracy, test accuracy.
 2. Michel et al.'s head pruning of a fine-tuned classifier of the teacher's shape (--prune): heads ranked once
    by |dL/d gate| of the classification loss on the training paragraphs, the n least important removed (one kept
    per layer), no retraining; test accuracy against the fraction pruned, and against the same number of random
@@ -72,6 +73,7 @@ def teacher(steps: int) -> Path:
 def topics() -> tuple[Path, Path]:
     """train.jsonl and test.jsonl of examples/pydocs_topics.py (the same seeded split)."""
     train, test = split_examples(topic_examples(), 0.2, seed=0)
+    OUT.mkdir(parents=True, exist_ok=True)
     paths = OUT / "topics-train.jsonl", OUT / "topics-test.jsonl"
     for path, rows in zip(paths, (train, test)):
         path.write_text("".join(json.dumps({"text": e.text, "label": e.label}) + "\n" for e in rows))
@@ -79,33 +81,53 @@ def topics() -> tuple[Path, Path]:
 
 
 def random_init(like: Path) -> Path:
-    """A folder of the teacher's shape and tokenizer with fresh random weights (the no-pre-training row)."""
-    out = OUT / f"bert-random-{like.name}"
+    """A folder of `like`'s shape and tokenizer with fresh random weights (the no-pre-training row), beside it."""
+    out = like.parent / f"bert-random-{like.name}"
     if not (out / "model.safetensors").exists():
         torch.manual_seed(0)
         model = lmkit.load_model(like)
         type(model)(model.config).save_pretrained(out)
-        shutil.copy(like / "tokenizer.json", out / "tokenizer.json")
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (like / name).exists():
+                shutil.copy(like / name, out / name)
     return out
 
 
-def classify(folder: Path, data: tuple[Path, Path]) -> dict:
-    """Fine-tune on the topics (cached); the last epoch's test accuracy (no selection on the test set)."""
-    out = OUT / f"clf-{folder.name}-e{FINETUNE['epochs']}"
+def classify(folder: Path, data: tuple[Path, Path], seed: int = 0) -> dict:
+    """Fine-tune on the topics (cached beside the model folder); the last epoch's test accuracy (no selection on
+    the test set)."""
+    out = folder.parent / (f"clf-{folder.name}-e{FINETUNE['epochs']}" + ("" if seed == 0 else f"-s{seed}"))
     if not (out / "finetune.json").exists():
-        finetune(FinetuneConfig(model=str(folder), train=str(data[0]), eval=str(data[1]), out=str(out), **FINETUNE))
+        finetune(FinetuneConfig(model=str(folder), train=str(data[0]), eval=str(data[1]), out=str(out),
+                                **{**FINETUNE, "seed": seed}))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     last = [r for r in rows if "accuracy" in r or "eval_accuracy" in r][-1]
     return {"accuracy": last.get("eval_accuracy", last.get("accuracy")), "folder": out}
 
 
+def classify_seeds(folder: Path, data: tuple[Path, Path], seeds: int) -> dict:
+    """`classify` for seeds 0..seeds-1: the mean accuracy, each seed's, and seed 0's folder."""
+    runs = [classify(folder, data, seed) for seed in range(seeds)]
+    accs = [r["accuracy"] for r in runs]
+    return {"accuracy": sum(accs) / len(accs), "per_seed": accs, "folder": runs[0]["folder"]}
+
+
+def train_cpu(folder: Path) -> float | None:
+    """CPU seconds a bench recorded for training this folder (this bench's bench_cpu.json, or the pre-training
+    bench's run.json)."""
+    for name in ("bench_cpu.json", "run.json"):
+        if (folder / name).exists():
+            return json.loads((folder / name).read_text()).get("cpu_s")
+    return None
+
+
 def distil_table(args, data) -> list[dict]:
-    tdir = teacher(args.teacher_steps)
+    tdir = Path(args.teacher) if args.teacher else teacher(args.teacher_steps)
     runs = {"distilled": DistillWeights(), "labels only": DistillWeights(alpha=1.0, beta=0.0, gamma=0.0)}
     folders = {"teacher": tdir, "random init": random_init(tdir)}
-    seconds = {"teacher": json.loads((tdir / "bench_cpu.json").read_text())["cpu_s"]}
+    seconds = {"teacher": train_cpu(tdir)}
     for name, weights in runs.items():
-        out = OUT / f"student-{name.replace(' ', '-')}-{args.distill_steps}"
+        out = tdir.parent / f"student-{tdir.name}-{name.replace(' ', '-')}-{args.distill_steps}"
         if not (out / "distill.json").exists():
             _, cpu = cpu_timed(lambda: distill_folder(tdir, out, steps=args.distill_steps, batch_size=16, seq_len=SEQ,
                                                       lr=1e-3, weights=weights, max_val_docs=60, precision="fp32"))
@@ -130,7 +152,7 @@ def distil_table(args, data) -> list[dict]:
                      "speed": speed[name], "mflops": forward_flops_per_token(model, SEQ) / 1e6,
                      "masked_accuracy": masked["masked_accuracy"],
                      "masked_loss": masked["masked_loss"], "train_cpu_s": seconds.get(name),
-                     **{f"topics_{k}": v for k, v in classify(folder, data).items()}})
+                     **{f"topics_{k}": v for k, v in classify_seeds(folder, data, args.seeds).items()}})
         print(rows[-1], flush=True)
     return rows
 
@@ -190,7 +212,10 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--teacher-steps", type=int, default=400, metavar="N", help="teacher pre-training steps (400)")
+    ap.add_argument("--teacher", metavar="RUN", help="an `lmkit train --objective mlm` folder to use as the teacher "
+                                                     "instead of training one (default: train one)")
     ap.add_argument("--distill-steps", type=int, default=150, metavar="N", help="student training steps (150)")
+    ap.add_argument("--seeds", type=int, default=1, metavar="K", help="topic fine-tune seeds per model (1)")
     ap.add_argument("--prune", default="random init", choices=["teacher", "random init"], metavar="MODEL",
                     help="whose fine-tuned classifier part 2 prunes: teacher or 'random init' (random init: at "
                          "this budget the masked-LM teacher stays on a plateau (masked accuracy 0.083) and its "
@@ -206,14 +231,17 @@ def main() -> None:
         r["flops_s"] = f"{r['mflops']:.2f} ({r['mflops'] / base['mflops']:.2f}x)"
         r["mlm_s"] = f"{r['masked_accuracy']:.3f} ({100 * r['masked_accuracy'] / base['masked_accuracy']:.0f}%)"
         r["clf_s"] = f"{r['topics_accuracy']:.3f} ({100 * r['topics_accuracy'] / base['topics_accuracy']:.0f}%)"
+        r["seeds_s"] = ", ".join(f"{a:.3f}" for a in r["topics_per_seed"])
         r["loss_s"] = f"{r['masked_loss']:.3f}"
         r["cpu_s"] = "-" if r["train_cpu_s"] is None else f"{r['train_cpu_s']:.0f} s"
-    print(f"\nteacher {args.teacher_steps} steps, students {args.distill_steps} steps, batch 16 x {SEQ} of pydocs\n")
+    print(f"\nteacher {args.teacher or args.teacher_steps} steps, students {args.distill_steps} steps, "
+          f"batch 16 x {SEQ} of pydocs\n")
     print(machine.describe(["fp32"]))
     print(setup.table(rows, [("model", "model"), ("layers", "layers"), ("params_s", "parameters"),
                              ("flops_s", "forward MFLOPs/token"), ("speed_s", "forward tokens/s (noisy)"),
                              ("loss_s", "masked loss"),
                              ("mlm_s", "masked acc. (vs teacher)"), ("clf_s", "topic acc. (vs teacher)"),
+                             ("seeds_s", "topic acc. per seed"),
                              ("cpu_s", "train CPU")]))
     curve = prune_curve(data, next(r["topics_folder"] for r in rows if r["model"] == args.prune))
     for r in curve:
@@ -223,7 +251,8 @@ def main() -> None:
     print(setup.table(curve, [("pruned", "heads pruned"), ("frac_s", "fraction"), ("heads_left", "heads left"),
                               ("params_s", "parameters"), ("acc_s", "test acc., least important first"),
                               ("rand_s", "test acc., random heads")]))
-    (OUT / "results.json").write_text(json.dumps({"distil": rows, "prune": curve}, default=str, indent=1))
+    name = Path(args.teacher).name if args.teacher else args.teacher_steps
+    (OUT / f"results-{name}.json").write_text(json.dumps({"distil": rows, "prune": curve}, default=str, indent=1))
     plot(curve, HERE.parent / "docs" / "img" / "encoder_prune_curve.png")
 
 

@@ -1,8 +1,10 @@
 """Issue 39's pre-training comparisons at small scale, each at the same steps, batch and sequence length:
 
-- nsp: bert-tiny pre-trained with `--objective mlm` and with `--objective mlm-nsp` (RoBERTa's ablation), then the
-  same fine-tune on a sentence-pair task made from the corpus: are two reference paragraphs of the same pydocs
-  topic? (pairs of six topics' paragraphs, 50/50, test paragraphs never in training pairs), for --seeds fine-tune seeds, and a linear probe on pair features.
+- nsp: bert-tiny (--layers x --heads) pre-trained with `--objective mlm` and with `--objective mlm-nsp` (RoBERTa's
+  ablation), then the same fine-tune on a sentence-pair task made from the corpus: are two reference paragraphs of
+  the same pydocs topic? (pairs of six topics' paragraphs, 50/50, test paragraphs never in training pairs), for
+  --seeds fine-tune seeds, a linear probe on pair features, and the six-topic single-paragraph classification of
+  bench/experiment_encoders_compress.py (its fine-tune, --seeds seeds); the same shape from random weights too.
 - noise: t5-tiny (what `lmkit train --objective denoise` picks) pre-trained with each of BART's five noisings
   and the paper's infilling,permutation, plus an untrained model; each then fine-tuned the same steps on the
   numbers-to-words task (`lmkit.data.translation`); its own reconstruction loss, the downstream loss and BLEU.
@@ -11,6 +13,7 @@
   probe (logistic regression, mean-pooled last hidden states) on the six-topic paragraph classification.
 
     nice -n 19 python bench/experiment_encoders_pretrain.py --part nsp|noise|efficiency [--steps N] [--out DIR]
+        [--layers L --heads H --lr LR --warmup N --eval-every N]   (nsp: the models' shape and recipe)
 
 Prints each table and writes OUT/PART.md; CPU seconds (this process) per run are in the tables.
 """
@@ -24,6 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TOPIC_SPLIT = 0.2
 NOISES = ("masking", "deletion", "infilling", "permutation", "rotation", "infilling,permutation")
@@ -42,7 +46,7 @@ def pretrain(out: Path, steps: int, **settings) -> dict:
 
     done = out / "run.json"
     if not done.is_file():
-        settings = {"save_every": steps, "eval_every": steps, **settings}  # one evaluation, at the end
+        settings = {"save_every": steps, "eval_every": steps, **settings}  # one evaluation at the end, by default
         start = cpu()
         result = train(TrainConfig(out=str(out), max_steps=steps, batch_size=BATCH, seq_len=SEQ,
                                    precision="fp32", seed=0, progress=False, **settings))
@@ -81,23 +85,6 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def frame_pairs(run: Path, nsp: bool) -> None:
-    """Give the run's tokenizer.json the frame its pre-training rows had, so that `lmkit finetune` pairs read as they
-    did: [CLS] A [SEP] B [SEP] (types 0/1) after mlm-nsp; BOS A BOS B (type 0, BOS between documents) after mlm."""
-    path = run / "tokenizer.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    ids = {t["content"]: t["id"] for t in data["added_tokens"]}
-    bos, sep = "<|endoftext|>", "<|sep|>"
-    if nsp:
-        data["post_processor"] = {"type": "BertProcessing", "sep": [sep, ids[sep]], "cls": [bos, ids[bos]]}
-    else:
-        single = [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]
-        pair = single + [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 0}}]
-        data["post_processor"] = {"type": "TemplateProcessing", "single": single, "pair": pair,
-                                  "special_tokens": {bos: {"id": bos, "ids": [ids[bos]], "tokens": [bos]}}}
-    path.write_text(json.dumps(data), encoding="utf-8")
-
-
 def pair_probe(run: Path, train_rows: list[dict], test_rows: list[dict]) -> float:
     """Linear-probe accuracy on the pair task from frozen features: (u, v, |u - v|, u * v) of the two paragraphs'
     mean-pooled states (InferSent's pair features)."""
@@ -118,20 +105,24 @@ def pair_probe(run: Path, train_rows: list[dict], test_rows: list[dict]) -> floa
     return probe(*pairs(train_rows), *pairs(test_rows))
 
 
-def part_nsp(out: Path, steps: int, seeds: int) -> str:
+def part_nsp(out: Path, steps: int, seeds: int, recipe: dict) -> str:
+    from experiment_encoders_compress import classify_seeds, random_init, topics
+
     from lmkit.finetune import FinetuneConfig, finetune
 
     train_ex, test_ex = topic_split()
     train_rows, test_rows = same_topic_pairs(train_ex, 320, seed=1), same_topic_pairs(test_ex, 200, seed=2)
     train_file = write_jsonl(out / "pairs-train.jsonl", train_rows)
     test_file = write_jsonl(out / "pairs-test.jsonl", test_rows)
-    lines = ["| pre-training | steps | masked tokens (with a loss) | masked acc (val) | NSP acc (val) | pre-train CPU s | "
-             "same-topic pairs: fine-tuned acc (per seed) | same-topic pairs: linear probe acc |",
-             "|---|---|---|---|---|---|---|---|"]
-    for objective in ("mlm", "mlm-nsp"):
-        run = out / objective
-        r = pretrain(run, steps, preset="bert-tiny", objective=objective)
-        frame_pairs(run, objective == "mlm-nsp")
+    lines = ["| pre-training | steps | masked acc (val) | NSP acc (val) | pre-train CPU s | "
+             "same-topic pairs: fine-tuned acc, last epoch (per seed) | same-topic pairs: linear probe acc | "
+             "topics: fine-tuned acc (per seed) |", "|---|---|---|---|---|---|---|---|"]
+    for objective in ("mlm", "mlm-nsp", "none"):
+        if objective == "none":  # the same shape and tokenizer from random weights
+            run, r = random_init(out / "mlm"), {}
+        else:
+            run = out / objective
+            r = pretrain(run, steps, preset="bert-tiny", objective=objective, **recipe)
         accs = []
         for seed in range(seeds):
             ft = out / f"{objective}-pairs-{seed}"
@@ -141,14 +132,25 @@ def part_nsp(out: Path, steps: int, seeds: int) -> str:
                                                out=str(ft), epochs=4, lr=5e-4, batch_size=16, max_length=SEQ,
                                                seed=seed, progress=False, precision="fp32"))
                 done.write_text(json.dumps(best))
-            accs.append(json.loads(done.read_text())["accuracy"])
+            accs.append(last_epoch_accuracy(ft))
         probed = pair_probe(run, train_rows, test_rows)
-        nsp = r.get("val_nsp_accuracy")
-        lines.append(f"| {objective} | {r['step']} | {r['train_tokens']:,} | {r['val_masked_accuracy']:.3f} | "
-                     f"{'-' if nsp is None else f'{nsp:.3f}'} | {r['cpu_s']:.0f} | "
-                     f"{', '.join(f'{a:.3f}' for a in accs)} | {probed:.3f} |")
+        clf = classify_seeds(run, topics(), seeds)
+        nsp, masked = r.get("val_nsp_accuracy"), r.get("val_masked_accuracy")
+        lines.append(f"| {objective} | {r.get('step', 0)} | {'-' if masked is None else f'{masked:.3f}'} | "
+                     f"{'-' if nsp is None else f'{nsp:.3f}'} | {r.get('cpu_s', 0):.0f} | "
+                     f"{mean_and_seeds(accs)} | {probed:.3f} | {mean_and_seeds(clf['per_seed'])} |")
         print(lines[-1], flush=True)
     return "\n".join(lines)
+
+
+def last_epoch_accuracy(run: Path) -> float:
+    """The last epoch's test accuracy of a fine-tune (no selection on the test set)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if "accuracy" in r][-1]["accuracy"]
+
+
+def mean_and_seeds(accs: list[float]) -> str:
+    return f"**{sum(accs) / len(accs):.3f}** ({', '.join(f'{a:.3f}' for a in accs)})"
 
 
 def part_noise(out: Path, steps: int, ft_steps: int) -> str:
@@ -272,13 +274,21 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1, help="nsp: fine-tune seeds per model (default 1)")
     ap.add_argument("--ft-steps", type=int, default=40, help="noise: numbers fine-tune steps (default 40)")
     ap.add_argument("--points", type=int, default=4, help="efficiency: checkpoints probed per run (default 4)")
+    ap.add_argument("--layers", type=int, default=2, help="nsp: encoder layers (default 2, bert-tiny's)")
+    ap.add_argument("--heads", type=int, default=2, help="nsp: attention heads (default 2, bert-tiny's)")
+    ap.add_argument("--lr", type=float, default=None, help="nsp: peak learning rate (default: the preset recipe's)")
+    ap.add_argument("--warmup", type=int, default=None, help="nsp: warm-up steps (default: the preset recipe's)")
+    ap.add_argument("--eval-every", type=int, default=None, help="nsp: validate every N steps (default: at the end)")
     args = ap.parse_args()
     BATCH, SEQ = args.batch_size, args.seq_len
     out = Path(args.out) / args.part
     out.mkdir(parents=True, exist_ok=True)
     start = cpu()
     if args.part == "nsp":
-        table = part_nsp(out, args.steps, args.seeds)
+        recipe = {"model_overrides": {"n_layers": args.layers, "n_heads": args.heads}}
+        given = (("lr", args.lr), ("warmup_steps", args.warmup), ("eval_every", args.eval_every))
+        recipe.update({k: v for k, v in given if v is not None})
+        table = part_nsp(out, args.steps, args.seeds, recipe)
     elif args.part == "noise":
         table = part_noise(out, args.steps, args.ft_steps)
     else:

@@ -1,7 +1,7 @@
 """The 2017 Transformer against T5 and BART at one size, and exposure bias with and without scheduled sampling
 (issue 39); runs cached under $LMKIT_BENCH_DIR/enccomp.
 
-    python bench/experiment_seq2seq_2017.py [--steps N] [--schedule KIND:K]
+    python bench/experiment_seq2seq_2017.py [--steps N] [--schedule KIND:K] [--part bleu|exposure|both]
 
 1. BLEU: `transformer-2017-mt`, `t5-tiny` and `bart` made the same size (d 128, 3 + 3 layers, 4 heads, d_ff 512,
    no dropout: a short run on 20,000 pairs does not overfit), trained by `fit_pairs` on the numbers task
@@ -78,13 +78,14 @@ def pairs_exposure(folder: Path) -> dict:
     return {"teacher_forced": forced, "free_running": right / int(real.sum())}
 
 
-def causal_run(steps: int, schedule: str | None) -> Path:
-    out = OUT / (f"pydocs-tiny-{steps}" + (f"-ss-{schedule.replace(':', '')}" if schedule else ""))
+def causal_run(steps: int, schedule: str | None, seed: int = 0) -> Path:
+    out = OUT / (f"pydocs-tiny-{steps}" + (f"-ss-{schedule.replace(':', '')}" if schedule else "")
+                 + (f"-s{seed}" if seed else ""))
     if not (out / "bench.json").exists():
         from lmkit.train import TrainConfig, Trainer
 
         cfg = TrainConfig(preset="tiny", corpus=["pydocs"], out=str(out), max_steps=steps, batch_size=16, seq_len=128,
-                          precision="fp32", progress=False, seed=0, save_every=steps, eval_every=steps,
+                          precision="fp32", progress=False, seed=seed, save_every=steps, eval_every=steps,
                           scheduled_sampling=schedule)
         t = time.process_time()
         result = Trainer(cfg).fit()
@@ -116,9 +117,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200, metavar="N", help="training steps of every run (200)")
     ap.add_argument("--schedule", default="inverse_sigmoid:30", metavar="KIND:K",
                     help="the scheduled-sampling decay (inverse_sigmoid:30: eps 0.5 near step 102, 0.04 at 200)")
+    ap.add_argument("--part", default="both", choices=["bleu", "exposure", "both"], metavar="PART",
+                    help="bleu: the three presets' table; exposure: the exposure-bias table; both (default)")
+    ap.add_argument("--pydocs-seed", type=int, default=0, metavar="N", help="seed of the pydocs runs (0)")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows = [] if args.part != "exposure" else None
+    if rows is not None:
+        bleu_table(args, rows)
+    if args.part == "bleu":
+        (OUT / f"seq2seq_bleu_{args.steps}.json").write_text(json.dumps({"bleu": rows}, indent=1))
+        return
+    exposure_table(args, rows)
+
+
+def bleu_table(args, rows: list) -> None:
     for preset in PRESETS:
         folder = pairs_run(preset, args.steps)
         bench, evals = json.loads((folder / "bench.json").read_text()), bleu_at(folder)
@@ -132,9 +145,13 @@ def main() -> None:
     print(setup.table(rows, [("preset", "preset"), ("params", "parameters"), (f"bleu{args.steps}", "BLEU"),
                              ("val_loss", "held-out loss"),
                              ("exact", "exact match"), ("cpu", "train CPU")]))
+
+
+def exposure_table(args, rows) -> None:
     table = []
     for task, run, score in (("numbers (t5-tiny)", lambda s: pairs_run("t5-tiny", args.steps, s), pairs_exposure),
-                             ("pydocs (tiny, causal)", lambda s: causal_run(args.steps, s), causal_exposure)):
+                             ("pydocs (tiny, causal)", lambda s: causal_run(args.steps, s, args.pydocs_seed),
+                              causal_exposure)):
         for schedule in (None, args.schedule):
             folder = run(schedule)
             r = score(folder)
@@ -151,7 +168,7 @@ def main() -> None:
     print(setup.table(table, [("task", "task"), ("training", "training"), ("teacher_forced_s", "teacher-forced acc."),
                               ("free_running_s", "free-running acc."), ("gap_s", "gap"), ("extra", "held-out"),
                               ("cpu", "train CPU")]))
-    (OUT / "seq2seq_results.json").write_text(json.dumps({"bleu": rows, "exposure": table}, indent=1))
+    (OUT / f"seq2seq_results_{args.steps}_s{args.pydocs_seed}.json").write_text(json.dumps({"bleu": rows, "exposure": table}, indent=1))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ from lmkit.train.trainer import Trainer
 
 BOS, PAD, CLS, SEP, MASK = 1, 0, 2, 3, 4
 CORPUS_DOCS = 40
+# with their pydocs ids: an id-less JSONL line is named PATH:LINE, so the train/validation split (by id hash)
+# would follow the fixture's temporary path, which differs between a lone run and an xdist worker
+CORPUS_IDS = True
 
 
 def packed_rows(pieces: list[list[int]], width: int) -> torch.Tensor:
@@ -107,7 +110,7 @@ def test_mlm_nsp_run_reports_masked_and_nsp_accuracy_and_eval_prints_them(corpus
     assert {"val_masked_loss", "val_masked_accuracy", "val_nsp_loss", "val_nsp_accuracy"} <= set(last)
     assert "val_bpb" not in last and "val_ppl" not in last
     assert last["val_loss"] == pytest.approx(last["val_masked_loss"] + last["val_nsp_loss"])
-    assert result["val_masked_loss"] < before["masked_loss"] - 0.15  # it learned from the held-out pairs' view
+    assert result["val_masked_loss"] < before["masked_loss"] - 0.5  # 6.00 -> 5.00 on this fixed split
     assert 0 <= result["val_nsp_accuracy"] <= 1
     hf = transformers.BertForPreTraining.from_pretrained(out)  # BERT's pre-training head, as transformers reads it
     assert hf.config.type_vocab_size == 2 and lmkit.load_model(out).head == "pretraining"

@@ -88,6 +88,14 @@ class TemplateProcessing(PostProcessor):
                 "special_tokens": self.special_tokens}
 
 
+def bert_template(cls: str, cls_id: int, sep: str, sep_id: int) -> TemplateProcessing:
+    """BERT's frame as transformers' BertTokenizerFast builds it: `[CLS] A [SEP]` (type 0) and
+    `[CLS] A [SEP] B [SEP]` (B and its [SEP] type 1); [CLS] and [SEP] may be one token."""
+    special = {name: {"id": name, "ids": [int(i)], "tokens": [name]} for name, i in ((cls, cls_id), (sep, sep_id))}
+    return TemplateProcessing([f"{cls}:0", "$A:0", f"{sep}:0"], [f"{cls}:0", "$A:0", f"{sep}:0", "$B:1", f"{sep}:1"],
+                              special)
+
+
 class BertProcessing(PostProcessor):
     """`[CLS] A [SEP]` and `[CLS] A [SEP] B [SEP]`, B and its [SEP] with type 1."""
 

@@ -17,7 +17,7 @@ from lmkit.tokenizers.hf_classes import apply_class_pipeline, padding_side_of
 from lmkit.tokenizers.models import model_from_json
 from lmkit.tokenizers.normalizers import normalizer_from_json
 from lmkit.tokenizers.pre_tokenizers import pre_tokenizer_from_json
-from lmkit.tokenizers.processors import post_processor_from_json
+from lmkit.tokenizers.processors import BertProcessing, TemplateProcessing, post_processor_from_json
 from lmkit.tokenizers.added_tokens import AddedVocabulary
 
 if TYPE_CHECKING:
@@ -137,6 +137,9 @@ def save_pretrained(tok: Tokenizer, folder) -> list[str]:
         if tid is not None:
             roles[f"{role}_token"] = tok.id_to_token(tid)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **roles}
+    if isinstance(tok.post_processor, (TemplateProcessing, BertProcessing)) and 1 in tok.post_processor.process([0], [0])[1]:
+        # a frame with segment ids: transformers' generic class returns them only when told to (BERT's class does)
+        config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     max_len = (tok.truncation or {}).get("max_length")
     if max_len:
         config["model_max_length"] = max_len

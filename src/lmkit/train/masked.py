@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
-from lmkit.data.tokenize import vocab_size_of
+from lmkit.data.tokenize import special_ids, vocab_size_of
 from lmkit.evaluate.perplexity import autocast
 from lmkit.objectives import IGNORE_INDEX, LossSum, mask_tokens, masked_lm_loss, word_starts
+from lmkit.tokenizers.processors import bert_template
 from lmkit.train.objective import Objective
 
 MASK = "<|mask|>"
@@ -31,6 +32,20 @@ def mask_token_id(tokenizer: Any) -> int:
             tokenizer.add_special_tokens([MASK])
         mask_id = tokenizer.token_to_id(MASK)
     return int(mask_id)
+
+
+def frame_pairs(tokenizer: Any, cls_id: int, sep_id: int) -> None:
+    """Give a run's own tokenizer (one without a post-processor) BERT's template (`bert_template`) over the ids
+    pre-training framed its rows with, and those [CLS]/[SEP] roles, so that a fine-tune encodes a text and a pair as
+    `[CLS] A [SEP] B [SEP]` with segment ids. A tokenizer with a post-processor of its own (a pretrained folder's)
+    keeps it. Only the saved frame changes: the packed stream encodes without special tokens."""
+    if getattr(tokenizer, "post_processor", True) is not None:
+        return
+    tokenizer.post_processor = bert_template(tokenizer.id_to_token(cls_id), cls_id, tokenizer.id_to_token(sep_id), sep_id)
+    if tokenizer.cls_token_id is None:
+        tokenizer.cls_token_id = cls_id
+    if tokenizer.sep_token_id is None:
+        tokenizer.sep_token_id = sep_id
 
 
 def eval_batches(n: int, batch_size: int) -> list[tuple[int, int]]:
@@ -111,6 +126,10 @@ class MaskedLMObjective(Objective):
     def prepare(self, tokenizer: Any) -> Objective:
         """The objective for `tokenizer`, with its mask token (`mask_token_id`)."""
         mask_id = mask_token_id(tokenizer)
+        # rows are BOS-led pieces with BOS between documents: BOS is both the frame's [CLS] and its [SEP]
+        bos = special_ids(tokenizer)[0]
+        sep = getattr(tokenizer, "sep_token_id", None)
+        frame_pairs(tokenizer, bos, bos if sep is None else int(sep))
         special = tuple(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [mask_id])
         task = MaskedLM(mask_id, vocab_size_of(tokenizer), special)
         return Objective(self.name, self.architecture, task.build_batch, task.loss, task.evaluate)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from lmkit.data.tokenize import special_ids, vocab_size_of
 from lmkit.errors import TrainingError
 from lmkit.objectives import IGNORE_INDEX, LossSum, masked_lm_loss
-from lmkit.train.masked import MaskedLM, mask_token_id
+from lmkit.train.masked import MaskedLM, frame_pairs, mask_token_id
 from lmkit.train.objective import Objective
 
 SEP = "<|sep|>"
@@ -129,6 +129,7 @@ class NextSentenceObjective(Objective):
             sep_id = tokenizer.token_to_id(SEP)
         cls_id = getattr(tokenizer, "cls_token_id", None)
         cls_id = special_ids(tokenizer)[0] if cls_id is None else cls_id
+        frame_pairs(tokenizer, int(cls_id), int(sep_id))
         special = tuple(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [mask_id])
         task = MaskedLMNextSentence(mask_id, vocab_size_of(tokenizer), special, int(cls_id), int(sep_id))
         prepared = NextSentenceObjective(self.name, self.architecture, task.build_batch, task.loss, task.evaluate)

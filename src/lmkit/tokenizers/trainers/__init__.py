@@ -60,8 +60,7 @@ def _post_processor(kind: str, specials: list[str], vocab_id) -> processors.Post
     def special(name):
         return {"id": name, "ids": [vocab_id(name)], "tokens": [name]}
     if kind == "wordpiece" and "[CLS]" in specials and "[SEP]" in specials:
-        return processors.TemplateProcessing(["[CLS]:0", "$A:0", "[SEP]:0"], ["[CLS]:0", "$A:0", "[SEP]:0", "$B:1", "[SEP]:1"],
-                                             {n: special(n) for n in ("[CLS]", "[SEP]")})
+        return processors.bert_template("[CLS]", vocab_id("[CLS]"), "[SEP]", vocab_id("[SEP]"))
     if kind == "unigram" and "</s>" in specials:
         return processors.TemplateProcessing(["$A:0", "</s>:0"], ["$A:0", "</s>:0", "$B:1", "</s>:1"],
                                              {"</s>": special("</s>")})
