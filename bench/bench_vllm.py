@@ -180,6 +180,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1, help="timed passes per side (the median is reported)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--prefill-chunk", type=int, default=2048, metavar="N",
+                        help="lmkit's --prefill-chunk (its step's token budget; vLLM's CPU server uses 2048)")
     parser.add_argument("--sides", nargs="*", default=["lmkit", "lmkit-thread", "vllm"],
                         help="lmkit (lmkit serve's default: the engine in a child process; lmkit-process names it "
                              "too), lmkit-passive (the same with OMP_WAIT_POLICY=PASSIVE), lmkit-thread (--engine-thread), vllm")
@@ -236,8 +238,8 @@ def main() -> None:
                 extra = ["--dtype", args.dtype, "--quiet"] + (["--cache-memory", "0"] if cache == "off" else []) + \
                     {"lmkit-process": ["--engine-process"], "lmkit-thread": ["--engine-thread"]}.get(side, [])
                 passive = {"OMP_WAIT_POLICY": "PASSIVE"} if side == "lmkit-passive" else None  # OpenMP sleeps, never spins
-                process, url = bench_serve.start("lmkit", folder, args.threads, max(args.clients), 256, extra=extra,
-                                                 env=passive)
+                process, url = bench_serve.start("lmkit", folder, args.threads, max(args.clients), args.prefill_chunk,
+                                                 extra=extra, env=passive)
             label = side + ("" if len(caches) == 1 else f" cache {cache}")
             try:
                 for n in args.clients:

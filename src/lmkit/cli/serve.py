@@ -22,9 +22,9 @@ def register(subparsers) -> None:
                    help="sequences decoded together; more wait (default 16)")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests that may wait; more get 429 with Retry-After (default 256)")
-    p.add_argument("--prefill-chunk", type=int, default=256, metavar="N",
+    p.add_argument("--prefill-chunk", type=int, default=2048, metavar="N",
                    help="tokens a step: one per running stream, prompt chunks in the rest, as vLLM's "
-                        "--max-num-batched-tokens (default 256)")
+                        "--max-num-batched-tokens (default 2048, vLLM's on CPU)")
     p.add_argument("--cors-origins", nargs="*", default=None, metavar="ORIGIN",
                    help="allow browser pages from these origins (default: no CORS headers)")
     p.add_argument("--max-body", type=int, default=4 << 20, metavar="BYTES", help="largest request body; past it the answer is 413 (default "

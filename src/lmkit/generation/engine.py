@@ -44,7 +44,7 @@ class Engine:
     The engine takes the model as it is when it first decodes: change its weights or hooks, or torch's thread
     count, and make a new engine."""
 
-    def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 256, device: str | torch.device | None = None,
+    def __init__(self, model, max_batch: int = 16, prefill_chunk: int = 2048, device: str | torch.device | None = None,
                  cache_memory: int = 0):
         """`device` ("auto", "cpu", "cuda[:N]", "mps"): where the model is moved to run; None: where it is.
         `cache_memory`: bytes of keys and values the prefix cache keeps for later requests (0: no prefix caching)."""

@@ -39,7 +39,7 @@ STATIC = Path(__file__).parent / "static"
 class Server:
     """What the routes share: the loaded model, tokenizer, engine and metrics."""
 
-    def __init__(self, folder: str | Path, max_concurrency: int = 16, max_queue: int = 256, prefill_chunk: int = 256,
+    def __init__(self, folder: str | Path, max_concurrency: int = 16, max_queue: int = 256, prefill_chunk: int = 2048,
                  model_name: str | None = None, rag: str | Path | None = None, device=None, cache_memory: int | None = 0,
                  loras: dict[str, str] | None = None, dtype=None, encoder_dtype=None, engine_process: bool = False):
         """`cache_memory`: bytes of the prefix cache (0: none, None: the default size); `loras`: {name: adapter folder}
@@ -147,7 +147,7 @@ class Server:
 
 
 def build_app(folder: str | Path, api_key: str | None = None, max_concurrency: int = 16, max_queue: int = 256,
-              cors_origins: list[str] | None = None, max_body: int = 4 << 20, prefill_chunk: int = 256,
+              cors_origins: list[str] | None = None, max_body: int = 4 << 20, prefill_chunk: int = 2048,
               model_name: str | None = None, rag: str | Path | None = None, access_log=None, device=None,
               cache_memory: int | None = 0, loras: dict[str, str] | None = None, dtype=None,
               encoder_dtype=None, engine_process: bool = False) -> FastAPI:

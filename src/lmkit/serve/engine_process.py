@@ -41,7 +41,7 @@ class ProcessEngine(Engine):
 
     remote = True
 
-    def __init__(self, model, settings: dict, max_batch: int = 16, prefill_chunk: int = 256, cache_memory: int = 0,
+    def __init__(self, model, settings: dict, max_batch: int = 16, prefill_chunk: int = 2048, cache_memory: int = 0,
                  loras: dict[str, str] | None = None):
         super().__init__(model, max_batch=max_batch, prefill_chunk=prefill_chunk, cache_memory=cache_memory)
         self.device = torch.device("cpu")  # of the checks' tensors only (the model may be a meta skeleton)
