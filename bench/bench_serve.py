@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Callable
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -155,20 +156,27 @@ def start(kind: str, folder: Path, threads: int, max_concurrency: int, prefill_c
     else:
         cmd = [sys.executable, __file__, "--baseline-server", str(folder), "--port", str(port)]
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(process, url, 120, lambda: process.stderr.read().decode()[-2000:])
+    return process, url
+
+
+def wait_healthy(process, url: str, seconds: float, log: Callable[[], str], poll: float = 0.1) -> None:
+    """Return once `url`/health answers 200; raise with the server's `log()` if it exits or `seconds` pass."""
     import httpx
 
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(process.stderr.read().decode()[-2000:])
+            raise RuntimeError("the server exited:\n" + log())
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, url
+                return
         except httpx.HTTPError:
             pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{kind} server did not start")
+        time.sleep(poll)
+    process.kill()
+    raise RuntimeError(f"the server did not start in {seconds:.0f} s:\n" + log())
 
 
 def rss_mb(pid: int, field: str = "VmHWM") -> float:

@@ -94,8 +94,6 @@ def tree_rss(pid: int) -> float:
 
 def start_vllm(python: str, folder: Path, cache: Path, threads: int, dtype: str, positions: int = 1024,
                extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
-    import httpx
-
     port = bench_serve.free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
            "HF_HUB_OFFLINE": "1", "HF_HOME": str(cache / "hf"), "VLLM_CACHE_ROOT": str(cache / "vllm"),
@@ -107,18 +105,8 @@ def start_vllm(python: str, folder: Path, cache: Path, threads: int, dtype: str,
                                 "--max-model-len", str(positions), *(extra or [])], env=env, stdout=log,
                                stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError("vLLM exited:\n" + (cache / "vllm.log").read_text()[-3000:])
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise RuntimeError("vLLM did not start in 15 minutes:\n" + (cache / "vllm.log").read_text()[-3000:])
+    bench_serve.wait_healthy(process, url, 900, lambda: (cache / "vllm.log").read_text()[-3000:], poll=0.5)
+    return process, url
 
 
 def measure(process, url: str, prompts: list[list[str]], max_tokens: int, repeat: int) -> dict:

@@ -3,6 +3,25 @@ are checked against."""
 import torch
 
 
+def longformer_case(T: int, w: int):
+    """float64 q, k, v (3 rows, 2 heads, width 5; gradients on) and their `token_mask`: row 1 padded past its middle,
+    row 2 in its last two tokens, global tokens first and last (row 0), in the middle (row 1) and on padding (row 2:
+    a padding token marked global stays padding)."""
+    from lmkit.nn.sparse_attention import token_mask
+
+    g = torch.Generator().manual_seed(T * 10 + w)
+    B, H, D = 3, 2, 5
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, T // 2 + 1:] = 0
+    mask[2, max(T - 2, 1):] = 0
+    glob = torch.zeros(B, T, dtype=torch.long)
+    glob[0, [0, T - 1]] = 1
+    glob[1, T // 2] = 1
+    glob[2, -1] = 1
+    return q, k, v, token_mask(mask, glob, B, T, q.device), g
+
+
 def longformer_reference(q, k, v, keep, glob, w):
     """softmax over {j : |i - j| <= w, keep_j, not glob_j} and {j : glob_j}, zeros at padding queries."""
     T = q.shape[2]

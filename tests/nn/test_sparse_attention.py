@@ -8,22 +8,12 @@ import torch
 
 from lmkit.errors import ConfigError
 from lmkit.nn.sparse_attention import sliding_global_attention, token_mask
-from helpers.sparse_attention import longformer_reference as dense_reference
+from helpers.sparse_attention import longformer_case, longformer_reference as dense_reference
 
 
 @pytest.mark.parametrize("T,w", [(23, 2), (16, 4), (5, 8), (1, 3), (37, 5)])
 def test_sliding_global_attention_equals_the_dense_masked_formula(T, w):
-    g = torch.Generator().manual_seed(T * 10 + w)
-    B, H, D = 3, 2, 5
-    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, T // 2 + 1:] = 0
-    mask[2, max(T - 2, 1):] = 0
-    glob = torch.zeros(B, T, dtype=torch.long)
-    glob[0, [0, T - 1]] = 1
-    glob[1, T // 2] = 1
-    glob[2, -1] = 1  # a padding token marked global stays padding
-    m = token_mask(mask, glob, B, T, q.device)
+    q, k, v, m, g = longformer_case(T, w)
     got = sliding_global_attention(q, k, v, m, w)
     want = dense_reference(q, k, v, m.keep, m.glob, w)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.sparse_attention import bigbird_reference, longformer_reference
+from helpers.sparse_attention import bigbird_reference, longformer_case, longformer_reference
 from lmkit.nn import sparse_attention
 from lmkit.nn.bigbird_attention import block_sparse_attention, block_sparse_tiles, random_blocks
 from lmkit.nn.sparse_attention import sliding_global_attention, sliding_global_tiles, token_mask
@@ -23,17 +23,7 @@ def _values_and_grads(f, q, k, v, g):
 def test_longformer_tiles_equal_the_dense_formula(T, w):
     """Odd lengths (no padding to the window multiple), windows wider than the row, several tiles (300 tokens, w 3:
     tiles of 126), padded rows and global tokens first, in the middle, last and on padding."""
-    g = torch.Generator().manual_seed(T * 10 + w)
-    B, H, D = 3, 2, 5
-    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, T // 2 + 1:] = 0
-    mask[2, max(T - 2, 1):] = 0
-    glob = torch.zeros(B, T, dtype=torch.long)
-    glob[0, [0, T - 1]] = 1
-    glob[1, T // 2] = 1
-    glob[2, -1] = 1
-    m = token_mask(mask, glob, B, T, q.device)
+    q, k, v, m, _ = longformer_case(T, w)
     got = _values_and_grads(lambda *a: sliding_global_tiles(*a, m, w), q, k, v, torch.Generator().manual_seed(1))
     want = _values_and_grads(lambda *a: longformer_reference(*a, m.keep, m.glob, w), q, k, v,
                              torch.Generator().manual_seed(1))
